@@ -1,0 +1,46 @@
+# effectively-once: the commands people run. `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+CARGO ?= cargo
+
+# Connection settings written by `make up` (DATABASE_URL, ...).
+-include .stack/env
+
+.PHONY: help up down status migrate build test fmt lint unit orders bench-orders
+
+help: ## list the targets
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+up: ## start the embedded stack (PostgreSQL on 127.0.0.1), apply migrations, print .stack/env
+	@scripts/stack.sh up
+	@$(MAKE) --no-print-directory migrate
+
+down: ## stop the embedded stack (data stays in .stack/ until you delete it)
+	@scripts/stack.sh down
+
+status: ## say what the embedded stack runs
+	@scripts/stack.sh status
+
+migrate: ## apply the migrations to $DATABASE_URL
+	@. .stack/env && $(CARGO) run -q --release -p orders -- --migrate-only
+
+build: ## build every binary (release)
+	$(CARGO) build --release --workspace
+
+fmt: ## format the code
+	$(CARGO) fmt --all
+
+lint: ## fmt check + clippy -D warnings
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+test: ## the test command: lint, then every test against the real stack (starts it)
+	@scripts/stack.sh up >/dev/null
+	$(MAKE) --no-print-directory lint
+	$(CARGO) nextest run --workspace --no-fail-fast
+
+orders: ## run the orders service on the stack (HTTP :8080, gRPC :50051)
+	@. .stack/env && $(CARGO) run --release -p orders
+
+bench-orders: ## benchmark POST /orders against the pgbench ceiling (see FINDINGS.md)
+	@scripts/bench-orders.sh

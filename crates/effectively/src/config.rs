@@ -1,0 +1,45 @@
+//! Command-line/environment settings shared by every binary, meant to be
+//! `#[command(flatten)]`ed into each binary's own clap struct.
+
+use std::time::Duration;
+
+use clap::Args;
+
+/// PostgreSQL connection settings.
+#[derive(Debug, Clone, Args)]
+pub struct DbArgs {
+    /// PostgreSQL connection URL (written to .stack/env by `make up`). Never logged.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+
+    /// Maximum connections in this process's pool.
+    #[arg(long, env = "DB_MAX_CONNECTIONS", default_value_t = 32)]
+    pub db_max_connections: u32,
+
+    /// How long a request may wait for a free pooled connection before it fails
+    /// with "unavailable" (e.g. 503), in milliseconds.
+    #[arg(long, env = "DB_ACQUIRE_TIMEOUT_MS", default_value_t = 5_000)]
+    pub db_acquire_timeout_ms: u64,
+
+    /// Apply the embedded migrations at start-up (safe with several processes:
+    /// the migrator takes an advisory lock).
+    #[arg(long, env = "DB_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub db_migrate: bool,
+}
+
+impl DbArgs {
+    /// Settings for `url` with the defaults above; handy in tests.
+    pub fn for_url(url: impl Into<String>) -> Self {
+        Self {
+            database_url: url.into(),
+            db_max_connections: 32,
+            db_acquire_timeout_ms: 5_000,
+            db_migrate: true,
+        }
+    }
+
+    /// The pool acquire timeout as a [`Duration`].
+    pub fn acquire_timeout(&self) -> Duration {
+        Duration::from_millis(self.db_acquire_timeout_ms)
+    }
+}

@@ -1,0 +1,276 @@
+//! Idempotency keys for the synchronous edge.
+//!
+//! A client sends a key with each request; the first request with that key
+//! claims it (an `INSERT … ON CONFLICT DO NOTHING` inside the caller's
+//! transaction, together with the response it will get). Every later request
+//! with the same key and the same request gets that stored response back,
+//! verbatim; the same key with a different request is a [`Claim::Mismatch`].
+//!
+//! Concurrent requests with one key serialize in the database: the second
+//! `INSERT` waits on the first transaction's row lock, then sees the committed
+//! row (or, if the first rolled back, takes the key itself). No application
+//! lock, no deadlock, no "in progress" state to expire.
+
+use sqlx::PgConnection;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+/// Longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 255;
+
+/// A validated idempotency key: 1..=255 visible ASCII characters (0x21..=0x7E).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+/// Why a raw key was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// The key is absent.
+    #[error("the Idempotency-Key header is required")]
+    Missing,
+    /// The key is the empty string.
+    #[error("the idempotency key must not be empty")]
+    Empty,
+    /// The key is longer than [`MAX_KEY_LEN`].
+    #[error("the idempotency key is {0} bytes long; at most {MAX_KEY_LEN} are allowed")]
+    TooLong(usize),
+    /// The key holds a byte outside visible ASCII.
+    #[error("the idempotency key must be visible ASCII (0x21..0x7E); byte {position} is not")]
+    InvalidByte {
+        /// Zero-based offset of the first offending byte.
+        position: usize,
+    },
+}
+
+impl IdempotencyKey {
+    /// Validates a raw key.
+    pub fn parse(raw: &[u8]) -> Result<Self, KeyError> {
+        if raw.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if raw.len() > MAX_KEY_LEN {
+            return Err(KeyError::TooLong(raw.len()));
+        }
+        if let Some(position) = raw.iter().position(|b| !(0x21..=0x7e).contains(b)) {
+            return Err(KeyError::InvalidByte { position });
+        }
+        // Every byte is ASCII, so this cannot fail; map instead of unwrap anyway.
+        String::from_utf8(raw.to_vec())
+            .map(Self)
+            .map_err(|_| KeyError::InvalidByte { position: 0 })
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A BLAKE3 hash of the canonical form of a request, so that a key reused with
+/// a different request is detected. Callers hash a canonical encoding (typed
+/// fields, fixed order), never raw bytes, so two JSON texts that differ only in
+/// whitespace or key order are the same request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    /// Hashes `canonical` under `context` (e.g. `"orders.create v1"`), which
+    /// separates operations and versions of the canonical form.
+    pub fn new(context: &str, canonical: &[u8]) -> Self {
+        let mut hasher = blake3::Hasher::new_derive_key(context);
+        hasher.update(canonical);
+        Self(*hasher.finalize().as_bytes())
+    }
+
+    /// The raw 32 bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+/// A response stored with its key and replayed verbatim to every retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// Status code (HTTP semantics, whatever protocol carried the request).
+    pub status: u16,
+    /// Headers in order, names in lowercase.
+    pub headers: Vec<(String, String)>,
+    /// Body bytes.
+    pub body: Vec<u8>,
+}
+
+impl StoredResponse {
+    /// The value of header `name` (lowercase), if stored.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// What claiming a key found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The key was free and is now held by the caller's transaction: go on
+    /// with the work and commit (or roll back, which frees the key again).
+    New,
+    /// The key was used before with the same request: replay this response.
+    /// The caller's transaction wrote nothing.
+    Replay {
+        /// The resource the first request created.
+        order_id: Uuid,
+        /// The first request's response.
+        response: StoredResponse,
+    },
+    /// The key was used before with a different request. Nothing was written.
+    Mismatch,
+}
+
+/// Errors from the idempotency store.
+#[derive(Debug, thiserror::Error)]
+pub enum IdempotencyError {
+    /// The database failed.
+    #[error("idempotency store: {0}")]
+    Db(#[from] sqlx::Error),
+    /// The key's row kept vanishing between the conflicting insert and the read
+    /// (only possible if rows are deleted concurrently, e.g. by expiry).
+    #[error("idempotency key {0:?} conflicted but its row could not be read")]
+    Vanished(String),
+}
+
+/// The key table, by name. The table needs the columns of
+/// `migrations/*_orders.sql`: `idem_key`, `request_hash`, `order_id`,
+/// `response_code`, `response_headers`, `response_body`.
+#[derive(Debug, Clone)]
+pub struct IdempotencyStore {
+    insert_sql: String,
+    select_sql: String,
+}
+
+impl Default for IdempotencyStore {
+    fn default() -> Self {
+        Self::new("orders.idempotency_keys")
+    }
+}
+
+impl IdempotencyStore {
+    /// A store over `table` (schema-qualified).
+    pub fn new(table: &str) -> Self {
+        Self {
+            insert_sql: format!(
+                "INSERT INTO {table} \
+                 (idem_key, request_hash, order_id, response_code, response_headers, response_body) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (idem_key) DO NOTHING"
+            ),
+            select_sql: format!(
+                "SELECT request_hash, order_id, response_code, response_headers, response_body \
+                 FROM {table} WHERE idem_key = $1"
+            ),
+        }
+    }
+
+    /// Claims `key` for `fingerprint` inside the caller's transaction, storing
+    /// the `response` the caller is about to give. See [`Claim`].
+    ///
+    /// Must run inside a transaction that also does the work: the key row and
+    /// the effect commit or roll back together, so a failed request leaves no
+    /// key behind and its retry can succeed.
+    pub async fn claim(
+        &self,
+        conn: &mut PgConnection,
+        key: &IdempotencyKey,
+        fingerprint: &Fingerprint,
+        order_id: Uuid,
+        response: &StoredResponse,
+    ) -> Result<Claim, IdempotencyError> {
+        // Two attempts: a conflicting row can only vanish if something deletes
+        // keys concurrently; then the second insert takes the key.
+        for _ in 0..2 {
+            let inserted = sqlx::query(&self.insert_sql)
+                .bind(key.as_str())
+                .bind(fingerprint.as_bytes().as_slice())
+                .bind(order_id)
+                .bind(i32::from(response.status))
+                .bind(Json(&response.headers))
+                .bind(&response.body)
+                .execute(&mut *conn)
+                .await?
+                .rows_affected();
+            if inserted == 1 {
+                return Ok(Claim::New);
+            }
+            // READ COMMITTED: this statement's fresh snapshot sees the row the
+            // conflicting transaction committed while our insert waited on it.
+            let row: Option<StoredRow> = sqlx::query_as(&self.select_sql)
+                .bind(key.as_str())
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(row) = row {
+                return Ok(row.into_claim(fingerprint));
+            }
+        }
+        Err(IdempotencyError::Vanished(key.as_str().to_owned()))
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct StoredRow {
+    request_hash: Vec<u8>,
+    order_id: Uuid,
+    response_code: i32,
+    response_headers: Json<Vec<(String, String)>>,
+    response_body: Vec<u8>,
+}
+
+impl StoredRow {
+    fn into_claim(self, fingerprint: &Fingerprint) -> Claim {
+        if self.request_hash.as_slice() != fingerprint.as_bytes().as_slice() {
+            return Claim::Mismatch;
+        }
+        Claim::Replay {
+            order_id: self.order_id,
+            response: StoredResponse {
+                status: u16::try_from(self.response_code).unwrap_or(500),
+                headers: self.response_headers.0,
+                body: self.response_body,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_visible_ascii_of_bounded_length() {
+        assert!(IdempotencyKey::parse(b"a").is_ok());
+        assert!(IdempotencyKey::parse(&[b'k'; MAX_KEY_LEN]).is_ok());
+        assert_eq!(IdempotencyKey::parse(b""), Err(KeyError::Empty));
+        assert_eq!(
+            IdempotencyKey::parse(&[b'k'; MAX_KEY_LEN + 1]),
+            Err(KeyError::TooLong(256))
+        );
+        assert_eq!(
+            IdempotencyKey::parse(b"ab c"),
+            Err(KeyError::InvalidByte { position: 2 })
+        );
+        assert_eq!(
+            IdempotencyKey::parse("é".as_bytes()),
+            Err(KeyError::InvalidByte { position: 0 })
+        );
+        assert_eq!(
+            IdempotencyKey::parse(b"x\x7f"),
+            Err(KeyError::InvalidByte { position: 1 })
+        );
+    }
+
+    #[test]
+    fn fingerprints_separate_contexts_and_inputs() {
+        let a = Fingerprint::new("ctx v1", b"abc");
+        assert_eq!(a, Fingerprint::new("ctx v1", b"abc"));
+        assert_ne!(a, Fingerprint::new("ctx v2", b"abc"));
+        assert_ne!(a, Fingerprint::new("ctx v1", b"abd"));
+    }
+}

@@ -1,0 +1,24 @@
+//! Building blocks for effectively-once processing across service boundaries.
+//!
+//! There is no exactly-once *delivery*; this crate gives the pieces that make
+//! *processing* effectively-once on top of at-least-once delivery:
+//!
+//! * [`idempotency`]: client-supplied idempotency keys with a request
+//!   fingerprint and a stored response that is replayed verbatim;
+//! * [`outbox`]: the transactional outbox writer (the caller's business row and
+//!   the outbox row commit in one transaction, a `NOTIFY` wakes the relay);
+//! * [`db`], [`config`], [`metrics`], [`telemetry`], [`shutdown`]: the plumbing
+//!   every service of the pipeline shares.
+//!
+//! Every function that writes takes `&mut PgConnection`, so the caller owns the
+//! transaction boundary: that boundary is where correctness lives.
+
+pub mod config;
+pub mod db;
+pub mod idempotency;
+pub mod metrics;
+pub mod outbox;
+pub mod shutdown;
+pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;

@@ -1,0 +1,47 @@
+//! Prometheus plumbing shared by every service: a `GET /metrics` handler that
+//! renders a registry in the text exposition format.
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus::{Encoder, Registry, TextEncoder};
+
+/// Latency buckets in seconds, from 100 µs to 10 s: fine enough at the low end
+/// for a sub-millisecond database hop, wide enough for commit→effect.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Renders `registry` in the Prometheus text format.
+pub fn render(registry: &Registry) -> Result<String, prometheus::Error> {
+    let mut buf = Vec::with_capacity(16 * 1024);
+    TextEncoder::new().encode(&registry.gather(), &mut buf)?;
+    String::from_utf8(buf).map_err(|e| prometheus::Error::Msg(e.to_string()))
+}
+
+/// A router serving `GET /metrics` from `registry`.
+pub fn router(registry: Registry) -> Router {
+    Router::new()
+        .route("/metrics", get(serve))
+        .with_state(registry)
+}
+
+async fn serve(State(registry): State<Registry>) -> Response {
+    match render(&registry) {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(error) => {
+            tracing::error!(%error, "render metrics");
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
+    }
+}

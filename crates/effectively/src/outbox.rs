@@ -1,0 +1,70 @@
+//! The transactional outbox, write side.
+//!
+//! The caller inserts its business row and calls [`Outbox::enqueue`] in the
+//! same transaction: the event exists if and only if the business change
+//! committed. Nothing is published here; a relay reads pending rows after the
+//! commit. A statement-level trigger on the table (see the migration) issues a
+//! `NOTIFY` on [`NOTIFY_CHANNEL`] that Postgres delivers on commit, so the
+//! relay wakes without polling hard.
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// The channel the outbox trigger notifies on commit.
+pub const NOTIFY_CHANNEL: &str = "orders_outbox";
+
+/// One event to publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxMessage {
+    /// The entity the event is about; the Kafka message key, so one entity's
+    /// events stay on one partition, in order.
+    pub aggregate_id: Uuid,
+    /// Stable identity of this event, carried to consumers for deduplication.
+    /// A re-publish keeps it; a Kafka offset would not.
+    pub msg_id: Uuid,
+    /// Event type, e.g. `order.created`.
+    pub event_type: String,
+    /// Event body (JSON bytes for the events of this project).
+    pub payload: Vec<u8>,
+}
+
+/// The outbox table, by name.
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    insert_sql: String,
+}
+
+impl Default for Outbox {
+    fn default() -> Self {
+        Self::new("orders.outbox")
+    }
+}
+
+impl Outbox {
+    /// An outbox over `table` (schema-qualified), with the columns of
+    /// `migrations/*_orders.sql`.
+    pub fn new(table: &str) -> Self {
+        Self {
+            insert_sql: format!(
+                "INSERT INTO {table} (aggregate_id, msg_id, event_type, payload) \
+                 VALUES ($1, $2, $3, $4) RETURNING id"
+            ),
+        }
+    }
+
+    /// Appends `message` inside the caller's transaction; returns its outbox id
+    /// (the publish order).
+    pub async fn enqueue(
+        &self,
+        conn: &mut PgConnection,
+        message: &OutboxMessage,
+    ) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(&self.insert_sql)
+            .bind(message.aggregate_id)
+            .bind(message.msg_id)
+            .bind(&message.event_type)
+            .bind(&message.payload)
+            .fetch_one(conn)
+            .await
+    }
+}

@@ -1,0 +1,139 @@
+//! One API error type, mapped to an HTTP status + JSON body and to a gRPC
+//! status. A 500 never carries internals: they are logged where handled.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use effectively::idempotency::{IdempotencyError, KeyError};
+use serde_json::json;
+
+/// Everything a request can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Missing or malformed idempotency key.
+    #[error("{0}")]
+    InvalidKey(#[from] KeyError),
+    /// The body is not declared as `application/json`.
+    #[error("the body must be sent with Content-Type: application/json")]
+    UnsupportedMediaType,
+    /// The body is larger than the configured limit.
+    #[error("the body is larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    /// The body could not be read.
+    #[error("the body could not be read: {0}")]
+    UnreadableBody(String),
+    /// The body is not well-formed JSON.
+    #[error("malformed JSON: {0}")]
+    MalformedJson(String),
+    /// The body is JSON but not a valid request (unknown field, wrong type,
+    /// value out of range).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// The idempotency key was used before with a different request.
+    #[error(
+        "this idempotency key was already used with a different request; use a new key for a new request"
+    )]
+    KeyReused,
+    /// No such resource.
+    #[error("{0}")]
+    NotFound(String),
+    /// The database is saturated or unreachable; retrying later is safe.
+    #[error("the service is temporarily unavailable; retry with the same idempotency key")]
+    Unavailable,
+    /// Anything else; the details are logged, not returned.
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+impl ApiError {
+    /// Machine-readable error code for the JSON body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::InvalidKey(KeyError::Missing) => "missing_idempotency_key",
+            ApiError::InvalidKey(_) => "invalid_idempotency_key",
+            ApiError::UnsupportedMediaType => "unsupported_media_type",
+            ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::UnreadableBody(_) => "unreadable_body",
+            ApiError::MalformedJson(_) => "malformed_json",
+            ApiError::InvalidRequest(_) => "invalid_request",
+            ApiError::KeyReused => "idempotency_key_reused",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::Unavailable => "unavailable",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    /// HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::InvalidKey(_)
+            | ApiError::UnreadableBody(_)
+            | ApiError::MalformedJson(_)
+            | ApiError::InvalidRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::KeyReused => StatusCode::CONFLICT,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// gRPC status. A key reused with a different request is ALREADY_EXISTS:
+    /// the key is bound to another request, the canonical code for HTTP 409,
+    /// and one no client retries blindly.
+    pub fn to_status(&self) -> tonic::Status {
+        let message = self.to_string();
+        match self {
+            ApiError::InvalidKey(_)
+            | ApiError::UnsupportedMediaType
+            | ApiError::PayloadTooLarge(_)
+            | ApiError::UnreadableBody(_)
+            | ApiError::MalformedJson(_)
+            | ApiError::InvalidRequest(_) => tonic::Status::invalid_argument(message),
+            ApiError::KeyReused => tonic::Status::already_exists(message),
+            ApiError::NotFound(_) => tonic::Status::not_found(message),
+            ApiError::Unavailable => tonic::Status::unavailable(message),
+            ApiError::Internal(_) => tonic::Status::internal(message),
+        }
+    }
+
+    fn log(&self) {
+        if let ApiError::Internal(error) = self {
+            tracing::error!(error = format!("{error:#}"), "request failed");
+        }
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(error: sqlx::Error) -> Self {
+        match error {
+            sqlx::Error::PoolTimedOut => ApiError::Unavailable,
+            other => ApiError::Internal(anyhow::Error::new(other)),
+        }
+    }
+}
+
+impl From<IdempotencyError> for ApiError {
+    fn from(error: IdempotencyError) -> Self {
+        match error {
+            IdempotencyError::Db(db) => db.into(),
+            other => ApiError::Internal(anyhow::Error::new(other)),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        self.log();
+        let body = json!({ "error": { "code": self.code(), "message": self.to_string() } });
+        (self.status(), Json(body)).into_response()
+    }
+}
+
+impl From<ApiError> for tonic::Status {
+    fn from(error: ApiError) -> Self {
+        error.log();
+        error.to_status()
+    }
+}

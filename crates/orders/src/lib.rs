@@ -1,0 +1,128 @@
+//! The Orders service: idempotent order creation over HTTP and gRPC, the
+//! order and its outbox event written in one transaction. It never publishes
+//! to Kafka; the relay does, after the commit.
+
+pub mod api;
+pub mod error;
+pub mod grpc;
+pub mod http;
+pub mod metrics;
+pub mod store;
+
+/// Types generated from `proto/orders.proto`.
+#[allow(unreachable_pub, clippy::all, missing_docs)]
+pub mod proto {
+    tonic::include_proto!("orders.v1");
+}
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use effectively::config::DbArgs;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::OrdersApi;
+use crate::metrics::OrdersMetrics;
+use crate::store::{InjectFault, Store};
+
+/// Orders service settings; every flag is also an environment variable.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "orders",
+    version,
+    about = "Orders service: idempotent POST /orders (HTTP) and orders.v1.Orders/Create (gRPC)",
+    long_about = "Orders service: idempotent POST /orders (HTTP) and orders.v1.Orders/Create (gRPC).\n\n\
+        Every create carries a client-chosen idempotency key (HTTP header Idempotency-Key, gRPC \
+        metadata idempotency-key). Retries of a key return the first response; the same key with \
+        a different request is refused (HTTP 409, gRPC ALREADY_EXISTS). The order and its outbox \
+        event commit in one PostgreSQL transaction; the relay publishes them later."
+)]
+pub struct Config {
+    #[command(flatten)]
+    pub db: DbArgs,
+
+    /// Address of the HTTP API (POST /orders, GET /orders/{id}, GET /metrics).
+    #[arg(long, env = "ORDERS_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    pub http_addr: SocketAddr,
+
+    /// Address of the gRPC API (orders.v1.Orders).
+    #[arg(long, env = "ORDERS_GRPC_ADDR", default_value = "127.0.0.1:50051")]
+    pub grpc_addr: SocketAddr,
+
+    /// Largest accepted request body in bytes; larger ones get 413.
+    #[arg(long, env = "ORDERS_MAX_BODY_BYTES", default_value_t = 16 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// On SIGTERM, how long in-flight requests may take before the process exits anyway.
+    #[arg(long, env = "ORDERS_SHUTDOWN_TIMEOUT_SECS", default_value_t = 10)]
+    pub shutdown_timeout_secs: u64,
+
+    /// Apply the database migrations and exit.
+    #[arg(long, env = "ORDERS_MIGRATE_ONLY")]
+    pub migrate_only: bool,
+
+    /// Testing only: fail every create inside its transaction at this point.
+    #[arg(long, env = "ORDERS_INJECT_FAULT", value_enum, default_value_t = InjectFault::None, hide = true)]
+    pub inject_fault: InjectFault,
+}
+
+/// Runs both servers on the given listeners until `cancel` fires, then drains
+/// in-flight requests (up to the shutdown timeout).
+pub async fn run(
+    config: Config,
+    http: TcpListener,
+    grpc: TcpListener,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    let pool = effectively::db::connect(&config.db).await?;
+    let metrics = Arc::new(OrdersMetrics::new().context("register metrics")?);
+    let api = OrdersApi::new(Store::new(pool.clone(), config.inject_fault), metrics);
+
+    let app = http::router(api.clone(), config.max_body_bytes);
+    let http_cancel = cancel.clone();
+    let http_task = tokio::spawn(async move {
+        axum::serve(http, app)
+            .with_graceful_shutdown(http_cancel.cancelled_owned())
+            .await
+            .context("serve http")
+    });
+
+    let grpc_cancel = cancel.clone();
+    let grpc_service = proto::orders_server::OrdersServer::new(grpc::OrdersGrpc::new(api));
+    let grpc_task = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(grpc_service)
+            .serve_with_incoming_shutdown(
+                TcpListenerStream::new(grpc),
+                grpc_cancel.cancelled_owned(),
+            )
+            .await
+            .context("serve grpc")
+    });
+
+    // Either server failing stops the other; a signal stops both.
+    let mut http_task = http_task;
+    let mut grpc_task = grpc_task;
+    let first = tokio::select! {
+        r = &mut http_task => r,
+        r = &mut grpc_task => r,
+        () = cancel.cancelled() => Ok(Ok(())),
+    };
+    cancel.cancel();
+    let deadline = Duration::from_secs(config.shutdown_timeout_secs);
+    let drained = tokio::time::timeout(deadline, async {
+        let _ = (&mut http_task).await;
+        let _ = (&mut grpc_task).await;
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!("in-flight requests did not finish within the shutdown timeout");
+    }
+    pool.close().await;
+    first.context("server task panicked")?
+}

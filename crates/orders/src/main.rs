@@ -1,0 +1,23 @@
+use anyhow::Context;
+use clap::Parser;
+use orders::Config;
+use tokio::net::TcpListener;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = Config::parse();
+    effectively::telemetry::init();
+    if config.migrate_only {
+        effectively::db::connect(&config.db).await?;
+        tracing::info!("migrations applied");
+        return Ok(());
+    }
+    let http = TcpListener::bind(config.http_addr)
+        .await
+        .with_context(|| format!("bind http {}", config.http_addr))?;
+    let grpc = TcpListener::bind(config.grpc_addr)
+        .await
+        .with_context(|| format!("bind grpc {}", config.grpc_addr))?;
+    tracing::info!(http = %config.http_addr, grpc = %config.grpc_addr, "orders listening");
+    orders::run(config, http, grpc, effectively::shutdown::on_signal()).await
+}

@@ -1,0 +1,78 @@
+//! The Orders service's Prometheus metrics.
+
+use effectively::metrics::LATENCY_BUCKETS;
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+
+/// Everything the Orders service counts. Registered in one [`Registry`],
+/// served at `GET /metrics` on the HTTP port.
+#[derive(Debug, Clone)]
+pub struct OrdersMetrics {
+    /// The registry holding these metrics.
+    pub registry: Registry,
+    /// HTTP requests finished, by matched route, method and status code.
+    pub http_requests_total: IntCounterVec,
+    /// HTTP request duration in seconds, by matched route and method.
+    pub http_request_duration_seconds: HistogramVec,
+    /// gRPC calls finished, by method and status code name.
+    pub grpc_requests_total: IntCounterVec,
+    /// gRPC call duration in seconds, by method.
+    pub grpc_request_duration_seconds: HistogramVec,
+    /// Idempotency-key outcomes of create requests (both protocols):
+    /// `new` (first use), `replay` (same key, same request), `mismatch`
+    /// (same key, different request).
+    pub idempotency_outcomes_total: IntCounterVec,
+}
+
+impl OrdersMetrics {
+    /// Creates and registers the metrics in a fresh registry.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let http_requests_total = IntCounterVec::new(
+            Opts::new("http_requests_total", "HTTP requests finished"),
+            &["route", "method", "status"],
+        )?;
+        let http_request_duration_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "http_request_duration_seconds",
+                "HTTP request duration in seconds",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["route", "method"],
+        )?;
+        let grpc_requests_total = IntCounterVec::new(
+            Opts::new("grpc_requests_total", "gRPC calls finished"),
+            &["method", "code"],
+        )?;
+        let grpc_request_duration_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "grpc_request_duration_seconds",
+                "gRPC call duration in seconds",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["method"],
+        )?;
+        let idempotency_outcomes_total = IntCounterVec::new(
+            Opts::new(
+                "idempotency_outcomes_total",
+                "Idempotency-key outcomes of create requests: new, replay, mismatch",
+            ),
+            &["outcome"],
+        )?;
+        registry.register(Box::new(http_requests_total.clone()))?;
+        registry.register(Box::new(http_request_duration_seconds.clone()))?;
+        registry.register(Box::new(grpc_requests_total.clone()))?;
+        registry.register(Box::new(grpc_request_duration_seconds.clone()))?;
+        registry.register(Box::new(idempotency_outcomes_total.clone()))?;
+        for outcome in ["new", "replay", "mismatch"] {
+            idempotency_outcomes_total.with_label_values(&[outcome]);
+        }
+        Ok(Self {
+            registry,
+            http_requests_total,
+            http_request_duration_seconds,
+            grpc_requests_total,
+            grpc_request_duration_seconds,
+            idempotency_outcomes_total,
+        })
+    }
+}

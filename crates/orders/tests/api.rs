@@ -1,0 +1,593 @@
+//! Orders API against the real PostgreSQL started by `make up`: a fresh
+//! database per test, the real `run` on port 0, HTTP and gRPC clients.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use effectively::config::DbArgs;
+use effectively::testing::TestDb;
+use orders::proto::orders_client::OrdersClient;
+use orders::proto::{CreateOrderRequest, GetOrderRequest};
+use orders::store::InjectFault;
+use orders::{Config, run};
+use reqwest::StatusCode;
+use serde_json::Value;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+struct TestApp {
+    http: String,
+    grpc: SocketAddr,
+    client: reqwest::Client,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl TestApp {
+    async fn spawn(db: &TestDb, fault: InjectFault) -> Self {
+        let http = TcpListener::bind("127.0.0.1:0").await.expect("bind http");
+        let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind grpc");
+        let http_addr = http.local_addr().expect("http addr");
+        let grpc_addr = grpc.local_addr().expect("grpc addr");
+        let mut db_args = DbArgs::for_url(&db.url);
+        db_args.db_migrate = false; // TestDb::create migrated it
+        let config = Config {
+            db: db_args,
+            http_addr,
+            grpc_addr,
+            max_body_bytes: 1024,
+            shutdown_timeout_secs: 5,
+            migrate_only: false,
+            inject_fault: fault,
+        };
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run(config, http, grpc, cancel.clone()));
+        Self {
+            http: format!("http://{http_addr}"),
+            grpc: grpc_addr,
+            client: reqwest::Client::new(),
+            cancel,
+            task,
+        }
+    }
+
+    async fn post(&self, key: Option<&str>, content_type: Option<&str>, body: &str) -> Reply {
+        let mut request = self
+            .client
+            .post(format!("{}/orders", self.http))
+            .body(body.to_owned());
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        if let Some(ct) = content_type {
+            request = request.header("Content-Type", ct);
+        }
+        Reply::from(request.send().await.expect("send")).await
+    }
+
+    async fn create(&self, key: &str, body: &str) -> Reply {
+        self.post(Some(key), Some("application/json"), body).await
+    }
+
+    async fn grpc(&self) -> OrdersClient<tonic::transport::Channel> {
+        OrdersClient::connect(format!("http://{}", self.grpc))
+            .await
+            .expect("grpc connect")
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("shutdown in time")
+            .expect("join")
+            .expect("run ok");
+    }
+}
+
+/// What the client sees, minus the Date header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Reply {
+    status: StatusCode,
+    location: Option<String>,
+    etag: Option<String>,
+    content_type: Option<String>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    async fn from(response: reqwest::Response) -> Self {
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .map(|v| v.to_str().expect("ascii header").to_owned())
+        };
+        let (location, etag, content_type) =
+            (header("location"), header("etag"), header("content-type"));
+        Self {
+            status: response.status(),
+            location,
+            etag,
+            content_type,
+            body: response.bytes().await.expect("body").to_vec(),
+        }
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).expect("json body")
+    }
+
+    fn error_code(&self) -> String {
+        let json = self.json();
+        assert!(
+            json["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "error body has a message: {json}"
+        );
+        json["error"]["code"]
+            .as_str()
+            .expect("error code")
+            .to_owned()
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Counts {
+    keys: i64,
+    orders: i64,
+    outbox: i64,
+}
+
+async fn counts(db: &TestDb) -> Counts {
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let (keys, orders, outbox) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM orders.idempotency_keys), \
+                (SELECT count(*) FROM orders.orders), \
+                (SELECT count(*) FROM orders.outbox)",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("counts");
+    pool.close().await;
+    Counts {
+        keys,
+        orders,
+        outbox,
+    }
+}
+
+fn n(count: i64) -> Counts {
+    Counts {
+        keys: count,
+        orders: count,
+        outbox: count,
+    }
+}
+
+const BODY: &str = r#"{"account_id": 42, "amount_cents": 1999}"#;
+
+#[tokio::test]
+async fn sequential_retries_return_one_order_and_identical_responses() {
+    let db = TestDb::create().await;
+    let app = TestApp::spawn(&db, InjectFault::None).await;
+
+    let first = app.create("seq-key-1", BODY).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let order_id = first.json()["order_id"]
+        .as_str()
+        .expect("order_id")
+        .to_owned();
+    assert_eq!(first.json()["status"], "created");
+    assert_eq!(
+        first.location.as_deref(),
+        Some(format!("/orders/{order_id}").as_str())
+    );
+    assert!(first.etag.is_some());
+    for _ in 0..5 {
+        assert_eq!(app.create("seq-key-1", BODY).await, first);
+    }
+    // Same request, other whitespace and key order: the same request.
+    let reordered = app
+        .create(
+            "seq-key-1",
+            "{\n  \"amount_cents\":1999 , \"account_id\":42}",
+        )
+        .await;
+    assert_eq!(reordered, first);
+    assert_eq!(counts(&db).await, n(1));
+
+    let got = app
+        .client
+        .get(format!("{}/orders/{order_id}", app.http))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(got.status(), StatusCode::OK);
+    let got: Value = got.json().await.expect("json");
+    assert_eq!(got["order_id"], order_id.as_str());
+    assert_eq!(got["account_id"], 42);
+    assert_eq!(got["amount_cents"], 1999);
+
+    // The outbox row carries the order.
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let (aggregate_id, event_type, payload, published): (
+        uuid::Uuid,
+        String,
+        Vec<u8>,
+        Option<chrono::DateTime<chrono::Utc>>,
+    ) = sqlx::query_as("SELECT aggregate_id, event_type, payload, published_at FROM orders.outbox")
+        .fetch_one(&pool)
+        .await
+        .expect("outbox row");
+    assert_eq!(aggregate_id.to_string(), order_id);
+    assert_eq!(event_type, "order.created");
+    assert!(
+        published.is_none(),
+        "nothing is published in the request path"
+    );
+    let payload: Value = serde_json::from_slice(&payload).expect("payload json");
+    assert_eq!(payload["amount_cents"], 1999);
+    pool.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn fifty_concurrent_requests_with_one_key_make_one_order() {
+    let db = TestDb::create().await;
+    let app = TestApp::spawn(&db, InjectFault::None).await;
+
+    let replies = futures::future::join_all((0..50).map(|_| app.create("hot-key", BODY))).await;
+    let first = &replies[0];
+    assert_eq!(first.status, StatusCode::CREATED, "{first:?}");
+    for reply in &replies {
+        assert_eq!(reply, first);
+    }
+    assert_eq!(counts(&db).await, n(1));
+
+    // And different keys at the same time are different orders.
+    let keys: Vec<String> = (0..20).map(|i| format!("many-{i}")).collect();
+    let replies = futures::future::join_all(keys.iter().map(|k| app.create(k, BODY))).await;
+    assert!(replies.iter().all(|r| r.status == StatusCode::CREATED));
+    assert_eq!(counts(&db).await, n(21));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn same_key_with_a_different_request_is_a_conflict_and_writes_nothing() {
+    let db = TestDb::create().await;
+    let app = TestApp::spawn(&db, InjectFault::None).await;
+
+    let first = app.create("reused", BODY).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let other = app
+        .create("reused", r#"{"account_id": 42, "amount_cents": 2000}"#)
+        .await;
+    assert_eq!(other.status, StatusCode::CONFLICT);
+    assert_eq!(other.error_code(), "idempotency_key_reused");
+    assert_eq!(counts(&db).await, n(1));
+    // The original is untouched.
+    assert_eq!(app.create("reused", BODY).await, first);
+
+    let mut grpc = app.grpc().await;
+    let mut request = tonic::Request::new(CreateOrderRequest {
+        account_id: 7,
+        amount_cents: 1,
+    });
+    request
+        .metadata_mut()
+        .insert("idempotency-key", "reused".parse().expect("metadata"));
+    let status = grpc.create(request).await.expect_err("mismatch");
+    assert_eq!(status.code(), tonic::Code::AlreadyExists);
+    assert_eq!(counts(&db).await, n(1));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_error_and_does_not_consume_the_key() {
+    let db = TestDb::create().await;
+    let app = TestApp::spawn(&db, InjectFault::None).await;
+    let json = Some("application/json");
+    let long_key = "k".repeat(256);
+    let big_body = format!(
+        r#"{{"account_id": 1, "amount_cents": 1, "pad": "{}"}}"#,
+        "x".repeat(2048)
+    );
+
+    // (key, content type, body, expected status, expected error code)
+    type Case<'a> = (
+        Option<&'a str>,
+        Option<&'a str>,
+        &'a str,
+        StatusCode,
+        &'a str,
+    );
+    let cases: Vec<Case<'_>> = vec![
+        (
+            None,
+            json,
+            BODY,
+            StatusCode::BAD_REQUEST,
+            "missing_idempotency_key",
+        ),
+        (
+            Some(""),
+            json,
+            BODY,
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+        ),
+        (
+            Some(&long_key),
+            json,
+            BODY,
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+        ),
+        (
+            Some("has space"),
+            json,
+            BODY,
+            StatusCode::BAD_REQUEST,
+            "invalid_idempotency_key",
+        ),
+        (
+            Some("k1"),
+            json,
+            "{not json",
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+        ),
+        (
+            Some("k1"),
+            json,
+            "",
+            StatusCode::BAD_REQUEST,
+            "malformed_json",
+        ),
+        (
+            Some("k1"),
+            json,
+            r#"{"account_id": 1, "amount_cents": 5, "extra": true}"#,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            Some("k1"),
+            json,
+            r#"{"account_id": "1", "amount_cents": 5}"#,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            Some("k1"),
+            json,
+            r#"{"account_id": 1}"#,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            Some("k1"),
+            json,
+            r#"{"account_id": 0, "amount_cents": 5}"#,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            Some("k1"),
+            json,
+            r#"{"account_id": 1, "amount_cents": -5}"#,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            Some("k1"),
+            json,
+            r#"{"account_id": 1, "amount_cents": 10000000001}"#,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            Some("k1"),
+            json,
+            r#"{"account_id": 1, "amount_cents": 1.5}"#,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            Some("k1"),
+            json,
+            "[1, 2]",
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            Some("k1"),
+            Some("text/plain"),
+            BODY,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        ),
+        (
+            Some("k1"),
+            None,
+            BODY,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        ),
+        (
+            Some("k1"),
+            json,
+            &big_body,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+        ),
+    ];
+    for (key, content_type, body, status, code) in cases {
+        let reply = app.post(key, content_type, body).await;
+        assert_eq!(reply.status, status, "{key:?} {content_type:?} {body:.60}");
+        assert_eq!(
+            reply.error_code(),
+            code,
+            "{key:?} {content_type:?} {body:.60}"
+        );
+        assert_eq!(reply.content_type.as_deref(), Some("application/json"));
+    }
+    assert_eq!(counts(&db).await, n(0));
+
+    // None of the rejected requests consumed "k1".
+    let ok = app.create("k1", BODY).await;
+    assert_eq!(ok.status, StatusCode::CREATED);
+    assert_eq!(counts(&db).await, n(1));
+
+    let missing = app
+        .client
+        .get(format!("{}/orders/{}", app.http, uuid::Uuid::now_v7()))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let not_uuid = app
+        .client
+        .get(format!("{}/orders/not-a-uuid", app.http))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(not_uuid.status(), StatusCode::NOT_FOUND);
+
+    // gRPC: a missing key and bad fields are INVALID_ARGUMENT.
+    let mut grpc = app.grpc().await;
+    let status = grpc
+        .create(CreateOrderRequest {
+            account_id: 1,
+            amount_cents: 1,
+        })
+        .await
+        .expect_err("no key");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    let mut request = tonic::Request::new(CreateOrderRequest {
+        account_id: 1,
+        amount_cents: 0,
+    });
+    request
+        .metadata_mut()
+        .insert("idempotency-key", "grpc-bad".parse().expect("metadata"));
+    assert_eq!(
+        grpc.create(request).await.expect_err("bad amount").code(),
+        tonic::Code::InvalidArgument
+    );
+    assert_eq!(counts(&db).await, n(1));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_key_used_over_http_and_retried_over_grpc_is_one_order() {
+    let db = TestDb::create().await;
+    let app = TestApp::spawn(&db, InjectFault::None).await;
+
+    let first = app.create("cross-protocol", BODY).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let order_id = first.json()["order_id"].as_str().expect("id").to_owned();
+
+    let mut grpc = app.grpc().await;
+    for _ in 0..3 {
+        let mut request = tonic::Request::new(CreateOrderRequest {
+            account_id: 42,
+            amount_cents: 1999,
+        });
+        request.metadata_mut().insert(
+            "idempotency-key",
+            "cross-protocol".parse().expect("metadata"),
+        );
+        let reply = grpc
+            .create(request)
+            .await
+            .expect("grpc create")
+            .into_inner();
+        assert_eq!(reply.order_id, order_id);
+        assert_eq!(reply.status, "created");
+    }
+
+    // And the other way round: gRPC first, then HTTP.
+    let mut request = tonic::Request::new(CreateOrderRequest {
+        account_id: 5,
+        amount_cents: 10,
+    });
+    request
+        .metadata_mut()
+        .insert("idempotency-key", "grpc-first".parse().expect("metadata"));
+    let reply = grpc
+        .create(request)
+        .await
+        .expect("grpc create")
+        .into_inner();
+    let http = app
+        .create("grpc-first", r#"{"account_id": 5, "amount_cents": 10}"#)
+        .await;
+    assert_eq!(http.status, StatusCode::CREATED);
+    assert_eq!(http.json()["order_id"], reply.order_id.as_str());
+    assert_eq!(counts(&db).await, n(2));
+
+    let order = grpc
+        .get(GetOrderRequest {
+            order_id: order_id.clone(),
+        })
+        .await
+        .expect("grpc get")
+        .into_inner();
+    assert_eq!(order.amount_cents, 1999);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_failure_inside_the_transaction_leaves_nothing_and_the_retry_succeeds() {
+    let db = TestDb::create().await;
+    let failing = TestApp::spawn(&db, InjectFault::AfterOrderInsert).await;
+    let reply = failing.create("doomed", BODY).await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(reply.error_code(), "internal");
+    assert!(
+        !String::from_utf8_lossy(&reply.body).contains("injected"),
+        "a 500 does not leak internals"
+    );
+    assert_eq!(counts(&db).await, n(0), "no key, order or outbox row left");
+    failing.stop().await;
+
+    let healthy = TestApp::spawn(&db, InjectFault::None).await;
+    let retry = healthy.create("doomed", BODY).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(counts(&db).await, n(1));
+    healthy.stop().await;
+}
+
+#[tokio::test]
+async fn metrics_count_requests_and_idempotency_outcomes() {
+    let db = TestDb::create().await;
+    let app = TestApp::spawn(&db, InjectFault::None).await;
+    app.create("m1", BODY).await;
+    app.create("m1", BODY).await;
+    app.create("m1", r#"{"account_id": 1, "amount_cents": 1}"#)
+        .await;
+    let text = app
+        .client
+        .get(format!("{}/metrics", app.http))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    for line in [
+        r#"idempotency_outcomes_total{outcome="new"} 1"#,
+        r#"idempotency_outcomes_total{outcome="replay"} 1"#,
+        r#"idempotency_outcomes_total{outcome="mismatch"} 1"#,
+        r#"http_requests_total{method="POST",route="/orders",status="201"} 2"#,
+        r#"http_requests_total{method="POST",route="/orders",status="409"} 1"#,
+        r#"http_request_duration_seconds_count{method="POST",route="/orders"} 3"#,
+    ] {
+        assert!(text.contains(line), "missing {line} in\n{text}");
+    }
+    app.stop().await;
+}

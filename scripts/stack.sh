@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The embedded stack: a throwaway PostgreSQL on 127.0.0.1, no Docker needed.
+# The embedded stack: a throwaway PostgreSQL and a Kafka-protocol broker
+# (nisshi, see ../shared/KAFKA.md) on 127.0.0.1, no Docker needed.
 #
 #   scripts/stack.sh up      start (idempotent), write .stack/env, print it
 #   scripts/stack.sh down    stop (idempotent)
@@ -9,6 +10,10 @@
 #   STACK_DIR      where data, logs and the env file go   (default: <repo>/.stack)
 #   STACK_PG_PORT  PostgreSQL port on 127.0.0.1           (default: 55432)
 #   STACK_DB       the database `make up` creates         (default: effectively)
+#   STACK_KAFKA_PORT  broker port on 127.0.0.1            (default: 59092)
+#   STACK_KAFKA    0 to run without the broker            (default: 1)
+#   KAFKA_TOPIC, KAFKA_TOPIC_PARTITIONS  the topic `up` creates (order.events, 6)
+#   TOOLS_CACHE    machine-wide cache of built tools      (default: ~/.cache/effectively)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -19,6 +24,15 @@ PGDATA=$STACK_DIR/pg
 SOCK=$STACK_DIR/sock
 LOGS=$STACK_DIR/log
 ENV_FILE=$STACK_DIR/env
+KAFKA_PORT=${STACK_KAFKA_PORT:-59092}
+WITH_KAFKA=${STACK_KAFKA:-1}
+TOPIC=${KAFKA_TOPIC:-order.events}
+PARTITIONS=${KAFKA_TOPIC_PARTITIONS:-6}
+NISSHI_VERSION=0.8.1
+TOOLS_DIR=$ROOT/.tools
+TOOLS_CACHE=${TOOLS_CACHE:-$HOME/.cache/effectively}
+NISSHI=$TOOLS_DIR/nisshi-$NISSHI_VERSION/bin/nisshi
+KAFKA_DIR=$STACK_DIR/kafka
 
 log() { printf 'stack: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -100,18 +114,103 @@ pg_down() {
   fi
 }
 
+
+# --- the broker ------------------------------------------------------------
+
+# nisshi is built from crates.io once per machine (about 14 min on 2 cores):
+# into the machine-wide cache, then linked into the git-ignored .tools/ of
+# each checkout. A cached binary of the pinned version is never rebuilt.
+ensure_nisshi() {
+  [ -x "$NISSHI" ] && return
+  local cached=$TOOLS_CACHE/nisshi-$NISSHI_VERSION/bin/nisshi
+  if [ ! -x "$cached" ]; then
+    log "building nisshi $NISSHI_VERSION from crates.io once for this machine (about 14 min)"
+    mkdir -p "$TOOLS_CACHE"
+    cargo install nisshi --version "$NISSHI_VERSION" --locked --ignore-rust-version \
+      --root "$TOOLS_CACHE/nisshi-$NISSHI_VERSION" >"$TOOLS_CACHE/nisshi-build.log" 2>&1 \
+      || die "cargo install nisshi failed, see $TOOLS_CACHE/nisshi-build.log"
+  fi
+  mkdir -p "$(dirname "$NISSHI")"
+  ln -sf "$cached" "$NISSHI"
+}
+
+kafka_pid() {
+  local pid
+  pid=$(cat "$KAFKA_DIR/nisshi.pid" 2>/dev/null) || return 1
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && grep -q nisshi "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+kafka_up() {
+  ensure_nisshi
+  mkdir -p "$KAFKA_DIR" "$LOGS"
+  if kafka_pid >/dev/null; then
+    log "broker already running on 127.0.0.1:$KAFKA_PORT"
+  else
+    rm -f "$KAFKA_DIR/nisshi.pid" # stale after a kill -9
+    port_open "$KAFKA_PORT" && die "port $KAFKA_PORT is taken by another process; set STACK_KAFKA_PORT"
+    log "starting nisshi $NISSHI_VERSION on 127.0.0.1:$KAFKA_PORT (sqlite storage)"
+    # sqlite:// paths are relative to the working directory (absolute ones fail).
+    (cd "$KAFKA_DIR" && exec nohup "$NISSHI" broker \
+        --listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
+        --advertised-listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
+        --group-initial-rebalance-delay 500ms \
+        --storage-engine "sqlite://nisshi.db" >>"$LOGS/nisshi.log" 2>&1 </dev/null) &
+    echo $! >"$KAFKA_DIR/nisshi.pid"
+    for _ in $(seq 1 100); do
+      port_open "$KAFKA_PORT" && break
+      kafka_pid >/dev/null || die "nisshi exited at start, see $LOGS/nisshi.log"
+      sleep 0.1
+    done
+    port_open "$KAFKA_PORT" || die "nisshi did not listen within 10 s, see $LOGS/nisshi.log"
+  fi
+  KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT "$(kafka_topic_bin)" --topic "$TOPIC" --partitions "$PARTITIONS" \
+    || die "could not create topic $TOPIC"
+}
+
+# The project's own topic tool (rdkafka AdminClient), built on first use.
+kafka_topic_bin() {
+  local bin=$ROOT/target/release/kafka-topic
+  if [ ! -x "$bin" ] || [ -n "$(find "$ROOT/crates/effectively/src" -newer "$bin" -print -quit)" ]; then
+    (cd "$ROOT" && cargo build -q --release -p effectively --bin kafka-topic) >&2 || die "building kafka-topic failed"
+  fi
+  echo "$bin"
+}
+
+kafka_down() {
+  local pid
+  if pid=$(kafka_pid); then
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    log "broker stopped"
+  else
+    log "broker not running"
+  fi
+  rm -f "$KAFKA_DIR/nisshi.pid"
+}
+
 write_env() {
   cat >"$ENV_FILE" <<ENV
 # Written by scripts/stack.sh; source it (. $ENV_FILE) or let the Makefile include it.
 export DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/$DB
 export STACK_ADMIN_DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres
 ENV
+  if [ "$WITH_KAFKA" = 1 ]; then
+    cat >>"$ENV_FILE" <<ENV
+export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT
+export KAFKA_TOPIC=$TOPIC
+ENV
+  fi
   cat "$ENV_FILE"
 }
 
 case "${1:-}" in
-  up) pg_up; write_env ;;
-  down) pg_down ;;
-  status) if find_pg_bin && pg_running; then echo "postgres: running on 127.0.0.1:$PG_PORT"; else echo "postgres: stopped"; fi ;;
+  up) pg_up; if [ "$WITH_KAFKA" = 1 ]; then kafka_up; fi; write_env ;;
+  down) kafka_down; pg_down ;;
+  status)
+    if find_pg_bin && pg_running; then echo "postgres: running on 127.0.0.1:$PG_PORT"; else echo "postgres: stopped"; fi
+    if kafka_pid >/dev/null; then echo "broker: running on 127.0.0.1:$KAFKA_PORT"; else echo "broker: stopped"; fi ;;
   *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
 esac

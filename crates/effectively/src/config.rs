@@ -43,3 +43,19 @@ impl DbArgs {
         Duration::from_millis(self.db_acquire_timeout_ms)
     }
 }
+
+/// Kafka settings shared by the relay (producer) and payments (consumer).
+#[derive(Debug, Clone, Args)]
+pub struct KafkaArgs {
+    /// Kafka bootstrap servers (written to .stack/env by `make up`).
+    #[arg(
+        long,
+        env = "KAFKA_BOOTSTRAP_SERVERS",
+        default_value = "127.0.0.1:9092"
+    )]
+    pub kafka_bootstrap_servers: String,
+
+    /// The topic order events are published to.
+    #[arg(long, env = "KAFKA_TOPIC", default_value = "order.events")]
+    pub kafka_topic: String,
+}

@@ -14,8 +14,11 @@
 //! transaction boundary: that boundary is where correctness lives.
 
 pub mod config;
+pub mod crash;
 pub mod db;
+pub mod envelope;
 pub mod idempotency;
+pub mod kafka;
 pub mod metrics;
 pub mod outbox;
 pub mod shutdown;

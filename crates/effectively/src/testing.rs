@@ -74,3 +74,98 @@ impl TestDb {
         Self { name, url }
     }
 }
+
+/// One message read back from a topic.
+#[derive(Debug, Clone)]
+pub struct TopicMessage {
+    /// Partition.
+    pub partition: i32,
+    /// Key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes.
+    pub value: Option<Vec<u8>>,
+}
+
+/// A topic created for one test on the stack's broker.
+#[derive(Debug, Clone)]
+pub struct TestTopic {
+    /// Its name.
+    pub name: String,
+    /// The broker.
+    pub bootstrap_servers: String,
+}
+
+impl TestTopic {
+    /// Creates `test-<uuid>` with `partitions` partitions.
+    ///
+    /// # Panics
+    /// When the broker is down.
+    pub async fn create(partitions: i32) -> Self {
+        let bootstrap_servers = stack_var("KAFKA_BOOTSTRAP_SERVERS");
+        let name = format!("test-{}", Uuid::new_v4().simple());
+        crate::kafka::ensure_topic(&bootstrap_servers, &name, partitions, 1)
+            .await
+            .unwrap_or_else(|e| panic!("create topic {name}: {e:#} (is the stack up? `make up`)"));
+        Self {
+            name,
+            bootstrap_servers,
+        }
+    }
+
+    /// Kafka settings pointing at this topic.
+    pub fn kafka_args(&self) -> crate::config::KafkaArgs {
+        crate::config::KafkaArgs {
+            kafka_bootstrap_servers: self.bootstrap_servers.clone(),
+            kafka_topic: self.name.clone(),
+        }
+    }
+
+    /// Reads every message of the topic from the beginning until `count`
+    /// have arrived or `timeout` passes, in per-partition order.
+    pub async fn read_all(&self, count: usize, timeout: std::time::Duration) -> Vec<TopicMessage> {
+        use rdkafka::ClientConfig;
+        use rdkafka::consumer::{Consumer, StreamConsumer};
+        use rdkafka::message::Message;
+        let consumer: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap_servers)
+            .set("group.id", format!("reader-{}", Uuid::new_v4().simple()))
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .expect("create reader");
+        consumer.subscribe(&[&self.name]).expect("subscribe");
+        let mut out = Vec::with_capacity(count.min(100_000));
+        let deadline = tokio::time::Instant::now() + timeout;
+        while out.len() < count {
+            match tokio::time::timeout_at(deadline, consumer.recv()).await {
+                Ok(Ok(m)) => out.push(TopicMessage {
+                    partition: m.partition(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    value: m.payload().map(<[u8]>::to_vec),
+                }),
+                Ok(Err(e)) => panic!("read {}: {e}", self.name),
+                Err(_) => break,
+            }
+        }
+        out
+    }
+}
+
+/// Polls `check` every 100 ms until it returns true or `timeout` passes;
+/// returns the last answer. Tests await conditions instead of sleeping.
+pub async fn eventually<F, Fut>(timeout: std::time::Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

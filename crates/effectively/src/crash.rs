@@ -1,0 +1,63 @@
+//! Crash points: named places where a process SIGKILLs itself when a chaos
+//! run asks it to, so the experiments can die at the worst possible moment
+//! on purpose (DESIGN.md §6). Off unless `--crash-point` names a point.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use clap::Args;
+
+/// Which crash point to arm, and how often it fires.
+#[derive(Debug, Clone, Default, Args)]
+pub struct CrashArgs {
+    /// Arm this crash point (e.g. `publish`, `effect`, `claim`, `commit`); the
+    /// process SIGKILLs itself there. Chaos testing only.
+    #[arg(long, env = "CRASH_POINT")]
+    pub crash_point: Option<String>,
+
+    /// Fire with this probability each time the armed point is passed.
+    #[arg(long, env = "CRASH_PROBABILITY", default_value_t = 0.0)]
+    pub crash_probability: f64,
+
+    /// Fire every Nth time the armed point is passed (counted per process).
+    #[arg(long, env = "CRASH_EVERY")]
+    pub crash_every: Option<u64>,
+}
+
+/// An armed (or unarmed) crash point checker; cheap to call on hot paths.
+#[derive(Debug, Default)]
+pub struct Crasher {
+    args: CrashArgs,
+    passes: AtomicU64,
+}
+
+impl Crasher {
+    /// A checker for `args`.
+    pub fn new(args: CrashArgs) -> Self {
+        Self {
+            args,
+            passes: AtomicU64::new(0),
+        }
+    }
+
+    /// Passes the point `name`: SIGKILLs this process if `name` is armed and
+    /// its schedule says so. Never returns in that case.
+    pub fn point(&self, name: &str) {
+        if self.args.crash_point.as_deref() != Some(name) {
+            return;
+        }
+        let n = self.passes.fetch_add(1, Ordering::Relaxed) + 1;
+        let every = self
+            .args
+            .crash_every
+            .is_some_and(|e| e > 0 && n.is_multiple_of(e));
+        let chance = self.args.crash_probability > 0.0
+            && rand::random::<f64>() < self.args.crash_probability;
+        if every || chance {
+            eprintln!("crash point {name}: SIGKILL (pass {n})");
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+            // SIGKILL cannot be caught; should it somehow fail, die anyway.
+            std::process::abort();
+        }
+    }
+}

@@ -1,0 +1,345 @@
+//! The Payments consumer: for each polled batch of `order.events`, ONE
+//! transaction claims the msg_ids in the inbox and writes the charges of the
+//! new ones; offsets are committed only after that transaction commits.
+//!
+//! Dedup keys on the msg_id carried in the event, never on a Kafka offset: a
+//! relay re-publish lands at a new offset with the same msg_id. Redelivery
+//! (a crash before the offset commit, a rebalance, a re-publish) is expected
+//! and is a provable no-op.
+
+pub mod decode;
+pub mod inbox;
+pub mod metrics;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use clap::Parser;
+use effectively::config::{DbArgs, KafkaArgs};
+use effectively::crash::{CrashArgs, Crasher};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+};
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::inbox::{ChargeIntent, DeadLetter};
+use crate::metrics::PaymentsMetrics;
+
+/// Payments settings; every flag is also an environment variable.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "payments",
+    version,
+    about = "Payments consumer: inbox claim + charge in one transaction; a redelivered event is a no-op"
+)]
+pub struct Config {
+    #[command(flatten)]
+    pub db: DbArgs,
+
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+
+    #[command(flatten)]
+    pub crash: CrashArgs,
+
+    /// Kafka consumer group.
+    #[arg(long, env = "PAYMENTS_GROUP_ID", default_value = "payments")]
+    pub group_id: String,
+
+    /// Most messages applied per transaction.
+    #[arg(long, env = "PAYMENTS_BATCH_SIZE", default_value_t = 500)]
+    pub batch_size: usize,
+
+    /// How long to wait for more messages to fill a batch, in milliseconds.
+    #[arg(long, env = "PAYMENTS_BATCH_LINGER_MS", default_value_t = 5)]
+    pub batch_linger_ms: u64,
+
+    /// Consumer session timeout in milliseconds (how fast a dead member's
+    /// partitions move to the survivors).
+    #[arg(long, env = "PAYMENTS_SESSION_TIMEOUT_MS", default_value_t = 10_000)]
+    pub session_timeout_ms: u64,
+
+    /// Address serving GET /metrics.
+    #[arg(long, env = "PAYMENTS_METRICS_ADDR", default_value = "127.0.0.1:9102")]
+    pub metrics_addr: SocketAddr,
+}
+
+/// Tracks this member's assignment so that offsets of revoked partitions are
+/// never committed: a late commit could move the new owner's offset back.
+#[derive(Default)]
+pub struct RebalanceContext {
+    assigned: Mutex<HashSet<(String, i32)>>,
+}
+
+impl RebalanceContext {
+    fn owns(&self, topic: &str, partition: i32) -> bool {
+        self.assigned
+            .lock()
+            .map(|a| a.contains(&(topic.to_owned(), partition)))
+            .unwrap_or(false)
+    }
+
+    /// Partitions currently assigned to this member.
+    pub fn assignment(&self) -> Vec<(String, i32)> {
+        self.assigned
+            .lock()
+            .map(|a| a.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+impl ClientContext for RebalanceContext {}
+
+impl ConsumerContext for RebalanceContext {
+    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance
+            && let Ok(mut assigned) = self.assigned.lock()
+        {
+            for e in tpl.elements() {
+                assigned.remove(&(e.topic().to_owned(), e.partition()));
+            }
+            tracing::info!(revoked = tpl.count(), "partitions revoked");
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance
+            && let Ok(mut assigned) = self.assigned.lock()
+        {
+            for e in tpl.elements() {
+                assigned.insert((e.topic().to_owned(), e.partition()));
+            }
+            tracing::info!(assigned = tpl.count(), "partitions assigned");
+        }
+    }
+}
+
+/// The consumer type.
+pub type PaymentsConsumer = StreamConsumer<RebalanceContext>;
+
+/// Builds the consumer: manual offset commits, earliest reset.
+pub fn consumer(config: &Config) -> anyhow::Result<PaymentsConsumer> {
+    let consumer: PaymentsConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &config.kafka.kafka_bootstrap_servers)
+        .set("group.id", &config.group_id)
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", config.session_timeout_ms.to_string())
+        .set("enable.partition.eof", "false")
+        .create_with_context(RebalanceContext::default())
+        .context("create kafka consumer")?;
+    consumer
+        .subscribe(&[&config.kafka.kafka_topic])
+        .context("subscribe")?;
+    Ok(consumer)
+}
+
+/// Runs the consumer until `cancel` fires.
+pub async fn run(
+    config: Config,
+    metrics_listener: TcpListener,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    let pool = effectively::db::connect(&config.db).await?;
+    let metrics = Arc::new(PaymentsMetrics::new().context("register metrics")?);
+    let cfg = config.clone();
+    let consumer = Arc::new(
+        tokio::task::spawn_blocking(move || consumer(&cfg))
+            .await
+            .context("create consumer task")??,
+    );
+    let crasher = Crasher::new(config.crash.clone());
+    let app = effectively::metrics::router(metrics.registry.clone());
+    let c = cancel.clone();
+    let metrics_task = tokio::spawn(async move {
+        let _ = axum::serve(metrics_listener, app)
+            .with_graceful_shutdown(c.cancelled_owned())
+            .await;
+    });
+    tracing::info!(group = %config.group_id, topic = %config.kafka.kafka_topic, "payments consuming");
+
+    let linger = Duration::from_millis(config.batch_linger_ms);
+    loop {
+        let batch = tokio::select! {
+            b = next_batch(&consumer, config.batch_size.max(1), linger, &metrics) => b,
+            () = cancel.cancelled() => break,
+        };
+        if batch.is_empty() {
+            continue;
+        }
+        if !process(&pool, &batch, &crasher, &metrics, &cancel).await {
+            break; // cancelled while the database was failing; nothing committed
+        }
+        commit_offsets(&consumer, &batch, &metrics);
+    }
+    // Leaving the group hands the partitions over at once instead of after
+    // the session timeout.
+    let c = consumer.clone();
+    let _ = tokio::task::spawn_blocking(move || c.unsubscribe()).await;
+    let _ = metrics_task.await;
+    pool.close().await;
+    Ok(())
+}
+
+/// Waits for one message, then takes whatever else arrives within `linger`.
+async fn next_batch(
+    consumer: &PaymentsConsumer,
+    max: usize,
+    linger: Duration,
+    metrics: &PaymentsMetrics,
+) -> Vec<OwnedMessage> {
+    let mut batch = Vec::with_capacity(max);
+    match consumer.recv().await {
+        Ok(m) => batch.push(m.detach()),
+        Err(error) => {
+            metrics
+                .consumer_errors_total
+                .with_label_values(&["kafka"])
+                .inc();
+            tracing::warn!(%error, "kafka receive failed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return batch;
+        }
+    }
+    let deadline = tokio::time::Instant::now() + linger;
+    while batch.len() < max {
+        match tokio::time::timeout_at(deadline, consumer.recv()).await {
+            Ok(Ok(m)) => batch.push(m.detach()),
+            Ok(Err(error)) => {
+                metrics
+                    .consumer_errors_total
+                    .with_label_values(&["kafka"])
+                    .inc();
+                tracing::warn!(%error, "kafka receive failed");
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    metrics.consumed_total.inc_by(batch.len() as u64);
+    batch
+}
+
+/// Splits a batch into charge intents and dead letters.
+pub fn classify(
+    batch: &[OwnedMessage],
+) -> (
+    Vec<ChargeIntent>,
+    HashMap<Uuid, DateTime<Utc>>,
+    Vec<DeadLetter>,
+) {
+    let mut intents = Vec::with_capacity(batch.len());
+    let mut committed_at = HashMap::with_capacity(batch.len());
+    let mut dead = Vec::new();
+    for m in batch {
+        match decode::decode(m.payload()) {
+            Ok((intent, created_at)) => {
+                committed_at.insert(intent.msg_id, created_at);
+                intents.push(intent);
+            }
+            Err(reason) => {
+                tracing::warn!(partition = m.partition(), offset = m.offset(), %reason, "dead-lettering message");
+                dead.push(DeadLetter {
+                    topic: m.topic().to_owned(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    payload: m.payload().map(<[u8]>::to_vec),
+                    reason,
+                });
+            }
+        }
+    }
+    (intents, committed_at, dead)
+}
+
+/// Applies the batch, retrying database failures with backoff until it
+/// commits. `false` when cancelled first (then nothing was committed and the
+/// messages will be redelivered).
+async fn process(
+    pool: &sqlx::PgPool,
+    batch: &[OwnedMessage],
+    crasher: &Crasher,
+    metrics: &PaymentsMetrics,
+    cancel: &CancellationToken,
+) -> bool {
+    let (intents, committed_at, dead) = classify(batch);
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let start = Instant::now();
+        match inbox::apply_batch(pool, &intents, &dead, crasher).await {
+            Ok(applied) => {
+                metrics
+                    .processing_duration_seconds
+                    .observe(start.elapsed().as_secs_f64());
+                metrics.dedup_misses_total.inc_by(applied.charged);
+                metrics.dedup_hits_total.inc_by(applied.duplicates);
+                metrics
+                    .charges_total
+                    .inc_by(applied.charged - applied.charge_conflicts);
+                metrics
+                    .charge_conflicts_total
+                    .inc_by(applied.charge_conflicts);
+                metrics.dead_letters_total.inc_by(applied.dead_lettered);
+                let now = Utc::now();
+                for msg_id in &applied.new_msg_ids {
+                    if let Some(created) = committed_at.get(msg_id) {
+                        let secs = (now - *created).num_microseconds().unwrap_or(0) as f64 / 1e6;
+                        metrics.commit_to_effect_seconds.observe(secs.max(0.0));
+                    }
+                }
+                return true;
+            }
+            Err(error) => {
+                metrics
+                    .consumer_errors_total
+                    .with_label_values(&["db"])
+                    .inc();
+                tracing::warn!(%error, "applying batch failed; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = cancel.cancelled() => return false,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Commits, per partition still owned, the offset after the batch's last
+/// message. Only called after the batch's transaction committed.
+fn commit_offsets(consumer: &PaymentsConsumer, batch: &[OwnedMessage], metrics: &PaymentsMetrics) {
+    let mut next: BTreeMap<(&str, i32), i64> = BTreeMap::new();
+    for m in batch {
+        let e = next.entry((m.topic(), m.partition())).or_insert(0);
+        *e = (*e).max(m.offset() + 1);
+    }
+    let context = consumer.context();
+    let mut tpl = TopicPartitionList::new();
+    for ((topic, partition), offset) in next {
+        if !context.owns(topic, partition) {
+            continue; // revoked meanwhile: the new owner redelivers, the inbox absorbs
+        }
+        if let Err(error) = tpl.add_partition_offset(topic, partition, Offset::Offset(offset)) {
+            tracing::warn!(%error, "build offset list");
+        }
+    }
+    if tpl.count() == 0 {
+        return;
+    }
+    if let Err(error) = consumer.commit(&tpl, CommitMode::Async) {
+        metrics
+            .consumer_errors_total
+            .with_label_values(&["commit"])
+            .inc();
+        tracing::warn!(%error, "offset commit failed; the batch will be redelivered (no-op)");
+    }
+}

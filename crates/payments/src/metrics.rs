@@ -1,0 +1,95 @@
+//! The Payments consumer's Prometheus metrics.
+
+use effectively::metrics::LATENCY_BUCKETS;
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
+
+/// Everything the consumer counts.
+#[derive(Debug, Clone)]
+pub struct PaymentsMetrics {
+    /// The registry holding these metrics.
+    pub registry: Registry,
+    /// Messages consumed from Kafka (including redeliveries).
+    pub consumed_total: IntCounter,
+    /// Messages whose msg_id was already in the inbox (no-ops).
+    pub dedup_hits_total: IntCounter,
+    /// Messages whose msg_id was new (claimed and charged).
+    pub dedup_misses_total: IntCounter,
+    /// Charges written.
+    pub charges_total: IntCounter,
+    /// New msg_ids whose order already had a charge (UNIQUE guard; should stay 0).
+    pub charge_conflicts_total: IntCounter,
+    /// Messages dead-lettered.
+    pub dead_letters_total: IntCounter,
+    /// Seconds to apply one polled batch (one transaction).
+    pub processing_duration_seconds: Histogram,
+    /// Seconds from the outbox row's commit to the charge's commit.
+    pub commit_to_effect_seconds: Histogram,
+    /// Errors by stage: `db`, `kafka`, `commit`.
+    pub consumer_errors_total: IntCounterVec,
+}
+
+impl PaymentsMetrics {
+    /// Creates and registers the metrics in a fresh registry.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str| IntCounter::new(name, help);
+        let m = Self {
+            consumed_total: counter(
+                "payments_consumed_total",
+                "Messages consumed from Kafka, redeliveries included",
+            )?,
+            dedup_hits_total: counter(
+                "payments_dedup_hits_total",
+                "Messages whose msg_id was already in the inbox (no-ops)",
+            )?,
+            dedup_misses_total: counter(
+                "payments_dedup_misses_total",
+                "Messages whose msg_id was new (claimed and charged)",
+            )?,
+            charges_total: counter("payments_charges_total", "Charges written")?,
+            charge_conflicts_total: counter(
+                "payments_charge_conflicts_total",
+                "New msg_ids whose order already had a charge (the UNIQUE guard fired)",
+            )?,
+            dead_letters_total: counter("payments_dead_letters_total", "Messages dead-lettered")?,
+            processing_duration_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "payments_processing_duration_seconds",
+                    "Seconds to apply one polled batch in one transaction",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+            )?,
+            commit_to_effect_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "payments_commit_to_effect_seconds",
+                    "Seconds from the outbox row's commit to the charge's commit",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+            )?,
+            consumer_errors_total: IntCounterVec::new(
+                Opts::new("payments_consumer_errors_total", "Consumer errors by stage"),
+                &["stage"],
+            )?,
+            registry,
+        };
+        m.registry.register(Box::new(m.consumed_total.clone()))?;
+        m.registry.register(Box::new(m.dedup_hits_total.clone()))?;
+        m.registry
+            .register(Box::new(m.dedup_misses_total.clone()))?;
+        m.registry.register(Box::new(m.charges_total.clone()))?;
+        m.registry
+            .register(Box::new(m.charge_conflicts_total.clone()))?;
+        m.registry
+            .register(Box::new(m.dead_letters_total.clone()))?;
+        m.registry
+            .register(Box::new(m.processing_duration_seconds.clone()))?;
+        m.registry
+            .register(Box::new(m.commit_to_effect_seconds.clone()))?;
+        m.registry
+            .register(Box::new(m.consumer_errors_total.clone()))?;
+        for stage in ["db", "kafka", "commit"] {
+            m.consumer_errors_total.with_label_values(&[stage]);
+        }
+        Ok(m)
+    }
+}

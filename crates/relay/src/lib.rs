@@ -1,0 +1,419 @@
+//! The outbox relay: publishes committed outbox rows to Kafka, at least once,
+//! keeping each key's events in order, and marks them published.
+//!
+//! At-least-once by design: a relay that dies after the broker acked a batch
+//! and before its commit re-publishes that batch (same msg_ids) on restart.
+//! The Payments inbox absorbs the duplicates; the relay never tries to be
+//! exactly-once.
+//!
+//! Ordering across any number of relay processes: rows are split into
+//! [`outbox::SHARDS`] shards by aggregate id; a worker publishes a shard only
+//! while its transaction holds the shard's advisory lock, awaits every
+//! delivery report, marks the delivered rows and commits, and only then can
+//! another worker take the shard. See ARCHITECTURE.md.
+
+pub mod metrics;
+pub mod outbox;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::Utc;
+use clap::Parser;
+use effectively::config::{DbArgs, KafkaArgs};
+use effectively::crash::{CrashArgs, Crasher};
+use effectively::envelope::{Envelope, HEADER_EVENT_TYPE, HEADER_MSG_ID};
+use futures::future::join_all;
+use rdkafka::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::util::Timeout;
+use sqlx::PgPool;
+use sqlx::postgres::PgListener;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::RelayMetrics;
+use crate::outbox::{PendingRow, SHARDS};
+
+/// Relay settings; every flag is also an environment variable.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "relay",
+    version,
+    about = "Outbox relay: publishes committed outbox rows to Kafka at least once, in per-key order"
+)]
+pub struct Config {
+    #[command(flatten)]
+    pub db: DbArgs,
+
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+
+    #[command(flatten)]
+    pub crash: CrashArgs,
+
+    /// Most rows claimed from one shard per transaction.
+    #[arg(long, env = "RELAY_BATCH_SIZE", default_value_t = 500)]
+    pub batch_size: i64,
+
+    /// Concurrent workers in this process (each takes one shard at a time).
+    #[arg(long, env = "RELAY_WORKERS", default_value_t = 2)]
+    pub workers: usize,
+
+    /// Fallback poll interval in milliseconds when no NOTIFY arrives.
+    #[arg(long, env = "RELAY_POLL_INTERVAL_MS", default_value_t = 500)]
+    pub poll_interval_ms: u64,
+
+    /// How often the backlog metrics are sampled, in milliseconds.
+    #[arg(long, env = "RELAY_LAG_SAMPLE_MS", default_value_t = 1000)]
+    pub lag_sample_ms: u64,
+
+    /// Address serving GET /metrics.
+    #[arg(long, env = "RELAY_METRICS_ADDR", default_value = "127.0.0.1:9101")]
+    pub metrics_addr: SocketAddr,
+
+    /// Producer linger in milliseconds (batching on the wire).
+    #[arg(long, env = "RELAY_LINGER_MS", default_value_t = 5)]
+    pub linger_ms: u64,
+
+    /// Broker ack timeout for one message, in milliseconds; an unacked row
+    /// stays pending and is retried.
+    #[arg(long, env = "RELAY_MESSAGE_TIMEOUT_MS", default_value_t = 30_000)]
+    pub message_timeout_ms: u64,
+}
+
+/// Builds the idempotent, acks=all producer.
+pub fn producer(config: &Config) -> anyhow::Result<FutureProducer> {
+    ClientConfig::new()
+        .set("bootstrap.servers", &config.kafka.kafka_bootstrap_servers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", config.linger_ms.to_string())
+        .set("message.timeout.ms", config.message_timeout_ms.to_string())
+        .set("queue.buffering.max.messages", "1000000")
+        .set("batch.num.messages", "10000")
+        .set("compression.type", "lz4")
+        .create()
+        .context("create kafka producer")
+}
+
+/// Runs the relay until `cancel` fires.
+pub async fn run(
+    config: Config,
+    metrics_listener: TcpListener,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut db = config.db.clone();
+    db.db_max_connections = db.db_max_connections.max(config.workers as u32 + 3);
+    let pool = effectively::db::connect(&db).await?;
+    let metrics = Arc::new(RelayMetrics::new().context("register metrics")?);
+    let cfg = config.clone();
+    let producer = tokio::task::spawn_blocking(move || producer(&cfg))
+        .await
+        .context("create producer task")??;
+    let crasher = Arc::new(Crasher::new(config.crash.clone()));
+
+    let mut tasks = Vec::new();
+    let app = effectively::metrics::router(metrics.registry.clone());
+    let c = cancel.clone();
+    tasks.push(tokio::spawn(async move {
+        let _ = axum::serve(metrics_listener, app)
+            .with_graceful_shutdown(c.cancelled_owned())
+            .await;
+    }));
+    tasks.push(tokio::spawn(sample_lag(
+        pool.clone(),
+        metrics.clone(),
+        Duration::from_millis(config.lag_sample_ms),
+        cancel.clone(),
+    )));
+    let (wake_tx, wake_rx) = watch::channel(0u64);
+    tasks.push(tokio::spawn(listen(
+        pool.clone(),
+        wake_tx,
+        metrics.clone(),
+        cancel.clone(),
+    )));
+
+    let workers = config.workers.max(1);
+    let worker = Arc::new(Worker {
+        pool: pool.clone(),
+        producer: producer.clone(),
+        topic: config.kafka.kafka_topic.clone(),
+        batch_size: config.batch_size.max(1),
+        metrics: metrics.clone(),
+        crasher,
+    });
+    let poll = Duration::from_millis(config.poll_interval_ms);
+    let mut worker_tasks = Vec::new();
+    for w in 0..workers {
+        let worker = worker.clone();
+        let first_shard = (w * SHARDS as usize / workers) as i16;
+        worker_tasks.push(tokio::spawn(worker.run(
+            first_shard,
+            poll,
+            wake_rx.clone(),
+            cancel.clone(),
+        )));
+    }
+    tracing::info!(workers, batch_size = config.batch_size, topic = %config.kafka.kafka_topic, "relay running");
+
+    cancel.cancelled().await;
+    for t in worker_tasks {
+        let _ = t.await;
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let _ =
+        tokio::task::spawn_blocking(move || producer.flush(Timeout::After(Duration::from_secs(5))))
+            .await;
+    pool.close().await;
+    Ok(())
+}
+
+struct Worker {
+    pool: PgPool,
+    producer: FutureProducer,
+    topic: String,
+    batch_size: i64,
+    metrics: Arc<RelayMetrics>,
+    crasher: Arc<Crasher>,
+}
+
+impl Worker {
+    async fn run(
+        self: Arc<Self>,
+        first_shard: i16,
+        poll: Duration,
+        mut wake: watch::Receiver<u64>,
+        cancel: CancellationToken,
+    ) {
+        let mut backoff = Duration::from_millis(50);
+        while !cancel.is_cancelled() {
+            // Mark notifications seen *before* the pass: one arriving during
+            // the pass makes `changed()` below return at once.
+            wake.borrow_and_update();
+            let mut published = 0usize;
+            let mut failed = false;
+            for i in 0..SHARDS {
+                if cancel.is_cancelled() {
+                    return;
+                }
+                let shard = (first_shard + i) % SHARDS;
+                match self.relay_shard(shard).await {
+                    Ok(n) => published += n,
+                    Err(error) => {
+                        failed = true;
+                        self.metrics
+                            .relay_errors_total
+                            .with_label_values(&["db"])
+                            .inc();
+                        tracing::warn!(
+                            shard,
+                            error = format!("{error:#}"),
+                            "relay batch failed; will retry"
+                        );
+                    }
+                }
+            }
+            if failed {
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = cancel.cancelled() => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+            backoff = Duration::from_millis(50);
+            if published == 0 {
+                tokio::select! {
+                    _ = wake.changed() => {}
+                    () = tokio::time::sleep(poll) => {}
+                    () = cancel.cancelled() => return,
+                }
+            }
+        }
+    }
+
+    /// One transaction: lock the shard, claim, publish, await acks, mark, commit.
+    async fn relay_shard(&self, shard: i16) -> anyhow::Result<usize> {
+        let mut tx = self.pool.begin().await.context("begin")?;
+        if !outbox::try_lock_shard(&mut tx, shard)
+            .await
+            .context("lock shard")?
+        {
+            return Ok(0);
+        }
+        let rows = outbox::claim(&mut tx, shard, self.batch_size)
+            .await
+            .context("claim outbox batch")?;
+        if rows.is_empty() {
+            tx.commit().await.context("commit empty claim")?;
+            return Ok(0);
+        }
+        let rows = outbox::first_per_aggregate(rows);
+        let start = Instant::now();
+        let results = join_all(rows.iter().map(|row| self.publish(row))).await;
+        let delivered: Vec<i64> = rows
+            .iter()
+            .zip(&results)
+            .filter(|(_, ok)| **ok)
+            .map(|(row, _)| row.id)
+            .collect();
+        self.metrics
+            .relay_publish_duration_seconds
+            .observe(start.elapsed().as_secs_f64());
+        // The broker has acked; the rows are not yet marked. A crash here
+        // re-publishes the batch on restart: the at-least-once window.
+        self.crasher.point("publish");
+        outbox::mark_published(&mut tx, &delivered)
+            .await
+            .context("mark published")?;
+        tx.commit().await.context("commit published batch")?;
+        self.metrics
+            .relay_published_total
+            .inc_by(delivered.len() as u64);
+        self.metrics
+            .relay_batch_size
+            .observe(delivered.len() as f64);
+        Ok(delivered.len())
+    }
+
+    /// Produces one row; `true` when the broker acked it.
+    async fn publish(&self, row: &PendingRow) -> bool {
+        let value = match Envelope::new(
+            row.msg_id,
+            row.event_type.clone(),
+            row.aggregate_id,
+            row.created_at,
+            &row.payload,
+        )
+        .and_then(|e| e.encode())
+        {
+            Ok(value) => value,
+            Err(error) => {
+                self.metrics
+                    .relay_errors_total
+                    .with_label_values(&["encode"])
+                    .inc();
+                tracing::error!(outbox_id = row.id, %error, "outbox payload is not JSON; row left pending");
+                return false;
+            }
+        };
+        let key = row.aggregate_id.to_string();
+        let msg_id = row.msg_id.to_string();
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: HEADER_MSG_ID,
+                value: Some(msg_id.as_bytes()),
+            })
+            .insert(Header {
+                key: HEADER_EVENT_TYPE,
+                value: Some(row.event_type.as_bytes()),
+            });
+        let record = FutureRecord::to(&self.topic)
+            .key(&key)
+            .payload(&value)
+            .headers(headers);
+        match self
+            .producer
+            .send(record, Timeout::After(Duration::from_secs(10)))
+            .await
+        {
+            Ok(_) => {
+                let age = (Utc::now() - row.created_at)
+                    .num_microseconds()
+                    .unwrap_or(0) as f64
+                    / 1e6;
+                self.metrics
+                    .relay_commit_to_publish_seconds
+                    .observe(age.max(0.0));
+                true
+            }
+            Err((error, _)) => {
+                self.metrics
+                    .relay_errors_total
+                    .with_label_values(&["produce"])
+                    .inc();
+                tracing::warn!(outbox_id = row.id, %error, "publish failed; row stays pending");
+                false
+            }
+        }
+    }
+}
+
+/// Wakes the workers on every `NOTIFY orders_outbox` (sent on commit).
+async fn listen(
+    pool: PgPool,
+    wake: watch::Sender<u64>,
+    metrics: Arc<RelayMetrics>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let mut listener = match PgListener::connect_with(&pool).await {
+            Ok(l) => l,
+            Err(error) => {
+                metrics
+                    .relay_errors_total
+                    .with_label_values(&["listen"])
+                    .inc();
+                tracing::warn!(%error, "listen connection failed; polling meanwhile");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    () = cancel.cancelled() => return,
+                }
+            }
+        };
+        if let Err(error) = listener.listen(effectively::outbox::NOTIFY_CHANNEL).await {
+            metrics
+                .relay_errors_total
+                .with_label_values(&["listen"])
+                .inc();
+            tracing::warn!(%error, "LISTEN failed; polling meanwhile");
+            continue;
+        }
+        loop {
+            tokio::select! {
+                n = listener.recv() => match n {
+                    Ok(_) => wake.send_modify(|g| *g = g.wrapping_add(1)),
+                    Err(error) => {
+                        metrics.relay_errors_total.with_label_values(&["listen"]).inc();
+                        tracing::warn!(%error, "notification stream broke; reconnecting");
+                        break;
+                    }
+                },
+                () = cancel.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// Samples the backlog gauges.
+async fn sample_lag(
+    pool: PgPool,
+    metrics: Arc<RelayMetrics>,
+    every: Duration,
+    cancel: CancellationToken,
+) {
+    loop {
+        match pool.acquire().await {
+            Ok(mut conn) => match outbox::lag(&mut conn).await {
+                Ok((pending, age)) => {
+                    metrics.outbox_pending_rows.set(pending);
+                    metrics.outbox_oldest_pending_age_seconds.set(age);
+                }
+                Err(error) => tracing::debug!(%error, "sample outbox lag"),
+            },
+            Err(error) => tracing::debug!(%error, "sample outbox lag: no connection"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = cancel.cancelled() => return,
+        }
+    }
+}

@@ -1,0 +1,14 @@
+use anyhow::Context;
+use clap::Parser;
+use relay::Config;
+use tokio::net::TcpListener;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = Config::parse();
+    effectively::telemetry::init();
+    let metrics = TcpListener::bind(config.metrics_addr)
+        .await
+        .with_context(|| format!("bind metrics {}", config.metrics_addr))?;
+    relay::run(config, metrics, effectively::shutdown::on_signal()).await
+}

@@ -1,0 +1,89 @@
+//! The relay's Prometheus metrics.
+
+use effectively::metrics::LATENCY_BUCKETS;
+use prometheus::{
+    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
+
+/// Everything the relay counts.
+#[derive(Debug, Clone)]
+pub struct RelayMetrics {
+    /// The registry holding these metrics.
+    pub registry: Registry,
+    /// Outbox rows committed but not yet published (sampled).
+    pub outbox_pending_rows: IntGauge,
+    /// Age in seconds of the oldest pending outbox row (sampled; 0 when none).
+    pub outbox_oldest_pending_age_seconds: Gauge,
+    /// Outbox rows published and marked (re-publishes after a crash count again).
+    pub relay_published_total: IntCounter,
+    /// Rows per published batch.
+    pub relay_batch_size: Histogram,
+    /// Seconds from handing a batch to the producer to the last broker ack.
+    pub relay_publish_duration_seconds: Histogram,
+    /// Seconds from an outbox row's commit to its broker ack.
+    pub relay_commit_to_publish_seconds: Histogram,
+    /// Errors by stage: `db`, `produce`, `encode`, `listen`.
+    pub relay_errors_total: IntCounterVec,
+}
+
+impl RelayMetrics {
+    /// Creates and registers the metrics in a fresh registry.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let m = Self {
+            outbox_pending_rows: IntGauge::new(
+                "outbox_pending_rows",
+                "Outbox rows committed but not yet published",
+            )?,
+            outbox_oldest_pending_age_seconds: Gauge::new(
+                "outbox_oldest_pending_age_seconds",
+                "Age in seconds of the oldest pending outbox row (0 when none)",
+            )?,
+            relay_published_total: IntCounter::new(
+                "relay_published_total",
+                "Outbox rows published to Kafka and marked published",
+            )?,
+            relay_batch_size: Histogram::with_opts(
+                HistogramOpts::new("relay_batch_size", "Rows per published batch").buckets(vec![
+                    1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0,
+                ]),
+            )?,
+            relay_publish_duration_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "relay_publish_duration_seconds",
+                    "Seconds from handing a batch to the producer to the last broker ack",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+            )?,
+            relay_commit_to_publish_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "relay_commit_to_publish_seconds",
+                    "Seconds from an outbox row's commit to its broker ack",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+            )?,
+            relay_errors_total: IntCounterVec::new(
+                Opts::new("relay_errors_total", "Relay errors by stage"),
+                &["stage"],
+            )?,
+            registry,
+        };
+        m.registry
+            .register(Box::new(m.outbox_pending_rows.clone()))?;
+        m.registry
+            .register(Box::new(m.outbox_oldest_pending_age_seconds.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_published_total.clone()))?;
+        m.registry.register(Box::new(m.relay_batch_size.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_publish_duration_seconds.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_commit_to_publish_seconds.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_errors_total.clone()))?;
+        for stage in ["db", "produce", "encode", "listen"] {
+            m.relay_errors_total.with_label_values(&[stage]);
+        }
+        Ok(m)
+    }
+}

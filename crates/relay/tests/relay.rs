@@ -1,0 +1,259 @@
+//! The relay against the real PostgreSQL and broker of `make up`: a fresh
+//! database and topic per test.
+
+use std::collections::{HashMap, HashSet};
+use std::process::Stdio;
+use std::time::Duration;
+
+use effectively::config::DbArgs;
+use effectively::crash::CrashArgs;
+use effectively::envelope::Envelope;
+use effectively::outbox::{Outbox, OutboxMessage};
+use effectively::testing::{TestDb, TestTopic, TopicMessage, eventually};
+use relay::{Config, run};
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+fn config(db: &TestDb, topic: &TestTopic, workers: usize, batch_size: i64) -> Config {
+    let mut db_args = DbArgs::for_url(&db.url);
+    db_args.db_migrate = false;
+    Config {
+        db: db_args,
+        kafka: topic.kafka_args(),
+        crash: CrashArgs::default(),
+        batch_size,
+        workers,
+        poll_interval_ms: 200,
+        lag_sample_ms: 200,
+        metrics_addr: "127.0.0.1:0".parse().expect("addr"),
+        linger_ms: 2,
+        message_timeout_ms: 10_000,
+    }
+}
+
+async fn spawn_relay(
+    config: Config,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(run(config, listener, cancel.clone()));
+    (cancel, task)
+}
+
+/// Appends `events_per_key` events for each of `keys` aggregates, one
+/// transaction per event, interleaving the keys; event payloads carry `seq`.
+async fn fill_outbox(pool: &PgPool, keys: &[Uuid], events_per_key: usize) {
+    let outbox = Outbox::default();
+    for seq in 0..events_per_key {
+        for key in keys {
+            let mut tx = pool.begin().await.expect("begin");
+            outbox
+                .enqueue(
+                    &mut tx,
+                    &OutboxMessage {
+                        aggregate_id: *key,
+                        msg_id: Uuid::now_v7(),
+                        event_type: "test.event".into(),
+                        payload: format!(r#"{{"seq":{seq}}}"#).into_bytes(),
+                    },
+                )
+                .await
+                .expect("enqueue");
+            tx.commit().await.expect("commit");
+        }
+    }
+}
+
+async fn pending(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM orders.outbox WHERE published_at IS NULL")
+        .fetch_one(pool)
+        .await
+        .expect("pending")
+}
+
+/// Decodes the topic: per key, the seq values in topic order, and every msg_id seen.
+fn per_key_sequences(messages: &[TopicMessage]) -> (HashMap<String, Vec<i64>>, Vec<Uuid>) {
+    let mut seqs: HashMap<String, Vec<i64>> = HashMap::new();
+    let mut msg_ids = Vec::new();
+    for TopicMessage { key, value, .. } in messages {
+        let key = String::from_utf8(key.clone().expect("key")).expect("utf8 key");
+        let env = Envelope::decode(value.as_deref().expect("value")).expect("envelope");
+        assert_eq!(
+            env.aggregate_id.to_string(),
+            key,
+            "the message key is the aggregate id"
+        );
+        let payload: serde_json::Value = serde_json::from_str(env.payload.get()).expect("payload");
+        seqs.entry(key)
+            .or_default()
+            .push(payload["seq"].as_i64().expect("seq"));
+        msg_ids.push(env.msg_id);
+    }
+    (seqs, msg_ids)
+}
+
+/// Per key, the first occurrence of each seq must come in increasing order;
+/// a later duplicate (a re-publish) is allowed, a reordering is not.
+fn assert_first_occurrences_in_order(seqs: &HashMap<String, Vec<i64>>, events_per_key: usize) {
+    for (key, seq) in seqs {
+        let mut seen = HashSet::new();
+        let firsts: Vec<i64> = seq.iter().copied().filter(|s| seen.insert(*s)).collect();
+        let expected: Vec<i64> = (0..events_per_key as i64).collect();
+        assert_eq!(
+            firsts, expected,
+            "key {key}: events out of order or missing: {seq:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn publishes_every_pending_row_in_per_key_order_and_marks_it() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(6).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let keys: Vec<Uuid> = (0..60).map(|_| Uuid::now_v7()).collect();
+    fill_outbox(&pool, &keys, 3).await;
+
+    let (cancel, task) = spawn_relay(config(&db, &topic, 2, 50)).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "relay drained the outbox"
+    );
+    let messages = topic.read_all(180, Duration::from_secs(30)).await;
+    assert_eq!(messages.len(), 180);
+    let (seqs, msg_ids) = per_key_sequences(&messages);
+    assert_eq!(seqs.len(), 60);
+    for (key, seq) in &seqs {
+        assert_eq!(seq, &vec![0, 1, 2], "key {key} in outbox order, each once");
+    }
+    let distinct: HashSet<Uuid> = msg_ids.iter().copied().collect();
+    assert_eq!(distinct.len(), 180);
+
+    // New rows after the drain are picked up by NOTIFY (or the poll).
+    fill_outbox(&pool, &keys[..5], 1).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            pending(&pool).await == 0
+        })
+        .await
+    );
+    cancel.cancel();
+    task.await.expect("join").expect("relay ok");
+}
+
+#[tokio::test]
+async fn two_relays_at_once_keep_every_key_in_order() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(6).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let keys: Vec<Uuid> = (0..40).map(|_| Uuid::now_v7()).collect();
+
+    let (c1, t1) = spawn_relay(config(&db, &topic, 2, 7)).await;
+    let (c2, t2) = spawn_relay(config(&db, &topic, 3, 5)).await;
+    // Write while both relays run, so they race for the same shards.
+    fill_outbox(&pool, &keys, 8).await;
+    assert!(
+        eventually(Duration::from_secs(90), || async {
+            pending(&pool).await == 0
+        })
+        .await
+    );
+    let messages = topic.read_all(320, Duration::from_secs(30)).await;
+    let (seqs, msg_ids) = per_key_sequences(&messages);
+    assert_eq!(seqs.len(), 40);
+    assert_first_occurrences_in_order(&seqs, 8);
+    assert_eq!(
+        msg_ids.iter().collect::<HashSet<_>>().len(),
+        320,
+        "every event published"
+    );
+    c1.cancel();
+    c2.cancel();
+    t1.await.expect("join").expect("relay 1 ok");
+    t2.await.expect("join").expect("relay 2 ok");
+}
+
+/// The relay binary SIGKILLs itself after the broker acked a batch and before
+/// marking it (crash point `publish`), again and again; restarted each time,
+/// it loses nothing, re-publishes the unmarked batch, and keeps key order.
+#[tokio::test]
+async fn relay_killed_between_publish_and_mark_loses_nothing() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(3).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let keys: Vec<Uuid> = (0..30).map(|_| Uuid::now_v7()).collect();
+    fill_outbox(&pool, &keys, 4).await;
+
+    let mut kills = 0;
+    for _ in 0..40 {
+        if pending(&pool).await == 0 {
+            break;
+        }
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_relay"))
+            .env("DATABASE_URL", &db.url)
+            .env("DB_MIGRATE", "false")
+            .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
+            .env("KAFKA_TOPIC", &topic.name)
+            .env("RELAY_METRICS_ADDR", "127.0.0.1:0")
+            .env("RELAY_BATCH_SIZE", "10")
+            .env("RELAY_WORKERS", "1")
+            .env("CRASH_POINT", "publish")
+            .env("CRASH_EVERY", "3")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn relay");
+        // It dies at its crash point, or (fewer than 3 batches left) drains
+        // and idles: then stop it.
+        let drained = eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+        });
+        tokio::select! {
+            status = child.wait() => {
+                assert!(!status.expect("wait").success(), "killed by its crash point");
+                kills += 1;
+            }
+            done = drained => {
+                assert!(done, "the relay neither crashed nor drained within 60 s");
+                child.kill().await.expect("kill");
+                break;
+            }
+        }
+    }
+    // A final life without the crash point, in-process, finishes any rest.
+    let (cancel, task) = spawn_relay(config(&db, &topic, 1, 10)).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+        })
+        .await
+    );
+    cancel.cancel();
+    task.await.expect("join").expect("relay ok");
+    assert!(
+        kills >= 3,
+        "the relay was killed mid-stream ({kills} times)"
+    );
+
+    let messages = topic.read_all(usize::MAX, Duration::from_secs(10)).await;
+    let (seqs, msg_ids) = per_key_sequences(&messages);
+    let distinct: HashSet<Uuid> = msg_ids.iter().copied().collect();
+    assert_eq!(distinct.len(), 120, "every event published at least once");
+    assert!(
+        msg_ids.len() > distinct.len(),
+        "the unmarked batches were re-published ({} messages, {} distinct)",
+        msg_ids.len(),
+        distinct.len()
+    );
+    assert_first_occurrences_in_order(&seqs, 4);
+}

@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Connection settings written by `make up` (DATABASE_URL, ...).
 -include .stack/env
 
-.PHONY: help up down status migrate build test fmt lint unit orders bench-orders
+.PHONY: help up down status migrate build test fmt lint orders bench-orders bench-pipeline demo
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -39,8 +39,14 @@ test: ## the test command: lint, then every test against the real stack (starts 
 	$(MAKE) --no-print-directory lint
 	$(CARGO) nextest run --workspace --no-fail-fast
 
+demo: ## the whole pipeline on the embedded stack with load and retries, then recon's proof
+	@scripts/demo.sh
+
 orders: ## run the orders service on the stack (HTTP :8080, gRPC :50051)
 	@. .stack/env && $(CARGO) run --release -p orders
 
 bench-orders: ## benchmark POST /orders against the pgbench ceiling (see FINDINGS.md)
 	@scripts/bench-orders.sh
+
+bench-pipeline: ## relay drain and consumer throughput vs raw rdkafka, commit→effect latency (see FINDINGS.md)
+	@scripts/bench-pipeline.sh

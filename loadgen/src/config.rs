@@ -1,0 +1,396 @@
+//! Command line (every flag is also a `LOADGEN_*` environment variable) and
+//! the validated settings a run works from.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Parser, ValueEnum};
+use serde::Serialize;
+
+use crate::keys;
+
+/// Which protocol carries the creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Protocol {
+    /// `POST /orders` over HTTP/1.1 keep-alive.
+    Http,
+    /// `orders.v1.Orders/Create` over one HTTP/2 channel.
+    Grpc,
+    /// Every send (retries included) picks HTTP or gRPC at random, so one
+    /// key is seen over both protocols.
+    Mixed,
+}
+
+/// How progress is shown on stderr while the run goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ProgressMode {
+    /// A bar when stderr is a terminal, else one plain line every 5 s.
+    Auto,
+    /// Always a bar.
+    Bar,
+    /// Always one plain line every 5 s (for logs and CI).
+    Plain,
+    /// Nothing until the summary.
+    Off,
+}
+
+/// The command line.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "loadgen",
+    version,
+    about = "Open-model load generator for the Orders API: fixed rate, retry storm, Zipfian hot keys, replay verification",
+    long_about = "Open-model load generator for the Orders API (POST /orders over HTTP, \
+        orders.v1.Orders/Create over gRPC).\n\n\
+        Request i is sent at start + i/rate whether or not earlier ones finished, and its latency \
+        is measured from that scheduled instant (no coordinated omission). A fraction of requests \
+        is retried with the same idempotency key and body, concurrently or after a short delay, \
+        and every success for a key is checked against the first one: any difference is a \
+        replay mismatch, i.e. an idempotency bug in the service.\n\n\
+        Keys are `{key-prefix}-{index}`; the body of an index is a pure function of (seed, index), \
+        so a re-drawn index is a retry of the same intent, never a conflicting request.\n\n\
+        Exit codes: 0 completed run; 1 error (target unreachable at start, output file not \
+        writable, ...); 2 bad arguments; 3 replay mismatches were seen; 130 interrupted (Ctrl-C) \
+        without mismatches.",
+    after_help = "Example: loadgen --http-url http://127.0.0.1:18080 --rate 1000 --duration 10 \
+        --zipf-s 0 --intents /tmp/intents.txt --json /tmp/run.json"
+)]
+pub(crate) struct Config {
+    /// Base URL of the HTTP API (plain http only); creates go to `{url}/orders`.
+    #[arg(
+        long,
+        env = "LOADGEN_HTTP_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub(crate) http_url: String,
+
+    /// URL of the gRPC API (plain http/2 only).
+    #[arg(
+        long,
+        env = "LOADGEN_GRPC_URL",
+        default_value = "http://127.0.0.1:50051"
+    )]
+    pub(crate) grpc_url: String,
+
+    /// Protocol of every send; `mixed` picks one at random per send, retries included.
+    #[arg(long, env = "LOADGEN_PROTOCOL", value_enum, default_value_t = Protocol::Http)]
+    pub(crate) protocol: Protocol,
+
+    /// New intents (first attempts) per second. Retries come on top.
+    #[arg(long, env = "LOADGEN_RATE", default_value_t = 1000.0)]
+    pub(crate) rate: f64,
+
+    /// How long to send, in seconds (the clock starts after the reachability probe).
+    #[arg(long, env = "LOADGEN_DURATION", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub(crate) duration: u64,
+
+    /// Most requests outstanding at once. A send that would exceed it is not
+    /// sent and is counted as `dropped` (the client, not the service, is overloaded).
+    #[arg(long, env = "LOADGEN_MAX_IN_FLIGHT", default_value_t = 4096,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub(crate) max_in_flight: u64,
+
+    /// Per-request timeout in milliseconds, from the moment it is actually sent.
+    /// A timed-out key is ambiguous: the service may or may not have created it.
+    #[arg(long, env = "LOADGEN_TIMEOUT_MS", default_value_t = 2000,
+          value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub(crate) timeout_ms: u64,
+
+    /// Seconds after the end of --duration before outstanding requests are
+    /// abandoned (counted as timeouts, their keys ambiguous). A hard stop.
+    #[arg(long, env = "LOADGEN_DRAIN_TIMEOUT", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(0..=3_600))]
+    pub(crate) drain_timeout: u64,
+
+    /// Zipf exponent of the key draw. 0: every intent gets a fresh key (unique
+    /// keys). > 0: each intent draws its key index from Zipf(--keys, s), so hot
+    /// keys are drawn again and again, concurrently; a re-drawn index is the
+    /// same intent (same key, same body).
+    #[arg(long, env = "LOADGEN_ZIPF_S", default_value_t = 1.1)]
+    pub(crate) zipf_s: f64,
+
+    /// Size of the key space the Zipf draw is over (ignored when --zipf-s is 0).
+    #[arg(long, env = "LOADGEN_KEYS", default_value_t = 50_000_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000_000_000))]
+    pub(crate) keys: u64,
+
+    /// Key prefix; keys are `{prefix}-{index}`. Default: a random 8-hex-digit
+    /// run id, so runs against one database never share keys. Reusing a prefix
+    /// with the same --seed replays the earlier run's intents; with another
+    /// seed, reused keys carry different bodies and get 409.
+    #[arg(long, env = "LOADGEN_KEY_PREFIX")]
+    pub(crate) key_prefix: Option<String>,
+
+    /// Seed of every random draw (keys, retries, protocol choice) and of the
+    /// bodies. Default: random (printed in the summary, to reproduce a run).
+    #[arg(long, env = "LOADGEN_SEED")]
+    pub(crate) seed: Option<u64>,
+
+    /// Fraction of first attempts that get retried (1 to 3 extra sends with the same key and body).
+    #[arg(long, env = "LOADGEN_RETRY_RATE", default_value_t = 0.15)]
+    pub(crate) retry_rate: f64,
+
+    /// Each retry is either sent at the original's scheduled instant (probability 1/2)
+    /// or after a delay uniform in 0..this many milliseconds, like a proxy timeout.
+    #[arg(long, env = "LOADGEN_RETRY_DELAY_MS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub(crate) retry_delay_ms: u64,
+
+    /// Tokio worker threads (1 = a single-threaded runtime; the machine is shared
+    /// with the service and Postgres, so keep it small).
+    #[arg(long, env = "LOADGEN_THREADS", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub(crate) threads: u64,
+
+    /// Write the summary as JSON (stable field names, parameters included) to this file.
+    #[arg(long, env = "LOADGEN_JSON")]
+    pub(crate) json: Option<PathBuf>,
+
+    /// Write a per-second CSV `second,sent,ok,errors,p99_ms` to this file. Rows
+    /// group sends by the second they were scheduled in; errors are every
+    /// non-ok outcome (error status, transport error, timeout).
+    #[arg(long, env = "LOADGEN_CSV")]
+    pub(crate) csv: Option<PathBuf>,
+
+    /// Write the client-side ground truth: one line `{key}\t{order_id}` per
+    /// distinct key that got a success, sorted by key (byte order).
+    #[arg(long, env = "LOADGEN_INTENTS")]
+    pub(crate) intents: Option<PathBuf>,
+
+    /// Write the ambiguous keys (no success, but at least one send timed out
+    /// or broke after it may have reached the service), one per line, sorted.
+    /// Default when --intents is given: `{intents}.ambiguous`.
+    #[arg(long, env = "LOADGEN_AMBIGUOUS")]
+    pub(crate) ambiguous: Option<PathBuf>,
+
+    /// Progress on stderr.
+    #[arg(long, env = "LOADGEN_PROGRESS", value_enum, default_value_t = ProgressMode::Auto)]
+    pub(crate) progress: ProgressMode,
+}
+
+/// Validated settings, with the defaults that are drawn at random resolved.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// HTTP base URL, without a trailing slash.
+    pub(crate) http_url: String,
+    /// gRPC URL.
+    pub(crate) grpc_url: String,
+    /// Protocol choice.
+    pub(crate) protocol: Protocol,
+    /// First attempts per second.
+    pub(crate) rate: f64,
+    /// Send window.
+    pub(crate) duration: Duration,
+    /// In-flight bound.
+    pub(crate) max_in_flight: usize,
+    /// Per-request timeout.
+    pub(crate) timeout: Duration,
+    /// Grace after the send window before the hard stop.
+    pub(crate) drain_timeout: Duration,
+    /// Zipf exponent (0 = unique keys).
+    pub(crate) zipf_s: f64,
+    /// Key space size for the Zipf draw.
+    pub(crate) keys: u64,
+    /// Resolved key prefix.
+    pub(crate) key_prefix: String,
+    /// Resolved seed.
+    pub(crate) seed: u64,
+    /// Fraction of first attempts retried.
+    pub(crate) retry_rate: f64,
+    /// Upper bound of a delayed retry's delay.
+    pub(crate) retry_delay: Duration,
+    /// Runtime worker threads.
+    pub(crate) threads: usize,
+    /// Output files.
+    pub(crate) json: Option<PathBuf>,
+    /// Per-second CSV.
+    pub(crate) csv: Option<PathBuf>,
+    /// Successful keys file.
+    pub(crate) intents: Option<PathBuf>,
+    /// Ambiguous keys file (resolved default).
+    pub(crate) ambiguous: Option<PathBuf>,
+    /// Progress display.
+    pub(crate) progress: ProgressMode,
+}
+
+/// The run parameters as written to the JSON report.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Params {
+    /// Protocol choice.
+    pub(crate) protocol: Protocol,
+    /// HTTP base URL.
+    pub(crate) http_url: String,
+    /// gRPC URL.
+    pub(crate) grpc_url: String,
+    /// First attempts per second.
+    pub(crate) rate: f64,
+    /// Send window in seconds.
+    pub(crate) duration_s: u64,
+    /// In-flight bound.
+    pub(crate) max_in_flight: usize,
+    /// Per-request timeout.
+    pub(crate) timeout_ms: u64,
+    /// Drain grace in seconds.
+    pub(crate) drain_timeout_s: u64,
+    /// Zipf exponent.
+    pub(crate) zipf_s: f64,
+    /// Key space size.
+    pub(crate) keys: u64,
+    /// Key prefix.
+    pub(crate) key_prefix: String,
+    /// Seed.
+    pub(crate) seed: u64,
+    /// Retry fraction.
+    pub(crate) retry_rate: f64,
+    /// Retry delay bound.
+    pub(crate) retry_delay_ms: u64,
+    /// Worker threads.
+    pub(crate) threads: usize,
+}
+
+impl Config {
+    /// Checks the values clap cannot and draws the random defaults.
+    pub(crate) fn resolve(self) -> anyhow::Result<Settings> {
+        if !(self.rate.is_finite() && self.rate > 0.0 && self.rate <= 1_000_000.0) {
+            bail!("--rate must be > 0 and at most 1000000, got {}", self.rate);
+        }
+        if !(self.zipf_s.is_finite() && self.zipf_s >= 0.0) {
+            bail!("--zipf-s must be a finite number >= 0, got {}", self.zipf_s);
+        }
+        if !(self.retry_rate.is_finite() && (0.0..=1.0).contains(&self.retry_rate)) {
+            bail!(
+                "--retry-rate must be between 0 and 1, got {}",
+                self.retry_rate
+            );
+        }
+        let key_prefix = match self.key_prefix {
+            Some(prefix) => {
+                keys::validate_prefix(&prefix).context("--key-prefix")?;
+                prefix
+            }
+            None => keys::random_prefix(),
+        };
+        let http_url = self.http_url.trim_end_matches('/').to_owned();
+        if !http_url.starts_with("http://") {
+            bail!("--http-url must be a plain http:// URL, got {http_url:?}");
+        }
+        if !self.grpc_url.starts_with("http://") {
+            bail!(
+                "--grpc-url must be a plain http:// URL, got {:?}",
+                self.grpc_url
+            );
+        }
+        let ambiguous = self.ambiguous.or_else(|| {
+            self.intents.as_ref().map(|p| {
+                let mut name = p.clone().into_os_string();
+                name.push(".ambiguous");
+                PathBuf::from(name)
+            })
+        });
+        Ok(Settings {
+            http_url,
+            grpc_url: self.grpc_url,
+            protocol: self.protocol,
+            rate: self.rate,
+            duration: Duration::from_secs(self.duration),
+            max_in_flight: usize::try_from(self.max_in_flight).unwrap_or(usize::MAX),
+            timeout: Duration::from_millis(self.timeout_ms),
+            drain_timeout: Duration::from_secs(self.drain_timeout),
+            zipf_s: self.zipf_s,
+            keys: self.keys,
+            key_prefix,
+            seed: self.seed.unwrap_or_else(rand::random),
+            retry_rate: self.retry_rate,
+            retry_delay: Duration::from_millis(self.retry_delay_ms),
+            threads: usize::try_from(self.threads).unwrap_or(1),
+            json: self.json,
+            csv: self.csv,
+            intents: self.intents,
+            ambiguous,
+            progress: self.progress,
+        })
+    }
+}
+
+impl Settings {
+    /// Whether HTTP is used at all.
+    pub(crate) fn uses_http(&self) -> bool {
+        matches!(self.protocol, Protocol::Http | Protocol::Mixed)
+    }
+
+    /// Whether gRPC is used at all.
+    pub(crate) fn uses_grpc(&self) -> bool {
+        matches!(self.protocol, Protocol::Grpc | Protocol::Mixed)
+    }
+
+    /// The parameters for the report.
+    pub(crate) fn params(&self) -> Params {
+        Params {
+            protocol: self.protocol,
+            http_url: self.http_url.clone(),
+            grpc_url: self.grpc_url.clone(),
+            rate: self.rate,
+            duration_s: self.duration.as_secs(),
+            max_in_flight: self.max_in_flight,
+            timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
+            drain_timeout_s: self.drain_timeout.as_secs(),
+            zipf_s: self.zipf_s,
+            keys: self.keys,
+            key_prefix: self.key_prefix.clone(),
+            seed: self.seed,
+            retry_rate: self.retry_rate,
+            retry_delay_ms: u64::try_from(self.retry_delay.as_millis()).unwrap_or(u64::MAX),
+            threads: self.threads,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> anyhow::Result<Settings> {
+        let mut argv = vec!["loadgen"];
+        argv.extend_from_slice(args);
+        Config::try_parse_from(argv)?.resolve()
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        use clap::CommandFactory;
+        Config::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_resolve() {
+        let s = parse(&[]).expect("defaults");
+        assert_eq!(s.protocol, Protocol::Http);
+        assert_eq!(s.max_in_flight, 4096);
+        assert_eq!(s.timeout, Duration::from_millis(2000));
+        assert_eq!(s.key_prefix.len(), 8);
+        assert!(s.ambiguous.is_none());
+    }
+
+    #[test]
+    fn ambiguous_defaults_next_to_intents() {
+        let s = parse(&["--intents", "/tmp/x.txt"]).expect("settings");
+        assert_eq!(s.ambiguous, Some(PathBuf::from("/tmp/x.txt.ambiguous")));
+        let s = parse(&["--intents", "/tmp/x.txt", "--ambiguous", "/tmp/a"]).expect("settings");
+        assert_eq!(s.ambiguous, Some(PathBuf::from("/tmp/a")));
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        assert!(parse(&["--rate", "0"]).is_err());
+        assert!(parse(&["--rate", "NaN"]).is_err());
+        assert!(parse(&["--zipf-s", "-1"]).is_err());
+        assert!(parse(&["--retry-rate", "1.5"]).is_err());
+        assert!(parse(&["--key-prefix", "has space"]).is_err());
+        assert!(parse(&["--http-url", "https://x"]).is_err());
+        assert!(parse(&["--duration", "0"]).is_err());
+        assert!(parse(&["--http-url", "http://h:1/"]).is_ok_and(|s| s.http_url == "http://h:1"));
+    }
+}

@@ -146,6 +146,8 @@ pub enum IdempotencyError {
 pub struct IdempotencyStore {
     insert_sql: String,
     select_sql: String,
+    insert_batch_sql: String,
+    select_batch_sql: String,
 }
 
 impl Default for IdempotencyStore {
@@ -166,6 +168,18 @@ impl IdempotencyStore {
             select_sql: format!(
                 "SELECT request_hash, order_id, response_code, response_headers, response_body \
                  FROM {table} WHERE idem_key = $1"
+            ),
+            insert_batch_sql: format!(
+                "INSERT INTO {table} \
+                 (idem_key, request_hash, order_id, response_code, response_headers, response_body) \
+                 SELECT k, h, o, c, hd::jsonb, b \
+                 FROM unnest($1::text[], $2::bytea[], $3::uuid[], $4::int4[], $5::text[], $6::bytea[]) \
+                   AS u(k, h, o, c, hd, b) \
+                 ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key"
+            ),
+            select_batch_sql: format!(
+                "SELECT idem_key, request_hash, order_id, response_code, response_headers, response_body \
+                 FROM {table} WHERE idem_key = ANY($1)"
             ),
         }
     }
@@ -212,6 +226,124 @@ impl IdempotencyStore {
         }
         Err(IdempotencyError::Vanished(key.as_str().to_owned()))
     }
+}
+
+/// One key to claim in a batch: see [`IdempotencyStore::claim_batch`].
+#[derive(Debug, Clone, Copy)]
+pub struct NewKey<'a> {
+    /// The key.
+    pub key: &'a IdempotencyKey,
+    /// Its request's fingerprint.
+    pub fingerprint: &'a Fingerprint,
+    /// The resource the request creates if the key is new.
+    pub order_id: Uuid,
+    /// The response it answers if the key is new.
+    pub response: &'a StoredResponse,
+}
+
+impl IdempotencyStore {
+    /// Claims many distinct keys in one statement (plus one read for those
+    /// already taken), inside the caller's transaction; one [`Claim`] per
+    /// item, in order. The same semantics as [`IdempotencyStore::claim`].
+    ///
+    /// Rows are inserted in key order, so two batches that share keys lock
+    /// them in the same order and cannot deadlock.
+    ///
+    /// # Panics
+    /// In debug builds, if two items carry the same key (the caller
+    /// coalesces duplicates: one statement cannot both insert and see a key).
+    pub async fn claim_batch(
+        &self,
+        conn: &mut PgConnection,
+        items: &[NewKey<'_>],
+    ) -> Result<Vec<Claim>, IdempotencyError> {
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by(|a, b| items[*a].key.as_str().cmp(items[*b].key.as_str()));
+        debug_assert!(
+            order.windows(2).all(|w| items[w[0]].key != items[w[1]].key),
+            "duplicate keys in a batch"
+        );
+        let mut claims: Vec<Option<Claim>> = vec![None; items.len()];
+        let mut pending = order;
+        for _ in 0..2 {
+            if pending.is_empty() {
+                break;
+            }
+            let mut headers = Vec::with_capacity(pending.len());
+            for i in &pending {
+                headers.push(
+                    serde_json::to_string(&items[*i].response.headers)
+                        .map_err(|e| IdempotencyError::Db(sqlx::Error::Encode(Box::new(e))))?,
+                );
+            }
+            let keys: Vec<&str> = pending.iter().map(|i| items[*i].key.as_str()).collect();
+            let hashes: Vec<&[u8]> = pending
+                .iter()
+                .map(|i| items[*i].fingerprint.as_bytes().as_slice())
+                .collect();
+            let order_ids: Vec<Uuid> = pending.iter().map(|i| items[*i].order_id).collect();
+            let codes: Vec<i32> = pending
+                .iter()
+                .map(|i| i32::from(items[*i].response.status))
+                .collect();
+            let bodies: Vec<&[u8]> = pending
+                .iter()
+                .map(|i| items[*i].response.body.as_slice())
+                .collect();
+            let inserted: Vec<String> = sqlx::query_scalar(&self.insert_batch_sql)
+                .bind(&keys)
+                .bind(&hashes)
+                .bind(&order_ids)
+                .bind(&codes)
+                .bind(&headers)
+                .bind(&bodies)
+                .fetch_all(&mut *conn)
+                .await?;
+            let inserted: std::collections::HashSet<String> = inserted.into_iter().collect();
+            let mut taken = Vec::new();
+            for i in pending.drain(..) {
+                if inserted.contains(items[i].key.as_str()) {
+                    claims[i] = Some(Claim::New);
+                } else {
+                    taken.push(i);
+                }
+            }
+            if taken.is_empty() {
+                break;
+            }
+            // READ COMMITTED: a fresh snapshot sees rows committed while our
+            // insert waited on them.
+            let taken_keys: Vec<&str> = taken.iter().map(|i| items[*i].key.as_str()).collect();
+            let rows: Vec<KeyedRow> = sqlx::query_as(&self.select_batch_sql)
+                .bind(&taken_keys)
+                .fetch_all(&mut *conn)
+                .await?;
+            let mut rows: std::collections::HashMap<String, StoredRow> =
+                rows.into_iter().map(|r| (r.idem_key, r.row)).collect();
+            for i in taken {
+                match rows.remove(items[i].key.as_str()) {
+                    Some(row) => claims[i] = Some(row.into_claim(items[i].fingerprint)),
+                    None => pending.push(i), // vanished meanwhile: try to take it
+                }
+            }
+        }
+        if let Some(i) = pending.first() {
+            return Err(IdempotencyError::Vanished(
+                items[*i].key.as_str().to_owned(),
+            ));
+        }
+        Ok(claims
+            .into_iter()
+            .map(|c| c.unwrap_or(Claim::Mismatch))
+            .collect())
+    }
+}
+
+#[derive(sqlx::FromRow)]
+struct KeyedRow {
+    idem_key: String,
+    #[sqlx(flatten)]
+    row: StoredRow,
 }
 
 #[derive(sqlx::FromRow)]

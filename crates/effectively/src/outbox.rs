@@ -32,6 +32,7 @@ pub struct OutboxMessage {
 #[derive(Debug, Clone)]
 pub struct Outbox {
     insert_sql: String,
+    insert_batch_sql: String,
 }
 
 impl Default for Outbox {
@@ -48,6 +49,10 @@ impl Outbox {
             insert_sql: format!(
                 "INSERT INTO {table} (aggregate_id, msg_id, event_type, payload) \
                  VALUES ($1, $2, $3, $4) RETURNING id"
+            ),
+            insert_batch_sql: format!(
+                "INSERT INTO {table} (aggregate_id, msg_id, event_type, payload) \
+                 SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[])"
             ),
         }
     }
@@ -66,5 +71,26 @@ impl Outbox {
             .bind(&message.payload)
             .fetch_one(conn)
             .await
+    }
+
+    /// Appends many messages in one statement inside the caller's
+    /// transaction, in slice order (their ids, the publish order, follow it).
+    pub async fn enqueue_batch(
+        &self,
+        conn: &mut PgConnection,
+        messages: &[OutboxMessage],
+    ) -> Result<u64, sqlx::Error> {
+        let aggregates: Vec<Uuid> = messages.iter().map(|m| m.aggregate_id).collect();
+        let msg_ids: Vec<Uuid> = messages.iter().map(|m| m.msg_id).collect();
+        let types: Vec<&str> = messages.iter().map(|m| m.event_type.as_str()).collect();
+        let payloads: Vec<&[u8]> = messages.iter().map(|m| m.payload.as_slice()).collect();
+        Ok(sqlx::query(&self.insert_batch_sql)
+            .bind(&aggregates)
+            .bind(&msg_ids)
+            .bind(&types)
+            .bind(&payloads)
+            .execute(conn)
+            .await?
+            .rows_affected())
     }
 }

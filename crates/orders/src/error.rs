@@ -37,6 +37,10 @@ pub enum ApiError {
     /// No such resource.
     #[error("{0}")]
     NotFound(String),
+    /// The write queue is full: the service sheds load rather than letting
+    /// requests wait past their clients' timeouts. Retrying later is safe.
+    #[error("the service is overloaded; retry with the same idempotency key")]
+    Overloaded,
     /// The database is saturated or unreachable; retrying later is safe.
     #[error("the service is temporarily unavailable; retry with the same idempotency key")]
     Unavailable,
@@ -58,6 +62,7 @@ impl ApiError {
             ApiError::InvalidRequest(_) => "invalid_request",
             ApiError::KeyReused => "idempotency_key_reused",
             ApiError::NotFound(_) => "not_found",
+            ApiError::Overloaded => "overloaded",
             ApiError::Unavailable => "unavailable",
             ApiError::Internal(_) => "internal",
         }
@@ -74,7 +79,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::KeyReused => StatusCode::CONFLICT,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Overloaded | ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -93,7 +98,7 @@ impl ApiError {
             | ApiError::InvalidRequest(_) => tonic::Status::invalid_argument(message),
             ApiError::KeyReused => tonic::Status::already_exists(message),
             ApiError::NotFound(_) => tonic::Status::not_found(message),
-            ApiError::Unavailable => tonic::Status::unavailable(message),
+            ApiError::Overloaded | ApiError::Unavailable => tonic::Status::unavailable(message),
             ApiError::Internal(_) => tonic::Status::internal(message),
         }
     }

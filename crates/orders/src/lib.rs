@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::OrdersApi;
 use crate::metrics::OrdersMetrics;
-use crate::store::{InjectFault, Store};
+use crate::store::{InjectFault, Store, WriterSettings};
 
 /// Orders service settings; every flag is also an environment variable.
 #[derive(Debug, Clone, Parser)]
@@ -62,6 +62,20 @@ pub struct Config {
     #[arg(long, env = "ORDERS_SHUTDOWN_TIMEOUT_SECS", default_value_t = 10)]
     pub shutdown_timeout_secs: u64,
 
+    /// Writer tasks: concurrent write transactions, each carrying a batch of
+    /// coalesced create requests.
+    #[arg(long, env = "ORDERS_WRITERS", default_value_t = 4)]
+    pub writers: usize,
+
+    /// Most create requests coalesced into one transaction.
+    #[arg(long, env = "ORDERS_WRITE_BATCH_MAX", default_value_t = 128)]
+    pub write_batch_max: usize,
+
+    /// Create requests that may wait for a writer; when full, new ones get
+    /// 503 `overloaded` at once (load shedding).
+    #[arg(long, env = "ORDERS_WRITE_QUEUE", default_value_t = 4096)]
+    pub write_queue: usize,
+
     /// Apply the database migrations and exit.
     #[arg(long, env = "ORDERS_MIGRATE_ONLY")]
     pub migrate_only: bool,
@@ -81,7 +95,14 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let pool = effectively::db::connect(&config.db).await?;
     let metrics = Arc::new(OrdersMetrics::new().context("register metrics")?);
-    let api = OrdersApi::new(Store::new(pool.clone(), config.inject_fault), metrics);
+    let settings = WriterSettings {
+        writers: config.writers,
+        max_batch: config.write_batch_max,
+        queue: config.write_queue,
+    };
+    let (store, writers) =
+        Store::start(pool.clone(), config.inject_fault, settings, metrics.clone());
+    let api = OrdersApi::new(store, metrics);
 
     let app = http::router(api.clone(), config.max_body_bytes);
     let http_cancel = cancel.clone();
@@ -118,6 +139,11 @@ pub async fn run(
     let drained = tokio::time::timeout(deadline, async {
         let _ = (&mut http_task).await;
         let _ = (&mut grpc_task).await;
+        // The servers (and with them every handle on the queue) are gone:
+        // the writers finish the batch in hand and stop.
+        for writer in writers {
+            let _ = writer.await;
+        }
     })
     .await;
     if drained.is_err() {

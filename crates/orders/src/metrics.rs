@@ -1,7 +1,7 @@
 //! The Orders service's Prometheus metrics.
 
 use effectively::metrics::LATENCY_BUCKETS;
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
 /// Everything the Orders service counts. Registered in one [`Registry`],
 /// served at `GET /metrics` on the HTTP port.
@@ -21,6 +21,8 @@ pub struct OrdersMetrics {
     /// `new` (first use), `replay` (same key, same request), `mismatch`
     /// (same key, different request).
     pub idempotency_outcomes_total: IntCounterVec,
+    /// Create requests per write transaction (the coalescing factor).
+    pub write_batch_size: Histogram,
 }
 
 impl OrdersMetrics {
@@ -58,6 +60,14 @@ impl OrdersMetrics {
             ),
             &["outcome"],
         )?;
+        let write_batch_size = Histogram::with_opts(
+            HistogramOpts::new(
+                "orders_write_batch_size",
+                "Create requests per write transaction (the coalescing factor)",
+            )
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
+        )?;
+        registry.register(Box::new(write_batch_size.clone()))?;
         registry.register(Box::new(http_requests_total.clone()))?;
         registry.register(Box::new(http_request_duration_seconds.clone()))?;
         registry.register(Box::new(grpc_requests_total.clone()))?;
@@ -73,6 +83,7 @@ impl OrdersMetrics {
             grpc_requests_total,
             grpc_request_duration_seconds,
             idempotency_outcomes_total,
+            write_batch_size,
         })
     }
 }

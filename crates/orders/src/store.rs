@@ -1,22 +1,38 @@
 //! The write path: idempotency key, order and outbox row in ONE transaction.
 //!
 //! This is one of the two places where correctness lives (the other is the
-//! Payments inbox). One `begin`, one `commit`: the key, the order and the
-//! event commit together or not at all. So
+//! Payments inbox). One `begin`, one `commit` ([`write_batch`]): the keys,
+//! the orders and the events commit together or not at all. So
 //! * a committed order always has its event in the outbox (no lost publish:
 //!   nothing is published here, the relay reads the outbox after commit);
 //! * a failed request leaves no key behind, and its retry can succeed;
 //! * a retry finds the key and gets the first response, with nothing written.
+//!
+//! Requests are coalesced: handlers put a job on a bounded queue and a few
+//! writer tasks each take whatever is queued (up to a batch limit) into one
+//! transaction. Three things follow. Throughput: a commit and its round trips
+//! are shared by every request of the batch. Cancel-safety: the transaction
+//! belongs to the writer task, so a client that disconnects cannot abort a
+//! write halfway. Overload: a full queue answers 503 at once instead of
+//! letting requests pile up on the connection pool.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use effectively::idempotency::{Claim, Fingerprint, IdempotencyKey, IdempotencyStore};
+use effectively::idempotency::{
+    Claim, Fingerprint, IdempotencyKey, IdempotencyStore, NewKey, StoredResponse,
+};
 use effectively::outbox::{Outbox, OutboxMessage};
 use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
+use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 use crate::api::{CreateOrder, ORDER_CREATED_EVENT, ORDER_STATUS_CREATED};
 use crate::error::ApiError;
+use crate::metrics::OrdersMetrics;
 
 /// A failure to inject inside the write transaction, for tests and chaos runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -52,24 +68,76 @@ struct OrderCreatedPayload<'a> {
     status: &'a str,
 }
 
-/// The Orders tables.
-#[derive(Debug, Clone)]
-pub struct Store {
+/// Coalescing settings.
+#[derive(Debug, Clone, Copy)]
+pub struct WriterSettings {
+    /// Writer tasks (concurrent write transactions).
+    pub writers: usize,
+    /// Most requests per transaction.
+    pub max_batch: usize,
+    /// Requests that may wait for a writer; beyond it, 503.
+    pub queue: usize,
+}
+
+/// One create request waiting for a writer.
+struct Job {
+    key: IdempotencyKey,
+    fingerprint: Fingerprint,
+    request: CreateOrder,
+    order_id: Uuid,
+    response: StoredResponse,
+    reply: oneshot::Sender<Result<Claim, ApiError>>,
+}
+
+/// What the writers share.
+struct Shared {
     pool: PgPool,
     keys: IdempotencyStore,
     outbox: Outbox,
     fault: InjectFault,
+    max_batch: usize,
+    metrics: Arc<OrdersMetrics>,
+    queue: Mutex<mpsc::Receiver<Job>>,
+}
+
+/// The Orders tables, written through the coalescing writers.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: PgPool,
+    jobs: mpsc::Sender<Job>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Store {
-    /// A store on `pool`, failing at `fault` when asked.
-    pub fn new(pool: PgPool, fault: InjectFault) -> Self {
-        Self {
-            pool,
+    /// Starts the writer tasks; they stop when every clone of the store is
+    /// dropped (after finishing the batch in hand). Join the handles to wait.
+    pub fn start(
+        pool: PgPool,
+        fault: InjectFault,
+        settings: WriterSettings,
+        metrics: Arc<OrdersMetrics>,
+    ) -> (Self, Vec<JoinHandle<()>>) {
+        let (jobs, queue) = mpsc::channel(settings.queue.max(1));
+        let shared = Arc::new(Shared {
+            pool: pool.clone(),
             keys: IdempotencyStore::default(),
             outbox: Outbox::default(),
             fault,
-        }
+            max_batch: settings.max_batch.max(1),
+            metrics,
+            queue: Mutex::new(queue),
+        });
+        let handles = (0..settings.writers.max(1))
+            .map(|_| tokio::spawn(writer(shared.clone())))
+            .collect();
+        (Self { pool, jobs }, handles)
     }
 
     /// Creates the order for `key` unless the key was used before.
@@ -82,39 +150,25 @@ impl Store {
         fingerprint: &Fingerprint,
         request: &CreateOrder,
         order_id: Uuid,
-        response: &effectively::idempotency::StoredResponse,
+        response: &StoredResponse,
     ) -> Result<Claim, ApiError> {
-        let mut tx = self.pool.begin().await?;
-        let claim = self
-            .keys
-            .claim(&mut tx, key, fingerprint, order_id, response)
-            .await?;
-        if claim != Claim::New {
-            // Nothing was written; dropping the transaction rolls it back.
-            return Ok(claim);
-        }
-        insert_order(&mut tx, order_id, request).await?;
-        if self.fault == InjectFault::AfterOrderInsert {
-            return Err(ApiError::Internal(anyhow::anyhow!(
-                "injected fault after the order insert"
-            )));
-        }
-        let payload = serde_json::to_vec(&OrderCreatedPayload {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            key: key.clone(),
+            fingerprint: *fingerprint,
+            request: *request,
             order_id,
-            account_id: request.account_id,
-            amount_cents: request.amount_cents,
-            status: ORDER_STATUS_CREATED,
-        })
-        .map_err(|e| ApiError::Internal(e.into()))?;
-        let event = OutboxMessage {
-            aggregate_id: order_id,
-            msg_id: Uuid::now_v7(),
-            event_type: ORDER_CREATED_EVENT.to_owned(),
-            payload,
+            response: response.clone(),
+            reply,
         };
-        self.outbox.enqueue(&mut tx, &event).await?;
-        tx.commit().await?;
-        Ok(Claim::New)
+        match self.jobs.try_send(job) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => return Err(ApiError::Overloaded),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(ApiError::Unavailable),
+        }
+        answer
+            .await
+            .map_err(|_| ApiError::Internal(anyhow::anyhow!("the writer dropped the request")))?
     }
 
     /// Reads one order.
@@ -129,18 +183,138 @@ impl Store {
     }
 }
 
-async fn insert_order(
-    conn: &mut PgConnection,
-    order_id: Uuid,
-    request: &CreateOrder,
-) -> Result<(), sqlx::Error> {
+/// A writer: take a batch of distinct keys, write it, answer every job.
+async fn writer(shared: Arc<Shared>) {
+    // Jobs whose key was already in the batch being built: they go first in
+    // the next batch, so they see the first one's committed row.
+    let mut deferred: VecDeque<Job> = VecDeque::new();
+    loop {
+        let mut batch: Vec<Job> = Vec::with_capacity(shared.max_batch);
+        let mut keys: HashSet<IdempotencyKey> = HashSet::new();
+        let mut take = |job: Job, batch: &mut Vec<Job>, deferred: &mut VecDeque<Job>| {
+            if keys.insert(job.key.clone()) {
+                batch.push(job);
+            } else {
+                deferred.push_back(job);
+            }
+        };
+        let carried = std::mem::take(&mut deferred);
+        for job in carried {
+            take(job, &mut batch, &mut deferred);
+        }
+        // An idle writer waits for work holding the queue lock; a writer that
+        // already has work (deferred jobs) must not wait for that lock, or it
+        // would wait for the next request to arrive: it only tops up its
+        // batch when the lock is free.
+        let queue = if batch.is_empty() {
+            let mut queue = shared.queue.lock().await;
+            match queue.recv().await {
+                Some(job) => take(job, &mut batch, &mut deferred),
+                None => return, // every sender dropped: shutting down
+            }
+            Some(queue)
+        } else {
+            shared.queue.try_lock().ok()
+        };
+        if let Some(mut queue) = queue {
+            while batch.len() < shared.max_batch {
+                match queue.try_recv() {
+                    Ok(job) => take(job, &mut batch, &mut deferred),
+                    Err(_) => break,
+                }
+            }
+        }
+        shared.metrics.write_batch_size.observe(batch.len() as f64);
+        match write_batch(&shared, &batch).await {
+            Ok(claims) => {
+                for (job, claim) in batch.into_iter().zip(claims) {
+                    let _ = job.reply.send(Ok(claim)); // the client may be gone
+                }
+            }
+            Err(error) => {
+                let unavailable = matches!(error, ApiError::Unavailable);
+                if !unavailable {
+                    tracing::error!(
+                        error = format!("{error:#}"),
+                        jobs = batch.len(),
+                        "write batch failed"
+                    );
+                }
+                for job in batch {
+                    let answer = if unavailable {
+                        ApiError::Unavailable
+                    } else {
+                        ApiError::Internal(anyhow::anyhow!("write batch failed"))
+                    };
+                    let _ = job.reply.send(Err(answer));
+                }
+            }
+        }
+    }
+}
+
+/// THE transaction: claim every key, insert the orders and the outbox events
+/// of the new ones, commit. Keys are distinct within a batch.
+async fn write_batch(shared: &Shared, batch: &[Job]) -> Result<Vec<Claim>, ApiError> {
+    let mut tx = shared.pool.begin().await?;
+    let items: Vec<NewKey<'_>> = batch
+        .iter()
+        .map(|j| NewKey {
+            key: &j.key,
+            fingerprint: &j.fingerprint,
+            order_id: j.order_id,
+            response: &j.response,
+        })
+        .collect();
+    let claims = shared.keys.claim_batch(&mut tx, &items).await?;
+    let new: Vec<&Job> = batch
+        .iter()
+        .zip(&claims)
+        .filter(|(_, claim)| **claim == Claim::New)
+        .map(|(job, _)| job)
+        .collect();
+    if new.is_empty() {
+        // Only replays and mismatches: nothing written, nothing to commit.
+        return Ok(claims);
+    }
+    insert_orders(&mut tx, &new).await?;
+    if shared.fault == InjectFault::AfterOrderInsert {
+        return Err(ApiError::Internal(anyhow::anyhow!(
+            "injected fault after the order insert"
+        )));
+    }
+    let mut events = Vec::with_capacity(new.len());
+    for job in &new {
+        let payload = serde_json::to_vec(&OrderCreatedPayload {
+            order_id: job.order_id,
+            account_id: job.request.account_id,
+            amount_cents: job.request.amount_cents,
+            status: ORDER_STATUS_CREATED,
+        })
+        .map_err(|e| ApiError::Internal(e.into()))?;
+        events.push(OutboxMessage {
+            aggregate_id: job.order_id,
+            msg_id: Uuid::now_v7(),
+            event_type: ORDER_CREATED_EVENT.to_owned(),
+            payload,
+        });
+    }
+    shared.outbox.enqueue_batch(&mut tx, &events).await?;
+    tx.commit().await?;
+    Ok(claims)
+}
+
+async fn insert_orders(conn: &mut PgConnection, jobs: &[&Job]) -> Result<(), sqlx::Error> {
+    let ids: Vec<Uuid> = jobs.iter().map(|j| j.order_id).collect();
+    let accounts: Vec<i64> = jobs.iter().map(|j| j.request.account_id).collect();
+    let amounts: Vec<i64> = jobs.iter().map(|j| j.request.amount_cents).collect();
     sqlx::query(
         "INSERT INTO orders.orders (order_id, account_id, amount_cents, status) \
-         VALUES ($1, $2, $3, $4)",
+         SELECT o, a, m, $4 FROM unnest($1::uuid[], $2::int8[], $3::int8[]) AS u(o, a, m)",
     )
-    .bind(order_id)
-    .bind(request.account_id)
-    .bind(request.amount_cents)
+    .bind(&ids)
+    .bind(&accounts)
+    .bind(&amounts)
     .bind(ORDER_STATUS_CREATED)
     .execute(conn)
     .await?;

@@ -26,6 +26,10 @@ struct TestApp {
 
 impl TestApp {
     async fn spawn(db: &TestDb, fault: InjectFault) -> Self {
+        Self::spawn_with(db, fault, 4, 4096).await
+    }
+
+    async fn spawn_with(db: &TestDb, fault: InjectFault, writers: usize, queue: usize) -> Self {
         let http = TcpListener::bind("127.0.0.1:0").await.expect("bind http");
         let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind grpc");
         let http_addr = http.local_addr().expect("http addr");
@@ -38,6 +42,9 @@ impl TestApp {
             grpc_addr,
             max_body_bytes: 1024,
             shutdown_timeout_secs: 5,
+            writers,
+            write_batch_max: 128,
+            write_queue: queue,
             migrate_only: false,
             inject_fault: fault,
         };
@@ -589,5 +596,92 @@ async fn metrics_count_requests_and_idempotency_outcomes() {
     ] {
         assert!(text.contains(line), "missing {line} in\n{text}");
     }
+    app.stop().await;
+}
+
+/// New keys, their concurrent retries and conflicting requests for the same
+/// keys, all at once: they land in shared write batches. Per key, exactly one
+/// request body wins; every request with it gets the identical 201, every
+/// request with the other body gets 409.
+#[tokio::test]
+async fn coalesced_batches_keep_per_key_semantics() {
+    let db = TestDb::create().await;
+    let app = TestApp::spawn(&db, InjectFault::None).await;
+    let mut sends = Vec::new();
+    for k in 0..15 {
+        for r in 0..4 {
+            // Bodies A (r even) and B (r odd) for the same key.
+            let amount = if r % 2 == 0 { 100 + k } else { 900 + k };
+            sends.push((format!("mix-{k}"), amount));
+        }
+    }
+    let replies = futures::future::join_all(sends.iter().map(|(key, amount)| {
+        let body = format!(r#"{{"account_id": 3, "amount_cents": {amount}}}"#);
+        let app = &app;
+        async move { (key.clone(), *amount, app.create(key, &body).await) }
+    }))
+    .await;
+    for k in 0..15 {
+        let key = format!("mix-{k}");
+        let mine: Vec<&(String, i64, Reply)> =
+            replies.iter().filter(|(k2, _, _)| *k2 == key).collect();
+        let winners: Vec<&Reply> = mine
+            .iter()
+            .filter(|(_, _, r)| r.status == StatusCode::CREATED)
+            .map(|(_, _, r)| r)
+            .collect();
+        let winning_amount = mine
+            .iter()
+            .find(|(_, _, r)| r.status == StatusCode::CREATED)
+            .map(|(_, a, _)| *a)
+            .expect("one body wins");
+        for (_, amount, reply) in &mine {
+            if *amount == winning_amount {
+                assert_eq!(
+                    reply, winners[0],
+                    "{key}: every request with the winning body gets the same 201"
+                );
+            } else {
+                assert_eq!(
+                    reply.status,
+                    StatusCode::CONFLICT,
+                    "{key}: the other body is refused"
+                );
+                assert_eq!(reply.error_code(), "idempotency_key_reused");
+            }
+        }
+    }
+    assert_eq!(counts(&db).await, n(15));
+    app.stop().await;
+}
+
+/// A full write queue sheds load with 503 `overloaded` at once; a shed
+/// request consumed nothing and its retry succeeds.
+#[tokio::test]
+async fn a_full_write_queue_answers_503_and_the_retry_succeeds() {
+    let db = TestDb::create().await;
+    let app = TestApp::spawn_with(&db, InjectFault::None, 1, 1).await;
+    let keys: Vec<String> = (0..200).map(|i| format!("burst-{i}")).collect();
+    let replies = futures::future::join_all(keys.iter().map(|k| app.create(k, BODY))).await;
+    let mut shed = Vec::new();
+    for (key, reply) in keys.iter().zip(&replies) {
+        match reply.status {
+            StatusCode::CREATED => {}
+            StatusCode::SERVICE_UNAVAILABLE => {
+                assert_eq!(reply.error_code(), "overloaded");
+                shed.push(key);
+            }
+            other => panic!("{key}: unexpected {other}"),
+        }
+    }
+    assert_eq!(
+        counts(&db).await,
+        n((200 - shed.len()) as i64),
+        "a shed request wrote nothing"
+    );
+    for key in &shed {
+        assert_eq!(app.create(key, BODY).await.status, StatusCode::CREATED);
+    }
+    assert_eq!(counts(&db).await, n(200));
     app.stop().await;
 }

@@ -6,10 +6,10 @@ CARGO ?= cargo
 # Connection settings written by `make up` (DATABASE_URL, ...).
 -include .stack/env
 
-.PHONY: help up down status migrate build test fmt lint orders bench-orders bench-pipeline demo
+.PHONY: help up down status migrate build test fmt lint orders bench-orders bench-pipeline bench-relay-sweep demo
 
 help: ## list the targets
-	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
 up: ## start the embedded stack (PostgreSQL on 127.0.0.1), apply migrations, print .stack/env
 	@scripts/stack.sh up
@@ -34,10 +34,11 @@ lint: ## fmt check + clippy -D warnings
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test: ## the test command: lint, then every test against the real stack (starts it)
+test: ## the test command: lint, every test against the real stack (starts it), then a short demo that fails on drift
 	@scripts/stack.sh up >/dev/null
 	$(MAKE) --no-print-directory lint
 	$(CARGO) nextest run --workspace --no-fail-fast
+	DEMO_PROFILE=debug DEMO_SECONDS=5 DEMO_RATE=200 scripts/demo.sh
 
 demo: ## the whole pipeline on the embedded stack with load and retries, then recon's proof
 	@scripts/demo.sh
@@ -50,3 +51,6 @@ bench-orders: ## benchmark POST /orders against the pgbench ceiling (see FINDING
 
 bench-pipeline: ## relay drain and consumer throughput vs raw rdkafka, commit→effect latency (see FINDINGS.md)
 	@scripts/bench-pipeline.sh
+
+bench-relay-sweep: ## relay drain rate by workers and batch size (after bench-pipeline)
+	@scripts/bench-relay-sweep.sh

@@ -5,7 +5,10 @@
 #
 # A fresh database and a fresh topic per run, so recon's diff covers exactly
 # this run. Settings (env): DEMO_RATE (orders/s, 400), DEMO_SECONDS (10),
-# DEMO_RETRY_RATE (0.15), DEMO_PROTOCOL (mixed), DEMO_DRAIN_TIMEOUT (60).
+# DEMO_RETRY_RATE (0.15), DEMO_PROTOCOL (mixed), DEMO_DRAIN_TIMEOUT (60),
+# DEMO_PROFILE (release; `debug` reuses the test build, as `make test` does),
+# STACK_ENV_FILE (unset: the embedded stack; a file like compose.env: use the
+# PostgreSQL and Kafka it names instead, e.g. the compose stack's).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -16,16 +19,27 @@ PROTOCOL=${DEMO_PROTOCOL:-mixed}
 DRAIN=${DEMO_DRAIN_TIMEOUT:-60}
 RUN=demo-$(date +%Y%m%d-%H%M%S)
 OUT=$ROOT/.stack/$RUN
-BIN=$ROOT/target/release
+PROFILE=${DEMO_PROFILE:-release}
+BIN=$ROOT/target/$PROFILE
 
 say() { printf '\n== %s\n' "$*"; }
 
-say "stack up"
-scripts/stack.sh up >/dev/null
-. .stack/env
+if [ -n "${STACK_ENV_FILE:-}" ]; then
+  say "stack: $STACK_ENV_FILE"
+  # shellcheck disable=SC1090 # a relative path is relative to the repo root
+  case $STACK_ENV_FILE in /*) . "$STACK_ENV_FILE" ;; *) . "$ROOT/$STACK_ENV_FILE" ;; esac
+else
+  say "stack up"
+  scripts/stack.sh up >/dev/null
+  . .stack/env
+fi
 
-say "build (release)"
-cargo build -q --release -p orders -p relay -p payments -p recon -p loadgen
+say "build ($PROFILE)"
+if [ "$PROFILE" = release ]; then
+  cargo build -q --release -p orders -p relay -p payments -p recon -p loadgen -p effectively
+else
+  cargo build -q -p orders -p relay -p payments -p recon -p loadgen -p effectively
+fi
 
 mkdir -p "$OUT"
 DB=demo
@@ -33,7 +47,7 @@ psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
   -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" >/dev/null
 export DATABASE_URL=${STACK_ADMIN_DATABASE_URL%/*}/$DB
 export KAFKA_TOPIC=order.events.$RUN
-"$BIN/kafka-topic" --topic "$KAFKA_TOPIC" --partitions 6 2>/dev/null || cargo run -q --release -p effectively --bin kafka-topic -- --topic "$KAFKA_TOPIC" --partitions 6
+"$BIN/kafka-topic" --topic "$KAFKA_TOPIC" --partitions 6
 "$BIN/orders" --migrate-only 2>/dev/null
 
 PIDS=()

@@ -169,11 +169,12 @@ kafka_up() {
     || die "could not create topic $TOPIC"
 }
 
-# The project's own topic tool (rdkafka AdminClient), built on first use.
+# The project's own topic tool (rdkafka AdminClient), built on first use
+# (debug profile: the test build shares it).
 kafka_topic_bin() {
-  local bin=$ROOT/target/release/kafka-topic
+  local bin=$ROOT/target/debug/kafka-topic
   if [ ! -x "$bin" ] || [ -n "$(find "$ROOT/crates/effectively/src" -newer "$bin" -print -quit)" ]; then
-    (cd "$ROOT" && cargo build -q --release -p effectively --bin kafka-topic) >&2 || die "building kafka-topic failed"
+    (cd "$ROOT" && cargo build -q -p effectively --bin kafka-topic) >&2 || die "building kafka-topic failed"
   fi
   echo "$bin"
 }
@@ -197,7 +198,7 @@ write_env() {
 export DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/$DB
 export STACK_ADMIN_DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres
 ENV
-  if [ "$WITH_KAFKA" = 1 ]; then
+  if [ "$WITH_KAFKA" = 1 ] || kafka_pid >/dev/null; then
     cat >>"$ENV_FILE" <<ENV
 export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT
 export KAFKA_TOPIC=$TOPIC

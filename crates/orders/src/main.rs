@@ -8,7 +8,10 @@ async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     effectively::telemetry::init();
     if config.migrate_only {
-        effectively::db::connect(&config.db).await?;
+        // Whatever DB_MIGRATE says: migrating is the whole point here.
+        let mut db = config.db.clone();
+        db.db_migrate = true;
+        effectively::db::connect(&db).await?;
         tracing::info!("migrations applied");
         return Ok(());
     }

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# make bench-relay-sweep: relay drain rate by workers and batch size, same
+# backlog, same run. Needs the database left by `make bench-pipeline`
+# (bench_pipeline, 1M published outbox rows): each point marks the first
+# SWEEP_ROWS rows pending again (as a relay crash would) and times the drain
+# to a fresh topic. Settings: SWEEP_ROWS (200000), SWEEP_POINTS ("2:500 4:500 8:500 4:2000 2:2000").
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+ROWS=${SWEEP_ROWS:-200000}
+POINTS=${SWEEP_POINTS:-2:500 4:500 8:500 4:2000 2:2000}
+scripts/stack.sh up >/dev/null
+. .stack/env
+cargo build -q --release -p relay
+URL=${STACK_ADMIN_DATABASE_URL%/*}/bench_pipeline
+q() { psql "$URL" -qAt -v ON_ERROR_STOP=1 -c "$1"; }
+[ "$(q "SELECT count(*) >= $ROWS FROM orders.outbox")" = t ] || { echo "run make bench-pipeline first" >&2; exit 1; }
+for point in $POINTS; do
+  workers=${point%%:*}; batch=${point##*:}
+  q "UPDATE orders.outbox SET published_at = NULL WHERE id <= $ROWS" >/dev/null
+  q "VACUUM orders.outbox" >/dev/null
+  topic=bench.sweep.$workers.$batch.$(date +%s)
+  target/debug/kafka-topic --topic "$topic" --partitions 6 2>/dev/null
+  t0=$(date +%s.%N)
+  DATABASE_URL=$URL DB_MIGRATE=false KAFKA_TOPIC=$topic RELAY_WORKERS=$workers RELAY_BATCH_SIZE=$batch \
+    RELAY_METRICS_ADDR=127.0.0.1:0 RUST_LOG=warn target/release/relay &
+  pid=$!
+  while [ "$(q "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL")" != 0 ]; do sleep 0.3; done
+  t1=$(date +%s.%N)
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  echo "workers=$workers batch=$batch rows=$ROWS rows_per_sec=$(python3 -c "print(round($ROWS/($t1-$t0)))")"
+done

@@ -157,10 +157,13 @@ kafka_up() {
         --advertised-listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
         --group-initial-rebalance-delay 500ms \
         --storage-engine "sqlite://nisshi.db" >>"$LOGS/nisshi.log" 2>&1 </dev/null) &
-    echo $! >"$KAFKA_DIR/nisshi.pid"
+    local pid=$!
+    echo "$pid" >"$KAFKA_DIR/nisshi.pid"
     for _ in $(seq 1 100); do
       port_open "$KAFKA_PORT" && break
-      kafka_pid >/dev/null || die "nisshi exited at start, see $LOGS/nisshi.log"
+      # Liveness only: until the subshell has exec'd, its command line is
+      # still bash's, so kafka_pid's name check would misfire here.
+      kill -0 "$pid" 2>/dev/null || die "nisshi exited at start, see $LOGS/nisshi.log"
       sleep 0.1
     done
     port_open "$KAFKA_PORT" || die "nisshi did not listen within 10 s, see $LOGS/nisshi.log"

@@ -29,6 +29,23 @@ pub fn router(registry: Registry) -> Router {
         .with_state(registry)
 }
 
+/// Serves `GET /metrics` from `registry` on `listener` until `cancel` fires:
+/// the metrics endpoint of a service that has no HTTP API of its own.
+pub fn spawn_server(
+    listener: tokio::net::TcpListener,
+    registry: Registry,
+    cancel: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, router(registry))
+            .with_graceful_shutdown(cancel.cancelled_owned())
+            .await
+        {
+            tracing::error!(%error, "metrics server failed");
+        }
+    })
+}
+
 async fn serve(State(registry): State<Registry>) -> Response {
     match render(&registry) {
         Ok(text) => (

@@ -157,13 +157,11 @@ pub async fn run(
             .context("create consumer task")??,
     );
     let crasher = Crasher::new(config.crash.clone());
-    let app = effectively::metrics::router(metrics.registry.clone());
-    let c = cancel.clone();
-    let metrics_task = tokio::spawn(async move {
-        let _ = axum::serve(metrics_listener, app)
-            .with_graceful_shutdown(c.cancelled_owned())
-            .await;
-    });
+    let metrics_task = effectively::metrics::spawn_server(
+        metrics_listener,
+        metrics.registry.clone(),
+        cancel.clone(),
+    );
     tracing::info!(group = %config.group_id, topic = %config.kafka.kafka_topic, "payments consuming");
 
     let linger = Duration::from_millis(config.batch_linger_ms);

@@ -117,14 +117,11 @@ pub async fn run(
         .context("create producer task")??;
     let crasher = Arc::new(Crasher::new(config.crash.clone()));
 
-    let mut tasks = Vec::new();
-    let app = effectively::metrics::router(metrics.registry.clone());
-    let c = cancel.clone();
-    tasks.push(tokio::spawn(async move {
-        let _ = axum::serve(metrics_listener, app)
-            .with_graceful_shutdown(c.cancelled_owned())
-            .await;
-    }));
+    let mut tasks = vec![effectively::metrics::spawn_server(
+        metrics_listener,
+        metrics.registry.clone(),
+        cancel.clone(),
+    )];
     tasks.push(tokio::spawn(sample_lag(
         pool.clone(),
         metrics.clone(),

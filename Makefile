@@ -6,10 +6,11 @@ CARGO ?= cargo
 # Connection settings written by `make up` (DATABASE_URL, ...).
 -include .stack/env
 
-.PHONY: help up down status migrate build test fmt lint orders bench-orders bench-pipeline bench-relay-sweep demo
+.PHONY: help up down status migrate build test fmt lint orders bench-orders bench-pipeline bench-relay-sweep demo \
+        check-config check-dashboards plot-deps plot-orders
 
 help: ## list the targets
-	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
 up: ## start the embedded stack (PostgreSQL on 127.0.0.1), apply migrations, print .stack/env
 	@scripts/stack.sh up
@@ -54,3 +55,18 @@ bench-pipeline: ## relay drain and consumer throughput vs raw rdkafka, commit→
 
 bench-relay-sweep: ## relay drain rate by workers and batch size (after bench-pipeline)
 	@scripts/bench-relay-sweep.sh
+
+check-config: ## validate docker-compose.yml (Compose Spec schema) and the Prometheus configs (promtool), no Docker
+	@scripts/check-config.sh
+
+check-dashboards: ## check-config, then a short real run scraped by Prometheus: every Grafana panel query must return data
+	@scripts/check-dashboards.sh
+
+plot-deps: ## install matplotlib (and jsonschema, PyYAML for check-config) into the project venv .tools/venv
+	@scripts/tools.sh venv >/dev/null
+
+# The newest bench-orders run unless ORDERS_SUMMARY=path/to/summary.json is given.
+ORDERS_SUMMARY ?= $(lastword $(sort $(wildcard bench/results/orders-*/summary.json)))
+plot-orders: plot-deps ## latency.png + throughput.png of the newest bench-orders run (or ORDERS_SUMMARY=…)
+	@test -n "$(ORDERS_SUMMARY)" || { echo "no bench/results/orders-*/summary.json; run make bench-orders" >&2; exit 1; }
+	@.tools/venv/bin/python scripts/plot.py orders $(ORDERS_SUMMARY)

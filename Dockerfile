@@ -1,0 +1,37 @@
+# syntax=docker/dockerfile:1
+# The project's binaries (orders, relay, payments, recon, loadgen, kafka-topic)
+# in one image; docker-compose.yml picks the binary per service.
+#   docker build -t effectively:local .
+#
+# Build needs: the Rust toolchain; rdkafka's bundled librdkafka (rdkafka-sys)
+# is compiled with its configure script + make by a C/C++ compiler and links
+# the system zlib (found by pkg-config). protox compiles proto/ in pure Rust,
+# so no protoc. sqlx uses runtime queries, so no database at build time.
+FROM rust:1.95.0-bookworm AS builder
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential pkg-config zlib1g-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY crates crates
+COPY loadgen loadgen
+COPY migrations migrations
+COPY proto proto
+# The cache mounts keep the registry and target/ between builds; the binaries
+# are copied out in the same step because the cached target/ is not in the layer.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bins \
+ && mkdir -p /out \
+ && for bin in orders relay payments recon loadgen kafka-topic; do cp "target/release/$bin" /out/; done
+
+FROM debian:bookworm-slim
+# curl: the compose healthchecks; zlib1g (librdkafka's one shared dependency) is in the base image.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates curl \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --no-create-home app
+COPY --from=builder /out/ /usr/local/bin/
+USER app
+ENV RUST_LOG=info
+CMD ["orders"]

@@ -30,19 +30,12 @@ GRPC_ADDR=127.0.0.1:15351
 RELAY_ADDR=127.0.0.1:19301
 PAYMENTS_ADDR=127.0.0.1:19302
 OUT=$ROOT/.stack/check-dashboards
-BIN=$ROOT/target/$PROFILE
+# shellcheck source=scripts/lib/pipeline.sh
+. "$ROOT/scripts/lib/pipeline.sh"
 
 say() { printf '\n== %s\n' "$*"; }
 die() { printf 'check-dashboards: error: %s\n' "$*" >&2; exit 1; }
 port_open() { (exec 3<>"/dev/tcp/${1%:*}/${1#*:}") 2>/dev/null; }
-wait_http() { # URL, what, pid: up to 30 s for a 200, failing early if the process died
-  for _ in $(seq 1 300); do
-    curl -fs -o /dev/null "$1" && return 0
-    kill -0 "$3" 2>/dev/null || die "$2 exited at start; see $OUT/$2.log"
-    sleep 0.1
-  done
-  die "$2 did not answer $1 within 30 s; see $OUT/$2.log"
-}
 [ "$SECS" -ge 20 ] || die "CHECK_SECONDS must be at least 20 (rate windows are $WINDOW)"
 
 say "configs: compose schema, promtool"
@@ -56,44 +49,23 @@ say "stack up, build ($PROFILE)"
 scripts/stack.sh up >/dev/null
 # shellcheck source=/dev/null
 . .stack/env
-if [ "$PROFILE" = release ]; then
-  cargo build -q --release -p orders -p relay -p payments -p loadgen -p effectively
-else
-  cargo build -q -p orders -p relay -p payments -p loadgen -p effectively
-fi
+pipeline_build "$PROFILE"
 
 rm -rf "$OUT"
 mkdir -p "$OUT"
 RUN=check-$(date +%Y%m%d-%H%M%S)
-DB=check_dashboards
-psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
-  -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" >/dev/null
-export DATABASE_URL=${STACK_ADMIN_DATABASE_URL%/*}/$DB
-export KAFKA_TOPIC=order.events.$RUN
-"$BIN/kafka-topic" --topic "$KAFKA_TOPIC" --partitions 6
-"$BIN/orders" --migrate-only 2>/dev/null
-
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
+pipeline_fresh check_dashboards "$RUN"
+trap pipeline_stop EXIT
 
 say "start orders, relay, payments, prometheus (logs in $OUT)"
-export RUST_LOG=${RUST_LOG:-warn} DB_MIGRATE=false
-ORDERS_HTTP_ADDR=$HTTP_ADDR ORDERS_GRPC_ADDR=$GRPC_ADDR "$BIN/orders" >"$OUT/orders.log" 2>&1 & PIDS+=($!)
-wait_http "http://$HTTP_ADDR/metrics" orders $!
-RELAY_METRICS_ADDR=$RELAY_ADDR "$BIN/relay" >"$OUT/relay.log" 2>&1 & PIDS+=($!)
-wait_http "http://$RELAY_ADDR/metrics" relay $!
-PAYMENTS_METRICS_ADDR=$PAYMENTS_ADDR PAYMENTS_GROUP_ID=payments-$RUN "$BIN/payments" >"$OUT/payments.log" 2>&1 & PIDS+=($!)
-wait_http "http://$PAYMENTS_ADDR/metrics" payments $!
+pipeline_start "$OUT" "$HTTP_ADDR" "$GRPC_ADDR" "$RELAY_ADDR" "$PAYMENTS_ADDR" "payments-$RUN"
 
 # Debian's binary, run directly (no systemd unit); its data is thrown away.
 prometheus --config.file=prometheus/check.yml --web.listen-address=$PROM_ADDR \
   --storage.tsdb.path="$OUT/prometheus-data" --storage.tsdb.retention.time=1h \
-  >"$OUT/prometheus.log" 2>&1 & PIDS+=($!)
-wait_http "http://$PROM_ADDR/-/ready" prometheus $!
+  >"$OUT/prometheus.log" 2>&1 &
+pipeline_track $!
+wait_http "http://$PROM_ADDR/-/ready" prometheus $! "$OUT"
 for _ in $(seq 1 100); do
   [ "$(curl -fs "http://$PROM_ADDR/api/v1/query" --data-urlencode 'query=count(up == 1)' \
        | python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)')" = 3 ] && break

@@ -20,7 +20,8 @@ DRAIN=${DEMO_DRAIN_TIMEOUT:-60}
 RUN=demo-$(date +%Y%m%d-%H%M%S)
 OUT=$ROOT/.stack/$RUN
 PROFILE=${DEMO_PROFILE:-release}
-BIN=$ROOT/target/$PROFILE
+# shellcheck source=scripts/lib/pipeline.sh
+. "$ROOT/scripts/lib/pipeline.sh"
 
 say() { printf '\n== %s\n' "$*"; }
 
@@ -35,39 +36,13 @@ else
 fi
 
 say "build ($PROFILE)"
-if [ "$PROFILE" = release ]; then
-  cargo build -q --release -p orders -p relay -p payments -p recon -p loadgen -p effectively
-else
-  cargo build -q -p orders -p relay -p payments -p recon -p loadgen -p effectively
-fi
-
+pipeline_build "$PROFILE"
 mkdir -p "$OUT"
-DB=demo
-psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
-  -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" >/dev/null
-export DATABASE_URL=${STACK_ADMIN_DATABASE_URL%/*}/$DB
-export KAFKA_TOPIC=order.events.$RUN
-"$BIN/kafka-topic" --topic "$KAFKA_TOPIC" --partitions 6
-"$BIN/orders" --migrate-only 2>/dev/null
-
-PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
+pipeline_fresh demo "$RUN"
+trap pipeline_stop EXIT
 
 say "start orders, relay, payments (logs in $OUT)"
-export RUST_LOG=${RUST_LOG:-warn}
-ORDERS_HTTP_ADDR=127.0.0.1:18080 ORDERS_GRPC_ADDR=127.0.0.1:15051 DB_MIGRATE=false \
-  "$BIN/orders" >"$OUT/orders.log" 2>&1 & PIDS+=($!)
-RELAY_METRICS_ADDR=127.0.0.1:19101 DB_MIGRATE=false "$BIN/relay" >"$OUT/relay.log" 2>&1 & PIDS+=($!)
-PAYMENTS_METRICS_ADDR=127.0.0.1:19102 PAYMENTS_GROUP_ID=payments-$RUN DB_MIGRATE=false \
-  "$BIN/payments" >"$OUT/payments.log" 2>&1 & PIDS+=($!)
-for _ in $(seq 1 100); do
-  curl -fs http://127.0.0.1:18080/metrics >/dev/null 2>&1 && break
-  sleep 0.1
-done
+pipeline_start "$OUT" 127.0.0.1:18080 127.0.0.1:15051 127.0.0.1:19101 127.0.0.1:19102 "payments-$RUN"
 
 say "load: $RATE orders/s for $SECONDS_ s, ${RETRY} retried 1-3x, protocol $PROTOCOL"
 "$BIN/loadgen" --http-url http://127.0.0.1:18080 --grpc-url http://127.0.0.1:15051 \

@@ -1,0 +1,65 @@
+# shellcheck shell=bash
+# Run one pipeline on a stack: build the binaries, make a fresh database and
+# topic, start orders, relay and payments, stop them. Sourced by demo.sh and
+# check-dashboards.sh (and meant for the experiments); expects ROOT to be the
+# repository root and the stack's env (STACK_ADMIN_DATABASE_URL, ...) loaded.
+
+PIPELINE_PIDS=()
+
+# pipeline_build PROFILE: builds every binary in PROFILE (release|debug); sets BIN.
+pipeline_build() {
+  local flags=()
+  [ "$1" = release ] && flags=(--release)
+  cargo build -q "${flags[@]}" -p orders -p relay -p payments -p recon -p loadgen -p effectively
+  BIN=$ROOT/target/$1
+}
+
+# pipeline_fresh DB RUN: (re)creates database DB, migrates it and creates topic
+# order.events.RUN; exports DATABASE_URL and KAFKA_TOPIC for what follows. So a
+# recon of this run covers exactly this run.
+pipeline_fresh() {
+  psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
+    -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1" >/dev/null
+  export DATABASE_URL=${STACK_ADMIN_DATABASE_URL%/*}/$1
+  export KAFKA_TOPIC=order.events.$2
+  "$BIN/kafka-topic" --topic "$KAFKA_TOPIC" --partitions "${PIPELINE_PARTITIONS:-6}"
+  "$BIN/orders" --migrate-only 2>/dev/null
+}
+
+# wait_http URL NAME PID LOGDIR: up to 30 s for a 200, failing at once if PID died.
+wait_http() {
+  for _ in $(seq 1 300); do
+    curl -fs -o /dev/null "$1" && return 0
+    kill -0 "$3" 2>/dev/null || { echo "$2 exited at start; see $4/$2.log" >&2; return 1; }
+    sleep 0.1
+  done
+  echo "$2 did not answer $1 within 30 s; see $4/$2.log" >&2
+  return 1
+}
+
+# pipeline_start LOGDIR HTTP GRPC RELAY_METRICS PAYMENTS_METRICS GROUP: starts the
+# three services on those 127.0.0.1 addresses (consumer group GROUP) and waits
+# until each serves /metrics. pipeline_stop stops them.
+pipeline_start() {
+  local logs=$1
+  export RUST_LOG=${RUST_LOG:-warn} DB_MIGRATE=false
+  ORDERS_HTTP_ADDR=$2 ORDERS_GRPC_ADDR=$3 "$BIN/orders" >"$logs/orders.log" 2>&1 &
+  PIPELINE_PIDS+=($!)
+  wait_http "http://$2/metrics" orders $! "$logs"
+  RELAY_METRICS_ADDR=$4 "$BIN/relay" >"$logs/relay.log" 2>&1 &
+  PIPELINE_PIDS+=($!)
+  wait_http "http://$4/metrics" relay $! "$logs"
+  PAYMENTS_METRICS_ADDR=$5 PAYMENTS_GROUP_ID=$6 "$BIN/payments" >"$logs/payments.log" 2>&1 &
+  PIPELINE_PIDS+=($!)
+  wait_http "http://$5/metrics" payments $! "$logs"
+}
+
+# pipeline_track PID: stop PID with the services (e.g. a Prometheus).
+pipeline_track() { PIPELINE_PIDS+=("$1"); }
+
+pipeline_stop() {
+  local pid
+  for pid in "${PIPELINE_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  PIPELINE_PIDS=()
+}

@@ -15,6 +15,19 @@ pub const LATENCY_BUCKETS: &[f64] = &[
     0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
+/// A registry with the process collector (CPU seconds, resident memory, open
+/// fds, start time) already in it: restarts and leaks show on every service.
+pub fn registry() -> Registry {
+    let registry = Registry::new();
+    #[cfg(target_os = "linux")]
+    if let Err(error) = registry.register(Box::new(
+        prometheus::process_collector::ProcessCollector::for_self(),
+    )) {
+        tracing::warn!(%error, "process metrics unavailable");
+    }
+    registry
+}
+
 /// Renders `registry` in the Prometheus text format.
 pub fn render(registry: &Registry) -> Result<String, prometheus::Error> {
     let mut buf = Vec::with_capacity(16 * 1024);

@@ -28,7 +28,7 @@ pub struct OrdersMetrics {
 impl OrdersMetrics {
     /// Creates and registers the metrics in a fresh registry.
     pub fn new() -> Result<Self, prometheus::Error> {
-        let registry = Registry::new();
+        let registry = effectively::metrics::registry();
         let http_requests_total = IntCounterVec::new(
             Opts::new("http_requests_total", "HTTP requests finished"),
             &["route", "method", "status"],

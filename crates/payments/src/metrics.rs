@@ -31,7 +31,7 @@ pub struct PaymentsMetrics {
 impl PaymentsMetrics {
     /// Creates and registers the metrics in a fresh registry.
     pub fn new() -> Result<Self, prometheus::Error> {
-        let registry = Registry::new();
+        let registry = effectively::metrics::registry();
         let counter = |name: &str, help: &str| IntCounter::new(name, help);
         let m = Self {
             consumed_total: counter(

@@ -29,7 +29,7 @@ pub struct RelayMetrics {
 impl RelayMetrics {
     /// Creates and registers the metrics in a fresh registry.
     pub fn new() -> Result<Self, prometheus::Error> {
-        let registry = Registry::new();
+        let registry = effectively::metrics::registry();
         let m = Self {
             outbox_pending_rows: IntGauge::new(
                 "outbox_pending_rows",

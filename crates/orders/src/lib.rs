@@ -22,6 +22,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use effectively::config::DbArgs;
+use effectively::crash::{CrashArgs, Crasher};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
@@ -45,6 +46,11 @@ use crate::store::{InjectFault, Store, WriterSettings};
 pub struct Config {
     #[command(flatten)]
     pub db: DbArgs,
+
+    /// Crash point `commit`: SIGKILL after a write transaction commits and
+    /// before its clients get their responses (they see an error and retry).
+    #[command(flatten)]
+    pub crash: CrashArgs,
 
     /// Address of the HTTP API (POST /orders, GET /orders/{id}, GET /metrics).
     #[arg(long, env = "ORDERS_HTTP_ADDR", default_value = "127.0.0.1:8080")]
@@ -100,8 +106,13 @@ pub async fn run(
         max_batch: config.write_batch_max,
         queue: config.write_queue,
     };
-    let (store, writers) =
-        Store::start(pool.clone(), config.inject_fault, settings, metrics.clone());
+    let (store, writers) = Store::start(
+        pool.clone(),
+        config.inject_fault,
+        settings,
+        metrics.clone(),
+        Arc::new(Crasher::new(config.crash.clone())),
+    );
     let api = OrdersApi::new(store, metrics);
 
     let app = http::router(api.clone(), config.max_body_bytes);

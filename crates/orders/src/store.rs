@@ -20,6 +20,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use effectively::crash::Crasher;
 use effectively::idempotency::{
     Claim, Fingerprint, IdempotencyKey, IdempotencyStore, NewKey, StoredResponse,
 };
@@ -97,6 +98,7 @@ struct Shared {
     fault: InjectFault,
     max_batch: usize,
     metrics: Arc<OrdersMetrics>,
+    crasher: Arc<Crasher>,
     queue: Mutex<mpsc::Receiver<Job>>,
 }
 
@@ -123,6 +125,7 @@ impl Store {
         fault: InjectFault,
         settings: WriterSettings,
         metrics: Arc<OrdersMetrics>,
+        crasher: Arc<Crasher>,
     ) -> (Self, Vec<JoinHandle<()>>) {
         let (jobs, queue) = mpsc::channel(settings.queue.max(1));
         let shared = Arc::new(Shared {
@@ -132,6 +135,7 @@ impl Store {
             fault,
             max_batch: settings.max_batch.max(1),
             metrics,
+            crasher,
             queue: Mutex::new(queue),
         });
         let handles = (0..settings.writers.max(1))
@@ -301,6 +305,9 @@ async fn write_batch(shared: &Shared, batch: &[Job]) -> Result<Vec<Claim>, ApiEr
     }
     shared.outbox.enqueue_batch(&mut tx, &events).await?;
     tx.commit().await?;
+    // Committed, nobody answered yet: a crash here leaves orders whose
+    // clients saw an error. Their retries must get the stored responses.
+    shared.crasher.point("commit");
     Ok(claims)
 }
 

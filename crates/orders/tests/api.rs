@@ -38,6 +38,7 @@ impl TestApp {
         db_args.db_migrate = false; // TestDb::create migrated it
         let config = Config {
             db: db_args,
+            crash: effectively::crash::CrashArgs::default(),
             http_addr,
             grpc_addr,
             max_body_bytes: 1024,
@@ -684,4 +685,69 @@ async fn a_full_write_queue_answers_503_and_the_retry_succeeds() {
     }
     assert_eq!(counts(&db).await, n(200));
     app.stop().await;
+}
+
+/// Crash point `commit`: the orders binary SIGKILLs itself right after a
+/// write transaction commits, before answering. The client sees a broken
+/// connection; its retry (to a restarted service) gets the stored 201 of the
+/// order that did commit, and no second order exists.
+#[tokio::test]
+async fn a_crash_between_commit_and_response_is_healed_by_the_retry() {
+    let db = TestDb::create().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let grpc_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_orders"))
+        .env("DATABASE_URL", &db.url)
+        .env("DB_MIGRATE", "false")
+        .env("ORDERS_HTTP_ADDR", format!("127.0.0.1:{port}"))
+        .env("ORDERS_GRPC_ADDR", format!("127.0.0.1:{grpc_port}"))
+        .env("CRASH_POINT", "commit")
+        .env("CRASH_EVERY", "1")
+        .env("RUST_LOG", "error")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn orders");
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}");
+    let up = effectively::testing::eventually(Duration::from_secs(20), || async {
+        client.get(format!("{url}/metrics")).send().await.is_ok()
+    })
+    .await;
+    assert!(up, "orders came up");
+    let first = client
+        .post(format!("{url}/orders"))
+        .header("Idempotency-Key", "crash-at-commit")
+        .header("Content-Type", "application/json")
+        .body(BODY)
+        .send()
+        .await;
+    assert!(first.is_err(), "the client saw no response: {first:?}");
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("orders died")
+        .expect("wait");
+    assert!(!status.success());
+    assert_eq!(
+        counts(&db).await,
+        n(1),
+        "the order committed before the crash"
+    );
+
+    let healthy = TestApp::spawn(&db, InjectFault::None).await;
+    let retry = healthy.create("crash-at-commit", BODY).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let stored: uuid::Uuid = sqlx::query_scalar("SELECT order_id FROM orders.orders")
+        .fetch_one(&pool)
+        .await
+        .expect("order");
+    assert_eq!(retry.json()["order_id"], stored.to_string().as_str());
+    assert_eq!(counts(&db).await, n(1));
+    healthy.stop().await;
 }

@@ -21,6 +21,13 @@ struct Args {
     #[arg(long, env = "RECON_WAIT_DRAINED", value_name = "SECONDS")]
     wait_drained: Option<f64>,
 
+    /// Also check the client's ground truth: loadgen's `--intents` file
+    /// (key<TAB>order_id of every key that got a success). Every such key must
+    /// have exactly its order. Keys in `<FILE>.ambiguous` (timeouts) are
+    /// reported separately: ambiguous by nature.
+    #[arg(long, value_name = "FILE")]
+    intents: Option<std::path::PathBuf>,
+
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -73,16 +80,38 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         }
     }
     let report = recon::reconcile(&pool).await.context("run the diff")?;
+    let intents = match &args.intents {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("read {}", path.display()))?;
+            let mut ambiguous_path = path.clone().into_os_string();
+            ambiguous_path.push(".ambiguous");
+            let ambiguous = std::fs::read_to_string(&ambiguous_path).ok();
+            let client = recon::ClientIntents::parse(&text, ambiguous.as_deref())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            Some(
+                recon::check_intents(&pool, &client)
+                    .await
+                    .context("check intents")?,
+            )
+        }
+    };
+    let clean = report.is_clean() && intents.as_ref().is_none_or(|i| i.is_clean());
     if args.json {
         let value = serde_json::json!({
             "report": report,
             "deltas": report.deltas(),
             "drained": drained,
-            "clean": report.is_clean(),
+            "intents": intents,
+            "clean": clean,
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         print!("{}", report.table());
+        if let Some(intents) = &intents {
+            print!("{}", intents.table());
+        }
     }
-    Ok(report.is_clean())
+    Ok(clean)
 }

@@ -102,11 +102,13 @@ impl Stack {
     }
 }
 
-/// Sends `n` orders, each key retried `retries` times (some concurrently).
-async fn send_orders(http: &str, n: usize, retries: usize) {
+/// Sends `n` orders, each key retried `retries` times (some concurrently);
+/// returns what the client saw: (key, order id) per key.
+async fn send_orders(http: &str, n: usize, retries: usize) -> Vec<(String, uuid::Uuid)> {
+    use futures::StreamExt;
     let client = reqwest::Client::new();
     let sends = (0..n).flat_map(|i| (0..=retries).map(move |r| (i, r)));
-    let futures = sends.map(|(i, _)| {
+    let futures = sends.map(|(i, r)| {
         let client = client.clone();
         async move {
             let body = format!(
@@ -123,14 +125,27 @@ async fn send_orders(http: &str, n: usize, retries: usize) {
                 .await
                 .expect("send");
             assert_eq!(resp.status(), 201);
+            let json: serde_json::Value = resp.json().await.expect("json");
+            let id = json["order_id"]
+                .as_str()
+                .expect("order_id")
+                .parse()
+                .expect("uuid");
+            (r, format!("e2e-{i}"), id)
         }
     });
     // Bounded concurrency: 32 in flight.
-    use futures::StreamExt;
-    futures::stream::iter(futures)
+    let seen: Vec<(usize, String, uuid::Uuid)> = futures::stream::iter(futures)
         .buffer_unordered(32)
-        .collect::<Vec<()>>()
+        .collect()
         .await;
+    let mut firsts: Vec<(String, uuid::Uuid)> = seen
+        .into_iter()
+        .filter(|(r, _, _)| *r == 0)
+        .map(|(_, k, id)| (k, id))
+        .collect();
+    firsts.sort();
+    firsts
 }
 
 async fn recon(pool: &PgPool) -> recon::Report {
@@ -146,12 +161,36 @@ async fn recon(pool: &PgPool) -> recon::Report {
 #[tokio::test]
 async fn orders_with_retries_flow_to_exactly_one_charge_each() {
     let stack = Stack::start().await;
-    send_orders(&stack.http, 300, 2).await;
+    let seen = send_orders(&stack.http, 300, 2).await;
     let pool = stack.pool().await;
     let report = recon(&pool).await;
     assert!(report.is_clean(), "recon drift:\n{}", report.table());
     assert_eq!(report.intents, 300);
     assert_eq!(report.distinct_charges, 300);
+
+    // The client's ground truth agrees with the database ...
+    let client = recon::ClientIntents {
+        succeeded: seen.clone(),
+        ambiguous: vec!["e2e-1".into(), "never-sent".into()],
+    };
+    let intents = recon::check_intents(&pool, &client).await.expect("intents");
+    assert!(intents.is_clean(), "{}", intents.table());
+    assert_eq!((intents.matched, intents.ambiguous_committed), (300, 1));
+    // ... and a success the database does not back is caught.
+    let mut tampered = seen.clone();
+    tampered[0].1 = uuid::Uuid::now_v7();
+    tampered.push(("e2e-never-written".into(), uuid::Uuid::now_v7()));
+    let bad = recon::check_intents(
+        &pool,
+        &recon::ClientIntents {
+            succeeded: tampered,
+            ambiguous: vec![],
+        },
+    )
+    .await
+    .expect("intents");
+    assert!(!bad.is_clean());
+    assert_eq!((bad.wrong_order, bad.missing_in_db), (1, 1));
 
     // A relay crash after publishing and before marking, simulated: reset
     // published_at so the relay publishes those rows again (same msg_ids).

@@ -88,29 +88,14 @@ pub async fn apply_batch(
 
 /// Inbox claim, then charges and ledger entries for the msg_ids that were new.
 /// Returns (the new msg_ids, charge conflicts).
-async fn claim_and_charge(
+pub(crate) async fn claim_and_charge(
     tx: &mut Transaction<'_, Postgres>,
     intents: &[ChargeIntent],
     crasher: &Crasher,
 ) -> sqlx::Result<(Vec<Uuid>, u64)> {
-    // One row per msg_id, in a stable order (consistent lock order between
-    // concurrent consumers: no deadlocks).
-    let mut unique: Vec<&ChargeIntent> = Vec::with_capacity(intents.len());
-    let mut seen = HashSet::with_capacity(intents.len());
-    for intent in intents {
-        if seen.insert(intent.msg_id) {
-            unique.push(intent);
-        }
-    }
-    unique.sort_by_key(|i| i.msg_id);
+    let unique = unique_by_msg_id(intents);
     let msg_ids: Vec<Uuid> = unique.iter().map(|i| i.msg_id).collect();
-    let new: Vec<Uuid> = sqlx::query_scalar(
-        "INSERT INTO payments.inbox (msg_id) SELECT * FROM unnest($1::uuid[]) \
-         ON CONFLICT (msg_id) DO NOTHING RETURNING msg_id",
-    )
-    .bind(&msg_ids)
-    .fetch_all(&mut **tx)
-    .await?;
+    let new = claim_inbox(tx, &msg_ids).await?;
     // The inbox rows are claimed, no charge yet: a crash here must not lose
     // the charge (it cannot: neither is committed).
     crasher.point("claim");
@@ -124,6 +109,34 @@ async fn claim_and_charge(
         .collect();
     let charged = insert_effects(tx, &fresh).await?;
     Ok((new, fresh.len() as u64 - charged))
+}
+
+/// One intent per msg_id, in msg_id order: a consistent lock order between
+/// concurrent consumers (no deadlocks).
+pub(crate) fn unique_by_msg_id(intents: &[ChargeIntent]) -> Vec<&ChargeIntent> {
+    let mut unique: Vec<&ChargeIntent> = Vec::with_capacity(intents.len());
+    let mut seen = HashSet::with_capacity(intents.len());
+    for intent in intents {
+        if seen.insert(intent.msg_id) {
+            unique.push(intent);
+        }
+    }
+    unique.sort_by_key(|i| i.msg_id);
+    unique
+}
+
+/// Inserts inbox rows; returns the msg_ids that were new.
+pub(crate) async fn claim_inbox(
+    tx: &mut Transaction<'_, Postgres>,
+    msg_ids: &[Uuid],
+) -> sqlx::Result<Vec<Uuid>> {
+    sqlx::query_scalar(
+        "INSERT INTO payments.inbox (msg_id) SELECT * FROM unnest($1::uuid[]) \
+         ON CONFLICT (msg_id) DO NOTHING RETURNING msg_id",
+    )
+    .bind(msg_ids)
+    .fetch_all(&mut **tx)
+    .await
 }
 
 /// Writes the charge (guarded by UNIQUE(order_id)) and, for each charge
@@ -157,7 +170,7 @@ pub async fn insert_effects(
     .rows_affected())
 }
 
-async fn insert_dead_letters(
+pub(crate) async fn insert_dead_letters(
     tx: &mut Transaction<'_, Postgres>,
     dead: &[DeadLetter],
 ) -> sqlx::Result<u64> {

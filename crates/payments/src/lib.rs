@@ -10,6 +10,7 @@
 pub mod decode;
 pub mod inbox;
 pub mod metrics;
+pub mod unsafe_split;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -70,6 +71,13 @@ pub struct Config {
     /// Address serving GET /metrics.
     #[arg(long, env = "PAYMENTS_METRICS_ADDR", default_value = "127.0.0.1:9102")]
     pub metrics_addr: SocketAddr,
+
+    /// UNSAFE, for the split-transaction counter-example only: write the inbox
+    /// row and the effect in two transactions (crash point `split` between
+    /// them). inbox-first loses effects under crashes, effect-first doubles
+    /// them. Never use it for real.
+    #[arg(long, env = "PAYMENTS_UNSAFE_SPLIT_TXN", value_enum)]
+    pub unsafe_split_txn: Option<unsafe_split::SplitTxn>,
 }
 
 /// Tracks this member's assignment so that offsets of revoked partitions are
@@ -163,6 +171,12 @@ pub async fn run(
         cancel.clone(),
     );
     tracing::info!(group = %config.group_id, topic = %config.kafka.kafka_topic, "payments consuming");
+    if let Some(mode) = config.unsafe_split_txn {
+        tracing::warn!(
+            ?mode,
+            "UNSAFE: inbox and effect in two transactions (--unsafe-split-txn); crashes WILL lose or double effects"
+        );
+    }
 
     let linger = Duration::from_millis(config.batch_linger_ms);
     loop {
@@ -173,7 +187,16 @@ pub async fn run(
         if batch.is_empty() {
             continue;
         }
-        if !process(&pool, &batch, &crasher, &metrics, &cancel).await {
+        if !process(
+            &pool,
+            config.unsafe_split_txn,
+            &batch,
+            &crasher,
+            &metrics,
+            &cancel,
+        )
+        .await
+        {
             break; // cancelled while the database was failing; nothing committed
         }
         commit_offsets(&consumer, &batch, &metrics);
@@ -264,6 +287,7 @@ pub fn classify(
 /// messages will be redelivered).
 async fn process(
     pool: &sqlx::PgPool,
+    split: Option<unsafe_split::SplitTxn>,
     batch: &[OwnedMessage],
     crasher: &Crasher,
     metrics: &PaymentsMetrics,
@@ -273,7 +297,11 @@ async fn process(
     let mut backoff = Duration::from_millis(50);
     loop {
         let start = Instant::now();
-        match inbox::apply_batch(pool, &intents, &dead, crasher).await {
+        let result = match split {
+            None => inbox::apply_batch(pool, &intents, &dead, crasher).await,
+            Some(mode) => unsafe_split::apply_batch(pool, mode, &intents, &dead, crasher).await,
+        };
+        match result {
             Ok(applied) => {
                 metrics
                     .processing_duration_seconds

@@ -86,6 +86,7 @@ fn config(db: &TestDb, topic: &TestTopic, group: &str) -> Config {
         batch_linger_ms: 5,
         session_timeout_ms: 6_000,
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
+        unsafe_split_txn: None,
     }
 }
 
@@ -223,6 +224,60 @@ async fn a_malformed_message_is_dead_lettered_and_the_next_one_is_charged() {
     consumer.stop().await;
 }
 
+/// Runs the payments binary (group `group`, env `extra`) again and again,
+/// each life ending at its armed crash point, until every event's msg_id is
+/// in the inbox; returns how many lives were killed.
+async fn run_with_crashes(
+    db: &TestDb,
+    topic: &TestTopic,
+    group: &str,
+    extra: &[(&str, &str)],
+    total: i64,
+) -> usize {
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let mut kills = 0;
+    for _ in 0..40 {
+        if count(&pool, INBOX).await == total {
+            break;
+        }
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"));
+        child
+            .env("DATABASE_URL", &db.url)
+            .env("DB_MIGRATE", "false")
+            .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
+            .env("KAFKA_TOPIC", &topic.name)
+            .env("PAYMENTS_GROUP_ID", group)
+            .env("PAYMENTS_METRICS_ADDR", "127.0.0.1:0")
+            .env("PAYMENTS_BATCH_SIZE", "10")
+            .env("PAYMENTS_SESSION_TIMEOUT_MS", "6000")
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        for (k, v) in extra {
+            child.env(k, v);
+        }
+        let mut child = child.spawn().expect("spawn payments");
+        // It dies by its crash point, or idles once everything is in the inbox.
+        let pool2 = pool.clone();
+        tokio::select! {
+            status = child.wait() => {
+                assert!(!status.expect("wait").success());
+                kills += 1;
+            }
+            _ = eventually(Duration::from_secs(60), || async { count(&pool2, INBOX).await == total }) => {
+                child.kill().await.expect("kill");
+            }
+        }
+    }
+    assert_eq!(
+        count(&pool, INBOX).await,
+        total,
+        "every event reached the inbox"
+    );
+    kills
+}
+
 /// The consumer binary SIGKILLs itself between the charge insert and the
 /// commit (crash point `effect`), and between the inbox claim and the charge
 /// (`claim`); restarted each time, it resumes from the committed offsets.
@@ -232,44 +287,9 @@ async fn a_consumer_killed_before_commit_loses_nothing_and_doubles_nothing() {
         let db = TestDb::create().await;
         let topic = TestTopic::create(3).await;
         let pool = PgPool::connect(&db.url).await.expect("connect");
-        let events = events(120);
-        produce_events(&topic, &events).await;
-        let group = format!("g-crash-{point}");
-        let mut kills = 0;
-        for _ in 0..30 {
-            if count(&pool, CHARGES).await == 120 {
-                break;
-            }
-            let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"))
-                .env("DATABASE_URL", &db.url)
-                .env("DB_MIGRATE", "false")
-                .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
-                .env("KAFKA_TOPIC", &topic.name)
-                .env("PAYMENTS_GROUP_ID", &group)
-                .env("PAYMENTS_METRICS_ADDR", "127.0.0.1:0")
-                .env("PAYMENTS_BATCH_SIZE", "10")
-                .env("PAYMENTS_SESSION_TIMEOUT_MS", "6000")
-                .env("CRASH_POINT", point)
-                .env("CRASH_EVERY", "4")
-                .env("RUST_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .expect("spawn payments");
-            // It dies by its crash point, or idles once everything is charged.
-            let pool2 = pool.clone();
-            let mut child = child;
-            tokio::select! {
-                status = child.wait() => {
-                    assert!(!status.expect("wait").success());
-                    kills += 1;
-                }
-                _ = eventually(Duration::from_secs(60), || async { count(&pool2, CHARGES).await == 120 }) => {
-                    child.kill().await.expect("kill");
-                }
-            }
-        }
+        produce_events(&topic, &events(120)).await;
+        let extra = [("CRASH_POINT", point), ("CRASH_EVERY", "4")];
+        let kills = run_with_crashes(&db, &topic, &format!("g-crash-{point}"), &extra, 120).await;
         assert!(kills >= 2, "{point}: killed mid-stream ({kills} times)");
         assert_eq!(count(&pool, CHARGES).await, 120, "{point}: nothing lost");
         assert_eq!(
@@ -278,7 +298,54 @@ async fn a_consumer_killed_before_commit_loses_nothing_and_doubles_nothing() {
             "{point}: one effect per event"
         );
         assert_eq!(count(&pool, DOUBLES).await, 0, "{point}: nothing doubled");
-        assert_eq!(count(&pool, INBOX).await, 120);
+    }
+}
+
+/// The counter-example: the same crashes with inbox and effect in TWO
+/// transactions (`--unsafe-split-txn`, crash point `split` between them) must
+/// lose effects (inbox-first) and double them (effect-first). If this test
+/// ever passes without drift, the experiment proves nothing.
+#[tokio::test]
+async fn splitting_inbox_and_effect_loses_or_doubles_effects_under_crashes() {
+    for mode in ["inbox-first", "effect-first"] {
+        let db = TestDb::create().await;
+        let topic = TestTopic::create(3).await;
+        let pool = PgPool::connect(&db.url).await.expect("connect");
+        produce_events(&topic, &events(120)).await;
+        let extra = [
+            ("PAYMENTS_UNSAFE_SPLIT_TXN", mode),
+            ("CRASH_POINT", "split"),
+            ("CRASH_EVERY", "3"),
+        ];
+        let kills = run_with_crashes(&db, &topic, &format!("g-split-{mode}"), &extra, 120).await;
+        assert!(
+            kills >= 2,
+            "{mode}: killed between the transactions ({kills} times)"
+        );
+        let (charges, ledger, doubles) = (
+            count(&pool, CHARGES).await,
+            count(&pool, LEDGER).await,
+            count(&pool, DOUBLES).await,
+        );
+        match mode {
+            "inbox-first" => {
+                assert!(
+                    charges < 120,
+                    "inbox-first lost effects: {charges} charges for 120 events"
+                );
+                assert_eq!(doubles, 0);
+            }
+            _ => {
+                assert_eq!(
+                    charges, 120,
+                    "the UNIQUE guard keeps one charge row per order"
+                );
+                assert!(
+                    doubles > 0 && ledger > 120,
+                    "effect-first doubled effects: {ledger} ledger entries, {doubles} orders twice"
+                );
+            }
+        }
     }
 }
 

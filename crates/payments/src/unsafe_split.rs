@@ -1,0 +1,124 @@
+//! DELIBERATELY WRONG, for the counter-example only (`--unsafe-split-txn`):
+//! the inbox row and the effect in TWO transactions, the dual-write bug the
+//! safe consumer (inbox.rs) exists to avoid. A crash between the two
+//! transactions (crash point `split`) then breaks the invariant, reproducibly:
+//!
+//! * `inbox-first`: the inbox row commits, the crash loses the effect, and the
+//!   redelivery finds the msg_id in the inbox and skips it: a LOST effect.
+//! * `effect-first`: the charge and its ledger entry commit, the crash loses
+//!   the inbox row, and the redelivery applies the effect again: the UNIQUE on
+//!   charges refuses a second charge row, but the ledger entry (a
+//!   non-idempotent effect, like a balance update) is written twice: a DOUBLE
+//!   effect, which recon counts.
+
+use effectively::crash::Crasher;
+use sqlx::{PgPool, Postgres, Transaction};
+use uuid::Uuid;
+
+use crate::inbox::{
+    Applied, ChargeIntent, DeadLetter, claim_inbox, insert_dead_letters, insert_effects,
+    unique_by_msg_id,
+};
+
+/// Which half commits first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SplitTxn {
+    /// Inbox row, commit, then the effect: a crash in between loses the effect.
+    InboxFirst,
+    /// Effect, commit, then the inbox row: a crash in between doubles it.
+    EffectFirst,
+}
+
+/// Applies a batch the wrong way; see the module docs.
+pub async fn apply_batch(
+    pool: &PgPool,
+    mode: SplitTxn,
+    intents: &[ChargeIntent],
+    dead: &[DeadLetter],
+    crasher: &Crasher,
+) -> sqlx::Result<Applied> {
+    let unique = unique_by_msg_id(intents);
+    let msg_ids: Vec<Uuid> = unique.iter().map(|i| i.msg_id).collect();
+    let mut applied = Applied::default();
+    match mode {
+        SplitTxn::InboxFirst => {
+            let mut tx = pool.begin().await?;
+            let new = claim_inbox(&mut tx, &msg_ids).await?;
+            tx.commit().await?;
+            crasher.point("split");
+            let fresh: Vec<&ChargeIntent> = unique
+                .into_iter()
+                .filter(|i| new.contains(&i.msg_id))
+                .collect();
+            let mut tx = pool.begin().await?;
+            let charged = insert_effects(&mut tx, &fresh).await?;
+            applied.dead_lettered = insert_dead_letters(&mut tx, dead).await?;
+            tx.commit().await?;
+            applied.charged = fresh.len() as u64;
+            applied.charge_conflicts = applied.charged - charged;
+            applied.new_msg_ids = new;
+        }
+        SplitTxn::EffectFirst => {
+            let mut tx = pool.begin().await?;
+            let seen: Vec<Uuid> =
+                sqlx::query_scalar("SELECT msg_id FROM payments.inbox WHERE msg_id = ANY($1)")
+                    .bind(&msg_ids)
+                    .fetch_all(&mut *tx)
+                    .await?;
+            let fresh: Vec<&ChargeIntent> = unique
+                .into_iter()
+                .filter(|i| !seen.contains(&i.msg_id))
+                .collect();
+            let charged = insert_effects_unguarded(&mut tx, &fresh).await?;
+            applied.dead_lettered = insert_dead_letters(&mut tx, dead).await?;
+            tx.commit().await?;
+            crasher.point("split");
+            let fresh_ids: Vec<Uuid> = fresh.iter().map(|i| i.msg_id).collect();
+            let mut tx = pool.begin().await?;
+            let new = claim_inbox(&mut tx, &fresh_ids).await?;
+            tx.commit().await?;
+            applied.charged = fresh.len() as u64;
+            applied.charge_conflicts = applied.charged - charged;
+            applied.new_msg_ids = new;
+        }
+    }
+    applied.duplicates = intents.len() as u64 - applied.charged;
+    Ok(applied)
+}
+
+/// The charge keeps its UNIQUE guard; the ledger entry is written for every
+/// intent regardless: the non-idempotent part of the effect.
+async fn insert_effects_unguarded(
+    tx: &mut Transaction<'_, Postgres>,
+    fresh: &[&ChargeIntent],
+) -> sqlx::Result<u64> {
+    let charge_ids: Vec<Uuid> = fresh.iter().map(|_| Uuid::now_v7()).collect();
+    let order_ids: Vec<Uuid> = fresh.iter().map(|i| i.order_id).collect();
+    let msg_ids: Vec<Uuid> = fresh.iter().map(|i| i.msg_id).collect();
+    let accounts: Vec<i64> = fresh.iter().map(|i| i.account_id).collect();
+    let amounts: Vec<i64> = fresh.iter().map(|i| i.amount_cents).collect();
+    let charged = sqlx::query(
+        "INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
+         SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[]) \
+         ON CONFLICT (order_id) DO NOTHING",
+    )
+    .bind(&charge_ids)
+    .bind(&order_ids)
+    .bind(&msg_ids)
+    .bind(&accounts)
+    .bind(&amounts)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    sqlx::query(
+        "INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
+         SELECT * FROM unnest($1::int8[], $2::uuid[], $3::uuid[], $4::int8[])",
+    )
+    .bind(&accounts)
+    .bind(&order_ids)
+    .bind(&msg_ids)
+    .bind(&amounts)
+    .execute(&mut **tx)
+    .await?;
+    Ok(charged)
+}

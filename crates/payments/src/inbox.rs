@@ -146,28 +146,44 @@ pub async fn insert_effects(
     tx: &mut Transaction<'_, Postgres>,
     fresh: &[&ChargeIntent],
 ) -> sqlx::Result<u64> {
+    write_effects(
+        tx,
+        fresh,
+        "WITH c AS ( \
+           INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
+           SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[]) \
+           ON CONFLICT (order_id) DO NOTHING \
+           RETURNING account_id, order_id, msg_id, amount_cents), \
+         l AS ( \
+           INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
+           SELECT account_id, order_id, msg_id, amount_cents FROM c) \
+         SELECT count(*) FROM c",
+    )
+    .await
+}
+
+/// Runs an effect statement over the columns of `fresh`: $1 charge ids,
+/// $2 order ids, $3 msg ids, $4 accounts, $5 amounts. The statement returns
+/// the number of charges inserted.
+pub(crate) async fn write_effects(
+    tx: &mut Transaction<'_, Postgres>,
+    fresh: &[&ChargeIntent],
+    sql: &'static str,
+) -> sqlx::Result<u64> {
     let charge_ids: Vec<Uuid> = fresh.iter().map(|_| Uuid::now_v7()).collect();
     let order_ids: Vec<Uuid> = fresh.iter().map(|i| i.order_id).collect();
     let msg_ids: Vec<Uuid> = fresh.iter().map(|i| i.msg_id).collect();
     let accounts: Vec<i64> = fresh.iter().map(|i| i.account_id).collect();
     let amounts: Vec<i64> = fresh.iter().map(|i| i.amount_cents).collect();
-    Ok(sqlx::query(
-        "WITH c AS ( \
-           INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
-           SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[]) \
-           ON CONFLICT (order_id) DO NOTHING \
-           RETURNING account_id, order_id, msg_id, amount_cents) \
-         INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
-         SELECT account_id, order_id, msg_id, amount_cents FROM c",
-    )
-    .bind(&charge_ids)
-    .bind(&order_ids)
-    .bind(&msg_ids)
-    .bind(&accounts)
-    .bind(&amounts)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected())
+    let charged: i64 = sqlx::query_scalar(sql)
+        .bind(&charge_ids)
+        .bind(&order_ids)
+        .bind(&msg_ids)
+        .bind(&accounts)
+        .bind(&amounts)
+        .fetch_one(&mut **tx)
+        .await?;
+    Ok(u64::try_from(charged).unwrap_or(0))
 }
 
 pub(crate) async fn insert_dead_letters(

@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::inbox::{
     Applied, ChargeIntent, DeadLetter, claim_inbox, insert_dead_letters, insert_effects,
-    unique_by_msg_id,
+    unique_by_msg_id, write_effects,
 };
 
 /// Which half commits first.
@@ -92,33 +92,17 @@ async fn insert_effects_unguarded(
     tx: &mut Transaction<'_, Postgres>,
     fresh: &[&ChargeIntent],
 ) -> sqlx::Result<u64> {
-    let charge_ids: Vec<Uuid> = fresh.iter().map(|_| Uuid::now_v7()).collect();
-    let order_ids: Vec<Uuid> = fresh.iter().map(|i| i.order_id).collect();
-    let msg_ids: Vec<Uuid> = fresh.iter().map(|i| i.msg_id).collect();
-    let accounts: Vec<i64> = fresh.iter().map(|i| i.account_id).collect();
-    let amounts: Vec<i64> = fresh.iter().map(|i| i.amount_cents).collect();
-    let charged = sqlx::query(
-        "INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
-         SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[]) \
-         ON CONFLICT (order_id) DO NOTHING",
+    write_effects(
+        tx,
+        fresh,
+        "WITH c AS ( \
+           INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
+           SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[]) \
+           ON CONFLICT (order_id) DO NOTHING RETURNING 1), \
+         l AS ( \
+           INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
+           SELECT * FROM unnest($4::int8[], $2::uuid[], $3::uuid[], $5::int8[])) \
+         SELECT count(*) FROM c",
     )
-    .bind(&charge_ids)
-    .bind(&order_ids)
-    .bind(&msg_ids)
-    .bind(&accounts)
-    .bind(&amounts)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected();
-    sqlx::query(
-        "INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
-         SELECT * FROM unnest($1::int8[], $2::uuid[], $3::uuid[], $4::int8[])",
-    )
-    .bind(&accounts)
-    .bind(&order_ids)
-    .bind(&msg_ids)
-    .bind(&amounts)
-    .execute(&mut **tx)
-    .await?;
-    Ok(charged)
+    .await
 }

@@ -22,27 +22,22 @@ now() { date +%s.%N; }
 
 scripts/stack.sh up >/dev/null
 . .stack/env
+# shellcheck source=scripts/lib/pipeline.sh
+. "$ROOT/scripts/lib/pipeline.sh"
 log "building (release)"
-cargo build -q --release -p orders -p relay -p payments -p recon -p loadgen
+pipeline_build release
 cargo build -q --release -p relay --example raw_producer
 cargo build -q --release -p payments --example raw_consumer
 
-fresh_db() {
-  psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
-    -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1" >/dev/null
-  DATABASE_URL=${STACK_ADMIN_DATABASE_URL%/*}/$1 "$BIN/orders" --migrate-only 2>/dev/null
-  echo "${STACK_ADMIN_DATABASE_URL%/*}/$1"
-}
 q() { psql "$1" -qAt -v ON_ERROR_STOP=1 -c "$2"; }
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; pipeline_stop; }
 trap cleanup EXIT
 export RUST_LOG=warn DB_MIGRATE=false
 
 # --- 1. relay drain from a backlog --------------------------------------------
-URL=$(fresh_db bench_pipeline)
-TOPIC=bench.relay.$RUN
-"$ROOT/target/debug/kafka-topic" --topic "$TOPIC" --partitions 6 2>/dev/null
+pipeline_fresh bench_pipeline "relay.$RUN" 2>/dev/null
+URL=$DATABASE_URL TOPIC=$KAFKA_TOPIC
 log "filling the outbox with $ROWS rows"
 q "$URL" "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload)
   SELECT id, gen_random_uuid(), 'order.created',
@@ -94,14 +89,10 @@ RAW_C=$(KAFKA_BOOTSTRAP_SERVERS=$KAFKA_BOOTSTRAP_SERVERS "$ROOT/target/release/e
 log "raw consumer: $RAW_C"
 
 # --- 3. commit→effect at a steady offered rate ----------------------------------
-URL=$(fresh_db bench_steady)
-TOPIC=bench.steady.$RUN
-"$ROOT/target/debug/kafka-topic" --topic "$TOPIC" --partitions 6 2>/dev/null
-export DATABASE_URL=$URL KAFKA_TOPIC=$TOPIC
-ORDERS_HTTP_ADDR=127.0.0.1:18180 ORDERS_GRPC_ADDR=127.0.0.1:15151 "$BIN/orders" >"$LOGS/orders.log" 2>&1 & PIDS+=($!)
-RELAY_METRICS_ADDR=127.0.0.1:0 "$BIN/relay" >"$LOGS/relay-steady.log" 2>&1 & PIDS+=($!)
-PAYMENTS_METRICS_ADDR=127.0.0.1:0 PAYMENTS_GROUP_ID=steady-$RUN "$BIN/payments" >"$LOGS/payments-steady.log" 2>&1 & PIDS+=($!)
-for _ in $(seq 1 100); do curl -fs http://127.0.0.1:18180/metrics >/dev/null 2>&1 && break; sleep 0.1; done
+pipeline_fresh bench_steady "steady.$RUN" 2>/dev/null
+URL=$DATABASE_URL
+mkdir -p "$LOGS/steady"
+pipeline_start "$LOGS/steady" 127.0.0.1:18180 127.0.0.1:15151 127.0.0.1:19181 127.0.0.1:19182 "steady-$RUN"
 sleep 5 # the consumer group's first assignment, so it is not in the latency
 log "steady load: $STEADY_RATE orders/s for $STEADY_SECONDS s"
 "$BIN/loadgen" --http-url http://127.0.0.1:18180 --grpc-url http://127.0.0.1:15151 --rate "$STEADY_RATE" \

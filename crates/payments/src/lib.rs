@@ -8,6 +8,7 @@
 //! and is a provable no-op.
 
 pub mod decode;
+pub mod dup;
 pub mod inbox;
 pub mod metrics;
 pub mod unsafe_split;
@@ -50,6 +51,9 @@ pub struct Config {
 
     #[command(flatten)]
     pub crash: CrashArgs,
+
+    #[command(flatten)]
+    pub dup: dup::DupArgs,
 
     /// Kafka consumer group.
     #[arg(long, env = "PAYMENTS_GROUP_ID", default_value = "payments")]
@@ -178,6 +182,14 @@ pub async fn run(
         );
     }
 
+    let mut injector = dup::Injector::new(config.dup.clone());
+    if injector.enabled() {
+        tracing::warn!(
+            rate = config.dup.dup_rate,
+            kind = ?config.dup.dup_kind,
+            "chaos: injecting duplicate deliveries (--dup-rate)"
+        );
+    }
     let linger = Duration::from_millis(config.batch_linger_ms);
     loop {
         let batch = tokio::select! {
@@ -200,6 +212,29 @@ pub async fn run(
             break; // cancelled while the database was failing; nothing committed
         }
         commit_offsets(&consumer, &batch, &metrics);
+        // Injected duplicates come only now, after the originals committed.
+        let plan = injector.plan(&batch);
+        dup::seek_back(&consumer, &plan, &metrics);
+        if !plan.reprocess.is_empty() {
+            // Applied again in a transaction of its own; offsets are already
+            // committed, so nothing to commit for them.
+            if !process(
+                &pool,
+                config.unsafe_split_txn,
+                &plan.reprocess,
+                &crasher,
+                &metrics,
+                &cancel,
+            )
+            .await
+            {
+                break;
+            }
+            metrics
+                .injected_duplicates_total
+                .with_label_values(&["reprocess"])
+                .inc_by(plan.reprocess.len() as u64);
+        }
     }
     // Leaving the group hands the partitions over at once instead of after
     // the session timeout.

@@ -26,6 +26,10 @@ pub struct PaymentsMetrics {
     pub commit_to_effect_seconds: Histogram,
     /// Errors by stage: `db`, `kafka`, `commit`.
     pub consumer_errors_total: IntCounterVec,
+    /// Duplicate deliveries injected on purpose (`--dup-rate`), by kind:
+    /// `reprocess` (applied again after the commit, as if redelivered) and
+    /// `redeliver` (the consumer seeks back and the broker delivers again).
+    pub injected_duplicates_total: IntCounterVec,
 }
 
 impl PaymentsMetrics {
@@ -70,6 +74,13 @@ impl PaymentsMetrics {
                 Opts::new("payments_consumer_errors_total", "Consumer errors by stage"),
                 &["stage"],
             )?,
+            injected_duplicates_total: IntCounterVec::new(
+                Opts::new(
+                    "payments_injected_duplicates_total",
+                    "Duplicate deliveries injected on purpose by --dup-rate, by kind",
+                ),
+                &["kind"],
+            )?,
             registry,
         };
         m.registry.register(Box::new(m.consumed_total.clone()))?;
@@ -87,6 +98,11 @@ impl PaymentsMetrics {
             .register(Box::new(m.commit_to_effect_seconds.clone()))?;
         m.registry
             .register(Box::new(m.consumer_errors_total.clone()))?;
+        m.registry
+            .register(Box::new(m.injected_duplicates_total.clone()))?;
+        for kind in ["reprocess", "redeliver"] {
+            m.injected_duplicates_total.with_label_values(&[kind]);
+        }
         for stage in ["db", "kafka", "commit"] {
             m.consumer_errors_total.with_label_values(&[stage]);
         }

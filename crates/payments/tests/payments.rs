@@ -8,6 +8,7 @@ use effectively::config::DbArgs;
 use effectively::crash::CrashArgs;
 use effectively::envelope::Envelope;
 use effectively::testing::{TestDb, TestTopic, eventually};
+use payments::dup::{DupArgs, DupKind};
 use payments::{Config, run};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -87,6 +88,7 @@ fn config(db: &TestDb, topic: &TestTopic, group: &str) -> Config {
         session_timeout_ms: 6_000,
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
         unsafe_split_txn: None,
+        dup: DupArgs::default(),
     }
 }
 
@@ -176,6 +178,48 @@ async fn charges_each_event_once_and_a_republish_is_a_noop() {
         .await
         .expect("sum");
     assert_eq!(sum, events.iter().map(|e| e.amount_cents).sum::<i64>());
+    consumer.stop().await;
+}
+
+#[tokio::test]
+async fn injected_duplicates_of_both_kinds_are_absorbed_by_the_inbox() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(6).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let events = events(200);
+    produce_events(&topic, &events).await;
+
+    let mut cfg = config(&db, &topic, "g-dup");
+    cfg.dup = DupArgs {
+        dup_rate: 1.0,
+        dup_kind: DupKind::Both,
+    };
+    let consumer = Running::spawn(cfg).await;
+    // Every message arrives twice (once injected, each kind about half), and
+    // every second arrival is an inbox hit.
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            let injected = consumer
+                .metric("payments_injected_duplicates_total{kind=\"reprocess\"}")
+                .await
+                + consumer
+                    .metric("payments_injected_duplicates_total{kind=\"redeliver\"}")
+                    .await;
+            count(&pool, CHARGES).await == 200
+                && injected >= 200.0
+                && consumer.metric("payments_dedup_hits_total").await >= injected
+        })
+        .await,
+        "all charged, every message duplicated once and absorbed"
+    );
+    for kind in ["reprocess", "redeliver"] {
+        let name = format!("payments_injected_duplicates_total{{kind=\"{kind}\"}}");
+        assert!(consumer.metric(&name).await > 0.0, "{kind} injected");
+    }
+    assert_eq!(count(&pool, CHARGES).await, 200);
+    assert_eq!(count(&pool, LEDGER).await, 200);
+    assert_eq!(count(&pool, DOUBLES).await, 0);
+    assert_eq!(consumer.metric("payments_charges_total").await, 200.0);
     consumer.stop().await;
 }
 

@@ -1,0 +1,336 @@
+//! Chaos settings; every flag is also an environment variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+/// The three services chaos supervises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServiceName {
+    /// The Orders API.
+    Orders,
+    /// The outbox relay.
+    Relay,
+    /// The Payments consumer.
+    Payments,
+}
+
+impl ServiceName {
+    /// The binary's (and the log file's) name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Orders => "orders",
+            Self::Relay => "relay",
+            Self::Payments => "payments",
+        }
+    }
+
+    /// Every service, in start order.
+    pub const ALL: [ServiceName; 3] = [Self::Orders, Self::Relay, Self::Payments];
+}
+
+/// A named crash point and the service that passes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CrashPoint {
+    /// Orders: after the write transaction commits, before the responses.
+    Commit,
+    /// Relay: after the broker acked, before the rows are marked published.
+    Publish,
+    /// Payments: after the inbox claim, before the charge.
+    Claim,
+    /// Payments: after the charge insert, before the commit.
+    Effect,
+    /// Payments with --unsafe-split-txn: between its two transactions.
+    Split,
+}
+
+impl CrashPoint {
+    /// The name the services' `--crash-point` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Commit => "commit",
+            Self::Publish => "publish",
+            Self::Claim => "claim",
+            Self::Effect => "effect",
+            Self::Split => "split",
+        }
+    }
+
+    /// The service in which this point lives.
+    pub fn service(self) -> ServiceName {
+        match self {
+            Self::Commit => ServiceName::Orders,
+            Self::Publish => ServiceName::Relay,
+            Self::Claim | Self::Effect | Self::Split => ServiceName::Payments,
+        }
+    }
+}
+
+/// The deliberately broken consume path of payments (`--unsafe-split-txn`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SplitTxn {
+    /// Inbox row committed first: a crash before the effect loses it.
+    InboxFirst,
+    /// Effect committed first: a crash before the inbox row doubles it.
+    EffectFirst,
+}
+
+impl SplitTxn {
+    /// The value payments' `--unsafe-split-txn` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InboxFirst => "inbox-first",
+            Self::EffectFirst => "effect-first",
+        }
+    }
+}
+
+/// Chaos: the pipeline under load, duplicates and kill -9, then recon's proof.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "chaos",
+    version,
+    about = "Runs orders, relay and payments under load with duplicate delivery and kill -9, restarts them, then runs recon",
+    long_about = "Runs orders, relay and payments as child processes against DATABASE_URL and \
+        KAFKA_BOOTSTRAP_SERVERS/KAFKA_TOPIC (inherited by the children), drives load with loadgen, \
+        injects faults (crash points where a service SIGKILLs itself, SIGKILLs from outside at random \
+        moments, duplicate delivery on the consumer), restarts every service that dies, and records \
+        kills, restarts and recovery times. When the load ends the faults stop (restarted services \
+        come back unarmed), the pipeline drains, and recon proves distinct effects == distinct \
+        intents. The exit status is recon's: 0 clean, 1 drift, 2 error (chaos's own errors too).\n\n\
+        Chaos never writes business data: only the services do."
+)]
+pub struct Config {
+    /// Directory of the orders, relay, payments, loadgen and recon binaries.
+    /// Default: the directory of this executable.
+    #[arg(long, env = "CHAOS_BIN_DIR")]
+    pub bin_dir: Option<PathBuf>,
+
+    /// Directory for the services' logs, loadgen's outputs, recon's report and
+    /// the summary (created; files in it are overwritten).
+    #[arg(long, env = "CHAOS_OUT", default_value = ".stack/chaos")]
+    pub out: PathBuf,
+
+    /// Write the JSON summary here. Default: OUT/chaos.json.
+    #[arg(long, env = "CHAOS_JSON")]
+    pub json: Option<PathBuf>,
+
+    // --- load ---------------------------------------------------------------
+    /// New intents per second sent by loadgen (retries come on top).
+    #[arg(long, env = "CHAOS_RATE", default_value_t = 300.0)]
+    pub rate: f64,
+
+    /// Seconds of load; faults are injected during this time.
+    #[arg(long, env = "CHAOS_DURATION", default_value_t = 20)]
+    pub duration: u64,
+
+    /// Fraction of intents loadgen retries 1-3x with the same key and body.
+    #[arg(long, env = "CHAOS_RETRY_RATE", default_value_t = 0.15)]
+    pub retry_rate: f64,
+
+    /// loadgen's --protocol (http, grpc, mixed).
+    #[arg(long, env = "CHAOS_PROTOCOL", default_value = "mixed")]
+    pub protocol: String,
+
+    /// loadgen's --zipf-s (0: a fresh key per intent).
+    #[arg(long, env = "CHAOS_ZIPF_S", default_value_t = 0.0)]
+    pub zipf_s: f64,
+
+    /// loadgen's --seed (a reproducible sequence of keys and retries).
+    #[arg(long, env = "CHAOS_SEED")]
+    pub seed: Option<u64>,
+
+    /// One more argument for loadgen (repeat the flag for several).
+    #[arg(long = "loadgen-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub loadgen_args: Vec<String>,
+
+    // --- faults -------------------------------------------------------------
+    /// Arm this crash point in the service that owns it: `commit` (orders),
+    /// `publish` (relay), `claim`, `effect`, `split` (payments). The service
+    /// SIGKILLs itself there; chaos restarts it.
+    #[arg(long, env = "CHAOS_CRASH_POINT", value_enum)]
+    pub crash_point: Option<CrashPoint>,
+
+    /// Fire the armed crash point every Nth pass (per process life).
+    #[arg(long, env = "CHAOS_CRASH_EVERY")]
+    pub crash_every: Option<u64>,
+
+    /// Fire the armed crash point with this probability per pass.
+    #[arg(long, env = "CHAOS_CRASH_PROBABILITY", default_value_t = 0.0)]
+    pub crash_probability: f64,
+
+    /// SIGKILL these services from outside at random moments (comma list of
+    /// orders, relay, payments).
+    #[arg(long, env = "CHAOS_RANDOM_KILL", value_enum, value_delimiter = ',')]
+    pub random_kill: Vec<ServiceName>,
+
+    /// Random kills come after a pause drawn uniformly from MIN..MAX
+    /// milliseconds, counted from the previous kill.
+    #[arg(long, env = "CHAOS_KILL_INTERVAL_MS", value_name = "MIN..MAX",
+          default_value = "2000..5000", value_parser = parse_range)]
+    pub kill_interval_ms: (u64, u64),
+
+    /// Duplicate delivery on the consumer: about this fraction of messages is
+    /// delivered twice (payments --dup-rate).
+    #[arg(long, env = "CHAOS_DUP_RATE", default_value_t = 0.0)]
+    pub dup_rate: f64,
+
+    /// Which duplicates: reprocess, redeliver or both (payments --dup-kind).
+    #[arg(long, env = "CHAOS_DUP_KIND", default_value = "both")]
+    pub dup_kind: String,
+
+    /// UNSAFE counter-example: run payments with --unsafe-split-txn (inbox and
+    /// effect in two transactions). Recon is expected to find drift.
+    #[arg(long, env = "CHAOS_UNSAFE_SPLIT_TXN", value_enum)]
+    pub unsafe_split_txn: Option<SplitTxn>,
+
+    // --- services -----------------------------------------------------------
+    /// Orders HTTP address.
+    #[arg(long, env = "CHAOS_HTTP_ADDR", default_value = "127.0.0.1:18480")]
+    pub http_addr: SocketAddr,
+
+    /// Orders gRPC address.
+    #[arg(long, env = "CHAOS_GRPC_ADDR", default_value = "127.0.0.1:18451")]
+    pub grpc_addr: SocketAddr,
+
+    /// Relay metrics address.
+    #[arg(
+        long,
+        env = "CHAOS_RELAY_METRICS_ADDR",
+        default_value = "127.0.0.1:18401"
+    )]
+    pub relay_metrics_addr: SocketAddr,
+
+    /// Payments metrics address.
+    #[arg(
+        long,
+        env = "CHAOS_PAYMENTS_METRICS_ADDR",
+        default_value = "127.0.0.1:18402"
+    )]
+    pub payments_metrics_addr: SocketAddr,
+
+    /// Seconds a (re)started service has to answer GET /metrics.
+    #[arg(long, env = "CHAOS_READY_TIMEOUT", default_value_t = 30)]
+    pub ready_timeout: u64,
+
+    // --- the end ------------------------------------------------------------
+    /// After the load: seconds to wait for the pipeline to drain (recon
+    /// --wait-drained) before recon reports anyway.
+    #[arg(long, env = "CHAOS_DRAIN_TIMEOUT", default_value_t = 120)]
+    pub drain_timeout: u64,
+}
+
+fn parse_range(s: &str) -> Result<(u64, u64), String> {
+    let (a, b) = s
+        .split_once("..")
+        .ok_or_else(|| format!("`{s}` is not MIN..MAX (e.g. 2000..5000)"))?;
+    let a: u64 = a.trim().parse().map_err(|e| format!("MIN: {e}"))?;
+    let b: u64 = b.trim().parse().map_err(|e| format!("MAX: {e}"))?;
+    if a == 0 || a > b {
+        return Err(format!("need 0 < MIN <= MAX, got {a}..{b}"));
+    }
+    Ok((a, b))
+}
+
+impl Config {
+    /// Checks what clap cannot: combinations and ranges.
+    pub fn validate(&self) -> Result<(), String> {
+        let unit = |name: &str, v: f64| {
+            if (0.0..=1.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("--{name} must be in [0, 1], got {v}"))
+            }
+        };
+        unit("dup-rate", self.dup_rate)?;
+        unit("retry-rate", self.retry_rate)?;
+        unit("crash-probability", self.crash_probability)?;
+        if self.rate <= 0.0 || !self.rate.is_finite() {
+            return Err(format!("--rate must be > 0, got {}", self.rate));
+        }
+        if self.duration == 0 {
+            return Err("--duration must be at least 1 second".into());
+        }
+        if let Some(point) = self.crash_point {
+            if self.crash_every.unwrap_or(0) == 0 && self.crash_probability == 0.0 {
+                return Err(format!(
+                    "--crash-point {} needs --crash-every N or --crash-probability P",
+                    point.as_str()
+                ));
+            }
+            if point == CrashPoint::Split && self.unsafe_split_txn.is_none() {
+                return Err(
+                    "--crash-point split exists only with --unsafe-split-txn (the counter-example)"
+                        .into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The metrics URL of `service`.
+    pub fn metrics_url(&self, service: ServiceName) -> String {
+        let addr = match service {
+            ServiceName::Orders => self.http_addr,
+            ServiceName::Relay => self.relay_metrics_addr,
+            ServiceName::Payments => self.payments_metrics_addr,
+        };
+        format!("http://{addr}/metrics")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Config {
+        Config::try_parse_from(std::iter::once("chaos").chain(args.iter().copied()))
+            .expect("parses")
+    }
+
+    #[test]
+    fn crash_points_map_to_their_services() {
+        assert_eq!(CrashPoint::Publish.service(), ServiceName::Relay);
+        assert_eq!(CrashPoint::Effect.service(), ServiceName::Payments);
+        assert_eq!(CrashPoint::Claim.service(), ServiceName::Payments);
+        assert_eq!(CrashPoint::Commit.service(), ServiceName::Orders);
+    }
+
+    #[test]
+    fn a_crash_point_without_a_schedule_is_refused() {
+        let c = parse(&["--crash-point", "publish"]);
+        assert!(c.validate().expect_err("refused").contains("--crash-every"));
+        assert!(
+            parse(&["--crash-point", "publish", "--crash-every", "5"])
+                .validate()
+                .is_ok()
+        );
+        let c = parse(&["--crash-point", "split", "--crash-every", "5"]);
+        assert!(c.validate().expect_err("refused").contains("--unsafe-split-txn"));
+    }
+
+    #[test]
+    fn rates_and_ranges_are_checked() {
+        assert!(parse(&["--dup-rate", "1.5"]).validate().is_err());
+        assert!(parse(&["--rate", "0"]).validate().is_err());
+        assert_eq!(parse_range("100..200"), Ok((100, 200)));
+        assert!(parse_range("200..100").is_err());
+        assert!(parse_range("0..10").is_err());
+        assert!(parse_range("5").is_err());
+        let c = parse(&[
+            "--random-kill",
+            "relay,payments",
+            "--kill-interval-ms",
+            "500..900",
+        ]);
+        assert_eq!(
+            c.random_kill,
+            vec![ServiceName::Relay, ServiceName::Payments]
+        );
+        assert_eq!(c.kill_interval_ms, (500, 900));
+    }
+}

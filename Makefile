@@ -7,7 +7,7 @@ CARGO ?= cargo
 -include .stack/env
 
 .PHONY: help up down status migrate build test fmt lint orders bench-orders bench-pipeline bench-relay-sweep demo \
-        check-config check-dashboards plot-deps plot-orders
+        check-config check-dashboards plot-deps plot-orders chaos exp-2 exp-3 exp-4
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -55,6 +55,21 @@ bench-pipeline: ## relay drain and consumer throughput vs raw rdkafka, commit→
 
 bench-relay-sweep: ## relay drain rate by workers and batch size (after bench-pipeline)
 	@scripts/bench-relay-sweep.sh
+
+# Experiments: `make exp-N` runs experiments/exp-N-*/run.sh (full mode);
+# `make exp-N QUICK=1` is the short CI mode. Results: experiments/exp-N-*/results/.
+QUICK ?= 0
+exp-2: ## duplicates at 5% and 30%: zero doubles, inbox hit ratio, consumer throughput by dup rate
+	@QUICK=$(QUICK) experiments/exp-2-duplicates/run.sh
+
+exp-3: ## kill -9 the relay between publish and mark, many times under load: nothing lost, duplicates absorbed
+	@QUICK=$(QUICK) experiments/exp-3-relay-kill/run.sh
+
+exp-4: ## kill -9 payments at effect and claim (clean), then the split-transaction counter-example (drift)
+	@QUICK=$(QUICK) experiments/exp-4-payments-kill/run.sh
+
+chaos: ## chaos --help: the pipeline under load, duplicates and kill -9, then recon
+	@$(CARGO) run -q --release -p chaos -- --help
 
 check-config: ## validate docker-compose.yml (Compose Spec schema) and the Prometheus configs (promtool), no Docker
 	@scripts/check-config.sh

@@ -10,7 +10,7 @@ PIPELINE_PIDS=()
 pipeline_build() {
   local flags=()
   [ "$1" = release ] && flags=(--release)
-  cargo build -q "${flags[@]}" -p orders -p relay -p payments -p recon -p loadgen -p effectively
+  cargo build -q "${flags[@]}" -p orders -p relay -p payments -p recon -p loadgen -p chaos -p effectively
   BIN=$ROOT/target/$1
 }
 
@@ -18,7 +18,7 @@ pipeline_build() {
 # order.events.RUN; exports DATABASE_URL and KAFKA_TOPIC for what follows. So a
 # recon of this run covers exactly this run.
 pipeline_fresh() {
-  psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
+  PGOPTIONS=--client-min-messages=warning psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
     -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1" >/dev/null
   export DATABASE_URL=${STACK_ADMIN_DATABASE_URL%/*}/$1
   export KAFKA_TOPIC=order.events.$2

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Experiment 2: duplicate delivery at 5% and 30% on the consumer, under load,
+# then the consumer's throughput at each duplicate rate on the same events.
+# See README.md beside this file.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+HERE=$ROOT/experiments/exp-2-duplicates
+# shellcheck source=scripts/lib/experiment.sh
+. "$ROOT/scripts/lib/experiment.sh"
+exp_init "$HERE"
+
+if [ "$MODE" = quick ]; then
+  RATE=${EXP_RATE:-300} DURATION=${EXP_DURATION:-15}
+else
+  RATE=${EXP_RATE:-800} DURATION=${EXP_DURATION:-75}
+fi
+RATES="0.05 0.30"
+DRAIN_RATES="0 0.05 0.30"
+
+# --- A: under load, duplicates injected both ways, recon must stay clean.
+declare -A STATUS
+for p in $RATES; do
+  s=0
+  exp_chaos "dup-${p#0.}" --rate "$RATE" --duration "$DURATION" --retry-rate 0.15 --protocol mixed \
+    --dup-rate "$p" --dup-kind both --seed 2 || s=$?
+  STATUS[$p]=$s
+done
+
+# --- B: consumer throughput at each duplicate rate, side by side: the last
+# run's topic (every event of that run) drained by a fresh payments into a
+# fresh database per rate. Effects/s are timed in SQL from the first to the
+# last charge transaction, so the group join is not counted.
+TOPIC=$KAFKA_TOPIC
+N=$(psql "$DATABASE_URL" -qAt -c "SELECT count(*) FROM orders.outbox")
+say "consumer drain of $N events from $TOPIC at dup rates $DRAIN_RATES"
+echo "dup_rate,events,span_s,effects_per_s,consumed,consumed_per_s,inbox_hits,inbox_misses,injected,doubles" >"$RES/drain.csv"
+for p in $DRAIN_RATES; do
+  db=exp_drain_${p//./_}
+  PGOPTIONS=--client-min-messages=warning psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
+    -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null
+  url=${STACK_ADMIN_DATABASE_URL%/*}/$db
+  DATABASE_URL=$url "$BIN/orders" --migrate-only 2>/dev/null
+  DATABASE_URL=$url KAFKA_TOPIC=$TOPIC PAYMENTS_GROUP_ID=drain-$p-$(date +%s) PAYMENTS_DUP_RATE=$p \
+    PAYMENTS_METRICS_ADDR=127.0.0.1:22102 DB_MIGRATE=false RUST_LOG=warn \
+    "$BIN/payments" >"$RES/logs/drain-$p.log" 2>&1 &
+  pid=$!
+  ok=0
+  for _ in $(seq 1 1200); do
+    n=$(psql "$url" -qAt -c "SELECT count(*) FROM payments.inbox")
+    if [ "$n" -ge "$N" ]; then ok=1; break; fi
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.25
+  done
+  sleep 1 # let the injected duplicates of the last batches arrive
+  metrics=$(curl -fs http://127.0.0.1:22102/metrics || true)
+  kill $pid 2>/dev/null || true
+  wait $pid 2>/dev/null || true
+  [ $ok = 1 ] || { echo "exp-2: consumer drain at dup rate $p did not finish; see $RES/logs/drain-$p.log" >&2; }
+  m() { awk -v k="$1" '$1==k {print $2}' <<<"$metrics"; }
+  read -r span doubles < <(psql "$url" -qAt -F ' ' -c \
+    "SELECT extract(epoch FROM max(created_at) - min(created_at)),
+            (SELECT count(*) FROM (SELECT order_id FROM payments.ledger GROUP BY 1 HAVING count(*) > 1) d)
+     FROM payments.charges")
+  consumed=$(m payments_consumed_total)
+  injected=$(awk '/^payments_injected_duplicates_total/ {s += $2} END {print s + 0}' <<<"$metrics")
+  python3 - "$p" "$N" "$span" "$consumed" "$(m payments_dedup_hits_total)" "$(m payments_dedup_misses_total)" "$injected" "$doubles" >>"$RES/drain.csv" <<'PY'
+import sys
+p, n, span, consumed, hits, misses, injected, doubles = sys.argv[1:9]
+n, span, consumed = int(n), float(span or 0), float(consumed or 0)
+print(f"{p},{n},{span:.3f},{n / span if span else 0:.0f},{consumed:.0f},{consumed / span if span else 0:.0f},"
+      f"{float(hits or 0):.0f},{float(misses or 0):.0f},{float(injected or 0):.0f},{doubles}")
+PY
+done
+column -s, -t <"$RES/drain.csv" >&2
+
+if [ -x "$ROOT/.tools/venv/bin/python" ] || "$ROOT/scripts/tools.sh" venv >/dev/null 2>&1; then
+  "$ROOT/.tools/venv/bin/python" "$ROOT/scripts/plot.py" curve "$RES/drain.csv" -o "$RES/throughput.png" \
+    --x dup_rate --y effects_per_s,consumed_per_s --title "payments: throughput by duplicate rate (exp-2, $MODE)" \
+    --xlabel "injected duplicate rate" --ylabel "per second" || echo "exp-2: plot failed (results are in drain.csv)" >&2
+fi
+
+python3 - "$RES" "$MODE" "$RATES" "${STATUS[0.05]}" "${STATUS[0.30]}" <<'PY'
+import csv, json, sys
+res, mode, rates = sys.argv[1], sys.argv[2], sys.argv[3].split()
+codes = dict(zip(rates, map(int, sys.argv[4:6])))
+runs, checks = {}, {}
+for p in rates:
+    c = json.load(open(f"{res}/dup-{p[2:]}.json"))
+    r = (c.get("recon") or {}).get("report") or {}
+    t = c["totals"]
+    hits, misses = t.get("inbox_hits", 0), t.get("inbox_misses", 0)
+    runs[p] = {
+        "recon_exit": codes[p], "distinct_orders": r.get("distinct_orders"),
+        "distinct_charges": r.get("distinct_charges"), "double_charges": r.get("double_charges"),
+        "injected_reprocess": t.get("injected_reprocess", 0), "injected_redeliver": t.get("injected_redeliver", 0),
+        "inbox_hits": hits, "inbox_misses": misses,
+        "hit_ratio": hits / (hits + misses) if hits + misses else None,
+        "consumed": t.get("consumed", 0),
+        "load": {k: c["load"].get(k) for k in ("rates", "outcomes")} if c.get("load") else None,
+    }
+    x = runs[p]
+    inj = x["injected_reprocess"] + x["injected_redeliver"]
+    checks[f"dup {p}: recon CLEAN, distinct_charges == distinct_orders, zero doubles"] = (
+        x["recon_exit"] == 0 and x["distinct_charges"] == x["distinct_orders"] and x["double_charges"] == 0)
+    checks[f"dup {p}: duplicates of both kinds injected and every one absorbed (inbox hits >= injected)"] = (
+        x["injected_reprocess"] > 0 and x["injected_redeliver"] > 0 and hits >= inj)
+drain = list(csv.DictReader(open(f"{res}/drain.csv")))
+for d in drain:
+    checks[f"drain at dup {d['dup_rate']}: every event charged once (no doubles)"] = (
+        int(d["inbox_misses"]) == int(d["events"]) and int(d["doubles"]) == 0)
+summary = {"experiment": "exp-2-duplicates", "mode": mode, "under_load": runs, "consumer_drain": drain,
+           "checks": checks, "verdict": "PASS" if all(checks.values()) else "FAIL"}
+json.dump(summary, open(f"{res}/summary.json", "w"), indent=2)
+for k, v in checks.items():
+    print(f"  [{'ok' if v else 'FAILED'}] {k}")
+parts = [f"dup {p}: {x['distinct_orders']} orders, {x['injected_reprocess'] + x['injected_redeliver']:.0f} injected, "
+         f"hit ratio {x['hit_ratio']:.3f}" for p, x in runs.items() if x["hit_ratio"] is not None]
+parts += [f"drain {d['dup_rate']}: {d['effects_per_s']} effects/s" for d in drain]
+print(f"exp-2: {summary['verdict']} — " + "; ".join(parts) + f" ({mode}; {res}/summary.json)")
+sys.exit(0 if summary["verdict"] == "PASS" else 1)
+PY

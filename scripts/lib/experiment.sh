@@ -1,0 +1,57 @@
+# shellcheck shell=bash
+# What every experiment script shares (experiments/exp-N-*/run.sh sources
+# this after setting ROOT): quick or full mode, the results folder, the stack
+# (embedded, or the one STACK_ENV_FILE names, as demo.sh), the build, and one
+# chaos run on a fresh database and topic.
+#
+#   QUICK=1         quick mode (CI: each experiment in about 2 minutes once built)
+#   EXP_PROFILE     cargo profile of the binaries (release)
+#   STACK_ENV_FILE  use the PostgreSQL and Kafka this file names (e.g. compose.env)
+
+# shellcheck source=scripts/lib/pipeline.sh
+. "$ROOT/scripts/lib/pipeline.sh"
+
+say() { printf '\n== %s\n' "$*" >&2; }
+
+# exp_init DIR: sets MODE (quick|full), RES (DIR/results/MODE, emptied), brings
+# the stack up and builds the binaries (BIN).
+exp_init() {
+  EXP_DIR=$1
+  if [ "${QUICK:-0}" = 1 ]; then MODE=quick; else MODE=full; fi
+  RES=$EXP_DIR/results/$MODE
+  rm -rf "$RES"
+  mkdir -p "$RES/logs"
+  if [ -n "${STACK_ENV_FILE:-}" ]; then
+    say "stack: $STACK_ENV_FILE"
+    # shellcheck disable=SC1090 # a relative path is relative to the repo root
+    case $STACK_ENV_FILE in /*) . "$STACK_ENV_FILE" ;; *) . "$ROOT/$STACK_ENV_FILE" ;; esac
+  else
+    say "stack up"
+    "$ROOT/scripts/stack.sh" up >/dev/null
+    . "$ROOT/.stack/env"
+  fi
+  say "build (${EXP_PROFILE:-release})"
+  pipeline_build "${EXP_PROFILE:-release}"
+}
+
+# exp_chaos TAG [chaos flags...]: one chaos run on a fresh database and topic
+# (exp_TAG, order.events.exp-TAG-<time>), logs in RES/logs/TAG, summary in
+# RES/TAG.json. Prints chaos's output; returns its exit status (recon's).
+exp_chaos() {
+  local tag=$1
+  shift
+  local run
+  run=$tag-$(date +%H%M%S)
+  pipeline_fresh "exp_${tag//-/_}" "$run"
+  export PAYMENTS_GROUP_ID=payments-$run
+  say "chaos $tag: $*"
+  local status=0
+  RUST_LOG=${RUST_LOG:-warn} "$BIN/chaos" --out "$RES/logs/$tag" --json "$RES/$tag.json" \
+    --loadgen-arg=--progress --loadgen-arg=off "$@" || status=$?
+  return $status
+}
+
+# exp_json FILE EXPR: a value from a JSON file (python expression over `d`).
+exp_json() {
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"
+}

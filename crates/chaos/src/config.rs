@@ -213,6 +213,13 @@ pub struct Config {
     )]
     pub payments_metrics_addr: SocketAddr,
 
+    /// Run payments with static group membership (a fixed Kafka
+    /// `group.instance.id` for every life of this run): a restarted consumer
+    /// gets its partitions back at once instead of after its dead
+    /// predecessor's session timeout. `false` shows the dynamic-membership cost.
+    #[arg(long, env = "CHAOS_STATIC_MEMBERSHIP", default_value_t = true, action = clap::ArgAction::Set)]
+    pub static_membership: bool,
+
     /// Seconds a (re)started service has to answer GET /metrics.
     #[arg(long, env = "CHAOS_READY_TIMEOUT", default_value_t = 30)]
     pub ready_timeout: u64,
@@ -310,7 +317,11 @@ mod tests {
                 .is_ok()
         );
         let c = parse(&["--crash-point", "split", "--crash-every", "5"]);
-        assert!(c.validate().expect_err("refused").contains("--unsafe-split-txn"));
+        assert!(
+            c.validate()
+                .expect_err("refused")
+                .contains("--unsafe-split-txn")
+        );
     }
 
     #[test]

@@ -259,6 +259,13 @@ fn spec(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -> Spec 
                 "PAYMENTS_METRICS_ADDR".into(),
                 s(&config.payments_metrics_addr),
             ));
+            if config.static_membership {
+                // One id for every life of this run, unique to this run.
+                env.push((
+                    "PAYMENTS_GROUP_INSTANCE_ID".into(),
+                    format!("chaos-payments-{}", std::process::id()),
+                ));
+            }
             if let Some(split) = config.unsafe_split_txn {
                 env.push(("PAYMENTS_UNSAFE_SPLIT_TXN".into(), split.as_str().into()));
             }
@@ -448,6 +455,7 @@ fn summarize(
             "dup_rate": config.dup_rate,
             "dup_kind": config.dup_kind,
             "unsafe_split_txn": config.unsafe_split_txn,
+            "static_membership": config.static_membership,
             "drain_timeout_s": config.drain_timeout,
         },
         "kills_total": total_kills,

@@ -72,6 +72,12 @@ pub struct Config {
     #[arg(long, env = "PAYMENTS_SESSION_TIMEOUT_MS", default_value_t = 10_000)]
     pub session_timeout_ms: u64,
 
+    /// Static group membership (Kafka `group.instance.id`): a restarted
+    /// process with the same id gets its partitions back without waiting for
+    /// its dead predecessor's session to time out. Unique per process.
+    #[arg(long, env = "PAYMENTS_GROUP_INSTANCE_ID")]
+    pub group_instance_id: Option<String>,
+
     /// Address serving GET /metrics.
     #[arg(long, env = "PAYMENTS_METRICS_ADDR", default_value = "127.0.0.1:9102")]
     pub metrics_addr: SocketAddr,
@@ -139,7 +145,11 @@ pub type PaymentsConsumer = StreamConsumer<RebalanceContext>;
 
 /// Builds the consumer: manual offset commits, earliest reset.
 pub fn consumer(config: &Config) -> anyhow::Result<PaymentsConsumer> {
-    let consumer: PaymentsConsumer = ClientConfig::new()
+    let mut client = ClientConfig::new();
+    if let Some(id) = &config.group_instance_id {
+        client.set("group.instance.id", id);
+    }
+    let consumer: PaymentsConsumer = client
         .set("bootstrap.servers", &config.kafka.kafka_bootstrap_servers)
         .set("group.id", &config.group_id)
         .set("enable.auto.commit", "false")

@@ -89,6 +89,7 @@ fn config(db: &TestDb, topic: &TestTopic, group: &str) -> Config {
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
         unsafe_split_txn: None,
         dup: DupArgs::default(),
+        group_instance_id: None,
     }
 }
 

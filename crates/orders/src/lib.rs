@@ -89,6 +89,19 @@ pub struct Config {
     /// Testing only: fail every create inside its transaction at this point.
     #[arg(long, env = "ORDERS_INJECT_FAULT", value_enum, default_value_t = InjectFault::None, hide = true)]
     pub inject_fault: InjectFault,
+
+    /// UNSAFE, MEASUREMENT ONLY: skip the idempotency check; every retry
+    /// creates a DUPLICATE order.
+    ///
+    /// A baseline for experiment 1 (what does the idempotency check cost?):
+    /// creates skip the key claim, the lookup of a stored response and the
+    /// storing of one. Every request, first attempt or retry, writes a new
+    /// order and a new outbox event (so Payments charges it again), in the
+    /// same coalesced write transaction as with the check. The key is still
+    /// required and validated, so the same clients work. Never run this
+    /// where the orders matter: recon reports drift for every retried key.
+    #[arg(long, env = "ORDERS_NO_IDEMPOTENCY")]
+    pub no_idempotency: bool,
 }
 
 /// Runs both servers on the given listeners until `cancel` fires, then drains
@@ -99,12 +112,19 @@ pub async fn run(
     grpc: TcpListener,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
+    if config.no_idempotency {
+        tracing::warn!(
+            "--no-idempotency: the idempotency check is OFF; every retry creates a duplicate \
+             order (measurement baseline only, never for real orders)"
+        );
+    }
     let pool = effectively::db::connect(&config.db).await?;
     let metrics = Arc::new(OrdersMetrics::new().context("register metrics")?);
     let settings = WriterSettings {
         writers: config.writers,
         max_batch: config.write_batch_max,
         queue: config.write_queue,
+        no_idempotency: config.no_idempotency,
     };
     let (store, writers) = Store::start(
         pool.clone(),

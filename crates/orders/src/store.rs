@@ -78,6 +78,9 @@ pub struct WriterSettings {
     pub max_batch: usize,
     /// Requests that may wait for a writer; beyond it, 503.
     pub queue: usize,
+    /// UNSAFE, measurement baseline only (`orders --no-idempotency`): no key
+    /// claim, no stored response; every request writes a new order and event.
+    pub no_idempotency: bool,
 }
 
 /// One create request waiting for a writer.
@@ -97,6 +100,7 @@ struct Shared {
     outbox: Outbox,
     fault: InjectFault,
     max_batch: usize,
+    no_idempotency: bool,
     metrics: Arc<OrdersMetrics>,
     crasher: Arc<Crasher>,
     queue: Mutex<mpsc::Receiver<Job>>,
@@ -134,6 +138,7 @@ impl Store {
             outbox: Outbox::default(),
             fault,
             max_batch: settings.max_batch.max(1),
+            no_idempotency: settings.no_idempotency,
             metrics,
             crasher,
             queue: Mutex::new(queue),
@@ -196,7 +201,9 @@ async fn writer(shared: Arc<Shared>) {
         let mut batch: Vec<Job> = Vec::with_capacity(shared.max_batch);
         let mut keys: HashSet<IdempotencyKey> = HashSet::new();
         let mut take = |job: Job, batch: &mut Vec<Job>, deferred: &mut VecDeque<Job>| {
-            if keys.insert(job.key.clone()) {
+            // Deferring exists for the key claim only (one statement cannot
+            // both insert and see a key); without the claim, nothing waits.
+            if shared.no_idempotency || keys.insert(job.key.clone()) {
                 batch.push(job);
             } else {
                 deferred.push_back(job);
@@ -259,18 +266,26 @@ async fn writer(shared: Arc<Shared>) {
 
 /// THE transaction: claim every key, insert the orders and the outbox events
 /// of the new ones, commit. Keys are distinct within a batch.
+///
+/// With `no_idempotency` (the unsafe measurement baseline) the claim is
+/// skipped and every job counts as new: the rest of the transaction is the
+/// same code, so the two modes differ by exactly the idempotency check.
 async fn write_batch(shared: &Shared, batch: &[Job]) -> Result<Vec<Claim>, ApiError> {
     let mut tx = shared.pool.begin().await?;
-    let items: Vec<NewKey<'_>> = batch
-        .iter()
-        .map(|j| NewKey {
-            key: &j.key,
-            fingerprint: &j.fingerprint,
-            order_id: j.order_id,
-            response: &j.response,
-        })
-        .collect();
-    let claims = shared.keys.claim_batch(&mut tx, &items).await?;
+    let claims = if shared.no_idempotency {
+        vec![Claim::New; batch.len()]
+    } else {
+        let items: Vec<NewKey<'_>> = batch
+            .iter()
+            .map(|j| NewKey {
+                key: &j.key,
+                fingerprint: &j.fingerprint,
+                order_id: j.order_id,
+                response: &j.response,
+            })
+            .collect();
+        shared.keys.claim_batch(&mut tx, &items).await?
+    };
     let new: Vec<&Job> = batch
         .iter()
         .zip(&claims)

@@ -26,10 +26,16 @@ struct TestApp {
 
 impl TestApp {
     async fn spawn(db: &TestDb, fault: InjectFault) -> Self {
-        Self::spawn_with(db, fault, 4, 4096).await
+        Self::spawn_with(db, fault, 4, 4096, false).await
     }
 
-    async fn spawn_with(db: &TestDb, fault: InjectFault, writers: usize, queue: usize) -> Self {
+    async fn spawn_with(
+        db: &TestDb,
+        fault: InjectFault,
+        writers: usize,
+        queue: usize,
+        no_idempotency: bool,
+    ) -> Self {
         let http = TcpListener::bind("127.0.0.1:0").await.expect("bind http");
         let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind grpc");
         let http_addr = http.local_addr().expect("http addr");
@@ -48,6 +54,7 @@ impl TestApp {
             write_queue: queue,
             migrate_only: false,
             inject_fault: fault,
+            no_idempotency,
         };
         let cancel = CancellationToken::new();
         let task = tokio::spawn(run(config, http, grpc, cancel.clone()));
@@ -656,12 +663,51 @@ async fn coalesced_batches_keep_per_key_semantics() {
     app.stop().await;
 }
 
+/// `--no-idempotency` is experiment 1's unsafe measurement baseline; it is
+/// only a baseline if it really skips the check. With it, a retried key makes
+/// a second order and event (and concurrent retries one each, in shared
+/// batches); without it, one order. The key is still required either way.
+#[tokio::test]
+async fn no_idempotency_baseline_really_skips_the_check() {
+    for no_idempotency in [false, true] {
+        let db = TestDb::create().await;
+        let app = TestApp::spawn_with(&db, InjectFault::None, 4, 4096, no_idempotency).await;
+        let first = app.create("retried", BODY).await;
+        let retry = app.create("retried", BODY).await;
+        assert_eq!(first.status, StatusCode::CREATED);
+        assert_eq!(retry.status, StatusCode::CREATED);
+        if no_idempotency {
+            assert_ne!(
+                first.json()["order_id"],
+                retry.json()["order_id"],
+                "the retry got a new order"
+            );
+            let two = Counts {
+                keys: 0,
+                orders: 2,
+                outbox: 2,
+            };
+            assert_eq!(counts(&db).await, two, "two orders, no key stored");
+            let replies = futures::future::join_all((0..10).map(|_| app.create("hot", BODY))).await;
+            assert!(replies.iter().all(|r| r.status == StatusCode::CREATED));
+            assert_eq!(counts(&db).await.orders, 12, "one order per request");
+        } else {
+            assert_eq!(retry, first, "the retry replays the first response");
+            assert_eq!(counts(&db).await, n(1));
+        }
+        let missing = app.post(None, Some("application/json"), BODY).await;
+        assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+        assert_eq!(missing.error_code(), "missing_idempotency_key");
+        app.stop().await;
+    }
+}
+
 /// A full write queue sheds load with 503 `overloaded` at once; a shed
 /// request consumed nothing and its retry succeeds.
 #[tokio::test]
 async fn a_full_write_queue_answers_503_and_the_retry_succeeds() {
     let db = TestDb::create().await;
-    let app = TestApp::spawn_with(&db, InjectFault::None, 1, 1).await;
+    let app = TestApp::spawn_with(&db, InjectFault::None, 1, 1, false).await;
     let keys: Vec<String> = (0..200).map(|i| format!("burst-{i}")).collect();
     let replies = futures::future::join_all(keys.iter().map(|k| app.create(k, BODY))).await;
     let mut shed = Vec::new();

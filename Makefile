@@ -7,7 +7,7 @@ CARGO ?= cargo
 -include .stack/env
 
 .PHONY: help up down status migrate build test fmt lint orders bench-orders bench-pipeline bench-relay-sweep demo \
-        check-config check-dashboards plot-deps plot-orders chaos exp-2 exp-3 exp-4
+        check-config check-dashboards plot-deps plot-orders chaos exp-1 exp-2 exp-3 exp-4
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -59,6 +59,9 @@ bench-relay-sweep: ## relay drain rate by workers and batch size (after bench-pi
 # Experiments: `make exp-N` runs experiments/exp-N-*/run.sh (full mode);
 # `make exp-N QUICK=1` is the short CI mode. Results: experiments/exp-N-*/results/.
 QUICK ?= 0
+exp-1: ## retry storm (15% retries, Zipf hot keys): orders == keys, zero replay mismatches; p99 vs --no-idempotency
+	@QUICK=$(QUICK) experiments/exp-1-retry-storm/run.sh
+
 exp-2: ## duplicates at 5% and 30%: zero doubles, inbox hit ratio, consumer throughput by dup rate
 	@QUICK=$(QUICK) experiments/exp-2-duplicates/run.sh
 

@@ -16,7 +16,7 @@
 //! write halfway. Overload: a full queue answers 503 at once instead of
 //! letting requests pile up on the connection pool.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -238,6 +238,7 @@ async fn writer(shared: Arc<Shared>) {
         shared.metrics.write_batch_size.observe(batch.len() as f64);
         match write_batch(&shared, &batch).await {
             Ok(claims) => {
+                settle_deferred(&mut deferred, &batch, &claims);
                 for (job, claim) in batch.into_iter().zip(claims) {
                     let _ = job.reply.send(Ok(claim)); // the client may be gone
                 }
@@ -260,6 +261,52 @@ async fn writer(shared: Arc<Shared>) {
                     let _ = job.reply.send(Err(answer));
                 }
             }
+        }
+    }
+}
+
+/// Answers, after a batch committed, the deferred jobs whose key that batch
+/// settled: the key's row is now committed with a known fingerprint and
+/// response, so the claim would answer them from it (`Replay` for the same
+/// request, `Mismatch` for another) — answered here without a batch each.
+/// Without this a hot key is served one request per batch and its deferred
+/// jobs queue up behind it (experiment 1's cliff). A key whose own claim was
+/// `Mismatch` (stored fingerprint unknown here) stays deferred.
+fn settle_deferred(deferred: &mut VecDeque<Job>, batch: &[Job], claims: &[Claim]) {
+    if deferred.is_empty() {
+        return;
+    }
+    let waiting: HashSet<&IdempotencyKey> = deferred.iter().map(|d| &d.key).collect();
+    let settled: HashMap<IdempotencyKey, (Fingerprint, Uuid, StoredResponse)> = batch
+        .iter()
+        .zip(claims)
+        .filter(|(job, _)| waiting.contains(&job.key))
+        .filter_map(|(job, claim)| {
+            match claim {
+                Claim::New => Some((job.order_id, job.response.clone())),
+                Claim::Replay { order_id, response } => Some((*order_id, response.clone())),
+                Claim::Mismatch => None,
+            }
+            .map(|(order_id, response)| (job.key.clone(), (job.fingerprint, order_id, response)))
+        })
+        .collect();
+    if settled.is_empty() {
+        return;
+    }
+    for job in std::mem::take(deferred) {
+        match settled.get(&job.key) {
+            Some((fingerprint, order_id, response)) => {
+                let claim = if job.fingerprint == *fingerprint {
+                    Claim::Replay {
+                        order_id: *order_id,
+                        response: response.clone(),
+                    }
+                } else {
+                    Claim::Mismatch
+                };
+                let _ = job.reply.send(Ok(claim)); // the client may be gone
+            }
+            None => deferred.push_back(job),
         }
     }
 }
@@ -341,4 +388,87 @@ async fn insert_orders(conn: &mut PgConnection, jobs: &[&Job]) -> Result<(), sql
     .execute(conn)
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(
+        key: &str,
+        body: &str,
+        order_id: Uuid,
+    ) -> (Job, oneshot::Receiver<Result<Claim, ApiError>>) {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            key: IdempotencyKey::parse(key.as_bytes()).expect("key"),
+            fingerprint: Fingerprint::new("test", body.as_bytes()),
+            request: CreateOrder {
+                account_id: 1,
+                amount_cents: 1,
+            },
+            order_id,
+            response: StoredResponse {
+                status: 201,
+                headers: vec![("location".into(), format!("/orders/{order_id}"))],
+                body: format!("{{\"order_id\":\"{order_id}\"}}").into_bytes(),
+            },
+            reply,
+        };
+        (job, answer)
+    }
+
+    fn answered(rx: &mut oneshot::Receiver<Result<Claim, ApiError>>) -> Option<Claim> {
+        rx.try_recv().ok().map(|r| r.expect("no error"))
+    }
+
+    #[test]
+    fn deferred_jobs_of_a_settled_key_are_answered_as_the_claim_would() {
+        let (first, _) = job("k1", "A", Uuid::now_v7());
+        let (replayed, _) = job("k2", "B", Uuid::now_v7());
+        let stored = replayed.response.clone();
+        let (conflicted, _) = job("k3", "C", Uuid::now_v7());
+        let batch = vec![first, replayed, conflicted];
+        let claims = vec![
+            Claim::New,
+            Claim::Replay {
+                order_id: batch[1].order_id,
+                response: stored.clone(),
+            },
+            Claim::Mismatch,
+        ];
+        let (same, mut same_rx) = job("k1", "A", Uuid::now_v7());
+        let (other, mut other_rx) = job("k1", "Z", Uuid::now_v7());
+        let (again, mut again_rx) = job("k2", "B", Uuid::now_v7());
+        let (unknown, mut unknown_rx) = job("k3", "C", Uuid::now_v7());
+        let (elsewhere, mut elsewhere_rx) = job("k9", "A", Uuid::now_v7());
+        let mut deferred: VecDeque<Job> = [same, other, again, unknown, elsewhere].into();
+
+        settle_deferred(&mut deferred, &batch, &claims);
+
+        // Same request as the new key's first: its committed response, its order.
+        assert_eq!(
+            answered(&mut same_rx),
+            Some(Claim::Replay {
+                order_id: batch[0].order_id,
+                response: batch[0].response.clone(),
+            })
+        );
+        // Another request with that key: refused.
+        assert_eq!(answered(&mut other_rx), Some(Claim::Mismatch));
+        // A replayed key: the stored response again.
+        assert_eq!(
+            answered(&mut again_rx),
+            Some(Claim::Replay {
+                order_id: batch[1].order_id,
+                response: stored,
+            })
+        );
+        // A key whose claim was a mismatch (stored fingerprint unknown) and a
+        // key not in the batch: still deferred, for the next claim.
+        assert_eq!(answered(&mut unknown_rx), None);
+        assert_eq!(answered(&mut elsewhere_rx), None);
+        let left: Vec<&str> = deferred.iter().map(|j| j.key.as_str()).collect();
+        assert_eq!(left, vec!["k3", "k9"]);
+    }
 }

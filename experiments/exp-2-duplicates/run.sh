@@ -27,22 +27,28 @@ for p in $RATES; do
 done
 
 # --- B: consumer throughput at each duplicate rate, side by side: the last
-# run's topic (every event of that run) drained by a fresh payments into a
-# fresh database per rate. Effects/s are timed in SQL from the first to the
-# last charge transaction, so the group join is not counted.
+# run's topic (every event of that run) drained by a fresh payments (fresh
+# group) into a fresh database, per configuration and repetition, in turns.
+# Effects/s are timed in SQL, from the first to the last charge transaction,
+# so the group join is not counted. 30% is also run with one kind of
+# duplicate at a time, to see which costs what.
 TOPIC=$KAFKA_TOPIC
 N=$(psql "$DATABASE_URL" -qAt -c "SELECT count(*) FROM orders.outbox")
-say "consumer drain of $N events from $TOPIC at dup rates $DRAIN_RATES"
-echo "dup_rate,events,span_s,effects_per_s,consumed,consumed_per_s,inbox_hits,inbox_misses,injected,doubles" >"$RES/drain.csv"
-for p in $DRAIN_RATES; do
-  db=exp_drain_${p//./_}
+CONFIGS="0:both 0.05:both 0.30:both 0.30:reprocess 0.30:redeliver"
+if [ "$MODE" = quick ]; then REPS=1; else REPS=${EXP_REPS:-3}; fi
+say "consumer drain of $N events from $TOPIC: $CONFIGS, $REPS repetition(s) each"
+echo "dup_rate,kind,rep,events,span_s,effects_per_s,consumed,consumed_per_s,inbox_hits,inbox_misses,injected,doubles" >"$RES/drain-runs.csv"
+drain() { # RATE KIND REP
+  local p=$1 kind=$2 rep=$3 db url pid ok n metrics span doubles consumed injected
+  db=exp_drain_${p//./_}_$kind
   PGOPTIONS=--client-min-messages=warning psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
     -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" >/dev/null
   url=${STACK_ADMIN_DATABASE_URL%/*}/$db
   DATABASE_URL=$url "$BIN/orders" --migrate-only 2>/dev/null
-  DATABASE_URL=$url KAFKA_TOPIC=$TOPIC PAYMENTS_GROUP_ID=drain-$p-$(date +%s) PAYMENTS_DUP_RATE=$p \
+  DATABASE_URL=$url KAFKA_TOPIC=$TOPIC PAYMENTS_GROUP_ID=drain-$p-$kind-$rep-$(date +%s) \
+    PAYMENTS_DUP_RATE=$p PAYMENTS_DUP_KIND=$kind \
     PAYMENTS_METRICS_ADDR=127.0.0.1:22102 DB_MIGRATE=false RUST_LOG=warn \
-    "$BIN/payments" >"$RES/logs/drain-$p.log" 2>&1 &
+    "$BIN/payments" >>"$RES/logs/drain-$p-$kind.log" 2>&1 &
   pid=$!
   ok=0
   for _ in $(seq 1 1200); do
@@ -55,7 +61,7 @@ for p in $DRAIN_RATES; do
   metrics=$(curl -fs http://127.0.0.1:22102/metrics || true)
   kill $pid 2>/dev/null || true
   wait $pid 2>/dev/null || true
-  [ $ok = 1 ] || { echo "exp-2: consumer drain at dup rate $p did not finish; see $RES/logs/drain-$p.log" >&2; }
+  [ $ok = 1 ] || echo "exp-2: drain $p $kind did not finish; see $RES/logs/drain-$p-$kind.log" >&2
   m() { awk -v k="$1" '$1==k {print $2}' <<<"$metrics"; }
   read -r span doubles < <(psql "$url" -qAt -F ' ' -c \
     "SELECT extract(epoch FROM max(created_at) - min(created_at)),
@@ -63,19 +69,43 @@ for p in $DRAIN_RATES; do
      FROM payments.charges")
   consumed=$(m payments_consumed_total)
   injected=$(awk '/^payments_injected_duplicates_total/ {s += $2} END {print s + 0}' <<<"$metrics")
-  python3 - "$p" "$N" "$span" "$consumed" "$(m payments_dedup_hits_total)" "$(m payments_dedup_misses_total)" "$injected" "$doubles" >>"$RES/drain.csv" <<'PY'
+  python3 - "$p" "$kind" "$rep" "$N" "$span" "$consumed" "$(m payments_dedup_hits_total)" \
+    "$(m payments_dedup_misses_total)" "$injected" "$doubles" >>"$RES/drain-runs.csv" <<'PY'
 import sys
-p, n, span, consumed, hits, misses, injected, doubles = sys.argv[1:9]
+p, kind, rep, n, span, consumed, hits, misses, injected, doubles = sys.argv[1:11]
 n, span, consumed = int(n), float(span or 0), float(consumed or 0)
-print(f"{p},{n},{span:.3f},{n / span if span else 0:.0f},{consumed:.0f},{consumed / span if span else 0:.0f},"
-      f"{float(hits or 0):.0f},{float(misses or 0):.0f},{float(injected or 0):.0f},{doubles}")
+print(f"{p},{kind},{rep},{n},{span:.3f},{n / span if span else 0:.0f},{consumed:.0f},"
+      f"{consumed / span if span else 0:.0f},{float(hits or 0):.0f},{float(misses or 0):.0f},"
+      f"{float(injected or 0):.0f},{doubles}")
 PY
+}
+for rep in $(seq 1 "$REPS"); do
+  for c in $CONFIGS; do drain "${c%%:*}" "${c##*:}" "$rep"; done
 done
+# Medians per configuration.
+python3 - "$RES" <<'PY'
+import csv, statistics, sys
+res = sys.argv[1]
+rows = list(csv.DictReader(open(f"{res}/drain-runs.csv")))
+out = []
+for key in dict.fromkeys((r["dup_rate"], r["kind"]) for r in rows):
+    rs = [r for r in rows if (r["dup_rate"], r["kind"]) == key]
+    med = lambda f: statistics.median(float(r[f]) for r in rs)
+    out.append({"dup_rate": key[0], "kind": key[1], "reps": len(rs), "events": rs[0]["events"],
+                "effects_per_s": round(med("effects_per_s")), "consumed_per_s": round(med("consumed_per_s")),
+                "effects_per_s_min": min(int(r["effects_per_s"]) for r in rs),
+                "effects_per_s_max": max(int(r["effects_per_s"]) for r in rs),
+                "injected": round(med("injected")), "inbox_hits": round(med("inbox_hits")),
+                "inbox_misses_min": min(int(r["inbox_misses"]) for r in rs),
+                "doubles_max": max(int(r["doubles"]) for r in rs)})
+w = csv.DictWriter(open(f"{res}/drain.csv", "w", newline=""), fieldnames=list(out[0]))
+w.writeheader(); w.writerows(out)
+PY
 column -s, -t <"$RES/drain.csv" >&2
 
 if [ -x "$ROOT/.tools/venv/bin/python" ] || "$ROOT/scripts/tools.sh" venv >/dev/null 2>&1; then
   "$ROOT/.tools/venv/bin/python" "$ROOT/scripts/plot.py" curve "$RES/drain.csv" -o "$RES/throughput.png" \
-    --x dup_rate --y effects_per_s,consumed_per_s --title "payments: throughput by duplicate rate (exp-2, $MODE)" \
+    --x dup_rate --y effects_per_s,consumed_per_s --group kind --title "payments: throughput by duplicate rate (exp-2, $MODE)" \
     --xlabel "injected duplicate rate" --ylabel "per second" || echo "exp-2: plot failed (results are in drain.csv)" >&2
 fi
 
@@ -106,16 +136,17 @@ for p in rates:
         x["injected_reprocess"] > 0 and x["injected_redeliver"] > 0 and hits >= inj)
 drain = list(csv.DictReader(open(f"{res}/drain.csv")))
 for d in drain:
-    checks[f"drain at dup {d['dup_rate']}: every event charged once (no doubles)"] = (
-        int(d["inbox_misses"]) == int(d["events"]) and int(d["doubles"]) == 0)
+    checks[f"drain at dup {d['dup_rate']} ({d['kind']}): every event charged once in every repetition"] = (
+        int(d["inbox_misses_min"]) == int(d["events"]) and int(d["doubles_max"]) == 0)
 summary = {"experiment": "exp-2-duplicates", "mode": mode, "under_load": runs, "consumer_drain": drain,
+           "consumer_drain_runs": list(csv.DictReader(open(f"{res}/drain-runs.csv"))),
            "checks": checks, "verdict": "PASS" if all(checks.values()) else "FAIL"}
 json.dump(summary, open(f"{res}/summary.json", "w"), indent=2)
 for k, v in checks.items():
     print(f"  [{'ok' if v else 'FAILED'}] {k}")
 parts = [f"dup {p}: {x['distinct_orders']} orders, {x['injected_reprocess'] + x['injected_redeliver']:.0f} injected, "
          f"hit ratio {x['hit_ratio']:.3f}" for p, x in runs.items() if x["hit_ratio"] is not None]
-parts += [f"drain {d['dup_rate']}: {d['effects_per_s']} effects/s" for d in drain]
+parts += [f"drain {d['dup_rate']} {d['kind']}: {d['effects_per_s']} effects/s" for d in drain]
 print(f"exp-2: {summary['verdict']} — " + "; ".join(parts) + f" ({mode}; {res}/summary.json)")
 sys.exit(0 if summary["verdict"] == "PASS" else 1)
 PY

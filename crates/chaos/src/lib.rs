@@ -68,6 +68,10 @@ pub async fn run(config: Config, interrupt: CancellationToken) -> anyhow::Result
     std::fs::create_dir_all(&config.out)
         .with_context(|| format!("create {}", config.out.display()))?;
     let out = config.out.canonicalize().context("resolve --out")?;
+    for name in ServiceName::ALL {
+        // Every life appends to its service's log; a new run starts it afresh.
+        let _ = std::fs::remove_file(out.join(format!("{}.log", name.as_str())));
+    }
 
     let t0 = Instant::now();
     let calm = Arc::new(AtomicBool::new(false));

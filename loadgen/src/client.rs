@@ -207,6 +207,19 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
+    /// Whether a client that retries errors sends again: no answer, or a
+    /// server-side failure (5xx class). A 4xx, a success, a malformed success
+    /// and the hard stop are final.
+    pub(crate) fn worth_retrying(&self) -> bool {
+        match self {
+            Outcome::ConnectError | Outcome::TransportError | Outcome::Timeout => true,
+            Outcome::Failed(answer) => answer.class() == "5xx",
+            Outcome::Ok(_) | Outcome::BadResponse(..) | Outcome::Abandoned | Outcome::NotSent => {
+                false
+            }
+        }
+    }
+
     /// The answer, if the service gave one.
     pub(crate) fn answer(&self) -> Option<Answer> {
         match self {
@@ -515,6 +528,20 @@ mod tests {
         assert!(parse_created(b"\xff\xfe").is_err());
         assert!(parse_created(br#"{"order_id":"nope","status":"created"}"#).is_err());
         assert!(parse_created(br#"{"error":{"code":"x","message":"y"}}"#).is_err());
+    }
+
+    #[test]
+    fn only_errors_without_a_definitive_answer_are_retried() {
+        assert!(Outcome::ConnectError.worth_retrying());
+        assert!(Outcome::TransportError.worth_retrying());
+        assert!(Outcome::Timeout.worth_retrying());
+        assert!(Outcome::Failed(Answer::Http(503)).worth_retrying());
+        assert!(Outcome::Failed(Answer::Grpc(Code::Unavailable)).worth_retrying());
+        assert!(!Outcome::Failed(Answer::Http(409)).worth_retrying());
+        assert!(!Outcome::Failed(Answer::Http(400)).worth_retrying());
+        assert!(!Outcome::Failed(Answer::Grpc(Code::AlreadyExists)).worth_retrying());
+        assert!(!Outcome::Abandoned.worth_retrying());
+        assert!(!Outcome::NotSent.worth_retrying());
     }
 
     #[test]

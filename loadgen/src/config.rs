@@ -139,6 +139,19 @@ pub(crate) struct Config {
           value_parser = clap::value_parser!(u64).range(0..=600_000))]
     pub(crate) retry_delay_ms: u64,
 
+    /// Retry a send that got no definitive answer (connection refused or
+    /// broken, timeout, 5xx, gRPC UNAVAILABLE/INTERNAL/UNKNOWN) with the same key
+    /// and body, up to this many times, like a client that retries errors. 4xx
+    /// answers are definitive and never retried. 0 = off.
+    #[arg(long, env = "LOADGEN_RETRY_ON_ERROR", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=20))]
+    pub(crate) retry_on_error: u32,
+
+    /// Pause before each retry of an error, in milliseconds.
+    #[arg(long, env = "LOADGEN_RETRY_ON_ERROR_DELAY_MS", default_value_t = 200,
+          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub(crate) retry_on_error_delay_ms: u64,
+
     /// Tokio worker threads (1 = a single-threaded runtime; the machine is shared
     /// with the service and Postgres, so keep it small).
     #[arg(long, env = "LOADGEN_THREADS", default_value_t = 1,
@@ -202,6 +215,10 @@ pub(crate) struct Settings {
     pub(crate) retry_rate: f64,
     /// Upper bound of a delayed retry's delay.
     pub(crate) retry_delay: Duration,
+    /// Retries of a send without a definitive answer.
+    pub(crate) retry_on_error: u32,
+    /// Pause before each of them.
+    pub(crate) retry_on_error_delay: Duration,
     /// Runtime worker threads.
     pub(crate) threads: usize,
     /// Output files.
@@ -247,6 +264,10 @@ pub(crate) struct Params {
     pub(crate) retry_rate: f64,
     /// Retry delay bound.
     pub(crate) retry_delay_ms: u64,
+    /// Retries of an error.
+    pub(crate) retry_on_error: u32,
+    /// Pause before each.
+    pub(crate) retry_on_error_delay_ms: u64,
     /// Worker threads.
     pub(crate) threads: usize,
 }
@@ -305,6 +326,8 @@ impl Config {
             seed: self.seed.unwrap_or_else(rand::random),
             retry_rate: self.retry_rate,
             retry_delay: Duration::from_millis(self.retry_delay_ms),
+            retry_on_error: self.retry_on_error,
+            retry_on_error_delay: Duration::from_millis(self.retry_on_error_delay_ms),
             threads: usize::try_from(self.threads).unwrap_or(1),
             json: self.json,
             csv: self.csv,
@@ -343,6 +366,9 @@ impl Settings {
             seed: self.seed,
             retry_rate: self.retry_rate,
             retry_delay_ms: u64::try_from(self.retry_delay.as_millis()).unwrap_or(u64::MAX),
+            retry_on_error: self.retry_on_error,
+            retry_on_error_delay_ms: u64::try_from(self.retry_on_error_delay.as_millis())
+                .unwrap_or(u64::MAX),
             threads: self.threads,
         }
     }

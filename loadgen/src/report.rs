@@ -95,6 +95,9 @@ pub(crate) struct SendCounts {
     pub(crate) retries_planned: u64,
     /// ...that were sent.
     pub(crate) retries_sent: u64,
+    /// Extra sends of `--retry-on-error` (same key and body after an error);
+    /// included in `sent`.
+    pub(crate) error_retries_sent: u64,
     /// ...that were dropped (in-flight bound reached).
     pub(crate) retries_dropped: u64,
     /// All sends that went out.
@@ -281,10 +284,11 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "  sends       {} sent = {} first attempts + {} retries; {} dropped (client over --max-in-flight: {} first, {} retries); {} unsent; peak in flight {}",
+            "  sends       {} sent = {} first attempts + {} retries + {} retries of errors; {} dropped (client over --max-in-flight: {} first, {} retries); {} unsent; peak in flight {}",
             s.sent,
             s.first_attempts_sent,
             s.retries_sent,
+            s.error_retries_sent,
             s.dropped,
             s.first_attempts_dropped,
             s.retries_dropped,
@@ -477,6 +481,8 @@ mod tests {
             seed: 1,
             retry_rate: 0.15,
             retry_delay_ms: 200,
+            retry_on_error: 0,
+            retry_on_error_delay_ms: 200,
             threads: 1,
         }
     }

@@ -59,6 +59,11 @@ pub(crate) struct Shared {
     pub(crate) sent: AtomicU64,
     /// Sends dropped at the in-flight bound.
     pub(crate) dropped: AtomicU64,
+    /// `--retry-on-error`: how often, and the pause before each.
+    retry_on_error: u32,
+    retry_on_error_delay: Duration,
+    /// Extra sends made by `--retry-on-error`.
+    error_retries: AtomicU64,
     /// Everything the sends found.
     collector: Mutex<Collector>,
 }
@@ -104,40 +109,57 @@ fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-async fn send_one(shared: Arc<Shared>, spec: SendSpec) {
+async fn send_one(shared: Arc<Shared>, mut spec: SendSpec) {
     let _slot = Slot(&shared);
     let key = shared.keys.key(spec.key_index);
     let body = shared.keys.body(spec.key_index);
-    // The timeout runs from the real send, like any client's; the hard stop
-    // bounds it so the run always ends.
-    let by_timeout = Instant::now() + shared.timeout;
-    let (deadline, hard) = if by_timeout < shared.hard_stop {
-        (by_timeout, false)
-    } else {
-        (shared.hard_stop, true)
-    };
-    let call = async {
-        match (spec.via, &shared.http, &shared.grpc) {
-            (Via::Http, Some(http), _) => http.create(&key, body).await,
-            (Via::Grpc, _, Some(grpc)) => grpc.create(&key, body).await,
-            _ => Outcome::NotSent,
+    let mut errors_retried = 0;
+    loop {
+        // The timeout runs from the real send, like any client's; the hard stop
+        // bounds it so the run always ends.
+        let by_timeout = Instant::now() + shared.timeout;
+        let (deadline, hard) = if by_timeout < shared.hard_stop {
+            (by_timeout, false)
+        } else {
+            (shared.hard_stop, true)
+        };
+        let call = async {
+            match (spec.via, &shared.http, &shared.grpc) {
+                (Via::Http, Some(http), _) => http.create(&key, body).await,
+                (Via::Grpc, _, Some(grpc)) => grpc.create(&key, body).await,
+                _ => Outcome::NotSent,
+            }
+        };
+        let outcome = match tokio::time::timeout_at(deadline, call).await {
+            Ok(outcome) => outcome,
+            Err(_) if hard => Outcome::Abandoned,
+            Err(_) => Outcome::Timeout,
+        };
+        let scheduled = shared.start + Duration::from_nanos(spec.at_ns);
+        let latency_us = micros(Instant::now().saturating_duration_since(scheduled));
+        shared.lock().record(
+            spec.key_index,
+            &key,
+            spec.kind,
+            spec.at_ns,
+            &outcome,
+            latency_us,
+        );
+        // A client that retries errors sends the same key and body again
+        // after a pause: the retry of a request whose outcome it cannot know.
+        let resend_at = Instant::now() + shared.retry_on_error_delay;
+        if errors_retried >= shared.retry_on_error
+            || !outcome.worth_retrying()
+            || resend_at + shared.timeout > shared.hard_stop
+        {
+            return;
         }
-    };
-    let outcome = match tokio::time::timeout_at(deadline, call).await {
-        Ok(outcome) => outcome,
-        Err(_) if hard => Outcome::Abandoned,
-        Err(_) => Outcome::Timeout,
-    };
-    let scheduled = shared.start + Duration::from_nanos(spec.at_ns);
-    let latency_us = micros(Instant::now().saturating_duration_since(scheduled));
-    shared.lock().record(
-        spec.key_index,
-        &key,
-        spec.kind,
-        spec.at_ns,
-        &outcome,
-        latency_us,
-    );
+        errors_retried += 1;
+        tokio::time::sleep_until(resend_at).await;
+        shared.error_retries.fetch_add(1, Ordering::Relaxed);
+        spec.kind = SendKind::Retry;
+        spec.at_ns = elapsed_ns(shared.start);
+    }
 }
 
 /// The scheduler's own state and counts.
@@ -258,6 +280,9 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<u8> {
         first_handed_out: AtomicU64::new(0),
         sent: AtomicU64::new(0),
         dropped: AtomicU64::new(0),
+        retry_on_error: settings.retry_on_error,
+        retry_on_error_delay: settings.retry_on_error_delay,
+        error_retries: AtomicU64::new(0),
         collector: Mutex::new(Collector::new()),
     });
     let interrupted = Arc::new(AtomicBool::new(false));
@@ -325,6 +350,9 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<u8> {
     progress.finish().await;
 
     let unfinished = shared.in_flight.load(Ordering::Acquire) as u64;
+    let error_retries = shared.error_retries.load(Ordering::Acquire);
+    scheduler.counts.error_retries_sent = error_retries;
+    scheduler.counts.sent += error_retries;
     let collector = std::mem::take(&mut *shared.lock());
     let facts = RunFacts {
         params: settings.params(),

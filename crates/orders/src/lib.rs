@@ -157,19 +157,26 @@ pub async fn run(
             .context("serve grpc")
     });
 
-    // Either server failing stops the other; a signal stops both.
+    // Either server failing stops the other; a signal stops both. A task
+    // that already finished here must not be awaited again (a JoinHandle
+    // polled after completion panics), hence the two flags.
     let mut http_task = http_task;
     let mut grpc_task = grpc_task;
+    let (mut http_done, mut grpc_done) = (false, false);
     let first = tokio::select! {
-        r = &mut http_task => r,
-        r = &mut grpc_task => r,
+        r = &mut http_task => { http_done = true; r }
+        r = &mut grpc_task => { grpc_done = true; r }
         () = cancel.cancelled() => Ok(Ok(())),
     };
     cancel.cancel();
     let deadline = Duration::from_secs(config.shutdown_timeout_secs);
     let drained = tokio::time::timeout(deadline, async {
-        let _ = (&mut http_task).await;
-        let _ = (&mut grpc_task).await;
+        if !http_done {
+            let _ = (&mut http_task).await;
+        }
+        if !grpc_done {
+            let _ = (&mut grpc_task).await;
+        }
         // The servers (and with them every handle on the queue) are gone:
         // the writers finish the batch in hand and stop.
         for writer in writers {

@@ -207,18 +207,15 @@ impl Supervisor {
             .context("http client")?;
         let mut quick_deaths: u32 = 0;
         while !stop.is_cancelled() {
-            let lived = Instant::now();
-            self.one_life(&client, &stop).await?;
+            let was_ready = self.one_life(&client, &stop).await?;
             if stop.is_cancelled() {
                 break;
             }
-            // A service that dies at once again and again (a bad flag, the
-            // database down) is restarted with a growing pause, not in a hot loop.
-            quick_deaths = if lived.elapsed() < Duration::from_secs(1) {
-                quick_deaths + 1
-            } else {
-                0
-            };
+            // A service that dies before it is ready, again and again (a bad
+            // flag, the database down), is restarted with a growing pause, not
+            // in a hot loop. A life that was ready is restarted at once, however
+            // short it was: a crash point may well fire within a second.
+            quick_deaths = if was_ready { 0 } else { quick_deaths + 1 };
             let pause = Duration::from_millis(20 * 2u64.pow(quick_deaths.min(7)));
             tokio::select! {
                 () = tokio::time::sleep(pause) => {}
@@ -228,11 +225,12 @@ impl Supervisor {
         Ok(())
     }
 
+    /// Runs one life to its end; whether it became ready.
     async fn one_life(
         &self,
         client: &reqwest::Client,
         stop: &CancellationToken,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<bool> {
         let armed = !self.calm.load(Ordering::SeqCst) && !self.spec.armed_env.is_empty();
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -316,7 +314,7 @@ impl Supervisor {
             l.ended_ms = Some(now);
             l.end = Some(end);
         }
-        Ok(())
+        Ok(ready)
     }
 
     async fn terminate(&self, child: &mut tokio::process::Child) {

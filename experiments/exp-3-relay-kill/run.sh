@@ -10,17 +10,28 @@ exp_init "$HERE"
 
 if [ "$MODE" = quick ]; then
   RATE=${EXP_RATE:-300} DURATION=${EXP_DURATION:-25} EVERY=${EXP_CRASH_EVERY:-40} MIN_KILLS=3
+  ORDERS_DURATION=15 ORDERS_EVERY=300
 else
   RATE=${EXP_RATE:-1000} DURATION=${EXP_DURATION:-120} EVERY=${EXP_CRASH_EVERY:-40} MIN_KILLS=20
+  ORDERS_DURATION=60 ORDERS_EVERY=600
 fi
 
 status=0
 exp_chaos relay-publish --rate "$RATE" --duration "$DURATION" --retry-rate 0.15 --protocol mixed \
   --crash-point publish --crash-every "$EVERY" --seed 3 || status=$?
 
-python3 - "$RES" "$MODE" "$status" "$MIN_KILLS" <<'PY'
+# The other crash on the publish side: orders SIGKILLed after its write
+# transaction committed and before the responses went out. The client sees
+# an error and retries the same key (loadgen --retry-on-error).
+orders_status=0
+exp_chaos orders-commit --rate "$RATE" --duration "$ORDERS_DURATION" --retry-rate 0.15 --protocol mixed \
+  --crash-point commit --crash-every "$ORDERS_EVERY" --seed 3 \
+  --loadgen-arg=--retry-on-error --loadgen-arg=5 || orders_status=$?
+
+python3 - "$RES" "$MODE" "$status" "$MIN_KILLS" "$orders_status" <<'PY'
 import json, sys
 res, mode, status, min_kills = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+orders_status = int(sys.argv[5])
 c = json.load(open(f"{res}/relay-publish.json"))
 relay, pay = c["services"]["relay"], c["services"]["payments"]
 r = (c.get("recon") or {}).get("report") or {}
@@ -34,6 +45,19 @@ checks = {
     "no double effect": r.get("double_charges", -1) == 0,
     "no lost effect": r.get("orders_without_charge", -1) == 0,
 }
+o = json.load(open(f"{res}/orders-commit.json"))
+orr = (o.get("recon") or {}).get("report") or {}
+oi = (o.get("recon") or {}).get("intents") or {}
+orders_kills = o["services"]["orders"]["deaths"].get("crash_point:commit", 0)
+oload = o.get("load") or {}
+error_retries = (oload.get("sends") or {}).get("error_retries_sent", 0)
+checks.update({
+    "orders-commit: recon CLEAN": orders_status == 0,
+    f"orders-commit: orders killed after commit at least {min_kills} times": orders_kills >= min_kills,
+    "orders-commit: the client retried errors, and every key ended with exactly one order (0 ambiguous)": (
+        error_retries > 0 and oi.get("client_ambiguous", -1) == 0
+        and oi.get("matched") == oi.get("client_succeeded") == orr.get("distinct_orders")),
+})
 summary = {
     "experiment": "exp-3-relay-kill",
     "mode": mode,
@@ -49,6 +73,15 @@ summary = {
     "inbox_hits": hits,
     "inbox_misses": pay["counters"].get("inbox_misses", 0),
     "recon": r,
+    "orders_commit": {
+        "orders_kills": orders_kills,
+        "recovery_ms": o["services"]["orders"]["recovery_ms"],
+        "load": {k: oload.get(k) for k in ("rates", "sends", "outcomes", "replay")},
+        "client_intents": oi,
+        "distinct_orders": orr.get("distinct_orders"),
+        "double_charges": orr.get("double_charges"),
+        "recon_exit": orders_status,
+    },
     "checks": checks,
     "verdict": "PASS" if all(checks.values()) else "FAIL",
 }
@@ -58,6 +91,8 @@ for k, v in checks.items():
 rr = relay["recovery_ms"]
 print(f"exp-3: {summary['verdict']} — {kills} relay kills at publish, {orders} orders, each charged once; "
       f"inbox hits {hits:.0f} (re-published duplicates absorbed); relay death→working again "
-      f"p50 {rr['to_progress']['p50']} ms, max {rr['to_progress']['max']} ms ({mode}; {res}/summary.json)")
+      f"p50 {rr['to_progress']['p50']} ms, max {rr['to_progress']['max']} ms; {orders_kills} orders kills at "
+      f"commit, {error_retries} errors retried, {orr.get('distinct_orders')} orders = keys, 0 ambiguous "
+      f"({mode}; {res}/summary.json)")
 sys.exit(0 if summary["verdict"] == "PASS" else 1)
 PY

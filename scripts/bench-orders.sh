@@ -23,11 +23,10 @@ STACK_KAFKA=0 scripts/stack.sh up >/dev/null
 . .stack/env
 log "building (release)"
 cargo build -q --release -p orders -p loadgen
-DB=bench_orders
-psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
-  -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" >/dev/null
-URL=${STACK_ADMIN_DATABASE_URL%/*}/$DB
-DATABASE_URL=$URL "$BIN/orders" --migrate-only 2>/dev/null
+# shellcheck source=scripts/lib/pipeline.sh
+. "$ROOT/scripts/lib/pipeline.sh"
+pipeline_db bench_orders # no broker needed: orders alone
+URL=$DB_URL
 
 DATABASE_URL=$URL DB_MIGRATE=false RUST_LOG=warn ORDERS_HTTP_ADDR=127.0.0.1:18280 ORDERS_GRPC_ADDR=127.0.0.1:15251 \
   "$BIN/orders" >"$OUT/orders.log" 2>&1 &

@@ -25,15 +25,7 @@ PROFILE=${DEMO_PROFILE:-release}
 
 say() { printf '\n== %s\n' "$*"; }
 
-if [ -n "${STACK_ENV_FILE:-}" ]; then
-  say "stack: $STACK_ENV_FILE"
-  # shellcheck disable=SC1090 # a relative path is relative to the repo root
-  case $STACK_ENV_FILE in /*) . "$STACK_ENV_FILE" ;; *) . "$ROOT/$STACK_ENV_FILE" ;; esac
-else
-  say "stack up"
-  scripts/stack.sh up >/dev/null
-  . .stack/env
-fi
+pipeline_stack
 
 say "build ($PROFILE)"
 pipeline_build "$PROFILE"

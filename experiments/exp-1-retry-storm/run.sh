@@ -58,15 +58,7 @@ on_exit() {
 }
 trap on_exit EXIT
 
-if [ -n "${STACK_ENV_FILE:-}" ]; then
-  say "stack: $STACK_ENV_FILE"
-  # shellcheck disable=SC1090 # a relative path is relative to the repo root
-  case $STACK_ENV_FILE in /*) . "$STACK_ENV_FILE" ;; *) . "$ROOT/$STACK_ENV_FILE" ;; esac
-else
-  say "stack up"
-  scripts/stack.sh up >/dev/null
-  . .stack/env
-fi
+pipeline_stack
 
 say "build ($PROFILE)"
 pipeline_build "$PROFILE"
@@ -75,10 +67,8 @@ export RUST_LOG=${RUST_LOG:-warn} DB_MIGRATE=false
 # fresh_db DB: (re)creates and migrates DB, exports DATABASE_URL (no topic:
 # the orders-only runs publish nothing).
 fresh_db() {
-  PGOPTIONS='-c client_min_messages=warning' psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
-    -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1" >/dev/null
-  export DATABASE_URL=${STACK_ADMIN_DATABASE_URL%/*}/$1
-  "$BIN/orders" --migrate-only 2>/dev/null
+  pipeline_db "$1"
+  export DATABASE_URL=$DB_URL
 }
 
 drop_db() {
@@ -128,7 +118,7 @@ for rate in $RATES; do
   dir=$LOGS/$rate-pipeline
   mkdir -p "$dir"
   say "$rate intents/s, pipeline (orders + relay + payments), $SECS s, then recon"
-  PGOPTIONS='-c client_min_messages=warning' pipeline_fresh "exp1_pipeline_$rate" "exp1-$RUN-$rate"
+  pipeline_fresh "exp1_pipeline_$rate" "exp1-$RUN-$rate"
   pipeline_start "$dir" "$HTTP" "$GRPC" "$RELAY_METRICS" "$PAYMENTS_METRICS" "payments-exp1-$RUN-$rate"
   load "$dir" "$rate"
   rc=0

@@ -21,15 +21,7 @@ exp_init() {
   RES=$EXP_DIR/results/$MODE
   rm -rf "$RES"
   mkdir -p "$RES/logs"
-  if [ -n "${STACK_ENV_FILE:-}" ]; then
-    say "stack: $STACK_ENV_FILE"
-    # shellcheck disable=SC1090 # a relative path is relative to the repo root
-    case $STACK_ENV_FILE in /*) . "$STACK_ENV_FILE" ;; *) . "$ROOT/$STACK_ENV_FILE" ;; esac
-  else
-    say "stack up"
-    "$ROOT/scripts/stack.sh" up >/dev/null
-    . "$ROOT/.stack/env"
-  fi
+  pipeline_stack
   say "build (${EXP_PROFILE:-release})"
   pipeline_build "${EXP_PROFILE:-release}"
 }

@@ -14,16 +14,39 @@ pipeline_build() {
   BIN=$ROOT/target/$1
 }
 
-# pipeline_fresh DB RUN: (re)creates database DB, migrates it and creates topic
+# pipeline_stack: loads the settings of the stack to run on: the file
+# STACK_ENV_FILE names (e.g. compose.env; a relative path is relative to the
+# repository root), else the embedded stack's .stack/env, started if needed.
+# Uses the caller's `say`.
+pipeline_stack() {
+  if [ -n "${STACK_ENV_FILE:-}" ]; then
+    say "stack: $STACK_ENV_FILE"
+    # shellcheck disable=SC1090
+    case $STACK_ENV_FILE in /*) . "$STACK_ENV_FILE" ;; *) . "$ROOT/$STACK_ENV_FILE" ;; esac
+  else
+    say "stack up"
+    "$ROOT/scripts/stack.sh" up >/dev/null
+    . "$ROOT/.stack/env"
+  fi
+}
+
+# pipeline_db DB: (re)creates database DB and migrates it; sets DB_URL to it
+# (the caller decides whether that becomes DATABASE_URL).
+pipeline_db() {
+  PGOPTIONS=--client-min-messages=warning psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
+    -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1" >/dev/null
+  DB_URL=${STACK_ADMIN_DATABASE_URL%/*}/$1
+  DATABASE_URL=$DB_URL "$BIN/orders" --migrate-only 2>/dev/null
+}
+
+# pipeline_fresh DB RUN: a fresh database DB (pipeline_db) and topic
 # order.events.RUN; exports DATABASE_URL and KAFKA_TOPIC for what follows. So a
 # recon of this run covers exactly this run.
 pipeline_fresh() {
-  PGOPTIONS=--client-min-messages=warning psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
-    -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1" >/dev/null
-  export DATABASE_URL=${STACK_ADMIN_DATABASE_URL%/*}/$1
+  pipeline_db "$1"
+  export DATABASE_URL=$DB_URL
   export KAFKA_TOPIC=order.events.$2
   "$BIN/kafka-topic" --topic "$KAFKA_TOPIC" --partitions "${PIPELINE_PARTITIONS:-6}"
-  "$BIN/orders" --migrate-only 2>/dev/null
 }
 
 # wait_http URL NAME PID LOGDIR: up to 30 s for a 200, failing at once if PID died.

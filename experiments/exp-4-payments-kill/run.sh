@@ -22,32 +22,28 @@ fi
 export PAYMENTS_SESSION_TIMEOUT_MS=${PAYMENTS_SESSION_TIMEOUT_MS:-6000}
 
 common=(--rate "$RATE" --duration "$DURATION" --retry-rate 0.15 --protocol mixed --crash-every "$EVERY" --seed 4)
-declare -A STATUS
+# A run's verdict is read from its chaos summary (recon_exit) below; a DRIFT
+# exit must not stop the script, the counter-example expects it.
 for run in effect claim; do
-  s=0; exp_chaos "payments-$run" "${common[@]}" --crash-point "$run" || s=$?; STATUS[$run]=$s
+  exp_chaos "payments-$run" "${common[@]}" --crash-point "$run" || true
 done
 if [ "$MODE" = full ]; then
-  s=0; exp_chaos payments-effect-dynamic "${common[@]}" --crash-point effect --static-membership false || s=$?
-  [ $s = 0 ] || echo "exp-4: payments-effect-dynamic: recon exit $s" >&2
-  STATUS[effect-dynamic]=$s
+  exp_chaos payments-effect-dynamic "${common[@]}" --crash-point effect --static-membership false || true
 fi
 for split in inbox-first effect-first; do
-  s=0; exp_chaos "split-$split" "${common[@]}" --crash-point split --unsafe-split-txn "$split" || s=$?
-  STATUS[$split]=$s
+  exp_chaos "split-$split" "${common[@]}" --crash-point split --unsafe-split-txn "$split" || true
 done
 
-python3 - "$RES" "$MODE" "$MIN_KILLS" "${STATUS[effect]}" "${STATUS[claim]}" "${STATUS[inbox-first]}" "${STATUS[effect-first]}" <<'PY'
+python3 - "$RES" "$MODE" "$MIN_KILLS" <<'PY'
 import json, sys
 res, mode, min_kills = sys.argv[1], sys.argv[2], int(sys.argv[3])
-codes = dict(zip(["effect", "claim", "inbox-first", "effect-first"], map(int, sys.argv[4:8])))
-rows, checks = {}, {}
-for tag, point, key in [("payments-effect", "effect", "effect"), ("payments-claim", "claim", "claim"),
-                        ("split-inbox-first", "split", "inbox-first"), ("split-effect-first", "split", "effect-first")]:
+def row(tag, point):
+    """One run's numbers from its chaos summary (recon_exit is chaos's exit status)."""
     c = json.load(open(f"{res}/{tag}.json"))
     r = (c.get("recon") or {}).get("report") or {}
     pay = c["services"]["payments"]
-    rows[tag] = {
-        "recon_exit": codes[key],
+    return {
+        "recon_exit": c["recon_exit"],
         "payments_kills": pay["deaths"].get(f"crash_point:{point}", 0),
         "recovery_ms": pay["recovery_ms"],
         "distinct_orders": r.get("distinct_orders"),
@@ -59,6 +55,11 @@ for tag, point, key in [("payments-effect", "effect", "effect"), ("payments-clai
         "extra_cents": (r.get("effect_amount_cents") or 0) - (r.get("order_amount_cents") or 0),
         "inbox_hits": pay["counters"].get("inbox_hits", 0),
     }
+
+checks = {}
+rows = {tag: row(tag, point) for tag, point in [
+    ("payments-effect", "effect"), ("payments-claim", "claim"),
+    ("split-inbox-first", "split"), ("split-effect-first", "split")]}
 for tag in ("payments-effect", "payments-claim"):
     x = rows[tag]
     checks[f"{tag}: killed at least {min_kills} times"] = x["payments_kills"] >= min_kills
@@ -71,21 +72,10 @@ checks["split effect-first: killed between its transactions"] = x["payments_kill
 checks["split effect-first: recon DRIFT with doubled effects, still one charge row per order"] = (
     x["recon_exit"] == 1 and (x["double_charged_orders"] or 0) > 0 and x["lost_effects"] == 0
     and x["distinct_charges"] == x["distinct_orders"])
-import os
-if os.path.exists(f"{res}/payments-effect-dynamic.json"):
-    c = json.load(open(f"{res}/payments-effect-dynamic.json"))
-    r = (c.get("recon") or {}).get("report") or {}
-    pay = c["services"]["payments"]
-    rows["payments-effect-dynamic"] = {
-        "recon_exit": c["recon_exit"], "payments_kills": pay["deaths"].get("crash_point:effect", 0),
-        "recovery_ms": pay["recovery_ms"], "distinct_orders": r.get("distinct_orders"),
-        "distinct_charges": r.get("distinct_charges"), "effects": r.get("charge_effects"),
-        "lost_effects": r.get("orders_without_charge"), "double_charged_orders": r.get("double_charges"),
-        "extra_effects": (r.get("charge_effects") or 0) - (r.get("distinct_charges") or 0),
-        "extra_cents": (r.get("effect_amount_cents") or 0) - (r.get("order_amount_cents") or 0),
-        "inbox_hits": pay["counters"].get("inbox_hits", 0),
-    }
-    checks["payments-effect-dynamic (no static membership): recon CLEAN"] = c["recon_exit"] == 0
+if mode == "full":
+    rows["payments-effect-dynamic"] = row("payments-effect-dynamic", "effect")
+    checks["payments-effect-dynamic (no static membership): recon CLEAN"] = (
+        rows["payments-effect-dynamic"]["recon_exit"] == 0)
 summary = {"experiment": "exp-4-payments-kill", "mode": mode, "runs": rows, "checks": checks,
            "verdict": "PASS" if all(checks.values()) else "FAIL"}
 json.dump(summary, open(f"{res}/summary.json", "w"), indent=2)

@@ -238,6 +238,8 @@ fn read_json(path: &Path) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// The client for the services' `/metrics` (readiness and scrapes): a short
+/// timeout, so a dying process never stalls a supervisor or the scraper.
 fn http_client() -> anyhow::Result<reqwest::Client> {
     reqwest::Client::builder()
         .timeout(Duration::from_millis(500))

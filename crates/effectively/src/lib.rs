@@ -7,7 +7,8 @@
 //!   fingerprint and a stored response that is replayed verbatim;
 //! * [`outbox`]: the transactional outbox writer (the caller's business row and
 //!   the outbox row commit in one transaction, a `NOTIFY` wakes the relay);
-//! * [`db`], [`config`], [`metrics`], [`telemetry`], [`shutdown`]: the plumbing
+//! * [`text`]: untrusted text made storable in a `text` column;
+//! * [`db`] (including the transient/deterministic error split), [`config`], [`metrics`], [`telemetry`], [`shutdown`]: the plumbing
 //!   every service of the pipeline shares.
 //!
 //! Every function that writes takes `&mut PgConnection`, so the caller owns the
@@ -25,3 +26,4 @@ pub mod shutdown;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod text;

@@ -16,11 +16,12 @@ struct OrderCreated {
     amount_cents: i64,
 }
 
-/// Decodes a message value. `Err` carries the dead-letter reason.
+/// Decodes a message value. `Err` carries the dead-letter reason (which may
+/// quote the input: it is made storable where it is written).
 pub fn decode(
     value: Option<&[u8]>,
 ) -> Result<(ChargeIntent, chrono::DateTime<chrono::Utc>), String> {
-    let value = value.ok_or("empty message value")?;
+    let value = value.ok_or("null message value (a tombstone?)")?;
     let envelope = Envelope::decode(value).map_err(|e| e.to_string())?;
     if envelope.event_type != ORDER_CREATED {
         return Err(format!("unknown event type {:?}", envelope.event_type));
@@ -39,9 +40,20 @@ pub fn decode(
             order_id: order.order_id,
             account_id: order.account_id,
             amount_cents: order.amount_cents,
+            payload_hash: payload_hash(envelope.payload.get().as_bytes()),
         },
         envelope.created_at,
     ))
+}
+
+/// The fingerprint of an event payload kept in the inbox: the first 8 bytes
+/// of its BLAKE3 hash. Two deliveries of one msg_id with different
+/// fingerprints carry different payloads.
+pub fn payload_hash(payload: &[u8]) -> i64 {
+    let hash = blake3::hash(payload);
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&hash.as_bytes()[..8]);
+    i64::from_be_bytes(first)
 }
 
 #[cfg(test)]

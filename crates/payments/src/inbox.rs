@@ -1,5 +1,5 @@
 //! The consume-side transaction: inbox claim + charge + ledger entry, and dead
-//! letters, for one polled batch, in ONE transaction.
+//! letters, for one polled batch (or a slice of it), in ONE transaction.
 //!
 //! This is where effectively-once is earned on the consume side. A message
 //! whose msg_id is already in the inbox is a no-op; one that is new gets its
@@ -7,10 +7,17 @@
 //! anywhere before the commit leaves none of them, and the redelivery (the
 //! offset was not committed, it is only committed after this transaction)
 //! does all of them.
+//!
+//! A redelivery that lies is recorded, not absorbed: the same msg_id with
+//! another payload, or a new msg_id for an order that is already charged,
+//! keeps the first effect and becomes a dead letter saying so, written in the
+//! same transaction as the claim (so a crash cannot lose the record while the
+//! claim survives).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use effectively::crash::Crasher;
+use effectively::text::storable;
 use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
@@ -25,59 +32,135 @@ pub struct ChargeIntent {
     pub account_id: i64,
     /// Amount in cents.
     pub amount_cents: i64,
+    /// Fingerprint of the event payload (see `decode::payload_hash`).
+    pub payload_hash: i64,
 }
 
-/// A message that cannot be applied, kept with its raw bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLetter {
-    /// Source topic.
-    pub topic: String,
-    /// Source partition.
+/// Where a message came from, borrowed from the consumed message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Source<'a> {
+    /// Topic.
+    pub topic: &'a str,
+    /// Partition.
     pub partition: i32,
-    /// Source offset.
+    /// Offset.
     pub offset: i64,
     /// Raw key.
-    pub key: Option<Vec<u8>>,
+    pub key: Option<&'a [u8]>,
     /// Raw value.
-    pub payload: Option<Vec<u8>>,
-    /// Why it was dead-lettered.
+    pub payload: Option<&'a [u8]>,
+}
+
+/// One consumed message: where it came from and what it says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery<'a> {
+    /// The message's coordinates and raw bytes.
+    pub source: Source<'a>,
+    /// The intent, or why the message is not one (the dead-letter reason).
+    pub content: Result<ChargeIntent, String>,
+}
+
+/// Why a message is a dead letter (`payments.dead_letters.kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeadLetterKind {
+    /// Not an `order.created` event this consumer can read.
+    Undecodable,
+    /// The database refused to apply it; isolated from its batch.
+    Rejected,
+    /// Its msg_id was already applied with another payload.
+    MsgIdConflict,
+    /// A new msg_id for an order that is already charged.
+    OrderConflict,
+}
+
+impl DeadLetterKind {
+    /// The value stored in `dead_letters.kind`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Undecodable => "undecodable",
+            Self::Rejected => "rejected",
+            Self::MsgIdConflict => "msg_id_conflict",
+            Self::OrderConflict => "order_conflict",
+        }
+    }
+}
+
+/// A message that is not applied, kept with its raw bytes and the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter<'a> {
+    /// The message.
+    pub source: Source<'a>,
+    /// Which kind of dead letter.
+    pub kind: DeadLetterKind,
+    /// The event's msg_id, when it could be read.
+    pub msg_id: Option<Uuid>,
+    /// Why, readable; made storable when written.
     pub reason: String,
 }
 
 /// What applying a batch did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Applied {
-    /// Messages whose msg_id was new: charged now.
+    /// Messages whose msg_id was new: charged now (or an order conflict).
     pub charged: u64,
-    /// Messages whose msg_id was already in the inbox: no-ops.
+    /// Messages whose msg_id was already in the inbox with the same payload:
+    /// no-ops.
     pub duplicates: u64,
-    /// New msg_ids whose order already had a charge (the UNIQUE guard caught
-    /// a second event for one order; should stay 0).
+    /// New msg_ids whose order already had a charge: the first charge
+    /// stands, the message is a dead letter (should stay 0).
     pub charge_conflicts: u64,
-    /// Messages dead-lettered.
-    pub dead_lettered: u64,
+    /// Deliveries of an applied msg_id with another payload: the first
+    /// effect stands, the message is a dead letter (should stay 0).
+    pub msg_id_conflicts: u64,
+    /// Dead letters written, by kind (a redelivered dead letter is not
+    /// written twice).
+    pub dead_lettered: Vec<DeadLetterKind>,
     /// The msg_ids charged by this batch.
     pub new_msg_ids: Vec<Uuid>,
+}
+
+/// The intents of `deliveries` and the dead letters of those that did not
+/// decode.
+pub fn split<'d, 'a>(
+    deliveries: &'d [Delivery<'a>],
+) -> (Vec<(&'d ChargeIntent, Source<'a>)>, Vec<DeadLetter<'a>>) {
+    let mut intents = Vec::with_capacity(deliveries.len());
+    let mut dead = Vec::new();
+    for d in deliveries {
+        match &d.content {
+            Ok(intent) => intents.push((intent, d.source)),
+            Err(reason) => dead.push(DeadLetter {
+                source: d.source,
+                kind: DeadLetterKind::Undecodable,
+                msg_id: None,
+                reason: reason.clone(),
+            }),
+        }
+    }
+    (intents, dead)
 }
 
 /// Applies a batch in one transaction; see the module docs.
 pub async fn apply_batch(
     pool: &PgPool,
-    intents: &[ChargeIntent],
-    dead: &[DeadLetter],
+    deliveries: &[Delivery<'_>],
     crasher: &Crasher,
 ) -> sqlx::Result<Applied> {
+    let (intents, mut dead) = split(deliveries);
     let mut tx = pool.begin().await?;
     let mut applied = Applied::default();
     if !intents.is_empty() {
-        let (new, conflicts) = claim_and_charge(&mut tx, intents, crasher).await?;
-        applied.charged = new.len() as u64;
-        applied.duplicates = intents.len() as u64 - applied.charged;
-        applied.charge_conflicts = conflicts;
-        applied.new_msg_ids = new;
+        let claim = claim_and_charge(&mut tx, &intents, crasher).await?;
+        applied.charged = claim.new.len() as u64;
+        applied.duplicates = claim.duplicates;
+        applied.charge_conflicts = claim.order_conflicts.len() as u64;
+        applied.msg_id_conflicts = claim.msg_id_conflicts.len() as u64;
+        applied.new_msg_ids = claim.new;
+        dead.extend(claim.msg_id_conflicts);
+        dead.extend(claim.order_conflicts);
     }
     if !dead.is_empty() {
-        applied.dead_lettered = insert_dead_letters(&mut tx, dead).await?;
+        applied.dead_lettered = insert_dead_letters(&mut tx, &dead).await?;
     }
     // The charge is written, the inbox row too, nothing is committed: a crash
     // here must lose both together (and the redelivery redo both).
@@ -86,66 +169,173 @@ pub async fn apply_batch(
     Ok(applied)
 }
 
-/// Inbox claim, then charges and ledger entries for the msg_ids that were new.
-/// Returns (the new msg_ids, charge conflicts).
-pub(crate) async fn claim_and_charge(
+/// What the claim found.
+#[derive(Debug, Default)]
+pub(crate) struct Claim<'a> {
+    /// msg_ids claimed now.
+    pub(crate) new: Vec<Uuid>,
+    /// Deliveries of an already claimed msg_id with the same payload.
+    pub(crate) duplicates: u64,
+    /// Deliveries of a claimed msg_id with another payload.
+    pub(crate) msg_id_conflicts: Vec<DeadLetter<'a>>,
+    /// New msg_ids whose order was already charged.
+    pub(crate) order_conflicts: Vec<DeadLetter<'a>>,
+}
+
+/// Inbox claim, then charges and ledger entries for the msg_ids that were
+/// new; every delivery that was neither new nor a true duplicate is returned
+/// as a conflict.
+pub(crate) async fn claim_and_charge<'a>(
     tx: &mut Transaction<'_, Postgres>,
-    intents: &[ChargeIntent],
+    intents: &[(&ChargeIntent, Source<'a>)],
     crasher: &Crasher,
-) -> sqlx::Result<(Vec<Uuid>, u64)> {
-    let unique = unique_by_msg_id(intents);
-    let msg_ids: Vec<Uuid> = unique.iter().map(|i| i.msg_id).collect();
-    let new = claim_inbox(tx, &msg_ids).await?;
+) -> sqlx::Result<Claim<'a>> {
+    let (unique, repeats) = unique_by_msg_id(intents);
+    let new = claim_inbox(tx, &unique).await?;
     // The inbox rows are claimed, no charge yet: a crash here must not lose
     // the charge (it cannot: neither is committed).
     crasher.point("claim");
-    if new.is_empty() {
-        return Ok((new, 0));
-    }
     let claimed: HashSet<Uuid> = new.iter().copied().collect();
-    let fresh: Vec<&ChargeIntent> = unique
+    let (fresh, seen): (Vec<_>, Vec<_>) = unique
         .into_iter()
-        .filter(|i| claimed.contains(&i.msg_id))
-        .collect();
-    let charged = insert_effects(tx, &fresh).await?;
-    Ok((new, fresh.len() as u64 - charged))
-}
+        .partition(|(i, _)| claimed.contains(&i.msg_id));
+    let mut claim = Claim {
+        new,
+        ..Claim::default()
+    };
 
-/// One intent per msg_id, in msg_id order: a consistent lock order between
-/// concurrent consumers (no deadlocks).
-pub(crate) fn unique_by_msg_id(intents: &[ChargeIntent]) -> Vec<&ChargeIntent> {
-    let mut unique: Vec<&ChargeIntent> = Vec::with_capacity(intents.len());
-    let mut seen = HashSet::with_capacity(intents.len());
-    for intent in intents {
-        if seen.insert(intent.msg_id) {
-            unique.push(intent);
+    // Deliveries of msg_ids claimed before (earlier batches) or earlier in
+    // this batch: true duplicates unless the payload differs.
+    let mut first_hash: HashMap<Uuid, Option<i64>> = fresh
+        .iter()
+        .map(|(i, _)| (i.msg_id, Some(i.payload_hash)))
+        .collect();
+    if !seen.is_empty() {
+        let ids: Vec<Uuid> = seen.iter().map(|(i, _)| i.msg_id).collect();
+        first_hash.extend(stored_hashes(tx, &ids).await?);
+    }
+    for (intent, source) in seen.into_iter().chain(repeats) {
+        match first_hash.get(&intent.msg_id).copied().flatten() {
+            Some(first) if first != intent.payload_hash => {
+                claim.msg_id_conflicts.push(DeadLetter {
+                    source,
+                    kind: DeadLetterKind::MsgIdConflict,
+                    msg_id: Some(intent.msg_id),
+                    reason: format!(
+                        "msg_id {} was already applied with another payload \
+                         (first payload hash {first:016x}, this one {:016x}); the first effect stands",
+                        intent.msg_id, intent.payload_hash
+                    ),
+                });
+            }
+            // Same payload, or a claim older than the fingerprints: a duplicate.
+            _ => claim.duplicates += 1,
         }
     }
-    unique.sort_by_key(|i| i.msg_id);
-    unique
+
+    if !fresh.is_empty() {
+        let inserted: HashSet<Uuid> = insert_effects(tx, &fresh).await?.into_iter().collect();
+        let conflicting: Vec<(&ChargeIntent, Source<'a>)> = fresh
+            .into_iter()
+            .filter(|(i, _)| !inserted.contains(&i.msg_id))
+            .collect();
+        if !conflicting.is_empty() {
+            let orders: Vec<Uuid> = conflicting.iter().map(|(i, _)| i.order_id).collect();
+            let charged_by = charging_msg_ids(tx, &orders).await?;
+            for (intent, source) in conflicting {
+                let by = charged_by
+                    .get(&intent.order_id)
+                    .map_or_else(|| "another msg_id".to_owned(), Uuid::to_string);
+                claim.order_conflicts.push(DeadLetter {
+                    source,
+                    kind: DeadLetterKind::OrderConflict,
+                    msg_id: Some(intent.msg_id),
+                    reason: format!(
+                        "order {} is already charged by msg_id {by}; this new msg_id {} \
+                         (account {}, {} cents) is not applied",
+                        intent.order_id, intent.msg_id, intent.account_id, intent.amount_cents
+                    ),
+                });
+            }
+        }
+    }
+    Ok(claim)
 }
 
-/// Inserts inbox rows; returns the msg_ids that were new.
+/// The first delivery of each msg_id, in msg_id order (a consistent lock
+/// order between concurrent consumers: no deadlocks), and the later
+/// deliveries of a msg_id already in the batch.
+#[allow(clippy::type_complexity)]
+pub(crate) fn unique_by_msg_id<'d, 'a>(
+    intents: &[(&'d ChargeIntent, Source<'a>)],
+) -> (
+    Vec<(&'d ChargeIntent, Source<'a>)>,
+    Vec<(&'d ChargeIntent, Source<'a>)>,
+) {
+    let mut unique = Vec::with_capacity(intents.len());
+    let mut repeats = Vec::new();
+    let mut seen = HashSet::with_capacity(intents.len());
+    for &(intent, source) in intents {
+        if seen.insert(intent.msg_id) {
+            unique.push((intent, source));
+        } else {
+            repeats.push((intent, source));
+        }
+    }
+    unique.sort_by_key(|(i, _)| i.msg_id);
+    (unique, repeats)
+}
+
+/// Inserts inbox rows with their payload fingerprints; returns the msg_ids
+/// that were new.
 pub(crate) async fn claim_inbox(
     tx: &mut Transaction<'_, Postgres>,
-    msg_ids: &[Uuid],
+    unique: &[(&ChargeIntent, Source<'_>)],
 ) -> sqlx::Result<Vec<Uuid>> {
+    let msg_ids: Vec<Uuid> = unique.iter().map(|(i, _)| i.msg_id).collect();
+    let hashes: Vec<i64> = unique.iter().map(|(i, _)| i.payload_hash).collect();
     sqlx::query_scalar(
-        "INSERT INTO payments.inbox (msg_id) SELECT * FROM unnest($1::uuid[]) \
+        "INSERT INTO payments.inbox (msg_id, payload_hash) \
+         SELECT * FROM unnest($1::uuid[], $2::int8[]) \
          ON CONFLICT (msg_id) DO NOTHING RETURNING msg_id",
     )
-    .bind(msg_ids)
+    .bind(&msg_ids)
+    .bind(&hashes)
     .fetch_all(&mut **tx)
     .await
 }
 
+/// The payload fingerprints the inbox holds for `msg_ids`.
+async fn stored_hashes(
+    tx: &mut Transaction<'_, Postgres>,
+    msg_ids: &[Uuid],
+) -> sqlx::Result<Vec<(Uuid, Option<i64>)>> {
+    sqlx::query_as("SELECT msg_id, payload_hash FROM payments.inbox WHERE msg_id = ANY($1)")
+        .bind(msg_ids)
+        .fetch_all(&mut **tx)
+        .await
+}
+
+/// Which msg_id charged each of `orders`.
+async fn charging_msg_ids(
+    tx: &mut Transaction<'_, Postgres>,
+    orders: &[Uuid],
+) -> sqlx::Result<HashMap<Uuid, Uuid>> {
+    let rows: Vec<(Uuid, Uuid)> =
+        sqlx::query_as("SELECT order_id, msg_id FROM payments.charges WHERE order_id = ANY($1)")
+            .bind(orders)
+            .fetch_all(&mut **tx)
+            .await?;
+    Ok(rows.into_iter().collect())
+}
+
 /// Writes the charge (guarded by UNIQUE(order_id)) and, for each charge
-/// actually inserted, its ledger entry, in one statement; returns how many
-/// charges were inserted.
+/// actually inserted, its ledger entry, in one statement; returns the msg_ids
+/// whose charge was inserted.
 pub async fn insert_effects(
     tx: &mut Transaction<'_, Postgres>,
-    fresh: &[&ChargeIntent],
-) -> sqlx::Result<u64> {
+    fresh: &[(&ChargeIntent, Source<'_>)],
+) -> sqlx::Result<Vec<Uuid>> {
     write_effects(
         tx,
         fresh,
@@ -157,54 +347,84 @@ pub async fn insert_effects(
          l AS ( \
            INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
            SELECT account_id, order_id, msg_id, amount_cents FROM c) \
-         SELECT count(*) FROM c",
+         SELECT msg_id FROM c",
     )
     .await
 }
 
 /// Runs an effect statement over the columns of `fresh`: $1 charge ids,
 /// $2 order ids, $3 msg ids, $4 accounts, $5 amounts. The statement returns
-/// the number of charges inserted.
+/// the msg_ids whose charge it inserted.
 pub(crate) async fn write_effects(
     tx: &mut Transaction<'_, Postgres>,
-    fresh: &[&ChargeIntent],
+    fresh: &[(&ChargeIntent, Source<'_>)],
     sql: &'static str,
-) -> sqlx::Result<u64> {
+) -> sqlx::Result<Vec<Uuid>> {
     let charge_ids: Vec<Uuid> = fresh.iter().map(|_| Uuid::now_v7()).collect();
-    let order_ids: Vec<Uuid> = fresh.iter().map(|i| i.order_id).collect();
-    let msg_ids: Vec<Uuid> = fresh.iter().map(|i| i.msg_id).collect();
-    let accounts: Vec<i64> = fresh.iter().map(|i| i.account_id).collect();
-    let amounts: Vec<i64> = fresh.iter().map(|i| i.amount_cents).collect();
-    let charged: i64 = sqlx::query_scalar(sql)
+    let order_ids: Vec<Uuid> = fresh.iter().map(|(i, _)| i.order_id).collect();
+    let msg_ids: Vec<Uuid> = fresh.iter().map(|(i, _)| i.msg_id).collect();
+    let accounts: Vec<i64> = fresh.iter().map(|(i, _)| i.account_id).collect();
+    let amounts: Vec<i64> = fresh.iter().map(|(i, _)| i.amount_cents).collect();
+    sqlx::query_scalar(sql)
         .bind(&charge_ids)
         .bind(&order_ids)
         .bind(&msg_ids)
         .bind(&accounts)
         .bind(&amounts)
-        .fetch_one(&mut **tx)
-        .await?;
-    Ok(u64::try_from(charged).unwrap_or(0))
+        .fetch_all(&mut **tx)
+        .await
 }
 
+/// Writes dead letters (a redelivered one, same topic/partition/offset, is
+/// not written twice); returns the kinds of those written. The reason is made
+/// storable here, the one place every reason passes: a reason quoting a NUL
+/// or invalid UTF-8 must never make the write that records it fail.
 pub(crate) async fn insert_dead_letters(
     tx: &mut Transaction<'_, Postgres>,
-    dead: &[DeadLetter],
-) -> sqlx::Result<u64> {
-    let mut n = 0;
+    dead: &[DeadLetter<'_>],
+) -> sqlx::Result<Vec<DeadLetterKind>> {
+    let mut written = Vec::with_capacity(dead.len());
     for d in dead {
-        n += sqlx::query(
-            "INSERT INTO payments.dead_letters (topic, partition, \"offset\", msg_key, payload, reason) \
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (topic, partition, \"offset\") DO NOTHING",
+        let inserted = sqlx::query(
+            "INSERT INTO payments.dead_letters \
+               (topic, partition, \"offset\", msg_key, payload, reason, kind, msg_id) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT (topic, partition, \"offset\") DO NOTHING",
         )
-        .bind(&d.topic)
-        .bind(d.partition)
-        .bind(d.offset)
-        .bind(&d.key)
-        .bind(&d.payload)
-        .bind(&d.reason)
+        .bind(storable(d.source.topic))
+        .bind(d.source.partition)
+        .bind(d.source.offset)
+        .bind(d.source.key)
+        .bind(d.source.payload)
+        .bind(storable(&d.reason))
+        .bind(d.kind.as_str())
+        .bind(d.msg_id)
         .execute(&mut **tx)
         .await?
         .rows_affected();
+        if inserted > 0 {
+            written.push(d.kind);
+        }
     }
-    Ok(n)
+    Ok(written)
+}
+
+/// Dead-letters one message the database refused to apply, in a transaction
+/// of its own. `error` is the database's reason.
+pub async fn reject(
+    pool: &PgPool,
+    source: Source<'_>,
+    msg_id: Option<Uuid>,
+    error: &str,
+) -> sqlx::Result<bool> {
+    let dead = DeadLetter {
+        source,
+        kind: DeadLetterKind::Rejected,
+        msg_id,
+        reason: format!("the database refused to apply this message: {error}"),
+    };
+    let mut tx = pool.begin().await?;
+    let written = insert_dead_letters(&mut tx, &[dead]).await?;
+    tx.commit().await?;
+    Ok(!written.is_empty())
 }

@@ -32,7 +32,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::inbox::{ChargeIntent, DeadLetter};
+use effectively::db::{ErrorClass, classify as classify_db_error};
+
+use crate::inbox::{Applied, Delivery, Source};
 use crate::metrics::PaymentsMetrics;
 
 /// Payments settings; every flag is also an environment variable.
@@ -294,42 +296,56 @@ async fn next_batch(
     batch
 }
 
-/// Splits a batch into charge intents and dead letters.
-pub fn classify(
-    batch: &[OwnedMessage],
-) -> (
-    Vec<ChargeIntent>,
-    HashMap<Uuid, DateTime<Utc>>,
-    Vec<DeadLetter>,
-) {
-    let mut intents = Vec::with_capacity(batch.len());
+/// Decodes a batch: each message with its intent or its dead-letter reason.
+pub fn classify(batch: &[OwnedMessage]) -> (Vec<Delivery<'_>>, HashMap<Uuid, DateTime<Utc>>) {
+    let mut deliveries = Vec::with_capacity(batch.len());
     let mut committed_at = HashMap::with_capacity(batch.len());
-    let mut dead = Vec::new();
     for m in batch {
-        match decode::decode(m.payload()) {
+        let content = match decode::decode(m.payload()) {
             Ok((intent, created_at)) => {
                 committed_at.insert(intent.msg_id, created_at);
-                intents.push(intent);
+                Ok(intent)
             }
             Err(reason) => {
-                tracing::warn!(partition = m.partition(), offset = m.offset(), %reason, "dead-lettering message");
-                dead.push(DeadLetter {
-                    topic: m.topic().to_owned(),
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    key: m.key().map(<[u8]>::to_vec),
-                    payload: m.payload().map(<[u8]>::to_vec),
-                    reason,
-                });
+                tracing::warn!(
+                    partition = m.partition(),
+                    offset = m.offset(),
+                    reason = %effectively::text::storable(&reason),
+                    "dead-lettering message"
+                );
+                Err(reason)
             }
-        }
+        };
+        deliveries.push(Delivery {
+            source: Source {
+                topic: m.topic(),
+                partition: m.partition(),
+                offset: m.offset(),
+                key: m.key(),
+                payload: m.payload(),
+            },
+            content,
+        });
     }
-    (intents, committed_at, dead)
+    (deliveries, committed_at)
 }
 
-/// Applies the batch, retrying database failures with backoff until it
-/// commits. `false` when cancelled first (then nothing was committed and the
-/// messages will be redelivered).
+/// How one attempt at a slice of the batch ended.
+enum Attempt {
+    Applied(Applied),
+    /// The database refused the slice for its data (see [`ErrorClass`]).
+    Refused(sqlx::Error),
+    Cancelled,
+}
+
+/// Applies the batch. Transient database failures are retried with backoff
+/// until the work commits. A deterministic failure (the data of some message
+/// makes the transaction fail every time) is never retried as it is: the
+/// slice is split in halves, each applied in a transaction of its own, until
+/// the one offending message is alone; it is dead-lettered with the
+/// database's reason and the rest is applied. So no message stops its
+/// partition. `false` when cancelled first (then the rest is not committed
+/// and will be redelivered; what did commit is a no-op on redelivery).
 async fn process(
     pool: &sqlx::PgPool,
     split: Option<unsafe_split::SplitTxn>,
@@ -338,36 +354,69 @@ async fn process(
     metrics: &PaymentsMetrics,
     cancel: &CancellationToken,
 ) -> bool {
-    let (intents, committed_at, dead) = classify(batch);
+    let (deliveries, committed_at) = classify(batch);
+    // Slices still to apply, the next one last; halves keep message order.
+    let mut work: Vec<&[Delivery<'_>]> = vec![&deliveries];
+    while let Some(slice) = work.pop() {
+        match apply_with_retry(pool, split, slice, crasher, metrics, cancel).await {
+            Attempt::Applied(applied) => record(metrics, &applied, &committed_at),
+            Attempt::Cancelled => return false,
+            Attempt::Refused(error) if slice.len() == 1 => {
+                let reason = format!("{error}");
+                tracing::warn!(
+                    partition = slice[0].source.partition,
+                    offset = slice[0].source.offset,
+                    reason = %effectively::text::storable(&reason),
+                    "the database refused a message; dead-lettering it alone"
+                );
+                let msg_id = slice[0].content.as_ref().ok().map(|i| i.msg_id);
+                if !reject_with_retry(pool, slice[0].source, msg_id, &reason, metrics, cancel).await
+                {
+                    return false;
+                }
+            }
+            Attempt::Refused(error) => {
+                metrics.bisections_total.inc();
+                tracing::info!(size = slice.len(), %error, "the database refused a batch; splitting it to find the message");
+                let (first, second) = slice.split_at(slice.len() / 2);
+                work.push(second);
+                work.push(first);
+            }
+        }
+    }
+    true
+}
+
+/// One slice in one transaction, retried with backoff while the failure is
+/// transient.
+async fn apply_with_retry(
+    pool: &sqlx::PgPool,
+    split: Option<unsafe_split::SplitTxn>,
+    slice: &[Delivery<'_>],
+    crasher: &Crasher,
+    metrics: &PaymentsMetrics,
+    cancel: &CancellationToken,
+) -> Attempt {
     let mut backoff = Duration::from_millis(50);
     loop {
         let start = Instant::now();
         let result = match split {
-            None => inbox::apply_batch(pool, &intents, &dead, crasher).await,
-            Some(mode) => unsafe_split::apply_batch(pool, mode, &intents, &dead, crasher).await,
+            None => inbox::apply_batch(pool, slice, crasher).await,
+            Some(mode) => unsafe_split::apply_batch(pool, mode, slice, crasher).await,
         };
         match result {
             Ok(applied) => {
                 metrics
                     .processing_duration_seconds
                     .observe(start.elapsed().as_secs_f64());
-                metrics.dedup_misses_total.inc_by(applied.charged);
-                metrics.dedup_hits_total.inc_by(applied.duplicates);
+                return Attempt::Applied(applied);
+            }
+            Err(error) if classify_db_error(&error) == ErrorClass::Deterministic => {
                 metrics
-                    .charges_total
-                    .inc_by(applied.charged - applied.charge_conflicts);
-                metrics
-                    .charge_conflicts_total
-                    .inc_by(applied.charge_conflicts);
-                metrics.dead_letters_total.inc_by(applied.dead_lettered);
-                let now = Utc::now();
-                for msg_id in &applied.new_msg_ids {
-                    if let Some(created) = committed_at.get(msg_id) {
-                        let secs = (now - *created).num_microseconds().unwrap_or(0) as f64 / 1e6;
-                        metrics.commit_to_effect_seconds.observe(secs.max(0.0));
-                    }
-                }
-                return true;
+                    .consumer_errors_total
+                    .with_label_values(&["db_refused"])
+                    .inc();
+                return Attempt::Refused(error);
             }
             Err(error) => {
                 metrics
@@ -377,10 +426,94 @@ async fn process(
                 tracing::warn!(%error, "applying batch failed; retrying");
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
+                    () = cancel.cancelled() => return Attempt::Cancelled,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Dead-letters a message the database refused, retrying transient failures.
+/// Should the database refuse even the dead letter (it takes the raw bytes
+/// as `bytea` and a storable reason, so it should not), the message is
+/// recorded without its key and payload, which stay in the topic.
+async fn reject_with_retry(
+    pool: &sqlx::PgPool,
+    source: Source<'_>,
+    msg_id: Option<Uuid>,
+    reason: &str,
+    metrics: &PaymentsMetrics,
+    cancel: &CancellationToken,
+) -> bool {
+    let mut source = source;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match inbox::reject(pool, source, msg_id, reason).await {
+            Ok(written) => {
+                metrics.rejected_total.inc();
+                if written {
+                    metrics.dead_letters_total.inc();
+                }
+                return true;
+            }
+            Err(error)
+                if classify_db_error(&error) == ErrorClass::Deterministic
+                    && (source.key.is_some() || source.payload.is_some()) =>
+            {
+                tracing::error!(%error, partition = source.partition, offset = source.offset,
+                    "the dead letter itself was refused; recording it without key and payload");
+                source.key = None;
+                source.payload = None;
+            }
+            Err(error) => {
+                metrics
+                    .consumer_errors_total
+                    .with_label_values(&["db"])
+                    .inc();
+                tracing::warn!(%error, "writing a dead letter failed; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
                     () = cancel.cancelled() => return false,
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
+        }
+    }
+}
+
+/// Counts what a committed slice did.
+fn record(
+    metrics: &PaymentsMetrics,
+    applied: &Applied,
+    committed_at: &HashMap<Uuid, DateTime<Utc>>,
+) {
+    metrics.dedup_misses_total.inc_by(applied.charged);
+    metrics.dedup_hits_total.inc_by(applied.duplicates);
+    metrics
+        .charges_total
+        .inc_by(applied.charged - applied.charge_conflicts);
+    metrics
+        .charge_conflicts_total
+        .inc_by(applied.charge_conflicts);
+    metrics
+        .msg_id_conflicts_total
+        .inc_by(applied.msg_id_conflicts);
+    metrics
+        .dead_letters_total
+        .inc_by(applied.dead_lettered.len() as u64);
+    if applied.charge_conflicts + applied.msg_id_conflicts > 0 {
+        tracing::warn!(
+            order_conflicts = applied.charge_conflicts,
+            msg_id_conflicts = applied.msg_id_conflicts,
+            "conflicting redeliveries dead-lettered; the first effects stand"
+        );
+    }
+    let now = Utc::now();
+    for msg_id in &applied.new_msg_ids {
+        if let Some(created) = committed_at.get(msg_id) {
+            let secs = (now - *created).num_microseconds().unwrap_or(0) as f64 / 1e6;
+            metrics.commit_to_effect_seconds.observe(secs.max(0.0));
         }
     }
 }

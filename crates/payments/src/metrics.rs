@@ -18,13 +18,22 @@ pub struct PaymentsMetrics {
     pub charges_total: IntCounter,
     /// New msg_ids whose order already had a charge (UNIQUE guard; should stay 0).
     pub charge_conflicts_total: IntCounter,
-    /// Messages dead-lettered.
+    /// Messages dead-lettered (every kind).
     pub dead_letters_total: IntCounter,
+    /// Deliveries of an applied msg_id with another payload (dead-lettered;
+    /// the first effect stands; should stay 0).
+    pub msg_id_conflicts_total: IntCounter,
+    /// Messages the database refused to apply, isolated from their batch and
+    /// dead-lettered.
+    pub rejected_total: IntCounter,
+    /// Batches (or halves of them) split because the database refused them.
+    pub bisections_total: IntCounter,
     /// Seconds to apply one polled batch (one transaction).
     pub processing_duration_seconds: Histogram,
     /// Seconds from the outbox row's commit to the charge's commit.
     pub commit_to_effect_seconds: Histogram,
-    /// Errors by stage: `db`, `kafka`, `commit`.
+    /// Errors by stage: `db` (transient, retried), `db_refused` (the data of
+    /// the batch was refused: it is split), `kafka`, `commit`.
     pub consumer_errors_total: IntCounterVec,
     /// Duplicate deliveries injected on purpose (`--dup-rate`), by kind:
     /// `reprocess` (applied again after the commit, as if redelivered) and
@@ -55,7 +64,22 @@ impl PaymentsMetrics {
                 "payments_charge_conflicts_total",
                 "New msg_ids whose order already had a charge (the UNIQUE guard fired)",
             )?,
-            dead_letters_total: counter("payments_dead_letters_total", "Messages dead-lettered")?,
+            dead_letters_total: counter(
+                "payments_dead_letters_total",
+                "Messages dead-lettered, every kind",
+            )?,
+            msg_id_conflicts_total: counter(
+                "payments_msg_id_conflicts_total",
+                "Deliveries of an applied msg_id with another payload (dead-lettered)",
+            )?,
+            rejected_total: counter(
+                "payments_rejected_total",
+                "Messages the database refused, isolated from their batch and dead-lettered",
+            )?,
+            bisections_total: counter(
+                "payments_bisections_total",
+                "Batches split in halves because the database refused them",
+            )?,
             processing_duration_seconds: Histogram::with_opts(
                 HistogramOpts::new(
                     "payments_processing_duration_seconds",
@@ -93,6 +117,10 @@ impl PaymentsMetrics {
         m.registry
             .register(Box::new(m.dead_letters_total.clone()))?;
         m.registry
+            .register(Box::new(m.msg_id_conflicts_total.clone()))?;
+        m.registry.register(Box::new(m.rejected_total.clone()))?;
+        m.registry.register(Box::new(m.bisections_total.clone()))?;
+        m.registry
             .register(Box::new(m.processing_duration_seconds.clone()))?;
         m.registry
             .register(Box::new(m.commit_to_effect_seconds.clone()))?;
@@ -103,7 +131,7 @@ impl PaymentsMetrics {
         for kind in ["reprocess", "redeliver"] {
             m.injected_duplicates_total.with_label_values(&[kind]);
         }
-        for stage in ["db", "kafka", "commit"] {
+        for stage in ["db", "db_refused", "kafka", "commit"] {
             m.consumer_errors_total.with_label_values(&[stage]);
         }
         Ok(m)

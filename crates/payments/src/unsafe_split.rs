@@ -16,8 +16,8 @@ use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::inbox::{
-    Applied, ChargeIntent, DeadLetter, claim_inbox, insert_dead_letters, insert_effects,
-    unique_by_msg_id, write_effects,
+    Applied, ChargeIntent, Delivery, Source, claim_inbox, insert_dead_letters, insert_effects,
+    split, unique_by_msg_id, write_effects,
 };
 
 /// Which half commits first.
@@ -29,33 +29,35 @@ pub enum SplitTxn {
     EffectFirst,
 }
 
-/// Applies a batch the wrong way; see the module docs.
+/// Applies a batch the wrong way; see the module docs. (Conflicting
+/// redeliveries are counted as duplicates here: this path exists to show
+/// the split, nothing else.)
 pub async fn apply_batch(
     pool: &PgPool,
     mode: SplitTxn,
-    intents: &[ChargeIntent],
-    dead: &[DeadLetter],
+    deliveries: &[Delivery<'_>],
     crasher: &Crasher,
 ) -> sqlx::Result<Applied> {
-    let unique = unique_by_msg_id(intents);
-    let msg_ids: Vec<Uuid> = unique.iter().map(|i| i.msg_id).collect();
+    let (intents, dead) = split(deliveries);
+    let (unique, _) = unique_by_msg_id(&intents);
+    let msg_ids: Vec<Uuid> = unique.iter().map(|(i, _)| i.msg_id).collect();
     let mut applied = Applied::default();
     match mode {
         SplitTxn::InboxFirst => {
             let mut tx = pool.begin().await?;
-            let new = claim_inbox(&mut tx, &msg_ids).await?;
+            let new = claim_inbox(&mut tx, &unique).await?;
             tx.commit().await?;
             crasher.point("split");
-            let fresh: Vec<&ChargeIntent> = unique
+            let fresh: Vec<(&ChargeIntent, Source<'_>)> = unique
                 .into_iter()
-                .filter(|i| new.contains(&i.msg_id))
+                .filter(|(i, _)| new.contains(&i.msg_id))
                 .collect();
             let mut tx = pool.begin().await?;
             let charged = insert_effects(&mut tx, &fresh).await?;
-            applied.dead_lettered = insert_dead_letters(&mut tx, dead).await?;
+            applied.dead_lettered = insert_dead_letters(&mut tx, &dead).await?;
             tx.commit().await?;
             applied.charged = fresh.len() as u64;
-            applied.charge_conflicts = applied.charged - charged;
+            applied.charge_conflicts = applied.charged - charged.len() as u64;
             applied.new_msg_ids = new;
         }
         SplitTxn::EffectFirst => {
@@ -65,20 +67,19 @@ pub async fn apply_batch(
                     .bind(&msg_ids)
                     .fetch_all(&mut *tx)
                     .await?;
-            let fresh: Vec<&ChargeIntent> = unique
+            let fresh: Vec<(&ChargeIntent, Source<'_>)> = unique
                 .into_iter()
-                .filter(|i| !seen.contains(&i.msg_id))
+                .filter(|(i, _)| !seen.contains(&i.msg_id))
                 .collect();
             let charged = insert_effects_unguarded(&mut tx, &fresh).await?;
-            applied.dead_lettered = insert_dead_letters(&mut tx, dead).await?;
+            applied.dead_lettered = insert_dead_letters(&mut tx, &dead).await?;
             tx.commit().await?;
             crasher.point("split");
-            let fresh_ids: Vec<Uuid> = fresh.iter().map(|i| i.msg_id).collect();
             let mut tx = pool.begin().await?;
-            let new = claim_inbox(&mut tx, &fresh_ids).await?;
+            let new = claim_inbox(&mut tx, &fresh).await?;
             tx.commit().await?;
             applied.charged = fresh.len() as u64;
-            applied.charge_conflicts = applied.charged - charged;
+            applied.charge_conflicts = applied.charged - charged.len() as u64;
             applied.new_msg_ids = new;
         }
     }
@@ -90,19 +91,19 @@ pub async fn apply_batch(
 /// intent regardless: the non-idempotent part of the effect.
 async fn insert_effects_unguarded(
     tx: &mut Transaction<'_, Postgres>,
-    fresh: &[&ChargeIntent],
-) -> sqlx::Result<u64> {
+    fresh: &[(&ChargeIntent, Source<'_>)],
+) -> sqlx::Result<Vec<Uuid>> {
     write_effects(
         tx,
         fresh,
         "WITH c AS ( \
            INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[]) \
-           ON CONFLICT (order_id) DO NOTHING RETURNING 1), \
+           ON CONFLICT (order_id) DO NOTHING RETURNING msg_id), \
          l AS ( \
            INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
            SELECT * FROM unnest($4::int8[], $2::uuid[], $3::uuid[], $5::int8[])) \
-         SELECT count(*) FROM c",
+         SELECT msg_id FROM c",
     )
     .await
 }

@@ -21,6 +21,7 @@ pub const RECON_SQL: &str = r#"SELECT
   (SELECT count(*) FROM orders.outbox)                                             AS outbox_rows,
   (SELECT count(*) FROM orders.outbox WHERE published_at IS NOT NULL)              AS published_rows,
   (SELECT count(*) FROM orders.outbox WHERE published_at IS NULL)                  AS pending_rows,
+  (SELECT count(*) FROM orders.outbox WHERE failed_at IS NOT NULL)                 AS failed_rows,
   (SELECT count(*) FROM orders.orders o
      WHERE NOT EXISTS (SELECT 1 FROM orders.outbox x WHERE x.aggregate_id = o.order_id)) AS orders_without_event,
   (SELECT count(*) FROM payments.inbox)                                            AS inbox_msg_ids,
@@ -41,11 +42,21 @@ pub const RECON_SQL: &str = r#"SELECT
   (SELECT COALESCE(sum(amount_cents), 0)::int8 FROM payments.charges)              AS charge_amount_cents,
   (SELECT COALESCE(sum(amount_cents), 0)::int8 FROM payments.ledger)               AS effect_amount_cents"#;
 
-/// Pipeline drained: nothing pending in the outbox and every event consumed.
+/// Pipeline drained: nothing in the outbox that the relay will still
+/// publish (rows marked failed, and the later rows of their keys that they
+/// hold back, never will), and every published event consumed: in the
+/// inbox, or a dead letter.
 pub const DRAINED_SQL: &str = r#"SELECT
-  NOT EXISTS (SELECT 1 FROM orders.outbox WHERE published_at IS NULL)
+  NOT EXISTS (SELECT 1 FROM orders.outbox o
+              WHERE o.published_at IS NULL AND o.failed_at IS NULL
+                AND NOT EXISTS (SELECT 1 FROM orders.outbox f
+                                WHERE f.aggregate_id = o.aggregate_id
+                                  AND f.published_at IS NULL AND f.failed_at IS NOT NULL
+                                  AND f.id < o.id))
   AND NOT EXISTS (SELECT 1 FROM orders.outbox x
-                  WHERE NOT EXISTS (SELECT 1 FROM payments.inbox i WHERE i.msg_id = x.msg_id))"#;
+                  WHERE x.published_at IS NOT NULL
+                    AND NOT EXISTS (SELECT 1 FROM payments.inbox i WHERE i.msg_id = x.msg_id)
+                    AND NOT EXISTS (SELECT 1 FROM payments.dead_letters d WHERE d.msg_id = x.msg_id))"#;
 
 /// Every count of the diff.
 #[derive(Debug, Clone, PartialEq, Eq, FromRow, Serialize)]
@@ -60,8 +71,10 @@ pub struct Report {
     pub outbox_rows: i64,
     /// Outbox rows marked published.
     pub published_rows: i64,
-    /// Outbox rows still pending.
+    /// Outbox rows still pending (failed rows included).
     pub pending_rows: i64,
+    /// Outbox rows the relay marked failed (never publishable).
+    pub failed_rows: i64,
     /// Orders with no outbox event.
     pub orders_without_event: i64,
     /// msg_ids in the inbox.
@@ -115,6 +128,7 @@ impl Report {
             ),
             d("orders_without_event", self.orders_without_event),
             d("pending_rows", self.pending_rows),
+            d("failed_rows", self.failed_rows),
             d("events_not_consumed", self.events_not_consumed),
             d(
                 "inbox_msg_ids - outbox_rows",
@@ -150,13 +164,14 @@ impl Report {
 
     /// The human table.
     pub fn table(&self) -> String {
-        let rows: [(&str, i64); 19] = [
+        let rows: [(&str, i64); 20] = [
             ("intents (idempotency keys)", self.intents),
             ("distinct orders", self.distinct_orders),
             ("intents without order", self.intents_without_order),
             ("outbox rows", self.outbox_rows),
             ("published rows", self.published_rows),
             ("pending rows", self.pending_rows),
+            ("failed outbox rows", self.failed_rows),
             ("orders without event", self.orders_without_event),
             ("inbox msg_ids", self.inbox_msg_ids),
             ("events not consumed", self.events_not_consumed),

@@ -27,8 +27,10 @@ use effectively::crash::{CrashArgs, Crasher};
 use effectively::envelope::{Envelope, HEADER_EVENT_TYPE, HEADER_MSG_ID};
 use futures::future::join_all;
 use rdkafka::ClientConfig;
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
@@ -79,6 +81,14 @@ pub struct Config {
     /// Producer linger in milliseconds (batching on the wire).
     #[arg(long, env = "RELAY_LINGER_MS", default_value_t = 5)]
     pub linger_ms: u64,
+
+    /// Publish attempts an outbox row gets when the failure is the row's own
+    /// (payload not JSON, over the broker's size limit) before it is marked
+    /// failed: it is then never retried, holds back only the later events of
+    /// its own key, and shows in `outbox_failed_rows` and in recon. Broker
+    /// outages and timeouts do not count: those rows are retried forever.
+    #[arg(long, env = "RELAY_MAX_ATTEMPTS", default_value_t = 5, value_parser = clap::value_parser!(i32).range(1..))]
+    pub max_attempts: i32,
 
     /// Broker ack timeout for one message, in milliseconds; an unacked row
     /// stays pending and is retried.
@@ -142,6 +152,7 @@ pub async fn run(
         producer: producer.clone(),
         topic: config.kafka.kafka_topic.clone(),
         batch_size: config.batch_size.max(1),
+        max_attempts: config.max_attempts.max(1),
         metrics: metrics.clone(),
         crasher,
     });
@@ -178,8 +189,21 @@ struct Worker {
     producer: FutureProducer,
     topic: String,
     batch_size: i64,
+    max_attempts: i32,
     metrics: Arc<RelayMetrics>,
     crasher: Arc<Crasher>,
+}
+
+/// How publishing one row ended.
+#[derive(Debug)]
+enum Publish {
+    /// The broker acked it.
+    Delivered,
+    /// The broker or the network failed; the row is retried, uncounted.
+    Retry,
+    /// The row itself cannot be published (the error says why); the attempt
+    /// counts against `--max-attempts`.
+    Rejected(String),
 }
 
 impl Worker {
@@ -253,15 +277,17 @@ impl Worker {
             tx.commit().await.context("commit empty claim")?;
             return Ok(0);
         }
-        let rows = outbox::first_per_aggregate(rows);
         let start = Instant::now();
         let results = join_all(rows.iter().map(|row| self.publish(row))).await;
-        let delivered: Vec<i64> = rows
-            .iter()
-            .zip(&results)
-            .filter(|(_, ok)| **ok)
-            .map(|(row, _)| row.id)
-            .collect();
+        let mut delivered = Vec::with_capacity(rows.len());
+        let mut rejected = Vec::new();
+        for (row, result) in rows.iter().zip(results) {
+            match result {
+                Publish::Delivered => delivered.push(row.id),
+                Publish::Retry => {}
+                Publish::Rejected(error) => rejected.push((row.id, error)),
+            }
+        }
         self.metrics
             .relay_publish_duration_seconds
             .observe(start.elapsed().as_secs_f64());
@@ -271,7 +297,24 @@ impl Worker {
         outbox::mark_published(&mut tx, &delivered)
             .await
             .context("mark published")?;
+        let failed = if rejected.is_empty() {
+            0
+        } else {
+            outbox::record_failures(&mut tx, &rejected, self.max_attempts)
+                .await
+                .context("record failed publish attempts")?
+        };
         tx.commit().await.context("commit published batch")?;
+        if failed > 0 {
+            tracing::error!(
+                shard,
+                failed,
+                max_attempts = self.max_attempts,
+                "outbox rows marked failed: they will not be published (see orders.outbox.last_error); \
+                 later events of their keys are held back"
+            );
+        }
+        self.metrics.relay_rows_failed_total.inc_by(failed);
         self.metrics
             .relay_published_total
             .inc_by(delivered.len() as u64);
@@ -281,8 +324,8 @@ impl Worker {
         Ok(delivered.len())
     }
 
-    /// Produces one row; `true` when the broker acked it.
-    async fn publish(&self, row: &PendingRow) -> bool {
+    /// Produces one row.
+    async fn publish(&self, row: &PendingRow) -> Publish {
         let value = match Envelope::new(
             row.msg_id,
             row.event_type.clone(),
@@ -298,8 +341,8 @@ impl Worker {
                     .relay_errors_total
                     .with_label_values(&["encode"])
                     .inc();
-                tracing::error!(outbox_id = row.id, %error, "outbox payload is not JSON; row left pending");
-                return false;
+                tracing::warn!(outbox_id = row.id, attempts = row.attempts + 1, %error, "outbox payload is not JSON");
+                return Publish::Rejected(format!("payload is not JSON: {error}"));
             }
         };
         let key = row.aggregate_id.to_string();
@@ -330,7 +373,15 @@ impl Worker {
                 self.metrics
                     .relay_commit_to_publish_seconds
                     .observe(age.max(0.0));
-                true
+                Publish::Delivered
+            }
+            Err((error, _)) if rejects_the_row(&error) => {
+                self.metrics
+                    .relay_errors_total
+                    .with_label_values(&["rejected"])
+                    .inc();
+                tracing::warn!(outbox_id = row.id, attempts = row.attempts + 1, bytes = value.len(), %error, "the row cannot be published");
+                Publish::Rejected(format!("{error} ({} bytes)", value.len()))
             }
             Err((error, _)) => {
                 self.metrics
@@ -338,10 +389,24 @@ impl Worker {
                     .with_label_values(&["produce"])
                     .inc();
                 tracing::warn!(outbox_id = row.id, %error, "publish failed; row stays pending");
-                false
+                Publish::Retry
             }
         }
     }
+}
+
+/// Whether a produce error is about the message itself (the same message
+/// fails again, whatever the broker's health) rather than the broker.
+fn rejects_the_row(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::InvalidMessage
+                | RDKafkaErrorCode::InvalidRecord
+        )
+    )
 }
 
 /// Wakes the workers on every `NOTIFY orders_outbox` (sent on commit).
@@ -400,8 +465,9 @@ async fn sample_lag(
     loop {
         match pool.acquire().await {
             Ok(mut conn) => match outbox::lag(&mut conn).await {
-                Ok((pending, age)) => {
+                Ok((pending, age, failed)) => {
                     metrics.outbox_pending_rows.set(pending);
+                    metrics.outbox_failed_rows.set(failed);
                     metrics.outbox_oldest_pending_age_seconds.set(age);
                 }
                 Err(error) => tracing::debug!(%error, "sample outbox lag"),

@@ -10,8 +10,14 @@ use prometheus::{
 pub struct RelayMetrics {
     /// The registry holding these metrics.
     pub registry: Registry,
-    /// Outbox rows committed but not yet published (sampled).
+    /// Outbox rows committed but not yet published, failed rows excluded
+    /// (sampled).
     pub outbox_pending_rows: IntGauge,
+    /// Outbox rows marked failed: never publishable, left for a human
+    /// (sampled). Each holds back the later events of its own key.
+    pub outbox_failed_rows: IntGauge,
+    /// Rows this process marked failed after their last allowed attempt.
+    pub relay_rows_failed_total: IntCounter,
     /// Age in seconds of the oldest pending outbox row (sampled; 0 when none).
     pub outbox_oldest_pending_age_seconds: Gauge,
     /// Outbox rows published and marked (re-publishes after a crash count again).
@@ -22,7 +28,9 @@ pub struct RelayMetrics {
     pub relay_publish_duration_seconds: Histogram,
     /// Seconds from an outbox row's commit to its broker ack.
     pub relay_commit_to_publish_seconds: Histogram,
-    /// Errors by stage: `db`, `produce`, `encode`, `listen`.
+    /// Errors by stage: `db`, `produce` (the broker, transient: retried),
+    /// `rejected` (the row itself: counted against its attempts), `encode`
+    /// (payload not JSON: counted too), `listen`.
     pub relay_errors_total: IntCounterVec,
 }
 
@@ -38,6 +46,14 @@ impl RelayMetrics {
             outbox_oldest_pending_age_seconds: Gauge::new(
                 "outbox_oldest_pending_age_seconds",
                 "Age in seconds of the oldest pending outbox row (0 when none)",
+            )?,
+            outbox_failed_rows: IntGauge::new(
+                "outbox_failed_rows",
+                "Outbox rows marked failed (never publishable); each holds back its own key",
+            )?,
+            relay_rows_failed_total: IntCounter::new(
+                "relay_rows_failed_total",
+                "Outbox rows marked failed after their last allowed publish attempt",
             )?,
             relay_published_total: IntCounter::new(
                 "relay_published_total",
@@ -73,6 +89,10 @@ impl RelayMetrics {
         m.registry
             .register(Box::new(m.outbox_oldest_pending_age_seconds.clone()))?;
         m.registry
+            .register(Box::new(m.outbox_failed_rows.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_rows_failed_total.clone()))?;
+        m.registry
             .register(Box::new(m.relay_published_total.clone()))?;
         m.registry.register(Box::new(m.relay_batch_size.clone()))?;
         m.registry
@@ -81,7 +101,7 @@ impl RelayMetrics {
             .register(Box::new(m.relay_commit_to_publish_seconds.clone()))?;
         m.registry
             .register(Box::new(m.relay_errors_total.clone()))?;
-        for stage in ["db", "produce", "encode", "listen"] {
+        for stage in ["db", "produce", "rejected", "encode", "listen"] {
             m.relay_errors_total.with_label_values(&[stage]);
         }
         Ok(m)

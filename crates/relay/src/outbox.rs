@@ -28,6 +28,8 @@ pub struct PendingRow {
     pub payload: Vec<u8>,
     /// Commit time (roughly: insert time of the row).
     pub created_at: DateTime<Utc>,
+    /// Publish attempts that failed for the row itself (not for the broker).
+    pub attempts: i32,
 }
 
 /// Tries to take `shard`'s lock for the life of `tx`. `false`: another relay
@@ -43,7 +45,14 @@ pub async fn try_lock_shard(tx: &mut Transaction<'_, Postgres>, shard: i16) -> s
         .await
 }
 
-/// Claims up to `limit` pending rows of `shard` in id order.
+/// Claims up to `limit` rows of `shard` in id order: the first pending row
+/// of each aggregate, none that has failed.
+///
+/// Per-key order: a row is taken only when no earlier row of its aggregate
+/// is pending, so one key is never in flight twice, and a failed row (which
+/// stays unpublished) holds back the later events of its own key and of no
+/// other. A key with a long backlog yields one row per claim and leaves the
+/// rest of the batch to the other keys, so it cannot starve its shard.
 ///
 /// `FOR UPDATE SKIP LOCKED`: rows locked by anyone else (a manual fix-up, a
 /// relay of an older version) are skipped rather than waited for.
@@ -53,11 +62,14 @@ pub async fn claim(
     limit: i64,
 ) -> sqlx::Result<Vec<PendingRow>> {
     sqlx::query_as(
-        "SELECT id, aggregate_id, msg_id, event_type, payload, created_at \
-         FROM orders.outbox \
-         WHERE shard = $1 AND published_at IS NULL \
-         ORDER BY id LIMIT $2 \
-         FOR UPDATE SKIP LOCKED",
+        "SELECT o.id, o.aggregate_id, o.msg_id, o.event_type, o.payload, o.created_at, o.attempts \
+         FROM orders.outbox o \
+         WHERE o.shard = $1 AND o.published_at IS NULL AND o.failed_at IS NULL \
+           AND NOT EXISTS (SELECT 1 FROM orders.outbox e \
+                           WHERE e.aggregate_id = o.aggregate_id \
+                             AND e.published_at IS NULL AND e.id < o.id) \
+         ORDER BY o.id LIMIT $2 \
+         FOR UPDATE OF o SKIP LOCKED",
     )
     .bind(shard)
     .bind(limit)
@@ -76,46 +88,45 @@ pub async fn mark_published(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Resul
     )
 }
 
-/// Keeps only the first (lowest id) row of each aggregate, so that one key
-/// is never in flight twice in a batch: if its first event failed to deliver
-/// and a later one succeeded, the retry would land after the later one.
-pub fn first_per_aggregate(rows: Vec<PendingRow>) -> Vec<PendingRow> {
-    let mut seen = std::collections::HashSet::with_capacity(rows.len());
-    rows.into_iter()
-        .filter(|row| seen.insert(row.aggregate_id))
-        .collect()
+/// Records a failed publish attempt of each row (`(id, error)`): counts it,
+/// keeps the error, and marks the row failed once it has failed
+/// `max_attempts` times. Returns how many rows this marked failed.
+pub async fn record_failures(
+    conn: &mut PgConnection,
+    failures: &[(i64, String)],
+    max_attempts: i32,
+) -> sqlx::Result<u64> {
+    let ids: Vec<i64> = failures.iter().map(|(id, _)| *id).collect();
+    let errors: Vec<String> = failures
+        .iter()
+        .map(|(_, e)| effectively::text::storable(e))
+        .collect();
+    let failed: i64 = sqlx::query_scalar(
+        "WITH u AS ( \
+           UPDATE orders.outbox o SET attempts = o.attempts + 1, last_error = f.error, \
+                  failed_at = CASE WHEN o.attempts + 1 >= $3 THEN now() END \
+           FROM unnest($1::int8[], $2::text[]) AS f(id, error) \
+           WHERE o.id = f.id \
+           RETURNING o.failed_at) \
+         SELECT count(*) FROM u WHERE failed_at IS NOT NULL",
+    )
+    .bind(&ids)
+    .bind(&errors)
+    .bind(max_attempts)
+    .fetch_one(conn)
+    .await?;
+    Ok(u64::try_from(failed).unwrap_or(0))
 }
 
-/// Backlog size and the age of the oldest pending row, in seconds.
-pub async fn lag(conn: &mut PgConnection) -> sqlx::Result<(i64, f64)> {
+/// The backlog: rows pending (not failed), the age of the oldest of them in
+/// seconds, and rows marked failed.
+pub async fn lag(conn: &mut PgConnection) -> sqlx::Result<(i64, f64, i64)> {
     sqlx::query_as(
-        "SELECT count(*), \
-                COALESCE(EXTRACT(EPOCH FROM now() - min(created_at))::float8, 0) \
+        "SELECT count(*) FILTER (WHERE failed_at IS NULL), \
+                COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE failed_at IS NULL))::float8, 0), \
+                count(*) FILTER (WHERE failed_at IS NOT NULL) \
          FROM orders.outbox WHERE published_at IS NULL",
     )
     .fetch_one(conn)
     .await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn row(id: i64, aggregate: u128) -> PendingRow {
-        PendingRow {
-            id,
-            aggregate_id: Uuid::from_u128(aggregate),
-            msg_id: Uuid::now_v7(),
-            event_type: "t".into(),
-            payload: b"{}".to_vec(),
-            created_at: Utc::now(),
-        }
-    }
-
-    #[test]
-    fn one_row_per_aggregate_the_earliest() {
-        let rows = vec![row(1, 7), row(2, 8), row(3, 7), row(4, 9), row(5, 8)];
-        let ids: Vec<i64> = first_per_aggregate(rows).iter().map(|r| r.id).collect();
-        assert_eq!(ids, vec![1, 2, 4]);
-    }
 }

@@ -30,6 +30,7 @@ fn config(db: &TestDb, topic: &TestTopic, workers: usize, batch_size: i64) -> Co
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
         linger_ms: 2,
         message_timeout_ms: 10_000,
+        max_attempts: 5,
     }
 }
 
@@ -256,4 +257,163 @@ async fn relay_killed_between_publish_and_mark_loses_nothing() {
         distinct.len()
     );
     assert_first_occurrences_in_order(&seqs, 4);
+}
+
+async fn insert_raw(pool: &PgPool, aggregate: Uuid, payload: &[u8]) -> Uuid {
+    let msg_id = Uuid::now_v7();
+    let mut conn = pool.acquire().await.expect("acquire");
+    Outbox::default()
+        .enqueue(
+            &mut conn,
+            &OutboxMessage {
+                aggregate_id: aggregate,
+                msg_id,
+                event_type: "test.event".into(),
+                payload: payload.to_vec(),
+            },
+        )
+        .await
+        .expect("enqueue");
+    msg_id
+}
+
+async fn scrape(url: &str, name: &str) -> f64 {
+    let text = reqwest::get(url)
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .map(|v| v.trim().parse().expect("number"))
+        .unwrap_or(0.0)
+}
+
+/// Outbox rows that can never be published (payload not JSON, over the
+/// broker's size limit) are tried `--max-attempts` times, then marked failed
+/// with their error; they hold back the later events of their own key and
+/// nothing else.
+#[tokio::test]
+async fn a_row_that_cannot_be_published_fails_alone_and_holds_back_only_its_key() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(3).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let (not_json, too_big) = (Uuid::now_v7(), Uuid::now_v7());
+    insert_raw(&pool, not_json, b"\xff{ not json").await;
+    insert_raw(&pool, not_json, br#"{"seq":1}"#).await;
+    let big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(2 * 1024 * 1024));
+    insert_raw(&pool, too_big, big.as_bytes()).await;
+    insert_raw(&pool, too_big, br#"{"seq":1}"#).await;
+    let keys: Vec<Uuid> = (0..40).map(|_| Uuid::now_v7()).collect();
+    fill_outbox(&pool, &keys, 2).await;
+
+    let mut cfg = config(&db, &topic, 1, 10);
+    cfg.max_attempts = 3;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(run(cfg, listener, cancel.clone()));
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 4 && scrape(&url, "outbox_failed_rows").await == 2.0
+        })
+        .await,
+        "everything else published, the two bad rows failed (pending {})",
+        pending(&pool).await
+    );
+    let rows: Vec<(Uuid, i32, Option<String>, bool)> = sqlx::query_as(
+        "SELECT aggregate_id, attempts, last_error, failed_at IS NOT NULL \
+         FROM orders.outbox WHERE published_at IS NULL ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("rows");
+    assert_eq!(rows.len(), 4);
+    assert_eq!((rows[0].0, rows[0].1, rows[0].3), (not_json, 3, true));
+    assert!(
+        rows[0].2.as_deref().unwrap_or("").contains("not JSON"),
+        "{:?}",
+        rows[0].2
+    );
+    assert_eq!(
+        (rows[1].0, rows[1].1, rows[1].3),
+        (not_json, 0, false),
+        "held back, never tried"
+    );
+    assert_eq!((rows[2].0, rows[2].1, rows[2].3), (too_big, 3, true));
+    assert!(
+        rows[2].2.as_deref().unwrap_or("").contains("too large"),
+        "{:?}",
+        rows[2].2
+    );
+    assert_eq!(
+        (rows[3].0, rows[3].1, rows[3].3),
+        (too_big, 0, false),
+        "held back, never tried"
+    );
+    assert_eq!(scrape(&url, "relay_rows_failed_total").await, 2.0);
+    assert_eq!(
+        scrape(&url, "outbox_pending_rows").await,
+        2.0,
+        "failed rows are not pending"
+    );
+
+    let messages = topic.read_all(80, Duration::from_secs(30)).await;
+    let (seqs, _) = per_key_sequences(&messages);
+    assert_eq!(seqs.len(), 40, "only the good keys were published");
+    assert_first_occurrences_in_order(&seqs, 2);
+    cancel.cancel();
+    task.await.expect("join").expect("relay ok");
+}
+
+/// One key with a long backlog takes one row per claim: the other keys of
+/// its shard are not starved behind it.
+#[tokio::test]
+async fn a_hot_key_backlog_does_not_starve_its_shard() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(3).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let hot = Uuid::now_v7();
+    fill_outbox(&pool, &[hot], 300).await;
+    let others: Vec<Uuid> = (0..50).map(|_| Uuid::now_v7()).collect();
+    fill_outbox(&pool, &others, 1).await;
+
+    let (cancel, task) = spawn_relay(config(&db, &topic, 1, 10)).await;
+    let hot_pending = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL AND aggregate_id = $1",
+        )
+        .bind(hot)
+        .fetch_one(&pool)
+        .await
+        .expect("hot pending")
+    };
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == hot_pending().await
+        })
+        .await,
+        "every other key published"
+    );
+    let left = hot_pending().await;
+    assert!(
+        left > 200,
+        "the other keys went first, not after the hot key's backlog ({left} of 300 left)"
+    );
+    assert!(
+        eventually(Duration::from_secs(120), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "the hot key drains too"
+    );
+    let messages = topic.read_all(350, Duration::from_secs(30)).await;
+    let (seqs, _) = per_key_sequences(&messages);
+    assert_first_occurrences_in_order(
+        &HashMap::from([(hot.to_string(), seqs[&hot.to_string()].clone())]),
+        300,
+    );
+    cancel.cancel();
+    task.await.expect("join").expect("relay ok");
 }

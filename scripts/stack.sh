@@ -31,7 +31,8 @@ PARTITIONS=${KAFKA_TOPIC_PARTITIONS:-6}
 NISSHI_VERSION=0.8.1
 TOOLS_DIR=$ROOT/.tools
 TOOLS_CACHE=${TOOLS_CACHE:-$HOME/.cache/effectively}
-NISSHI=$TOOLS_DIR/nisshi-$NISSHI_VERSION/bin/nisshi
+NISSHI_FEATURES=libsql
+NISSHI=$TOOLS_DIR/nisshi-$NISSHI_VERSION-$NISSHI_FEATURES/bin/nisshi
 KAFKA_DIR=$STACK_DIR/kafka
 
 log() { printf 'stack: %s\n' "$*" >&2; }
@@ -117,17 +118,20 @@ pg_down() {
 
 # --- the broker ------------------------------------------------------------
 
-# nisshi is built from crates.io once per machine (about 14 min on 2 cores):
+# nisshi is built from crates.io once per machine, with only the storage
+# engine the stack uses (sqlite, nisshi's `libsql` feature; the default
+# features add PostgreSQL, S3 and Iceberg storage the stack never starts):
 # into the machine-wide cache, then linked into the git-ignored .tools/ of
 # each checkout. A cached binary of the pinned version is never rebuilt.
 ensure_nisshi() {
   [ -x "$NISSHI" ] && return
-  local cached=$TOOLS_CACHE/nisshi-$NISSHI_VERSION/bin/nisshi
+  local cached=$TOOLS_CACHE/nisshi-$NISSHI_VERSION-$NISSHI_FEATURES/bin/nisshi
   if [ ! -x "$cached" ]; then
-    log "building nisshi $NISSHI_VERSION from crates.io once for this machine (about 14 min)"
+    log "building nisshi $NISSHI_VERSION ($NISSHI_FEATURES storage only) from crates.io once for this machine (one time; ~17 min on 2 cores)"
     mkdir -p "$TOOLS_CACHE"
     cargo install nisshi --version "$NISSHI_VERSION" --locked --ignore-rust-version \
-      --root "$TOOLS_CACHE/nisshi-$NISSHI_VERSION" >"$TOOLS_CACHE/nisshi-build.log" 2>&1 \
+      --no-default-features --features "$NISSHI_FEATURES" \
+      --root "$TOOLS_CACHE/nisshi-$NISSHI_VERSION-$NISSHI_FEATURES" >"$TOOLS_CACHE/nisshi-build.log" 2>&1 \
       || die "cargo install nisshi failed, see $TOOLS_CACHE/nisshi-build.log"
   fi
   mkdir -p "$(dirname "$NISSHI")"

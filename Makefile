@@ -6,7 +6,7 @@ CARGO ?= cargo
 # Connection settings written by `make up` (DATABASE_URL, ...).
 -include .stack/env
 
-.PHONY: help up down status migrate build test fmt lint orders bench-orders bench-pipeline bench-relay-sweep demo \
+.PHONY: help up down status migrate build test fmt lint orders bench-orders bench-pipeline bench-recon bench-relay-sweep demo \
         check-config check-dashboards plot-deps plot-orders chaos exp-1 exp-2 exp-3 exp-4
 
 help: ## list the targets
@@ -52,6 +52,9 @@ bench-orders: ## benchmark POST /orders against the pgbench ceiling (see FINDING
 
 bench-pipeline: ## relay drain and consumer throughput vs raw rdkafka, commit→effect latency (see FINDINGS.md)
 	@scripts/bench-pipeline.sh
+
+bench-recon: ## recon's time on 1M and 10M consistent orders (BENCH_RECON_SIZES; see FINDINGS.md)
+	@scripts/bench-recon.sh
 
 bench-relay-sweep: ## relay drain rate by workers and batch size (after bench-pipeline)
 	@scripts/bench-relay-sweep.sh

@@ -4,7 +4,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use effectively::config::DbArgs;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::ConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use std::str::FromStr;
 
 /// Recon: prove distinct effects == distinct intents with one SQL diff.
 ///
@@ -27,6 +29,12 @@ struct Args {
     /// reported separately: ambiguous by nature.
     #[arg(long, value_name = "FILE")]
     intents: Option<std::path::PathBuf>,
+
+    /// Report failed outbox rows and dead letters without counting them as
+    /// drift (for runs that feed bad input on purpose). Without it they are
+    /// drift: each is an intent that did not reach its effect.
+    #[arg(long, env = "RECON_ALLOW_DEAD_LETTERS")]
+    allow_dead_letters: bool,
 
     /// Print the report as JSON.
     #[arg(long)]
@@ -58,7 +66,11 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             recon::DRAINED_SQL
         );
     }
-    // Read-only: never migrate, never write.
+    // Read-only: never migrate, never write. The diff is one long statement
+    // by design: sqlx's slow-statement warning would only repeat it.
+    let options = PgConnectOptions::from_str(&args.db.database_url)
+        .context("parse DATABASE_URL")?
+        .disable_statement_logging();
     let pool = PgPoolOptions::new()
         .max_connections(2)
         .after_connect(|conn, _| {
@@ -69,7 +81,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
                 Ok(())
             })
         })
-        .connect(&args.db.database_url)
+        .connect_with(options)
         .await
         .context("connect to postgres")?;
     let mut drained = None;
@@ -79,7 +91,14 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             eprintln!("recon: pipeline not drained after {secs} s; reporting the current state");
         }
     }
-    let report = recon::reconcile(&pool).await.context("run the diff")?;
+    let policy = recon::Policy {
+        allow_dead_letters: args.allow_dead_letters,
+    };
+    let mut conn = pool.acquire().await.context("connect to postgres")?;
+    let started = std::time::Instant::now();
+    let report = recon::reconcile(&mut conn).await.context("run the diff")?;
+    let diff_seconds = started.elapsed().as_secs_f64();
+    drop(conn);
     let intents = match &args.intents {
         None => None,
         Some(path) => {
@@ -97,18 +116,21 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             )
         }
     };
-    let clean = report.is_clean() && intents.as_ref().is_none_or(|i| i.is_clean());
+    let clean = report.is_clean(policy) && intents.as_ref().is_none_or(|i| i.is_clean());
     if args.json {
         let value = serde_json::json!({
             "report": report,
-            "deltas": report.deltas(),
+            "deltas": report.deltas(policy),
+            "drift": report.drift(policy),
+            "diff_seconds": diff_seconds,
             "drained": drained,
             "intents": intents,
             "clean": clean,
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
-        print!("{}", report.table());
+        print!("{}", report.table(policy));
+        println!("(the diff took {diff_seconds:.2} s)");
         if let Some(intents) = &intents {
             print!("{}", intents.table());
         }

@@ -8,6 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use effectively::testing::{TestDb, TestTopic, eventually};
+use recon::Policy;
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
@@ -155,7 +156,8 @@ async fn recon(pool: &PgPool) -> recon::Report {
             .expect("drain query"),
         "pipeline drained"
     );
-    recon::reconcile(pool).await.expect("recon")
+    let mut conn = pool.acquire().await.expect("connect");
+    recon::reconcile(&mut conn).await.expect("recon")
 }
 
 #[tokio::test]
@@ -164,7 +166,11 @@ async fn orders_with_retries_flow_to_exactly_one_charge_each() {
     let seen = send_orders(&stack.http, 300, 2).await;
     let pool = stack.pool().await;
     let report = recon(&pool).await;
-    assert!(report.is_clean(), "recon drift:\n{}", report.table());
+    assert!(
+        report.is_clean(Policy::default()),
+        "recon drift:\n{}",
+        report.table(Policy::default())
+    );
     assert_eq!(report.intents, 300);
     assert_eq!(report.distinct_charges, 300);
 
@@ -210,12 +216,221 @@ async fn orders_with_retries_flow_to_exactly_one_charge_each() {
     );
     let report = recon(&pool).await;
     assert!(
-        report.is_clean(),
+        report.is_clean(Policy::default()),
         "recon drift after re-publish:\n{}",
-        report.table()
+        report.table(Policy::default())
     );
     assert_eq!(report.charge_effects, 300, "still one charge each");
     assert_eq!(report.published_rows, 300);
     drop(stack.children);
     let _ = stack.topic;
+}
+
+/// A database holding a consistent pipeline of `n` orders (the seed recon's
+/// scale benchmark uses).
+async fn seeded(n: u64) -> (TestDb, PgPool) {
+    let db = TestDb::create().await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let sql = include_str!("../src/seed.sql").replace(":n", &n.to_string());
+    sqlx::raw_sql(&sql).execute(&pool).await.expect("seed");
+    (db, pool)
+}
+
+/// Each corruption, applied alone to a clean database, is drift and is named.
+#[tokio::test]
+async fn every_per_order_check_catches_its_corruption() {
+    let (_db, pool) = seeded(50).await;
+    let mut conn = pool.acquire().await.expect("connect");
+    let clean = recon::reconcile(&mut conn).await.expect("recon");
+    assert!(
+        clean.is_clean(Policy::default()),
+        "the seed is clean:\n{}",
+        clean.table(Policy::default())
+    );
+    assert_eq!(clean.distinct_orders, 50);
+
+    let o = |i: u32| format!("'{:032x}'::uuid", i);
+    let cases: Vec<(String, &str)> = vec![
+        // Sums stay equal: only a per-order comparison sees these.
+        (
+            format!(
+                "UPDATE payments.charges SET amount_cents = CASE WHEN order_id = {a} THEN (SELECT amount_cents FROM payments.charges WHERE order_id = {b}) ELSE (SELECT amount_cents FROM payments.charges WHERE order_id = {a}) END WHERE order_id IN ({a}, {b})",
+                a = o(1),
+                b = o(2)
+            ),
+            "charge_mismatches",
+        ),
+        (
+            format!(
+                "UPDATE payments.ledger SET amount_cents = CASE WHEN order_id = {a} THEN (SELECT amount_cents FROM payments.ledger WHERE order_id = {b}) ELSE (SELECT amount_cents FROM payments.ledger WHERE order_id = {a}) END WHERE order_id IN ({a}, {b})",
+                a = o(3),
+                b = o(4)
+            ),
+            "effect_mismatches",
+        ),
+        (
+            format!(
+                "UPDATE payments.charges SET account_id = account_id + 1 WHERE order_id = {}",
+                o(5)
+            ),
+            "charge_mismatches",
+        ),
+        (
+            format!(
+                "UPDATE payments.ledger SET account_id = account_id + 1 WHERE order_id = {}",
+                o(6)
+            ),
+            "effect_mismatches",
+        ),
+        (
+            format!(
+                "UPDATE payments.charges SET msg_id = (SELECT msg_id FROM orders.outbox WHERE aggregate_id = {}) WHERE order_id = {}",
+                o(8),
+                o(7)
+            ),
+            "charges_by_another_event",
+        ),
+        (
+            format!(
+                "UPDATE orders.outbox SET payload = convert_to(replace(convert_from(payload, 'UTF8'), '\"amount_cents\":', '\"amount_cents\":9'), 'UTF8') WHERE aggregate_id = {}",
+                o(9)
+            ),
+            "event_payload_mismatches",
+        ),
+        (
+            format!("DELETE FROM orders.idempotency_keys WHERE order_id = {}", o(10)),
+            "orders_without_key",
+        ),
+        (
+            format!(
+                "INSERT INTO orders.idempotency_keys SELECT 'another-key', request_hash, order_id, response_code, response_headers, response_body FROM orders.idempotency_keys WHERE order_id = {}",
+                o(11)
+            ),
+            "orders_with_many_keys",
+        ),
+        (
+            format!(
+                "UPDATE orders.idempotency_keys SET response_body = (SELECT response_body FROM orders.idempotency_keys WHERE order_id = {}) WHERE order_id = {}",
+                o(13),
+                o(12)
+            ),
+            "responses_naming_another_order",
+        ),
+        (
+            format!(
+                "UPDATE orders.idempotency_keys SET order_id = {} WHERE order_id = {}",
+                o(999),
+                o(14)
+            ),
+            "intents_without_order",
+        ),
+        (
+            format!(
+                "INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) SELECT account_id, order_id, msg_id, amount_cents FROM payments.ledger WHERE order_id = {}",
+                o(15)
+            ),
+            "double_charges",
+        ),
+        (
+            format!("DELETE FROM payments.ledger WHERE order_id = {}", o(16)),
+            "charges_without_effect",
+        ),
+        (
+            format!("DELETE FROM payments.charges WHERE order_id = {}", o(17)),
+            "orders_without_charge",
+        ),
+        (
+            format!("DELETE FROM orders.outbox WHERE aggregate_id = {}", o(18)),
+            "orders_without_event",
+        ),
+        (
+            format!(
+                "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload, published_at) VALUES ({}, gen_random_uuid(), 'order.created', '{{}}', now())",
+                o(19)
+            ),
+            "orders_with_many_events",
+        ),
+        (
+            format!(
+                "DELETE FROM payments.inbox WHERE msg_id = (SELECT msg_id FROM orders.outbox WHERE aggregate_id = {})",
+                o(20)
+            ),
+            "events_not_consumed",
+        ),
+        (
+            "INSERT INTO payments.inbox (msg_id) VALUES (gen_random_uuid())".to_owned(),
+            "inbox_without_event",
+        ),
+        (
+            format!(
+                "UPDATE orders.outbox SET published_at = NULL, failed_at = now(), attempts = 5, last_error = 'too large' WHERE aggregate_id = {}",
+                o(21)
+            ),
+            "failed_rows",
+        ),
+        (
+            "INSERT INTO payments.dead_letters (topic, partition, \"offset\", reason, kind) VALUES ('t', 0, 1, 'bad', 'undecodable')".to_owned(),
+            "dead_letters",
+        ),
+    ];
+    for (sql, check) in cases {
+        let mut tx = pool.begin().await.expect("begin");
+        sqlx::query(&sql).execute(&mut *tx).await.expect(&sql);
+        let report = recon::reconcile(&mut tx).await.expect("recon");
+        let drift = report.drift(Policy::default());
+        assert!(
+            drift.contains(&check),
+            "{check} not named after `{sql}`; drift: {drift:?}\n{}",
+            report.table(Policy::default())
+        );
+        if matches!(check, "failed_rows" | "dead_letters") {
+            let allowed = Policy {
+                allow_dead_letters: true,
+            };
+            assert!(
+                !report.drift(allowed).contains(&check),
+                "--allow-dead-letters reports {check} without calling it drift"
+            );
+        }
+        tx.rollback().await.expect("rollback");
+    }
+}
+
+/// The binary: exit 0 on the clean seed; exit 1 naming the check once two
+/// orders' charged amounts are swapped (the sums still agree).
+#[tokio::test]
+async fn the_recon_binary_exits_one_and_names_the_check() {
+    let (db, pool) = seeded(20).await;
+    let run = || {
+        std::process::Command::new(bin("recon"))
+            .env("DATABASE_URL", &db.url)
+            .env("RUST_LOG", "error")
+            .output()
+            .expect("run recon")
+    };
+    let out = run();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    sqlx::query(
+        "UPDATE payments.charges c SET amount_cents = s.amount_cents \
+         FROM (SELECT order_id, CASE WHEN order_id = '00000000000000000000000000000001'::uuid \
+                 THEN (SELECT amount_cents FROM payments.charges WHERE order_id = '00000000000000000000000000000002'::uuid) \
+                 ELSE (SELECT amount_cents FROM payments.charges WHERE order_id = '00000000000000000000000000000001'::uuid) END AS amount_cents \
+               FROM payments.charges WHERE order_id IN ('00000000000000000000000000000001'::uuid, '00000000000000000000000000000002'::uuid)) s \
+         WHERE c.order_id = s.order_id",
+    )
+    .execute(&pool)
+    .await
+    .expect("swap");
+    let out = run();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("DRIFT — effects != intents (charge_mismatches"),
+        "{stdout}"
+    );
 }

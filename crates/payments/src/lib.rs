@@ -26,7 +26,9 @@ use effectively::crash::{CrashArgs, Crasher};
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -92,14 +94,33 @@ pub struct Config {
     pub unsafe_split_txn: Option<unsafe_split::SplitTxn>,
 }
 
-/// Tracks this member's assignment so that offsets of revoked partitions are
-/// never committed: a late commit could move the new owner's offset back.
-#[derive(Default)]
+/// The consumer's callbacks: tracks this member's assignment so that offsets
+/// of revoked partitions are never committed (a late commit could move the
+/// new owner's offset back), counts failed offset commits, and turns a fatal
+/// client error into the end of the process.
 pub struct RebalanceContext {
     assigned: Mutex<HashSet<(String, i32)>>,
+    /// Fired when the client reports a fatal error (e.g. this static member
+    /// was fenced by another process with the same `group.instance.id`): a
+    /// client in that state consumes nothing again, so the process must end
+    /// non-zero and let its supervisor start a new one.
+    fatal: CancellationToken,
+    fatal_reason: Mutex<Option<String>>,
+    commit_failures: prometheus::IntCounter,
 }
 
 impl RebalanceContext {
+    /// A context that fires `fatal` on a fatal client error and counts failed
+    /// asynchronous offset commits in `commit_failures`.
+    pub fn new(fatal: CancellationToken, commit_failures: prometheus::IntCounter) -> Self {
+        Self {
+            assigned: Mutex::default(),
+            fatal,
+            fatal_reason: Mutex::default(),
+            commit_failures,
+        }
+    }
+
     fn owns(&self, topic: &str, partition: i32) -> bool {
         self.assigned
             .lock()
@@ -114,11 +135,38 @@ impl RebalanceContext {
             .map(|a| a.iter().cloned().collect())
             .unwrap_or_default()
     }
+
+    /// The fatal error the client reported, if any.
+    pub fn fatal_reason(&self) -> Option<String> {
+        self.fatal_reason.lock().ok().and_then(|r| r.clone())
+    }
 }
 
-impl ClientContext for RebalanceContext {}
+impl ClientContext for RebalanceContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
+            tracing::error!(%error, reason, "kafka consumer in a fatal state; exiting");
+            if let Ok(mut r) = self.fatal_reason.lock() {
+                r.get_or_insert_with(|| format!("{error}: {reason}"));
+            }
+            self.fatal.cancel();
+        } else {
+            tracing::warn!(%error, reason, "kafka client error");
+        }
+    }
+}
 
 impl ConsumerContext for RebalanceContext {
+    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        if let Err(error) = result {
+            // Harmless for correctness (the batch is redelivered and is a
+            // no-op), but a consumer whose commits keep failing redoes its
+            // work after every restart: count it.
+            self.commit_failures.inc();
+            tracing::warn!(%error, "offset commit failed; the batch will be redelivered (no-op)");
+        }
+    }
+
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance
             && let Ok(mut assigned) = self.assigned.lock()
@@ -146,7 +194,7 @@ impl ConsumerContext for RebalanceContext {
 pub type PaymentsConsumer = StreamConsumer<RebalanceContext>;
 
 /// Builds the consumer: manual offset commits, earliest reset.
-pub fn consumer(config: &Config) -> anyhow::Result<PaymentsConsumer> {
+pub fn consumer(config: &Config, context: RebalanceContext) -> anyhow::Result<PaymentsConsumer> {
     let mut client = ClientConfig::new();
     if let Some(id) = &config.group_instance_id {
         client.set("group.instance.id", id);
@@ -158,7 +206,7 @@ pub fn consumer(config: &Config) -> anyhow::Result<PaymentsConsumer> {
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", config.session_timeout_ms.to_string())
         .set("enable.partition.eof", "false")
-        .create_with_context(RebalanceContext::default())
+        .create_with_context(context)
         .context("create kafka consumer")?;
     consumer
         .subscribe(&[&config.kafka.kafka_topic])
@@ -175,16 +223,26 @@ pub async fn run(
     let pool = effectively::db::connect(&config.db).await?;
     let metrics = Arc::new(PaymentsMetrics::new().context("register metrics")?);
     let cfg = config.clone();
+    let fatal = CancellationToken::new();
+    let context = RebalanceContext::new(
+        fatal.clone(),
+        metrics
+            .consumer_errors_total
+            .with_label_values(&["commit_callback"]),
+    );
     let consumer = Arc::new(
-        tokio::task::spawn_blocking(move || consumer(&cfg))
+        tokio::task::spawn_blocking(move || consumer(&cfg, context))
             .await
             .context("create consumer task")??,
     );
     let crasher = Crasher::new(config.crash.clone());
+    // The metrics server stops when the consumer loop has ended, for
+    // whatever reason (a shutdown, or a fatal client error).
+    let serving = cancel.child_token();
     let metrics_task = effectively::metrics::spawn_server(
         metrics_listener,
         metrics.registry.clone(),
-        cancel.clone(),
+        serving.clone(),
     );
     tracing::info!(group = %config.group_id, topic = %config.kafka.kafka_topic, "payments consuming");
     if let Some(mode) = config.unsafe_split_txn {
@@ -207,6 +265,7 @@ pub async fn run(
         let batch = tokio::select! {
             b = next_batch(&consumer, config.batch_size.max(1), linger, &metrics) => b,
             () = cancel.cancelled() => break,
+            () = fatal.cancelled() => break,
         };
         if batch.is_empty() {
             continue;
@@ -248,13 +307,22 @@ pub async fn run(
                 .inc_by(plan.reprocess.len() as u64);
         }
     }
-    // Leaving the group hands the partitions over at once instead of after
-    // the session timeout.
-    let c = consumer.clone();
-    let _ = tokio::task::spawn_blocking(move || c.unsubscribe()).await;
+    let fatal_reason = consumer.context().fatal_reason();
+    if fatal_reason.is_none() {
+        // Leaving the group hands the partitions over at once instead of
+        // after the session timeout.
+        let c = consumer.clone();
+        let _ = tokio::task::spawn_blocking(move || c.unsubscribe()).await;
+    }
+    serving.cancel();
     let _ = metrics_task.await;
     pool.close().await;
-    Ok(())
+    match fatal_reason {
+        // Nothing of the batch in hand was committed: it is redelivered to
+        // whoever takes the partitions.
+        Some(reason) => anyhow::bail!("kafka consumer in a fatal state: {reason}"),
+        None => Ok(()),
+    }
 }
 
 /// Waits for one message, then takes whatever else arrives within `linger`.
@@ -545,5 +613,42 @@ fn commit_offsets(consumer: &PaymentsConsumer, batch: &[OwnedMessage], metrics: 
             .with_label_values(&["commit"])
             .inc();
         tracing::warn!(%error, "offset commit failed; the batch will be redelivered (no-op)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The broker side of fencing (a second process with the same
+    // group.instance.id) is not reproducible on the embedded broker: nisshi
+    // does not fence the older static member. This checks the mapping from
+    // librdkafka's fatal error callback to the end of the process.
+    #[test]
+    fn a_fatal_client_error_ends_the_consumer_and_others_do_not() {
+        let fatal = CancellationToken::new();
+        let commits = prometheus::IntCounter::new("c", "c").expect("counter");
+        let context = RebalanceContext::new(fatal.clone(), commits.clone());
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
+            "broker down",
+        );
+        assert!(!fatal.is_cancelled(), "a transient error is retried");
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::Fatal),
+            "static consumer fenced by other consumer with same group.instance.id",
+        );
+        assert!(fatal.is_cancelled());
+        assert!(context.fatal_reason().is_some_and(|r| r.contains("fenced")));
+
+        context.commit_callback(Ok(()), &TopicPartitionList::new());
+        assert_eq!(commits.get(), 0);
+        context.commit_callback(
+            Err(KafkaError::ConsumerCommit(
+                RDKafkaErrorCode::RebalanceInProgress,
+            )),
+            &TopicPartitionList::new(),
+        );
+        assert_eq!(commits.get(), 1, "a failed async commit is counted");
     }
 }

@@ -33,7 +33,9 @@ pub struct PaymentsMetrics {
     /// Seconds from the outbox row's commit to the charge's commit.
     pub commit_to_effect_seconds: Histogram,
     /// Errors by stage: `db` (transient, retried), `db_refused` (the data of
-    /// the batch was refused: it is split), `kafka`, `commit`.
+    /// the batch was refused: it is split), `kafka`, `commit` (an offset
+    /// commit refused at once), `commit_callback` (an asynchronous offset
+    /// commit the broker did not take).
     pub consumer_errors_total: IntCounterVec,
     /// Duplicate deliveries injected on purpose (`--dup-rate`), by kind:
     /// `reprocess` (applied again after the commit, as if redelivered) and
@@ -131,7 +133,7 @@ impl PaymentsMetrics {
         for kind in ["reprocess", "redeliver"] {
             m.injected_duplicates_total.with_label_values(&[kind]);
         }
-        for stage in ["db", "db_refused", "kafka", "commit"] {
+        for stage in ["db", "db_refused", "kafka", "commit", "commit_callback"] {
             m.consumer_errors_total.with_label_values(&[stage]);
         }
         Ok(m)

@@ -26,12 +26,12 @@ use effectively::config::{DbArgs, KafkaArgs};
 use effectively::crash::{CrashArgs, Crasher};
 use effectively::envelope::{Envelope, HEADER_EVENT_TYPE, HEADER_MSG_ID};
 use futures::future::join_all;
-use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
+use rdkafka::{ClientConfig, ClientContext};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::net::TcpListener;
@@ -96,8 +96,51 @@ pub struct Config {
     pub message_timeout_ms: u64,
 }
 
+/// The producer's callbacks: a fatal client error (the idempotent producer
+/// can no longer guarantee order or no-duplicates, and librdkafka refuses to
+/// produce) fires `fatal`, so the process ends non-zero and its supervisor
+/// starts a fresh producer, instead of living on publishing nothing.
+#[derive(Clone)]
+pub struct RelayContext {
+    fatal: CancellationToken,
+    reason: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl RelayContext {
+    /// A context that fires `fatal` on a fatal client error.
+    pub fn new(fatal: CancellationToken) -> Self {
+        Self {
+            fatal,
+            reason: Arc::default(),
+        }
+    }
+
+    /// The fatal error the client reported, if any (shared by the clones of
+    /// this context).
+    pub fn fatal_reason(&self) -> Option<String> {
+        self.reason.lock().ok().and_then(|r| r.clone())
+    }
+}
+
+impl ClientContext for RelayContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
+            tracing::error!(%error, reason, "kafka producer in a fatal state; exiting");
+            if let Ok(mut r) = self.reason.lock() {
+                r.get_or_insert_with(|| format!("{error}: {reason}"));
+            }
+            self.fatal.cancel();
+        } else {
+            tracing::warn!(%error, reason, "kafka client error");
+        }
+    }
+}
+
+/// The relay's producer type.
+pub type RelayProducer = FutureProducer<RelayContext>;
+
 /// Builds the idempotent, acks=all producer.
-pub fn producer(config: &Config) -> anyhow::Result<FutureProducer> {
+pub fn producer(config: &Config, context: RelayContext) -> anyhow::Result<RelayProducer> {
     ClientConfig::new()
         .set("bootstrap.servers", &config.kafka.kafka_bootstrap_servers)
         .set("enable.idempotence", "true")
@@ -107,7 +150,7 @@ pub fn producer(config: &Config) -> anyhow::Result<FutureProducer> {
         .set("queue.buffering.max.messages", "1000000")
         .set("batch.num.messages", "10000")
         .set("compression.type", "lz4")
-        .create()
+        .create_with_context(context)
         .context("create kafka producer")
 }
 
@@ -122,9 +165,15 @@ pub async fn run(
     let pool = effectively::db::connect(&db).await?;
     let metrics = Arc::new(RelayMetrics::new().context("register metrics")?);
     let cfg = config.clone();
-    let producer = tokio::task::spawn_blocking(move || producer(&cfg))
+    let fatal = CancellationToken::new();
+    let context = RelayContext::new(fatal.clone());
+    let watch_fatal = context.clone();
+    let producer = tokio::task::spawn_blocking(move || producer(&cfg, context))
         .await
         .context("create producer task")??;
+    // Everything below stops on a shutdown or on a fatal producer error.
+    let outer = cancel;
+    let cancel = outer.child_token();
     let crasher = Arc::new(Crasher::new(config.crash.clone()));
 
     let mut tasks = vec![effectively::metrics::spawn_server(
@@ -170,23 +219,33 @@ pub async fn run(
     }
     tracing::info!(workers, batch_size = config.batch_size, topic = %config.kafka.kafka_topic, "relay running");
 
-    cancel.cancelled().await;
+    tokio::select! {
+        () = outer.cancelled() => {}
+        () = fatal.cancelled() => {}
+    }
+    cancel.cancel();
     for t in worker_tasks {
         let _ = t.await;
     }
     for t in tasks {
         let _ = t.await;
     }
+    let fatal_reason = watch_fatal.fatal_reason();
     let _ =
         tokio::task::spawn_blocking(move || producer.flush(Timeout::After(Duration::from_secs(5))))
             .await;
     pool.close().await;
-    Ok(())
+    match fatal_reason {
+        // The rows in flight stay pending (unmarked) and are published by
+        // the next life.
+        Some(reason) => anyhow::bail!("kafka producer in a fatal state: {reason}"),
+        None => Ok(()),
+    }
 }
 
 struct Worker {
     pool: PgPool,
-    producer: FutureProducer,
+    producer: RelayProducer,
     topic: String,
     batch_size: i64,
     max_attempts: i32,
@@ -409,48 +468,64 @@ fn rejects_the_row(error: &KafkaError) -> bool {
     )
 }
 
-/// Wakes the workers on every `NOTIFY orders_outbox` (sent on commit).
+/// Wakes the workers on every `NOTIFY orders_outbox` (sent on commit). A lost
+/// connection is re-established with backoff (50 ms doubling to 5 s, reset
+/// once a LISTEN succeeds); the workers poll meanwhile.
 async fn listen(
     pool: PgPool,
     wake: watch::Sender<u64>,
     metrics: Arc<RelayMetrics>,
     cancel: CancellationToken,
 ) {
+    let mut backoff = LISTEN_BACKOFF_MIN;
     loop {
-        let mut listener = match PgListener::connect_with(&pool).await {
-            Ok(l) => l,
-            Err(error) => {
+        match listen_once(&pool, &wake, &cancel).await {
+            Ok(()) => return, // cancelled
+            Err((error, listened)) => {
                 metrics
                     .relay_errors_total
                     .with_label_values(&["listen"])
                     .inc();
-                tracing::warn!(%error, "listen connection failed; polling meanwhile");
+                if listened {
+                    backoff = LISTEN_BACKOFF_MIN;
+                }
+                tracing::warn!(%error, retry_in_ms = backoff.as_millis() as u64, "LISTEN lost; polling meanwhile");
                 tokio::select! {
-                    () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    () = tokio::time::sleep(backoff) => {}
                     () = cancel.cancelled() => return,
                 }
+                backoff = (backoff * 2).min(LISTEN_BACKOFF_MAX);
             }
-        };
-        if let Err(error) = listener.listen(effectively::outbox::NOTIFY_CHANNEL).await {
-            metrics
-                .relay_errors_total
-                .with_label_values(&["listen"])
-                .inc();
-            tracing::warn!(%error, "LISTEN failed; polling meanwhile");
-            continue;
         }
-        loop {
-            tokio::select! {
-                n = listener.recv() => match n {
-                    Ok(_) => wake.send_modify(|g| *g = g.wrapping_add(1)),
-                    Err(error) => {
-                        metrics.relay_errors_total.with_label_values(&["listen"]).inc();
-                        tracing::warn!(%error, "notification stream broke; reconnecting");
-                        break;
-                    }
-                },
-                () = cancel.cancelled() => return,
-            }
+    }
+}
+
+const LISTEN_BACKOFF_MIN: Duration = Duration::from_millis(50);
+const LISTEN_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// One LISTEN connection until it breaks (`Err`, with whether the LISTEN
+/// itself had succeeded) or `cancel` fires (`Ok`).
+async fn listen_once(
+    pool: &PgPool,
+    wake: &watch::Sender<u64>,
+    cancel: &CancellationToken,
+) -> Result<(), (sqlx::Error, bool)> {
+    let mut listener = PgListener::connect_with(pool)
+        .await
+        .map_err(|e| (e, false))?;
+    listener
+        .listen(effectively::outbox::NOTIFY_CHANNEL)
+        .await
+        .map_err(|e| (e, false))?;
+    // Rows committed while no one listened are found by the next pass.
+    wake.send_modify(|g| *g = g.wrapping_add(1));
+    loop {
+        tokio::select! {
+            n = listener.recv() => match n {
+                Ok(_) => wake.send_modify(|g| *g = g.wrapping_add(1)),
+                Err(error) => return Err((error, true)),
+            },
+            () = cancel.cancelled() => return Ok(()),
         }
     }
 }
@@ -478,5 +553,31 @@ async fn sample_lag(
             () = tokio::time::sleep(every) => {}
             () = cancel.cancelled() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fatal_client_error_ends_the_relay_and_others_do_not() {
+        let fatal = CancellationToken::new();
+        let context = RelayContext::new(fatal.clone());
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
+            "broker down",
+        );
+        assert!(!fatal.is_cancelled(), "a transient error is retried");
+        context.error(
+            KafkaError::Global(RDKafkaErrorCode::Fatal),
+            "idempotent producer fenced",
+        );
+        assert!(fatal.is_cancelled());
+        assert!(
+            context
+                .fatal_reason()
+                .is_some_and(|r| r.contains("idempotent producer fenced"))
+        );
     }
 }

@@ -1,5 +1,5 @@
-//! Kafka administration the stack and the tests need: create a topic
-//! explicitly (never rely on broker auto-create).
+//! Kafka pieces every client of the pipeline shares: topic creation (never
+//! rely on broker auto-create) and the handling of a client's fatal state.
 
 use std::time::Duration;
 
@@ -7,7 +7,57 @@ use anyhow::Context;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
+use std::sync::{Arc, Mutex};
+use tokio_util::sync::CancellationToken;
+
+/// A Kafka client's fatal state, for its `ClientContext::error` callback.
+///
+/// librdkafka reports a fatal error when the client can no longer do its
+/// job (an idempotent producer that cannot keep its ordering and
+/// no-duplicate guarantees, a static consumer fenced by another process with
+/// its `group.instance.id`); it then produces or consumes nothing again. A
+/// process in that state must end with an error so that its supervisor
+/// starts a fresh client, instead of living on doing nothing. Clones share
+/// the state.
+#[derive(Debug, Clone, Default)]
+pub struct FatalState {
+    fired: CancellationToken,
+    reason: Arc<Mutex<Option<String>>>,
+}
+
+impl FatalState {
+    /// Not fired.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The body of `ClientContext::error`: a fatal error fires the state
+    /// (keeping the first reason); any other error is logged, and the client
+    /// retries it by itself.
+    pub fn on_error(&self, client: &'static str, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
+            tracing::error!(client, %error, reason, "kafka client in a fatal state; exiting");
+            if let Ok(mut r) = self.reason.lock() {
+                r.get_or_insert_with(|| format!("{error}: {reason}"));
+            }
+            self.fired.cancel();
+        } else {
+            tracing::warn!(client, %error, reason, "kafka client error");
+        }
+    }
+
+    /// Completes once the state has fired.
+    pub async fn fired(&self) {
+        self.fired.cancelled().await;
+    }
+
+    /// The fatal error, once fired.
+    pub fn reason(&self) -> Option<String> {
+        self.reason.lock().ok().and_then(|r| r.clone())
+    }
+}
 
 /// Whether [`ensure_topic`] created the topic or found it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,5 +91,33 @@ pub async fn ensure_topic(
         Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => Ok(TopicState::Existed),
         Some(Err((name, code))) => anyhow::bail!("create topic {name}: {code}"),
         None => anyhow::bail!("create topic {topic}: the broker returned no result"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_fatal_error_fires_and_the_first_reason_stays() {
+        let state = FatalState::new();
+        let shared = state.clone();
+        state.on_error(
+            "test",
+            KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
+            "broker down",
+        );
+        assert!(
+            shared.reason().is_none(),
+            "a transient error is the client's to retry"
+        );
+        state.on_error(
+            "test",
+            KafkaError::Global(RDKafkaErrorCode::Fatal),
+            "static consumer fenced",
+        );
+        state.on_error("test", KafkaError::Global(RDKafkaErrorCode::Fatal), "later");
+        assert!(shared.reason().is_some_and(|r| r.contains("fenced")));
+        assert!(shared.fired.is_cancelled());
     }
 }

@@ -23,12 +23,12 @@ use chrono::{DateTime, Utc};
 use clap::Parser;
 use effectively::config::{DbArgs, KafkaArgs};
 use effectively::crash::{CrashArgs, Crasher};
+use effectively::kafka::FatalState;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -100,23 +100,19 @@ pub struct Config {
 /// client error into the end of the process.
 pub struct RebalanceContext {
     assigned: Mutex<HashSet<(String, i32)>>,
-    /// Fired when the client reports a fatal error (e.g. this static member
-    /// was fenced by another process with the same `group.instance.id`): a
-    /// client in that state consumes nothing again, so the process must end
-    /// non-zero and let its supervisor start a new one.
-    fatal: CancellationToken,
-    fatal_reason: Mutex<Option<String>>,
+    /// Fired by a fatal client error (e.g. this static member was fenced by
+    /// another process with the same `group.instance.id`): see [`FatalState`].
+    fatal: FatalState,
     commit_failures: prometheus::IntCounter,
 }
 
 impl RebalanceContext {
     /// A context that fires `fatal` on a fatal client error and counts failed
     /// asynchronous offset commits in `commit_failures`.
-    pub fn new(fatal: CancellationToken, commit_failures: prometheus::IntCounter) -> Self {
+    pub fn new(fatal: FatalState, commit_failures: prometheus::IntCounter) -> Self {
         Self {
             assigned: Mutex::default(),
             fatal,
-            fatal_reason: Mutex::default(),
             commit_failures,
         }
     }
@@ -135,24 +131,11 @@ impl RebalanceContext {
             .map(|a| a.iter().cloned().collect())
             .unwrap_or_default()
     }
-
-    /// The fatal error the client reported, if any.
-    pub fn fatal_reason(&self) -> Option<String> {
-        self.fatal_reason.lock().ok().and_then(|r| r.clone())
-    }
 }
 
 impl ClientContext for RebalanceContext {
     fn error(&self, error: KafkaError, reason: &str) {
-        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
-            tracing::error!(%error, reason, "kafka consumer in a fatal state; exiting");
-            if let Ok(mut r) = self.fatal_reason.lock() {
-                r.get_or_insert_with(|| format!("{error}: {reason}"));
-            }
-            self.fatal.cancel();
-        } else {
-            tracing::warn!(%error, reason, "kafka client error");
-        }
+        self.fatal.on_error("consumer", error, reason);
     }
 }
 
@@ -223,7 +206,7 @@ pub async fn run(
     let pool = effectively::db::connect(&config.db).await?;
     let metrics = Arc::new(PaymentsMetrics::new().context("register metrics")?);
     let cfg = config.clone();
-    let fatal = CancellationToken::new();
+    let fatal = FatalState::new();
     let context = RebalanceContext::new(
         fatal.clone(),
         metrics
@@ -265,7 +248,7 @@ pub async fn run(
         let batch = tokio::select! {
             b = next_batch(&consumer, config.batch_size.max(1), linger, &metrics) => b,
             () = cancel.cancelled() => break,
-            () = fatal.cancelled() => break,
+            () = fatal.fired() => break,
         };
         if batch.is_empty() {
             continue;
@@ -307,7 +290,7 @@ pub async fn run(
                 .inc_by(plan.reprocess.len() as u64);
         }
     }
-    let fatal_reason = consumer.context().fatal_reason();
+    let fatal_reason = fatal.reason();
     if fatal_reason.is_none() {
         // Leaving the group hands the partitions over at once instead of
         // after the session timeout.
@@ -619,27 +602,23 @@ fn commit_offsets(consumer: &PaymentsConsumer, batch: &[OwnedMessage], metrics: 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdkafka::types::RDKafkaErrorCode;
 
     // The broker side of fencing (a second process with the same
     // group.instance.id) is not reproducible on the embedded broker: nisshi
-    // does not fence the older static member. This checks the mapping from
-    // librdkafka's fatal error callback to the end of the process.
+    // does not fence the older static member. The mapping of a fatal error to
+    // the end of the process is `effectively::kafka::FatalState`'s, tested
+    // there; this checks the consumer's own callbacks.
     #[test]
-    fn a_fatal_client_error_ends_the_consumer_and_others_do_not() {
-        let fatal = CancellationToken::new();
+    fn a_fatal_error_fires_the_state_and_failed_commits_are_counted() {
+        let fatal = FatalState::new();
         let commits = prometheus::IntCounter::new("c", "c").expect("counter");
         let context = RebalanceContext::new(fatal.clone(), commits.clone());
-        context.error(
-            KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
-            "broker down",
-        );
-        assert!(!fatal.is_cancelled(), "a transient error is retried");
         context.error(
             KafkaError::Global(RDKafkaErrorCode::Fatal),
             "static consumer fenced by other consumer with same group.instance.id",
         );
-        assert!(fatal.is_cancelled());
-        assert!(context.fatal_reason().is_some_and(|r| r.contains("fenced")));
+        assert!(fatal.reason().is_some_and(|r| r.contains("fenced")));
 
         context.commit_callback(Ok(()), &TopicPartitionList::new());
         assert_eq!(commits.get(), 0);

@@ -25,6 +25,7 @@ use clap::Parser;
 use effectively::config::{DbArgs, KafkaArgs};
 use effectively::crash::{CrashArgs, Crasher};
 use effectively::envelope::{Envelope, HEADER_EVENT_TYPE, HEADER_MSG_ID};
+use effectively::kafka::FatalState;
 use futures::future::join_all;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -96,43 +97,18 @@ pub struct Config {
     pub message_timeout_ms: u64,
 }
 
-/// The producer's callbacks: a fatal client error (the idempotent producer
-/// can no longer guarantee order or no-duplicates, and librdkafka refuses to
-/// produce) fires `fatal`, so the process ends non-zero and its supervisor
-/// starts a fresh producer, instead of living on publishing nothing.
-#[derive(Clone)]
+/// The producer's callbacks: a fatal client error ends the relay with an
+/// error (see [`FatalState`]); the rows in flight stay unmarked and the next
+/// life publishes them.
+#[derive(Clone, Default)]
 pub struct RelayContext {
-    fatal: CancellationToken,
-    reason: Arc<std::sync::Mutex<Option<String>>>,
-}
-
-impl RelayContext {
-    /// A context that fires `fatal` on a fatal client error.
-    pub fn new(fatal: CancellationToken) -> Self {
-        Self {
-            fatal,
-            reason: Arc::default(),
-        }
-    }
-
-    /// The fatal error the client reported, if any (shared by the clones of
-    /// this context).
-    pub fn fatal_reason(&self) -> Option<String> {
-        self.reason.lock().ok().and_then(|r| r.clone())
-    }
+    /// Fired by a fatal producer error.
+    pub fatal: FatalState,
 }
 
 impl ClientContext for RelayContext {
     fn error(&self, error: KafkaError, reason: &str) {
-        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
-            tracing::error!(%error, reason, "kafka producer in a fatal state; exiting");
-            if let Ok(mut r) = self.reason.lock() {
-                r.get_or_insert_with(|| format!("{error}: {reason}"));
-            }
-            self.fatal.cancel();
-        } else {
-            tracing::warn!(%error, reason, "kafka client error");
-        }
+        self.fatal.on_error("producer", error, reason);
     }
 }
 
@@ -165,9 +141,8 @@ pub async fn run(
     let pool = effectively::db::connect(&db).await?;
     let metrics = Arc::new(RelayMetrics::new().context("register metrics")?);
     let cfg = config.clone();
-    let fatal = CancellationToken::new();
-    let context = RelayContext::new(fatal.clone());
-    let watch_fatal = context.clone();
+    let context = RelayContext::default();
+    let fatal = context.fatal.clone();
     let producer = tokio::task::spawn_blocking(move || producer(&cfg, context))
         .await
         .context("create producer task")??;
@@ -221,7 +196,7 @@ pub async fn run(
 
     tokio::select! {
         () = outer.cancelled() => {}
-        () = fatal.cancelled() => {}
+        () = fatal.fired() => {}
     }
     cancel.cancel();
     for t in worker_tasks {
@@ -230,7 +205,7 @@ pub async fn run(
     for t in tasks {
         let _ = t.await;
     }
-    let fatal_reason = watch_fatal.fatal_reason();
+    let fatal_reason = fatal.reason();
     let _ =
         tokio::task::spawn_blocking(move || producer.flush(Timeout::After(Duration::from_secs(5))))
             .await;
@@ -553,31 +528,5 @@ async fn sample_lag(
             () = tokio::time::sleep(every) => {}
             () = cancel.cancelled() => return,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_fatal_client_error_ends_the_relay_and_others_do_not() {
-        let fatal = CancellationToken::new();
-        let context = RelayContext::new(fatal.clone());
-        context.error(
-            KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
-            "broker down",
-        );
-        assert!(!fatal.is_cancelled(), "a transient error is retried");
-        context.error(
-            KafkaError::Global(RDKafkaErrorCode::Fatal),
-            "idempotent producer fenced",
-        );
-        assert!(fatal.is_cancelled());
-        assert!(
-            context
-                .fatal_reason()
-                .is_some_and(|r| r.contains("idempotent producer fenced"))
-        );
     }
 }

@@ -25,6 +25,28 @@ pub struct DbArgs {
     /// the migrator takes an advisory lock).
     #[arg(long, env = "DB_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     pub db_migrate: bool,
+
+    /// Longest one statement may run before the server cancels it, in
+    /// milliseconds (0: no limit). Each service has its own default.
+    #[arg(long, env = "DB_STATEMENT_TIMEOUT_MS")]
+    pub db_statement_timeout_ms: Option<u64>,
+
+    /// Longest a session may sit idle inside an open transaction before the
+    /// server ends it, releasing its locks, in milliseconds (0: no limit). A
+    /// process that hangs (SIGSTOP, a stuck thread) mid-transaction then
+    /// loses what it held within this bound. Each service has its own
+    /// default.
+    #[arg(long, env = "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS")]
+    pub db_idle_in_transaction_timeout_ms: Option<u64>,
+}
+
+/// A service's own defaults for the session limits of [`DbArgs`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// `statement_timeout`.
+    pub statement_timeout: Duration,
+    /// `idle_in_transaction_session_timeout`.
+    pub idle_in_transaction_timeout: Duration,
 }
 
 impl DbArgs {
@@ -35,6 +57,20 @@ impl DbArgs {
             db_max_connections: 32,
             db_acquire_timeout_ms: 5_000,
             db_migrate: true,
+            db_statement_timeout_ms: None,
+            db_idle_in_transaction_timeout_ms: None,
+        }
+    }
+
+    /// The session limits: the flags when given, else `defaults`.
+    pub fn limits(&self, defaults: SessionLimits) -> SessionLimits {
+        SessionLimits {
+            statement_timeout: self
+                .db_statement_timeout_ms
+                .map_or(defaults.statement_timeout, Duration::from_millis),
+            idle_in_transaction_timeout: self
+                .db_idle_in_transaction_timeout_ms
+                .map_or(defaults.idle_in_transaction_timeout, Duration::from_millis),
         }
     }
 

@@ -21,6 +21,22 @@ pub struct CrashArgs {
     /// Fire every Nth time the armed point is passed (counted per process).
     #[arg(long, env = "CRASH_EVERY")]
     pub crash_every: Option<u64>,
+
+    /// What firing does: `kill` (SIGKILL, the default) or `stop` (SIGSTOP:
+    /// the process hangs there, holding whatever it holds, until a SIGCONT;
+    /// a hung process rather than a dead one).
+    #[arg(long, env = "CRASH_ACTION", value_enum, default_value_t = CrashAction::Kill)]
+    pub crash_action: CrashAction,
+}
+
+/// What a crash point does when it fires.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum CrashAction {
+    /// SIGKILL: the process dies there.
+    #[default]
+    Kill,
+    /// SIGSTOP: the process hangs there until SIGCONT, then goes on.
+    Stop,
 }
 
 /// An armed (or unarmed) crash point checker; cheap to call on hot paths.
@@ -40,7 +56,8 @@ impl Crasher {
     }
 
     /// Passes the point `name`: SIGKILLs this process if `name` is armed and
-    /// its schedule says so. Never returns in that case.
+    /// its schedule says so (never returning), or with `--crash-action stop`
+    /// SIGSTOPs it (returning once it is continued).
     pub fn point(&self, name: &str) {
         if self.args.crash_point.as_deref() != Some(name) {
             return;
@@ -52,6 +69,12 @@ impl Crasher {
             .is_some_and(|e| e > 0 && n.is_multiple_of(e));
         let chance = self.args.crash_probability > 0.0
             && rand::random::<f64>() < self.args.crash_probability;
+        if (every || chance) && self.args.crash_action == CrashAction::Stop {
+            eprintln!("crash point {name}: SIGSTOP (pass {n})");
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGSTOP);
+            return; // resumed by SIGCONT
+        }
         if every || chance {
             eprintln!("crash point {name}: SIGKILL (pass {n})");
             let _ =

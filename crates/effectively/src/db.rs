@@ -5,23 +5,55 @@ use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPoolOptions;
 
-use crate::config::DbArgs;
+use std::str::FromStr;
+
+use sqlx::postgres::PgConnectOptions;
+
+use crate::config::{DbArgs, SessionLimits};
 
 /// All migrations of the pipeline (both schemas), embedded at compile time.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
 
-/// Opens a pool per `args` and, when `args.db_migrate`, applies the migrations.
-pub async fn connect(args: &DbArgs) -> anyhow::Result<PgPool> {
-    let pool = PgPoolOptions::new()
+/// Opens a pool per `args` and, when `args.db_migrate`, applies the
+/// migrations (on a connection of their own, without the session limits: a
+/// migration on a large table may rightly take long).
+///
+/// Every pooled session sets its own limits, whatever the server's defaults:
+/// READ COMMITTED (the isolation the transactions of this crate are written
+/// for), `statement_timeout` and `idle_in_transaction_session_timeout` from
+/// `args` or the service's `defaults`, and TCP keepalives (30 s idle, 10 s
+/// interval, 3 probes) so the server notices a client that vanished.
+pub async fn connect(args: &DbArgs, defaults: SessionLimits) -> anyhow::Result<PgPool> {
+    let base = PgConnectOptions::from_str(&args.database_url).context("parse DATABASE_URL")?;
+    if args.db_migrate {
+        let migrating = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(args.acquire_timeout())
+            .connect_with(base.clone())
+            .await
+            .context("connect to postgres to migrate (is the stack up? `make up`)")?;
+        MIGRATOR.run(&migrating).await.context("apply migrations")?;
+        migrating.close().await;
+    }
+    let limits = args.limits(defaults);
+    let statement = limits.statement_timeout.as_millis().to_string();
+    let idle = limits.idle_in_transaction_timeout.as_millis().to_string();
+    let options = base.options([
+        // sqlx writes these as `-c key=value` into the startup `options`
+        // unescaped; the server splits that on spaces unless escaped.
+        ("default_transaction_isolation", r"read\ committed"),
+        ("statement_timeout", statement.as_str()),
+        ("idle_in_transaction_session_timeout", idle.as_str()),
+        ("tcp_keepalives_idle", "30"),
+        ("tcp_keepalives_interval", "10"),
+        ("tcp_keepalives_count", "3"),
+    ]);
+    PgPoolOptions::new()
         .max_connections(args.db_max_connections)
         .acquire_timeout(args.acquire_timeout())
-        .connect(&args.database_url)
+        .connect_with(options)
         .await
-        .context("connect to postgres (is the stack up? `make up`)")?;
-    if args.db_migrate {
-        MIGRATOR.run(&pool).await.context("apply migrations")?;
-    }
-    Ok(pool)
+        .context("connect to postgres (is the stack up? `make up`)")
 }
 
 /// What a failed database call says about retrying the same work.

@@ -27,6 +27,14 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
+/// The Orders service's database session limits (flags override them): its
+/// statements are single-round-trip writes and key lookups, and its write
+/// transactions run back to back, so a few seconds is already a fault.
+pub const SESSION_LIMITS: effectively::config::SessionLimits = effectively::config::SessionLimits {
+    statement_timeout: Duration::from_secs(10),
+    idle_in_transaction_timeout: Duration::from_secs(10),
+};
+
 use crate::api::OrdersApi;
 use crate::metrics::OrdersMetrics;
 use crate::store::{InjectFault, Store, WriterSettings};
@@ -118,7 +126,7 @@ pub async fn run(
              order (measurement baseline only, never for real orders)"
         );
     }
-    let pool = effectively::db::connect(&config.db).await?;
+    let pool = effectively::db::connect(&config.db, SESSION_LIMITS).await?;
     let metrics = Arc::new(OrdersMetrics::new().context("register metrics")?);
     let settings = WriterSettings {
         writers: config.writers,

@@ -11,7 +11,7 @@ async fn main() -> anyhow::Result<()> {
         // Whatever DB_MIGRATE says: migrating is the whole point here.
         let mut db = config.db.clone();
         db.db_migrate = true;
-        effectively::db::connect(&db).await?;
+        effectively::db::connect(&db, orders::SESSION_LIMITS).await?;
         tracing::info!("migrations applied");
         return Ok(());
     }

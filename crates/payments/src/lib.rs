@@ -203,7 +203,13 @@ pub async fn run(
     metrics_listener: TcpListener,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
-    let pool = effectively::db::connect(&config.db).await?;
+    // A batch's transaction runs its statements back to back: seconds are
+    // plenty; a consumer hung mid-transaction releases its rows in 30 s.
+    let limits = effectively::config::SessionLimits {
+        statement_timeout: Duration::from_secs(30),
+        idle_in_transaction_timeout: Duration::from_secs(30),
+    };
+    let pool = effectively::db::connect(&config.db, limits).await?;
     let metrics = Arc::new(PaymentsMetrics::new().context("register metrics")?);
     let cfg = config.clone();
     let fatal = FatalState::new();

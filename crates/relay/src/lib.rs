@@ -138,7 +138,16 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let mut db = config.db.clone();
     db.db_max_connections = db.db_max_connections.max(config.workers as u32 + 3);
-    let pool = effectively::db::connect(&db).await?;
+    // A shard's transaction stays open while the batch is produced and its
+    // acks awaited (up to --message-timeout-ms), so its idle-in-transaction
+    // limit must exceed that; it is also the bound on how long a hung relay
+    // (SIGSTOP) keeps its shard locked.
+    let limits = effectively::config::SessionLimits {
+        statement_timeout: Duration::from_secs(30),
+        idle_in_transaction_timeout: Duration::from_millis(config.message_timeout_ms)
+            + Duration::from_secs(10),
+    };
+    let pool = effectively::db::connect(&db, limits).await?;
     let metrics = Arc::new(RelayMetrics::new().context("register metrics")?);
     let cfg = config.clone();
     let context = RelayContext::default();

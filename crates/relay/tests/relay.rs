@@ -417,3 +417,122 @@ async fn a_hot_key_backlog_does_not_starve_its_shard() {
     cancel.cancel();
     task.await.expect("join").expect("relay ok");
 }
+
+/// A relay that hangs (SIGSTOP at crash point `publish`, inside the shard's
+/// transaction, holding its lock) loses the shard within its
+/// idle-in-transaction limit: the server ends the session, the lock goes
+/// with it, and another relay publishes the shard. When the hung one is
+/// continued, its transaction is gone, so it cannot mark anything.
+#[tokio::test]
+async fn a_hung_relay_loses_its_shard_within_the_idle_in_transaction_limit() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(3).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let keys: Vec<Uuid> = (0..30).map(|_| Uuid::now_v7()).collect();
+    fill_outbox(&pool, &keys, 2).await;
+
+    let mut hung = tokio::process::Command::new(env!("CARGO_BIN_EXE_relay"))
+        .env("DATABASE_URL", &db.url)
+        .env("DB_MIGRATE", "false")
+        .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
+        .env("KAFKA_TOPIC", &topic.name)
+        .env("RELAY_METRICS_ADDR", "127.0.0.1:0")
+        .env("RELAY_WORKERS", "1")
+        .env("RELAY_BATCH_SIZE", "10")
+        .env("RELAY_MESSAGE_TIMEOUT_MS", "2000")
+        .env("DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", "3000")
+        .env("CRASH_POINT", "publish")
+        .env("CRASH_EVERY", "1")
+        .env("CRASH_ACTION", "stop")
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn relay");
+    let pid = hung.id().expect("pid");
+    let stopped = || async move {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, rest)| rest.trim_start().starts_with('T'))
+            })
+            .unwrap_or(false)
+    };
+    assert!(
+        eventually(Duration::from_secs(30), stopped).await,
+        "the relay stopped itself inside a shard's transaction"
+    );
+    let locked: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+            .fetch_one(&pool)
+            .await
+            .expect("locks");
+    assert_eq!(locked, 1, "the hung relay holds its shard");
+
+    let taken_over = std::time::Instant::now();
+    let (cancel, task) = spawn_relay(config(&db, &topic, 2, 10)).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "another relay published every row, the hung relay's shard included"
+    );
+    let waited = taken_over.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2),
+        "the shard was held until the limit ({waited:?})"
+    );
+
+    // Continued, the hung relay finds its session gone; it marks nothing
+    // and carries on (nothing is pending any more).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGCONT,
+    )
+    .expect("SIGCONT");
+    cancel.cancel();
+    task.await.expect("join").expect("relay ok");
+    hung.kill().await.expect("kill");
+
+    let messages = topic.read_all(usize::MAX, Duration::from_secs(10)).await;
+    let (seqs, msg_ids) = per_key_sequences(&messages);
+    assert_eq!(
+        msg_ids.iter().collect::<HashSet<_>>().len(),
+        60,
+        "every event published"
+    );
+    assert_first_occurrences_in_order(&seqs, 2);
+}
+
+/// Every pooled session sets its own limits, whatever the server's
+/// defaults: READ COMMITTED, the statement and idle-in-transaction timeouts
+/// (flags over the service's defaults), TCP keepalives.
+#[tokio::test]
+async fn database_sessions_set_their_own_limits() {
+    let db = TestDb::create().await;
+    let mut args = DbArgs::for_url(&db.url);
+    args.db_migrate = false;
+    args.db_idle_in_transaction_timeout_ms = Some(4_000);
+    let defaults = effectively::config::SessionLimits {
+        statement_timeout: Duration::from_secs(7),
+        idle_in_transaction_timeout: Duration::from_secs(99),
+    };
+    let pool = effectively::db::connect(&args, defaults)
+        .await
+        .expect("connect");
+    for (setting, want) in [
+        ("default_transaction_isolation", "read committed"),
+        ("statement_timeout", "7s"),
+        ("idle_in_transaction_session_timeout", "4s"),
+        ("tcp_keepalives_idle", "30"),
+    ] {
+        let got: String = sqlx::query_scalar(&format!("SHOW {setting}"))
+            .fetch_one(&pool)
+            .await
+            .expect(setting);
+        assert_eq!(got, want, "{setting}");
+    }
+}

@@ -22,6 +22,7 @@ pub mod idempotency;
 pub mod kafka;
 pub mod metrics;
 pub mod outbox;
+pub mod retry;
 pub mod shutdown;
 pub mod telemetry;
 #[cfg(feature = "testing")]

@@ -24,6 +24,7 @@ use clap::Parser;
 use effectively::config::{DbArgs, KafkaArgs};
 use effectively::crash::{CrashArgs, Crasher};
 use effectively::kafka::FatalState;
+use effectively::retry::Backoff;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
@@ -454,7 +455,7 @@ async fn apply_with_retry(
     metrics: &PaymentsMetrics,
     cancel: &CancellationToken,
 ) -> Attempt {
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new();
     loop {
         let start = Instant::now();
         let result = match split {
@@ -481,11 +482,9 @@ async fn apply_with_retry(
                     .with_label_values(&["db"])
                     .inc();
                 tracing::warn!(%error, "applying batch failed; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
-                    () = cancel.cancelled() => return Attempt::Cancelled,
+                if !backoff.wait(cancel).await {
+                    return Attempt::Cancelled;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
     }
@@ -504,7 +503,7 @@ async fn reject_with_retry(
     cancel: &CancellationToken,
 ) -> bool {
     let mut source = source;
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new();
     loop {
         match inbox::reject(pool, source, msg_id, reason).await {
             Ok(written) => {
@@ -529,11 +528,9 @@ async fn reject_with_retry(
                     .with_label_values(&["db"])
                     .inc();
                 tracing::warn!(%error, "writing a dead letter failed; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
-                    () = cancel.cancelled() => return false,
+                if !backoff.wait(cancel).await {
+                    return false;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
     }

@@ -40,7 +40,6 @@ pub async fn apply_batch(
 ) -> sqlx::Result<Applied> {
     let (intents, dead) = split(deliveries);
     let (unique, _) = unique_by_msg_id(&intents);
-    let msg_ids: Vec<Uuid> = unique.iter().map(|(i, _)| i.msg_id).collect();
     let mut applied = Applied::default();
     match mode {
         SplitTxn::InboxFirst => {
@@ -61,6 +60,7 @@ pub async fn apply_batch(
             applied.new_msg_ids = new;
         }
         SplitTxn::EffectFirst => {
+            let msg_ids: Vec<Uuid> = unique.iter().map(|(i, _)| i.msg_id).collect();
             let mut tx = pool.begin().await?;
             let seen: Vec<Uuid> =
                 sqlx::query_scalar("SELECT msg_id FROM payments.inbox WHERE msg_id = ANY($1)")

@@ -26,6 +26,7 @@ use effectively::config::{DbArgs, KafkaArgs};
 use effectively::crash::{CrashArgs, Crasher};
 use effectively::envelope::{Envelope, HEADER_EVENT_TYPE, HEADER_MSG_ID};
 use effectively::kafka::FatalState;
+use effectively::retry::Backoff;
 use futures::future::join_all;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -257,7 +258,7 @@ impl Worker {
         mut wake: watch::Receiver<u64>,
         cancel: CancellationToken,
     ) {
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = Backoff::new();
         while !cancel.is_cancelled() {
             // Mark notifications seen *before* the pass: one arriving during
             // the pass makes `changed()` below return at once.
@@ -286,14 +287,12 @@ impl Worker {
                 }
             }
             if failed {
-                tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
-                    () = cancel.cancelled() => return,
+                if !backoff.wait(&cancel).await {
+                    return;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
                 continue;
             }
-            backoff = Duration::from_millis(50);
+            backoff.reset();
             if published == 0 {
                 tokio::select! {
                     _ = wake.changed() => {}
@@ -453,15 +452,15 @@ fn rejects_the_row(error: &KafkaError) -> bool {
 }
 
 /// Wakes the workers on every `NOTIFY orders_outbox` (sent on commit). A lost
-/// connection is re-established with backoff (50 ms doubling to 5 s, reset
-/// once a LISTEN succeeds); the workers poll meanwhile.
+/// connection is re-established with [`Backoff`] (reset once a LISTEN
+/// succeeds); the workers poll meanwhile.
 async fn listen(
     pool: PgPool,
     wake: watch::Sender<u64>,
     metrics: Arc<RelayMetrics>,
     cancel: CancellationToken,
 ) {
-    let mut backoff = LISTEN_BACKOFF_MIN;
+    let mut backoff = Backoff::new();
     loop {
         match listen_once(&pool, &wake, &cancel).await {
             Ok(()) => return, // cancelled
@@ -471,21 +470,16 @@ async fn listen(
                     .with_label_values(&["listen"])
                     .inc();
                 if listened {
-                    backoff = LISTEN_BACKOFF_MIN;
+                    backoff.reset();
                 }
-                tracing::warn!(%error, retry_in_ms = backoff.as_millis() as u64, "LISTEN lost; polling meanwhile");
-                tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
-                    () = cancel.cancelled() => return,
+                tracing::warn!(%error, retry_in_ms = backoff.next().as_millis() as u64, "LISTEN lost; polling meanwhile");
+                if !backoff.wait(&cancel).await {
+                    return;
                 }
-                backoff = (backoff * 2).min(LISTEN_BACKOFF_MAX);
             }
         }
     }
 }
-
-const LISTEN_BACKOFF_MIN: Duration = Duration::from_millis(50);
-const LISTEN_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// One LISTEN connection until it breaks (`Err`, with whether the LISTEN
 /// itself had succeeded) or `cancel` fires (`Ok`).

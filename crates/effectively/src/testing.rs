@@ -151,6 +151,23 @@ impl TestTopic {
     }
 }
 
+/// The value of `series` (a metric name, with its labels if it has any, as
+/// exposed: `payments_errors_total{stage="db"}`) in a Prometheus text
+/// exposition; `None` when the series is not there.
+///
+/// # Panics
+/// When the series' value is not a number.
+pub fn series_value(exposition: &str, series: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
+        .map(|v| {
+            v.trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("{series}: {v:?} is not a number: {e}"))
+        })
+}
+
 /// Polls `check` every 100 ms until it returns true or `timeout` passes;
 /// returns the last answer. Tests await conditions instead of sleeping.
 pub async fn eventually<F, Fut>(timeout: std::time::Duration, mut check: F) -> bool

@@ -7,7 +7,7 @@ use std::time::Duration;
 use effectively::config::DbArgs;
 use effectively::crash::CrashArgs;
 use effectively::envelope::Envelope;
-use effectively::testing::{TestDb, TestTopic, eventually};
+use effectively::testing::{TestDb, TestTopic, eventually, series_value};
 use payments::dup::{DupArgs, DupKind};
 use payments::{Config, run};
 use rdkafka::ClientConfig;
@@ -119,10 +119,7 @@ impl Running {
             .text()
             .await
             .expect("text");
-        text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-            .map(|v| v.trim().parse().expect("number"))
-            .unwrap_or(0.0)
+        series_value(&text, name).unwrap_or(0.0)
     }
 
     async fn stop(self) {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use effectively::testing::{TestDb, TestTopic, eventually};
+use effectively::testing::{TestDb, TestTopic, eventually, series_value};
 use recon::Policy;
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
@@ -96,10 +96,7 @@ impl Stack {
             return 0.0;
         };
         let text = resp.text().await.unwrap_or_default();
-        text.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0.0)
+        series_value(&text, name).unwrap_or(0.0)
     }
 }
 

@@ -9,7 +9,7 @@ use effectively::config::DbArgs;
 use effectively::crash::CrashArgs;
 use effectively::envelope::Envelope;
 use effectively::outbox::{Outbox, OutboxMessage};
-use effectively::testing::{TestDb, TestTopic, TopicMessage, eventually};
+use effectively::testing::{TestDb, TestTopic, TopicMessage, eventually, series_value};
 use relay::{Config, run};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -44,6 +44,26 @@ async fn spawn_relay(
     let cancel = CancellationToken::new();
     let task = tokio::spawn(run(config, listener, cancel.clone()));
     (cancel, task)
+}
+
+/// The relay binary on `db` and `topic` (one worker, batches of 10, metrics
+/// on a free port, output discarded, killed when dropped), with `extra`
+/// settings (crash point, timeouts).
+fn relay_child(db: &TestDb, topic: &TestTopic, extra: &[(&str, &str)]) -> tokio::process::Child {
+    let mut relay = tokio::process::Command::new(env!("CARGO_BIN_EXE_relay"));
+    relay
+        .env("DATABASE_URL", &db.url)
+        .env("DB_MIGRATE", "false")
+        .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
+        .env("KAFKA_TOPIC", &topic.name)
+        .env("RELAY_METRICS_ADDR", "127.0.0.1:0")
+        .env("RELAY_BATCH_SIZE", "10")
+        .env("RELAY_WORKERS", "1")
+        .envs(extra.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    relay.spawn().expect("spawn relay")
 }
 
 /// Appends `events_per_key` events for each of `keys` aggregates, one
@@ -198,22 +218,15 @@ async fn relay_killed_between_publish_and_mark_loses_nothing() {
         if pending(&pool).await == 0 {
             break;
         }
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_relay"))
-            .env("DATABASE_URL", &db.url)
-            .env("DB_MIGRATE", "false")
-            .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
-            .env("KAFKA_TOPIC", &topic.name)
-            .env("RELAY_METRICS_ADDR", "127.0.0.1:0")
-            .env("RELAY_BATCH_SIZE", "10")
-            .env("RELAY_WORKERS", "1")
-            .env("CRASH_POINT", "publish")
-            .env("CRASH_EVERY", "3")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn relay");
+        let mut child = relay_child(
+            &db,
+            &topic,
+            &[
+                ("CRASH_POINT", "publish"),
+                ("CRASH_EVERY", "3"),
+                ("RUST_LOG", "warn"),
+            ],
+        );
         // It dies at its crash point, or (fewer than 3 batches left) drains
         // and idles: then stop it.
         let drained = eventually(Duration::from_secs(60), || async {
@@ -284,10 +297,7 @@ async fn scrape(url: &str, name: &str) -> f64 {
         .text()
         .await
         .expect("text");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-        .map(|v| v.trim().parse().expect("number"))
-        .unwrap_or(0.0)
+    series_value(&text, name).unwrap_or(0.0)
 }
 
 /// Outbox rows that can never be published (payload not JSON, over the
@@ -431,25 +441,18 @@ async fn a_hung_relay_loses_its_shard_within_the_idle_in_transaction_limit() {
     let keys: Vec<Uuid> = (0..30).map(|_| Uuid::now_v7()).collect();
     fill_outbox(&pool, &keys, 2).await;
 
-    let mut hung = tokio::process::Command::new(env!("CARGO_BIN_EXE_relay"))
-        .env("DATABASE_URL", &db.url)
-        .env("DB_MIGRATE", "false")
-        .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
-        .env("KAFKA_TOPIC", &topic.name)
-        .env("RELAY_METRICS_ADDR", "127.0.0.1:0")
-        .env("RELAY_WORKERS", "1")
-        .env("RELAY_BATCH_SIZE", "10")
-        .env("RELAY_MESSAGE_TIMEOUT_MS", "2000")
-        .env("DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", "3000")
-        .env("CRASH_POINT", "publish")
-        .env("CRASH_EVERY", "1")
-        .env("CRASH_ACTION", "stop")
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn relay");
+    let mut hung = relay_child(
+        &db,
+        &topic,
+        &[
+            ("RELAY_MESSAGE_TIMEOUT_MS", "2000"),
+            ("DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", "3000"),
+            ("CRASH_POINT", "publish"),
+            ("CRASH_EVERY", "1"),
+            ("CRASH_ACTION", "stop"),
+            ("RUST_LOG", "error"),
+        ],
+    );
     let pid = hung.id().expect("pid");
     let stopped = || async move {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))

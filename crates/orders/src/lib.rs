@@ -85,8 +85,9 @@ pub struct Config {
     #[arg(long, env = "ORDERS_WRITE_BATCH_MAX", default_value_t = 128)]
     pub write_batch_max: usize,
 
-    /// Create requests that may wait for a writer; when full, new ones get
-    /// 503 `overloaded` at once (load shedding).
+    /// Create requests accepted and not yet answered (queued, deferred
+    /// behind an earlier request with the same key, or being written); beyond
+    /// it, new ones get 503 `overloaded` at once (load shedding).
     #[arg(long, env = "ORDERS_WRITE_QUEUE", default_value_t = 4096)]
     pub write_queue: usize,
 

@@ -1,7 +1,9 @@
 //! The Orders service's Prometheus metrics.
 
 use effectively::metrics::LATENCY_BUCKETS;
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
 
 /// Everything the Orders service counts. Registered in one [`Registry`],
 /// served at `GET /metrics` on the HTTP port.
@@ -23,6 +25,12 @@ pub struct OrdersMetrics {
     pub idempotency_outcomes_total: IntCounterVec,
     /// Create requests per write transaction (the coalescing factor).
     pub write_batch_size: Histogram,
+    /// Create requests accepted and not yet answered: queued, deferred
+    /// behind their key, or in a write transaction. `--write-queue` bounds it.
+    pub write_inflight: IntGauge,
+    /// Create requests dropped unwritten because their client went away
+    /// before a writer took them.
+    pub write_abandoned_total: IntCounter,
 }
 
 impl OrdersMetrics {
@@ -67,7 +75,17 @@ impl OrdersMetrics {
             )
             .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
         )?;
+        let write_inflight = IntGauge::new(
+            "orders_write_inflight",
+            "Create requests accepted and not yet answered (bounded by --write-queue)",
+        )?;
+        let write_abandoned_total = IntCounter::new(
+            "orders_write_abandoned_total",
+            "Create requests dropped unwritten because their client went away",
+        )?;
         registry.register(Box::new(write_batch_size.clone()))?;
+        registry.register(Box::new(write_inflight.clone()))?;
+        registry.register(Box::new(write_abandoned_total.clone()))?;
         registry.register(Box::new(http_requests_total.clone()))?;
         registry.register(Box::new(http_request_duration_seconds.clone()))?;
         registry.register(Box::new(grpc_requests_total.clone()))?;
@@ -84,6 +102,8 @@ impl OrdersMetrics {
             grpc_request_duration_seconds,
             idempotency_outcomes_total,
             write_batch_size,
+            write_inflight,
+            write_abandoned_total,
         })
     }
 }

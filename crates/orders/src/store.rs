@@ -13,8 +13,11 @@
 //! transaction. Three things follow. Throughput: a commit and its round trips
 //! are shared by every request of the batch. Cancel-safety: the transaction
 //! belongs to the writer task, so a client that disconnects cannot abort a
-//! write halfway. Overload: a full queue answers 503 at once instead of
-//! letting requests pile up on the connection pool.
+//! write halfway. Overload: `--write-queue` bounds the requests accepted and
+//! not yet answered — queued, deferred behind an earlier request with the
+//! same key, or in a transaction — and a request beyond it gets 503 at once
+//! instead of piling up in memory or on the connection pool. A request whose
+//! client went away before a writer took it is dropped unwritten.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -25,9 +28,10 @@ use effectively::idempotency::{
     Claim, Fingerprint, IdempotencyKey, IdempotencyStore, NewKey, StoredResponse,
 };
 use effectively::outbox::{Outbox, OutboxMessage};
+use prometheus::IntGauge;
 use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
@@ -76,7 +80,8 @@ pub struct WriterSettings {
     pub writers: usize,
     /// Most requests per transaction.
     pub max_batch: usize,
-    /// Requests that may wait for a writer; beyond it, 503.
+    /// Requests accepted and not yet answered (queued, deferred or being
+    /// written); beyond it, 503.
     pub queue: usize,
     /// UNSAFE, measurement baseline only (`orders --no-idempotency`): no key
     /// claim, no stored response; every request writes a new order and event.
@@ -91,6 +96,21 @@ struct Job {
     order_id: Uuid,
     response: StoredResponse,
     reply: oneshot::Sender<Result<Claim, ApiError>>,
+    /// Its place in the `--write-queue` bound, given back when the job is
+    /// answered or dropped.
+    _slot: Slot,
+}
+
+/// A place in the bound on requests accepted and not yet answered.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    inflight: IntGauge,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.inflight.dec();
+    }
 }
 
 /// What the writers share.
@@ -111,6 +131,8 @@ struct Shared {
 pub struct Store {
     pool: PgPool,
     jobs: mpsc::Sender<Job>,
+    slots: Arc<Semaphore>,
+    inflight: IntGauge,
 }
 
 impl std::fmt::Debug for Job {
@@ -131,7 +153,10 @@ impl Store {
         metrics: Arc<OrdersMetrics>,
         crasher: Arc<Crasher>,
     ) -> (Self, Vec<JoinHandle<()>>) {
-        let (jobs, queue) = mpsc::channel(settings.queue.max(1));
+        let bound = settings.queue.max(1);
+        let (jobs, queue) = mpsc::channel(bound);
+        let slots = Arc::new(Semaphore::new(bound));
+        let inflight = metrics.write_inflight.clone();
         let shared = Arc::new(Shared {
             pool: pool.clone(),
             keys: IdempotencyStore::default(),
@@ -146,7 +171,15 @@ impl Store {
         let handles = (0..settings.writers.max(1))
             .map(|_| tokio::spawn(writer(shared.clone())))
             .collect();
-        (Self { pool, jobs }, handles)
+        (
+            Self {
+                pool,
+                jobs,
+                slots,
+                inflight,
+            },
+            handles,
+        )
     }
 
     /// Creates the order for `key` unless the key was used before.
@@ -161,6 +194,12 @@ impl Store {
         order_id: Uuid,
         response: &StoredResponse,
     ) -> Result<Claim, ApiError> {
+        // The bound counts every request until it is answered, deferred ones
+        // included: the channel alone would only count the queued ones.
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            return Err(ApiError::Overloaded);
+        };
+        self.inflight.inc();
         let (reply, answer) = oneshot::channel();
         let job = Job {
             key: key.clone(),
@@ -169,6 +208,10 @@ impl Store {
             order_id,
             response: response.clone(),
             reply,
+            _slot: Slot {
+                _permit: permit,
+                inflight: self.inflight.clone(),
+            },
         };
         match self.jobs.try_send(job) {
             Ok(()) => {}
@@ -201,6 +244,12 @@ async fn writer(shared: Arc<Shared>) {
         let mut batch: Vec<Job> = Vec::with_capacity(shared.max_batch);
         let mut keys: HashSet<IdempotencyKey> = HashSet::new();
         let mut take = |job: Job, batch: &mut Vec<Job>, deferred: &mut VecDeque<Job>| {
+            // Nobody waits for the answer: drop it unwritten (and free its
+            // slot). Once in a batch a job is written whatever the client does.
+            if job.reply.is_closed() {
+                shared.metrics.write_abandoned_total.inc();
+                return;
+            }
             // Deferring exists for the key claim only (one statement cannot
             // both insert and see a key); without the claim, nothing waits.
             if shared.no_idempotency || keys.insert(job.key.clone()) {
@@ -265,49 +314,65 @@ async fn writer(shared: Arc<Shared>) {
     }
 }
 
+/// What a committed batch settled about a key.
+enum Settled {
+    /// The key's row holds this fingerprint, order and response.
+    Known(Fingerprint, Uuid, StoredResponse),
+    /// The key's row holds a fingerprint other than this one (the batch's
+    /// claim was a mismatch; the stored fingerprint itself is not read).
+    Not(Fingerprint),
+}
+
 /// Answers, after a batch committed, the deferred jobs whose key that batch
-/// settled: the key's row is now committed with a known fingerprint and
-/// response, so the claim would answer them from it (`Replay` for the same
-/// request, `Mismatch` for another) — answered here without a batch each.
-/// Without this a hot key is served one request per batch and its deferred
-/// jobs queue up behind it (experiment 1's cliff). A key whose own claim was
-/// `Mismatch` (stored fingerprint unknown here) stays deferred.
+/// settled: the key's row is now committed, so the claim would answer them
+/// from it (`Replay` for the same request, `Mismatch` for another) —
+/// answered here, all at once, without a batch each. Without this a hot key
+/// is served one request per batch and its deferred jobs queue up behind it
+/// (experiment 1's cliff). A key whose claim was `Mismatch` settles the
+/// deferred requests with that same body (mismatches too); a deferred request
+/// with yet another body stays deferred, for the next claim.
 fn settle_deferred(deferred: &mut VecDeque<Job>, batch: &[Job], claims: &[Claim]) {
     if deferred.is_empty() {
         return;
     }
     let waiting: HashSet<&IdempotencyKey> = deferred.iter().map(|d| &d.key).collect();
-    let settled: HashMap<IdempotencyKey, (Fingerprint, Uuid, StoredResponse)> = batch
+    let settled: HashMap<IdempotencyKey, Settled> = batch
         .iter()
         .zip(claims)
         .filter(|(job, _)| waiting.contains(&job.key))
-        .filter_map(|(job, claim)| {
-            match claim {
-                Claim::New => Some((job.order_id, job.response.clone())),
-                Claim::Replay { order_id, response } => Some((*order_id, response.clone())),
-                Claim::Mismatch => None,
-            }
-            .map(|(order_id, response)| (job.key.clone(), (job.fingerprint, order_id, response)))
+        .map(|(job, claim)| {
+            let settled = match claim {
+                Claim::New => Settled::Known(job.fingerprint, job.order_id, job.response.clone()),
+                Claim::Replay { order_id, response } => {
+                    Settled::Known(job.fingerprint, *order_id, response.clone())
+                }
+                Claim::Mismatch => Settled::Not(job.fingerprint),
+            };
+            (job.key.clone(), settled)
         })
         .collect();
     if settled.is_empty() {
         return;
     }
     for job in std::mem::take(deferred) {
-        match settled.get(&job.key) {
-            Some((fingerprint, order_id, response)) => {
-                let claim = if job.fingerprint == *fingerprint {
+        let claim = match settled.get(&job.key) {
+            Some(Settled::Known(fingerprint, order_id, response)) => {
+                if job.fingerprint == *fingerprint {
                     Claim::Replay {
                         order_id: *order_id,
                         response: response.clone(),
                     }
                 } else {
                     Claim::Mismatch
-                };
-                let _ = job.reply.send(Ok(claim)); // the client may be gone
+                }
             }
-            None => deferred.push_back(job),
-        }
+            Some(Settled::Not(fingerprint)) if job.fingerprint == *fingerprint => Claim::Mismatch,
+            _ => {
+                deferred.push_back(job);
+                continue;
+            }
+        };
+        let _ = job.reply.send(Ok(claim)); // the client may be gone
     }
 }
 
@@ -414,6 +479,12 @@ mod tests {
                 body: format!("{{\"order_id\":\"{order_id}\"}}").into_bytes(),
             },
             reply,
+            _slot: Slot {
+                _permit: Arc::new(Semaphore::new(1))
+                    .try_acquire_owned()
+                    .expect("permit"),
+                inflight: IntGauge::new("test_inflight", "test").expect("gauge"),
+            },
         };
         (job, answer)
     }
@@ -440,9 +511,10 @@ mod tests {
         let (same, mut same_rx) = job("k1", "A", Uuid::now_v7());
         let (other, mut other_rx) = job("k1", "Z", Uuid::now_v7());
         let (again, mut again_rx) = job("k2", "B", Uuid::now_v7());
-        let (unknown, mut unknown_rx) = job("k3", "C", Uuid::now_v7());
+        let (refused, mut refused_rx) = job("k3", "C", Uuid::now_v7());
+        let (unknown, mut unknown_rx) = job("k3", "D", Uuid::now_v7());
         let (elsewhere, mut elsewhere_rx) = job("k9", "A", Uuid::now_v7());
-        let mut deferred: VecDeque<Job> = [same, other, again, unknown, elsewhere].into();
+        let mut deferred: VecDeque<Job> = [same, other, again, refused, unknown, elsewhere].into();
 
         settle_deferred(&mut deferred, &batch, &claims);
 
@@ -464,7 +536,9 @@ mod tests {
                 response: stored,
             })
         );
-        // A key whose claim was a mismatch (stored fingerprint unknown) and a
+        // A key whose claim was a mismatch: the same body is refused too...
+        assert_eq!(answered(&mut refused_rx), Some(Claim::Mismatch));
+        // ...another body (the stored fingerprint is not known here) and a
         // key not in the batch: still deferred, for the next claim.
         assert_eq!(answered(&mut unknown_rx), None);
         assert_eq!(answered(&mut elsewhere_rx), None);

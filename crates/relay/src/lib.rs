@@ -462,6 +462,7 @@ async fn listen(
 ) {
     let mut backoff = Backoff::new();
     loop {
+        let started = Instant::now();
         match listen_once(&pool, &wake, &cancel).await {
             Ok(()) => return, // cancelled
             Err((error, listened)) => {
@@ -469,7 +470,9 @@ async fn listen(
                     .relay_errors_total
                     .with_label_values(&["listen"])
                     .inc();
-                if listened {
+                // A LISTEN that held a while starts the schedule again; one
+                // cut right after it is established keeps backing off.
+                if listened && started.elapsed() >= LISTEN_HELD {
                     backoff.reset();
                 }
                 tracing::warn!(%error, retry_in_ms = backoff.next().as_millis() as u64, "LISTEN lost; polling meanwhile");
@@ -481,8 +484,15 @@ async fn listen(
     }
 }
 
+/// How long a LISTEN connection must have lived for its loss to restart the
+/// reconnect backoff from its first delay.
+const LISTEN_HELD: Duration = Duration::from_secs(5);
+
 /// One LISTEN connection until it breaks (`Err`, with whether the LISTEN
-/// itself had succeeded) or `cancel` fires (`Ok`).
+/// itself had succeeded) or `cancel` fires (`Ok`). The listener does not
+/// reconnect by itself: a lost connection ends it, and the caller opens a new
+/// one after its backoff — whose first pass finds the rows whose NOTIFY was
+/// lost meanwhile.
 async fn listen_once(
     pool: &PgPool,
     wake: &watch::Sender<u64>,
@@ -491,6 +501,7 @@ async fn listen_once(
     let mut listener = PgListener::connect_with(pool)
         .await
         .map_err(|e| (e, false))?;
+    listener.eager_reconnect(false);
     listener
         .listen(effectively::outbox::NOTIFY_CHANNEL)
         .await
@@ -499,8 +510,15 @@ async fn listen_once(
     wake.send_modify(|g| *g = g.wrapping_add(1));
     loop {
         tokio::select! {
-            n = listener.recv() => match n {
-                Ok(_) => wake.send_modify(|g| *g = g.wrapping_add(1)),
+            n = listener.try_recv() => match n {
+                Ok(Some(_)) => wake.send_modify(|g| *g = g.wrapping_add(1)),
+                Ok(None) => {
+                    let lost = std::io::Error::new(
+                        std::io::ErrorKind::ConnectionAborted,
+                        "the LISTEN connection was lost",
+                    );
+                    return Err((sqlx::Error::Io(lost), true));
+                }
                 Err(error) => return Err((error, true)),
             },
             () = cancel.cancelled() => return Ok(()),

@@ -539,3 +539,73 @@ async fn database_sessions_set_their_own_limits() {
         assert_eq!(got, want, "{setting}");
     }
 }
+
+/// The backend holding the relay's LISTEN on this test's database.
+async fn listener_pid(pool: &PgPool) -> Option<i32> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity \
+         WHERE datname = current_database() AND query ILIKE 'LISTEN%'",
+    )
+    .fetch_optional(pool)
+    .await
+    .expect("pg_stat_activity")
+}
+
+/// The relay's LISTEN connection is cut three times (its backend
+/// terminated): each time it is re-established after one failure (a backoff,
+/// not a tight loop), and a new row is published on its NOTIFY — the poll
+/// interval is a minute, so nothing else could find it in time.
+#[tokio::test]
+async fn a_lost_listen_connection_is_reestablished_and_wakes_the_relay_again() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(3).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let mut cfg = config(&db, &topic, 1, 10);
+    cfg.poll_interval_ms = 60_000;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(run(cfg, listener, cancel.clone()));
+    let listen_errors = || scrape(&url, "relay_errors_total{stage=\"listen\"}");
+
+    let mut pid = None;
+    for round in 0..=3 {
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                let now = listener_pid(&pool).await;
+                now.is_some() && now != pid
+            })
+            .await,
+            "round {round}: a new LISTEN connection"
+        );
+        pid = listener_pid(&pool).await;
+        // Past the startup pass and the reconnect's own pass: only a NOTIFY
+        // can wake the relay for the next row.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        fill_outbox(&pool, &[Uuid::now_v7()], 1).await;
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                pending(&pool).await == 0
+            })
+            .await,
+            "round {round}: the row is published on its NOTIFY"
+        );
+        assert_eq!(
+            listen_errors().await,
+            f64::from(round),
+            "one failure per cut"
+        );
+        if round < 3 {
+            let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+                .bind(pid)
+                .fetch_one(&pool)
+                .await
+                .expect("terminate");
+            assert!(killed);
+        }
+    }
+    let topic_messages = topic.read_all(4, Duration::from_secs(20)).await;
+    assert_eq!(topic_messages.len(), 4);
+    cancel.cancel();
+    task.await.expect("join").expect("relay");
+}

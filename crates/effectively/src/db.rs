@@ -71,6 +71,28 @@ pub enum ErrorClass {
     Transient,
 }
 
+/// Whether `error` says the database is unreachable or refusing work for
+/// now, rather than anything about the request: the connection is lost or
+/// cannot be made (I/O, TLS, SQLSTATE class `08`), the pool is exhausted or
+/// closed, the server is out of resources (`53`), shutting down or restarting
+/// (`57P01`..`57P03`), or the transaction lost a serialization or deadlock
+/// race (`40001`, `40P01`). A request that failed so can be retried as is.
+pub fn is_unavailable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08")
+                || code.starts_with("53")
+                || ["57P01", "57P02", "57P03", "40001", "40P01"].contains(&code.as_ref())
+        }),
+        _ => false,
+    }
+}
+
 /// Classifies a database error by its SQLSTATE class: `22` data exception,
 /// `23` integrity constraint violation and `54` program limit exceeded are
 /// [`ErrorClass::Deterministic`], as is a value sqlx could not encode;

@@ -112,10 +112,10 @@ impl ApiError {
 
 impl From<sqlx::Error> for ApiError {
     fn from(error: sqlx::Error) -> Self {
-        match error {
-            sqlx::Error::PoolTimedOut => ApiError::Unavailable,
-            other => ApiError::Internal(anyhow::Error::new(other)),
+        if effectively::db::is_unavailable(&error) {
+            return ApiError::Unavailable;
         }
+        ApiError::Internal(anyhow::Error::new(error))
     }
 }
 

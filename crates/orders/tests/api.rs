@@ -991,3 +991,30 @@ async fn a_request_whose_client_left_is_not_written() {
     assert_eq!(writers.metrics.write_abandoned_total.get(), 100);
     assert_eq!(counts(&db).await, n(1), "only the client that stayed");
 }
+
+/// Which database errors the service answers with 503 (retry as is) rather
+/// than 500: the real server's errors, not made-up ones.
+#[tokio::test]
+async fn a_database_going_away_is_unavailable_and_a_bad_statement_is_not() {
+    use effectively::db::is_unavailable;
+    use sqlx::Connection;
+    let db = TestDb::create().await;
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    let division = sqlx::query("SELECT 1 / 0")
+        .execute(&mut conn)
+        .await
+        .expect_err("division by zero");
+    assert!(!is_unavailable(&division), "{division}");
+    let terminated = sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())")
+        .execute(&mut conn)
+        .await
+        .expect_err("terminated");
+    assert!(is_unavailable(&terminated), "{terminated}");
+    let after = sqlx::query("SELECT 1")
+        .execute(&mut conn)
+        .await
+        .expect_err("the connection is gone");
+    assert!(is_unavailable(&after), "{after}");
+    assert!(is_unavailable(&sqlx::Error::PoolTimedOut));
+    assert!(!is_unavailable(&sqlx::Error::RowNotFound));
+}

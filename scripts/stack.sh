@@ -5,6 +5,10 @@
 #   scripts/stack.sh up      start (idempotent), write .stack/env, print it
 #   scripts/stack.sh down    stop (idempotent)
 #   scripts/stack.sh status  say what runs
+#   scripts/stack.sh crash postgres|broker [DOWN_MS]
+#                            crash one the hard way (pg_ctl -m immediate,
+#                            kill -9), keep it down DOWN_MS (2000), start it
+#                            again: chaos --fault pg-crash|broker-kill
 #
 # Data lives in .stack/ (git-ignored). Settings, all optional:
 #   STACK_DIR      where data, logs and the env file go   (default: <repo>/.stack)
@@ -214,11 +218,38 @@ ENV
   cat "$ENV_FILE"
 }
 
+# An infrastructure fault for chaos: crash one component the hard way, keep it
+# down, start it again the way `up` does. Returns once it serves again.
+crash() {
+  local what=${1:-} down_ms=${2:-2000}
+  [[ $down_ms =~ ^[0-9]+$ ]] || die "DOWN_MS must be a number of milliseconds, got '$down_ms'"
+  local down_s
+  down_s=$(awk -v ms="$down_ms" 'BEGIN { printf "%.3f", ms / 1000 }')
+  case "$what" in
+    postgres)
+      find_pg_bin && pg_running || die "postgres is not running"
+      as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -m immediate -w -t 60 stop >/dev/null
+      log "postgres crashed (pg_ctl stop -m immediate); down for ${down_ms} ms"
+      sleep "$down_s"
+      pg_up ;;
+    broker)
+      local pid
+      pid=$(kafka_pid) || die "the broker is not running"
+      kill -9 "$pid"
+      for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+      log "broker killed (kill -9 $pid); down for ${down_ms} ms"
+      sleep "$down_s"
+      kafka_up ;;
+    *) die "crash what? postgres or broker, got '$what'" ;;
+  esac
+}
+
 case "${1:-}" in
   up) pg_up; if [ "$WITH_KAFKA" = 1 ]; then kafka_up; fi; write_env ;;
   down) kafka_down; pg_down ;;
   status)
     if find_pg_bin && pg_running; then echo "postgres: running on 127.0.0.1:$PG_PORT"; else echo "postgres: stopped"; fi
     if kafka_pid >/dev/null; then echo "broker: running on 127.0.0.1:$KAFKA_PORT"; else echo "broker: stopped"; fi ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  crash) shift; crash "$@" ;;
+  *) echo "usage: $0 up|down|status|crash postgres|broker [DOWN_MS]" >&2; exit 2 ;;
 esac

@@ -69,6 +69,41 @@ impl CrashPoint {
     }
 }
 
+/// An infrastructure fault (`--fault`). Chaos injects it and does not
+/// restart the services for it: they must recover by themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fault {
+    /// PostgreSQL stopped with `-m immediate` (a crash: no checkpoint, every
+    /// connection cut), down for `--fault-down-ms`, then started again
+    /// (`STACK_SCRIPT crash postgres`).
+    PgCrash,
+    /// The broker kill -9'd, down for `--fault-down-ms`, then started again
+    /// (`STACK_SCRIPT crash broker`).
+    BrokerKill,
+    /// The relay SIGSTOPped for `--relay-pause-ms` (longer than its
+    /// idle-in-transaction limit, so a transaction it held is cut), then
+    /// SIGCONTed.
+    RelayPause,
+    /// The consumer group's committed offsets reset to the earliest: a full
+    /// redelivery. Kafka accepts a reset only from outside an empty group, so
+    /// payments is stopped (SIGTERM), the offsets are committed as the
+    /// group's, and payments is started again.
+    OffsetReset,
+}
+
+impl Fault {
+    /// The name `--fault` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PgCrash => "pg-crash",
+            Self::BrokerKill => "broker-kill",
+            Self::RelayPause => "relay-pause",
+            Self::OffsetReset => "offset-reset",
+        }
+    }
+}
+
 /// The deliberately broken consume path of payments (`--unsafe-split-txn`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -149,13 +184,14 @@ pub struct Config {
     pub loadgen_args: Vec<String>,
 
     // --- faults -------------------------------------------------------------
-    /// Arm this crash point in the service that owns it: `commit` (orders),
-    /// `publish` (relay), `claim`, `effect`, `split` (payments). The service
-    /// SIGKILLs itself there; chaos restarts it.
-    #[arg(long, env = "CHAOS_CRASH_POINT", value_enum)]
-    pub crash_point: Option<CrashPoint>,
+    /// Arm these crash points (comma list) in the services that own them:
+    /// `commit` (orders), `publish` (relay), `claim`, `effect`, `split`
+    /// (payments). The service SIGKILLs itself there; chaos restarts it.
+    #[arg(long, env = "CHAOS_CRASH_POINT", value_enum, value_delimiter = ',')]
+    pub crash_point: Vec<CrashPoint>,
 
-    /// Fire the armed crash point every Nth pass (per process life).
+    /// Fire an armed crash point every Nth pass (per process life; a service
+    /// with two armed points counts their passes together).
     #[arg(long, env = "CHAOS_CRASH_EVERY")]
     pub crash_every: Option<u64>,
 
@@ -173,6 +209,48 @@ pub struct Config {
     #[arg(long, env = "CHAOS_KILL_INTERVAL_MS", value_name = "MIN..MAX",
           default_value = "2000..5000", value_parser = parse_range)]
     pub kill_interval_ms: (u64, u64),
+
+    /// Infrastructure faults (comma list of pg-crash, broker-kill,
+    /// relay-pause, offset-reset), injected one at a time in turn, each after
+    /// a pause drawn from `--fault-interval-ms`, while the load runs. Chaos
+    /// does not restart the services for them (offset-reset excepted: see
+    /// its doc); it records each fault's outage and the time until the whole
+    /// pipeline moved again.
+    #[arg(long, env = "CHAOS_FAULT", value_enum, value_delimiter = ',')]
+    pub fault: Vec<Fault>,
+
+    /// Pause before each infrastructure fault, drawn uniformly from MIN..MAX
+    /// milliseconds, counted from the previous fault's recovery.
+    #[arg(long, env = "CHAOS_FAULT_INTERVAL_MS", value_name = "MIN..MAX",
+          default_value = "5000..10000", value_parser = parse_range)]
+    pub fault_interval_ms: (u64, u64),
+
+    /// Inject at most this many infrastructure faults (default: until the
+    /// load ends).
+    #[arg(long, env = "CHAOS_FAULT_COUNT")]
+    pub fault_count: Option<u64>,
+
+    /// How long PostgreSQL or the broker stays down in pg-crash and
+    /// broker-kill, in milliseconds.
+    #[arg(long, env = "CHAOS_FAULT_DOWN_MS", default_value_t = 2000)]
+    pub fault_down_ms: u64,
+
+    /// How long relay-pause keeps the relay stopped, in milliseconds. Chaos
+    /// starts the relay with an idle-in-transaction limit of half of it (and
+    /// a broker ack timeout of a quarter), so the pause outlasts the limit.
+    #[arg(long, env = "CHAOS_RELAY_PAUSE_MS", default_value_t = 12_000)]
+    pub relay_pause_ms: u64,
+
+    /// The script that crashes and restarts PostgreSQL and the broker:
+    /// `SCRIPT crash postgres|broker DOWN_MS` (the embedded stack's
+    /// `scripts/stack.sh` has it; for another stack, write one that does the
+    /// same).
+    #[arg(long, env = "CHAOS_STACK_SCRIPT", default_value = "scripts/stack.sh")]
+    pub stack_script: PathBuf,
+
+    /// The consumer group payments uses (offset-reset resets it).
+    #[arg(long, env = "PAYMENTS_GROUP_ID", default_value = "payments")]
+    pub payments_group: String,
 
     /// Duplicate delivery on the consumer: about this fraction of messages is
     /// delivered twice (payments --dup-rate).
@@ -262,7 +340,7 @@ impl Config {
         if self.duration == 0 {
             return Err("--duration must be at least 1 second".into());
         }
-        if let Some(point) = self.crash_point {
+        for &point in &self.crash_point {
             if self.crash_every.unwrap_or(0) == 0 && self.crash_probability == 0.0 {
                 return Err(format!(
                     "--crash-point {} needs --crash-every N or --crash-probability P",
@@ -276,7 +354,24 @@ impl Config {
                 );
             }
         }
+        if self.fault.contains(&Fault::RelayPause) && self.relay_pause_ms < 2_000 {
+            return Err(format!(
+                "--relay-pause-ms must be at least 2000 (the relay's idle limit is half of it), got {}",
+                self.relay_pause_ms
+            ));
+        }
         Ok(())
+    }
+
+    /// The crash points armed in `service`, as its `CRASH_POINT` takes them.
+    pub fn crash_points_of(&self, service: ServiceName) -> Option<String> {
+        let points: Vec<&str> = self
+            .crash_point
+            .iter()
+            .filter(|p| p.service() == service)
+            .map(|p| p.as_str())
+            .collect();
+        (!points.is_empty()).then(|| points.join(","))
     }
 
     /// The metrics URL of `service`.
@@ -343,5 +438,34 @@ mod tests {
             vec![ServiceName::Relay, ServiceName::Payments]
         );
         assert_eq!(c.kill_interval_ms, (500, 900));
+    }
+
+    #[test]
+    fn several_crash_points_and_faults_are_taken() {
+        let c = parse(&[
+            "--crash-point",
+            "commit,publish,claim,effect",
+            "--crash-every",
+            "50",
+            "--fault",
+            "pg-crash,broker-kill,relay-pause,offset-reset",
+        ]);
+        assert!(c.validate().is_ok());
+        assert_eq!(
+            c.crash_points_of(ServiceName::Payments).as_deref(),
+            Some("claim,effect")
+        );
+        assert_eq!(
+            c.crash_points_of(ServiceName::Relay).as_deref(),
+            Some("publish")
+        );
+        assert_eq!(c.fault.len(), 4);
+        let short = parse(&["--fault", "relay-pause", "--relay-pause-ms", "500"]);
+        assert!(
+            short
+                .validate()
+                .expect_err("refused")
+                .contains("--relay-pause-ms")
+        );
     }
 }

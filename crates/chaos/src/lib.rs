@@ -9,13 +9,17 @@
 //! * crash points: the owning service is started with `CRASH_POINT=…` and
 //!   SIGKILLs itself there (`publish`, `effect`, `claim`, `commit`, `split`);
 //! * random kills: chaos SIGKILLs a named service at random moments;
-//! * duplicate delivery: payments is started with `PAYMENTS_DUP_RATE`.
+//! * duplicate delivery: payments is started with `PAYMENTS_DUP_RATE`;
+//! * infrastructure faults ([`faults`]): PostgreSQL crashed, the broker
+//!   killed, the relay hung, the group's offsets reset — after which the
+//!   services must recover by themselves.
 //!
 //! Every death is followed by a restart. When the load ends, the faults stop
 //! (later lives start unarmed, random kills end), recon waits for the
 //! pipeline to drain and runs the diff. Chaos's exit status is recon's.
 
 pub mod config;
+pub mod faults;
 pub mod scrape;
 pub mod supervisor;
 
@@ -32,7 +36,7 @@ use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::config::Config;
-use crate::config::{CrashPoint, ServiceName};
+use crate::config::ServiceName;
 use crate::supervisor::{Spec, Supervisor};
 
 /// Exit status for chaos's own errors (recon uses 0 clean, 1 drift, 2 error).
@@ -94,7 +98,7 @@ pub async fn run(config: Config, interrupt: CancellationToken) -> anyhow::Result
     }
     let scraper = tokio::spawn(scrape_loop(supervisors.clone(), stop.clone()));
 
-    let outcome = drive(&config, &bin_dir, &out, &supervisors, &calm, &interrupt).await;
+    let outcome = drive(&config, &bin_dir, &out, &supervisors, &calm, &interrupt, t0).await;
 
     // Last counters, then stop every service gracefully.
     let client = http_client()?;
@@ -111,20 +115,23 @@ pub async fn run(config: Config, interrupt: CancellationToken) -> anyhow::Result
     }
     let _ = scraper.await;
 
-    let (recon_code, load, interrupted) = match outcome {
+    let (recon_code, load, interrupted, fault_records) = match outcome {
         Ok(o) => o,
         Err(error) => {
             eprintln!("chaos: error: {error:#}");
-            (EXIT_ERROR, Value::Null, false)
+            (EXIT_ERROR, Value::Null, false, Vec::new())
         }
     };
     let summary = summarize(
         &config,
         &out,
         &supervisors,
-        load,
-        recon_code,
-        interrupted,
+        Run {
+            load,
+            recon_code,
+            interrupted,
+            faults: fault_records,
+        },
         t0,
     );
     let path = config
@@ -137,8 +144,11 @@ pub async fn run(config: Config, interrupt: CancellationToken) -> anyhow::Result
     Ok(recon_code)
 }
 
-/// Start-up, load with faults, calm drain, recon. Returns (recon's exit
-/// status, loadgen's JSON report, interrupted).
+/// What [`drive`] returns: recon's exit status, loadgen's JSON report,
+/// whether the run was interrupted, the infrastructure faults injected.
+type Outcome = (u8, Value, bool, Vec<faults::FaultRecord>);
+
+/// Start-up, load with faults, calm drain, recon.
 async fn drive(
     config: &Config,
     bin_dir: &Path,
@@ -146,7 +156,8 @@ async fn drive(
     supervisors: &[Arc<Supervisor>],
     calm: &AtomicBool,
     interrupt: &CancellationToken,
-) -> anyhow::Result<(u8, Value, bool)> {
+    t0: Instant,
+) -> anyhow::Result<Outcome> {
     let deadline = Instant::now() + Duration::from_secs(config.ready_timeout);
     while !supervisors.iter().all(|s| s.ready()) {
         if Instant::now() > deadline {
@@ -178,6 +189,12 @@ async fn drive(
             faults.clone(),
         ))
     });
+    let injector = tokio::spawn(faults::run(
+        config.clone(),
+        supervisors.to_vec(),
+        t0,
+        faults.clone(),
+    ));
 
     let mut load = Command::new(bin_dir.join("loadgen"));
     load.args(loadgen_args(config, out)).kill_on_drop(true);
@@ -191,10 +208,18 @@ async fn drive(
     if let Some(k) = killer {
         let _ = k.await;
     }
+    // A fault in progress finishes (PostgreSQL or the broker back up, the
+    // relay continued, payments released) before anything else.
+    let fault_records = injector.await.unwrap_or_default();
     let Some(status) = status else {
         let _ = child.kill().await;
         eprintln!("chaos: interrupted; stopping the services");
-        return Ok((EXIT_ERROR, read_json(&out.join("loadgen.json")), true));
+        return Ok((
+            EXIT_ERROR,
+            read_json(&out.join("loadgen.json")),
+            true,
+            fault_records,
+        ));
     };
     eprintln!(
         "chaos: load done (loadgen exit {}); faults off, waiting up to {} s for the pipeline to drain",
@@ -213,7 +238,7 @@ async fn drive(
         .kill_on_drop(true);
     let code = tokio::select! {
         s = table.status() => s.context("run recon")?.code().unwrap_or(i32::from(EXIT_ERROR)),
-        () = interrupt.cancelled() => return Ok((EXIT_ERROR, read_json(&out.join("loadgen.json")), true)),
+        () = interrupt.cancelled() => return Ok((EXIT_ERROR, read_json(&out.join("loadgen.json")), true, fault_records)),
     };
     // The same diff as JSON for the summary (read-only; drained already).
     let json_out = Command::new(&recon)
@@ -228,6 +253,7 @@ async fn drive(
         u8::try_from(code).unwrap_or(EXIT_ERROR),
         read_json(&out.join("loadgen.json")),
         false,
+        fault_records,
     ))
 }
 
@@ -259,6 +285,17 @@ fn spec(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -> Spec 
         }
         ServiceName::Relay => {
             env.push(("RELAY_METRICS_ADDR".into(), s(&config.relay_metrics_addr)));
+            if config.fault.contains(&config::Fault::RelayPause) {
+                // The pause must outlast the relay's session limits.
+                env.push((
+                    "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS".into(),
+                    s(&(config.relay_pause_ms / 2)),
+                ));
+                env.push((
+                    "RELAY_MESSAGE_TIMEOUT_MS".into(),
+                    s(&(config.relay_pause_ms / 4)),
+                ));
+            }
         }
         ServiceName::Payments => {
             env.push((
@@ -281,12 +318,9 @@ fn spec(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -> Spec 
             }
         }
     }
-    let crash_point = config
-        .crash_point
-        .filter(|p| p.service() == name)
-        .map(CrashPoint::as_str);
-    if let Some(point) = crash_point {
-        armed_env.push(("CRASH_POINT".into(), point.into()));
+    let crash_point = config.crash_points_of(name);
+    if let Some(points) = &crash_point {
+        armed_env.push(("CRASH_POINT".into(), points.clone()));
         if let Some(every) = config.crash_every {
             armed_env.push(("CRASH_EVERY".into(), s(&every)));
         }
@@ -298,6 +332,7 @@ fn spec(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -> Spec 
         env,
         armed_env,
         crash_point,
+        crash_marker: out.join(format!("{}.crash-point", name.as_str())),
         metrics_url: config.metrics_url(name),
         log: out.join(format!("{}.log", name.as_str())),
         ready_timeout: Duration::from_secs(config.ready_timeout),
@@ -386,7 +421,7 @@ fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
     Some(sorted[rank - 1])
 }
 
-fn stats(mut v: Vec<u64>) -> Value {
+pub(crate) fn stats(mut v: Vec<u64>) -> Value {
     v.sort_unstable();
     json!({
         "count": v.len(),
@@ -396,15 +431,27 @@ fn stats(mut v: Vec<u64>) -> Value {
     })
 }
 
+/// What a run produced besides the services' lives.
+struct Run {
+    load: Value,
+    recon_code: u8,
+    interrupted: bool,
+    faults: Vec<faults::FaultRecord>,
+}
+
 fn summarize(
     config: &Config,
     out: &Path,
     supervisors: &[Arc<Supervisor>],
-    load: Value,
-    recon_code: u8,
-    interrupted: bool,
+    run: Run,
     t0: Instant,
 ) -> Value {
+    let Run {
+        load,
+        recon_code,
+        interrupted,
+        faults: fault_records,
+    } = run;
     let mut services = serde_json::Map::new();
     let mut all_counters: BTreeMap<&'static str, f64> = BTreeMap::new();
     let mut total_kills = 0u64;
@@ -412,7 +459,10 @@ fn summarize(
         let lives = s.lives();
         let mut kills: BTreeMap<String, u64> = BTreeMap::new();
         for end in lives.iter().filter_map(|l| l.end.as_ref()) {
-            if !matches!(end, supervisor::End::Stopped) {
+            if !matches!(
+                end,
+                supervisor::End::Stopped | supervisor::End::Fault { .. }
+            ) {
                 *kills.entry(end.label()).or_insert(0) += 1;
             }
         }
@@ -458,6 +508,11 @@ fn summarize(
             "crash_probability": config.crash_probability,
             "random_kill": config.random_kill,
             "kill_interval_ms": [config.kill_interval_ms.0, config.kill_interval_ms.1],
+            "fault": config.fault,
+            "fault_interval_ms": [config.fault_interval_ms.0, config.fault_interval_ms.1],
+            "fault_count": config.fault_count,
+            "fault_down_ms": config.fault_down_ms,
+            "relay_pause_ms": config.relay_pause_ms,
             "dup_rate": config.dup_rate,
             "dup_kind": config.dup_kind,
             "unsafe_split_txn": config.unsafe_split_txn,
@@ -465,6 +520,8 @@ fn summarize(
             "drain_timeout_s": config.drain_timeout,
         },
         "kills_total": total_kills,
+        "faults": faults::summary(&fault_records),
+        "fault_log": fault_records,
         "services": services,
         "totals": all_counters,
         "injected_duplicates": all_counters.get("injected_reprocess").copied().unwrap_or(0.0)
@@ -479,15 +536,29 @@ fn summarize(
 
 fn print_plan(config: &Config, out: &Path) {
     let mut faults = Vec::new();
-    if let Some(p) = config.crash_point {
+    if !config.crash_point.is_empty() {
         let how = match config.crash_every {
             Some(n) if n > 0 => format!("every {n} passes"),
             _ => format!("with p={}", config.crash_probability),
         };
+        let points: Vec<String> = config
+            .crash_point
+            .iter()
+            .map(|p| format!("{} ({})", p.as_str(), p.service().as_str()))
+            .collect();
+        faults.push(format!("crash points {} {how}", points.join(", ")));
+    }
+    if !config.fault.is_empty() {
+        let names: Vec<&str> = config.fault.iter().map(|f| f.as_str()).collect();
         faults.push(format!(
-            "crash point {} in {} {how}",
-            p.as_str(),
-            p.service().as_str()
+            "infrastructure faults {} in turn every {}..{} ms{}",
+            names.join("/"),
+            config.fault_interval_ms.0,
+            config.fault_interval_ms.1,
+            config
+                .fault_count
+                .map(|n| format!(" (at most {n})"))
+                .unwrap_or_default()
         ));
     }
     if !config.random_kill.is_empty() {
@@ -565,6 +636,23 @@ fn print_summary(summary: &Value, path: &Path) {
         show(&t["published"]),
         show(&t["consumed"]),
     );
+    if let Some(faults) = summary["faults"].as_object().filter(|f| !f.is_empty()) {
+        println!(
+            "{:<13} {:>8} {:>10} {:>24} {:>24}",
+            "fault", "injected", "recovered", "outage p50/max ms", "recovery p50/max ms"
+        );
+        for (name, f) in faults {
+            let pair = |v: &Value| format!("{}/{}", show(&v["p50"]), show(&v["max"]));
+            println!(
+                "{:<13} {:>8} {:>10} {:>24} {:>24}",
+                name,
+                show(&f["injected"]),
+                show(&f["recovered"]),
+                pair(&f["outage_ms"]),
+                pair(&f["recovery_ms"])
+            );
+        }
+    }
     println!(
         "(counters are summed over process lives from 250 ms scrapes: lower bounds; recon is the proof)"
     );

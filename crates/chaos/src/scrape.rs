@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 /// The counters chaos reports, by service: (series as exposed, summary name).
 pub const COUNTERS: &[(&str, &str)] = &[
+    ("orders_write_batch_size_count", "write_batches"),
     ("relay_published_total", "published"),
     ("payments_consumed_total", "consumed"),
     ("payments_dedup_hits_total", "inbox_hits"),
@@ -28,6 +29,7 @@ pub const COUNTERS: &[(&str, &str)] = &[
 /// The counter whose first increase in a new life counts as "working again".
 pub fn progress_counter(service: &str) -> Option<&'static str> {
     match service {
+        "orders" => Some("orders_write_batch_size_count"),
         "relay" => Some("relay_published_total"),
         "payments" => Some("payments_consumed_total"),
         _ => None,

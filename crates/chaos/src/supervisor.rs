@@ -35,8 +35,10 @@ pub struct Spec {
     pub env: Vec<(String, String)>,
     /// Extra environment while faults are on (the armed crash point).
     pub armed_env: Vec<(String, String)>,
-    /// The armed crash point's name, if any.
-    pub crash_point: Option<&'static str>,
+    /// The armed crash points (comma list as `CRASH_POINT` takes it), if any.
+    pub crash_point: Option<String>,
+    /// Where an armed life writes the name of the crash point that fires.
+    pub crash_marker: PathBuf,
     /// Its `GET /metrics`, also the readiness probe.
     pub metrics_url: String,
     /// Log file (appended to by every life).
@@ -68,6 +70,12 @@ pub enum End {
     },
     /// Stopped by chaos at the end of the run (SIGTERM).
     Stopped,
+    /// Stopped by chaos (SIGTERM) for an infrastructure fault, then started
+    /// again by chaos (offset-reset).
+    Fault {
+        /// The fault.
+        fault: String,
+    },
 }
 
 impl End {
@@ -79,6 +87,7 @@ impl End {
             Self::Signal { signal } => format!("signal:{signal}"),
             Self::Exit { code } => format!("exit:{code}"),
             Self::Stopped => "stopped".into(),
+            Self::Fault { fault } => format!("fault:{fault}"),
         }
     }
 }
@@ -108,6 +117,9 @@ struct State {
     lives: Vec<Life>,
     pid: Option<u32>,
     kill_pending: bool,
+    /// Set by [`Supervisor::stop_for`]: the current life is being stopped for
+    /// this fault and no next life starts until [`Supervisor::release`].
+    hold: Option<&'static str>,
 }
 
 /// Supervises one service; see the module docs.
@@ -118,6 +130,7 @@ pub struct Supervisor {
     /// Set when the load is over: lives started from now on are unarmed.
     calm: Arc<AtomicBool>,
     t0: Instant,
+    released: tokio::sync::Notify,
 }
 
 impl Supervisor {
@@ -129,6 +142,7 @@ impl Supervisor {
             state: Mutex::new(State::default()),
             calm,
             t0,
+            released: tokio::sync::Notify::new(),
         }
     }
 
@@ -167,6 +181,61 @@ impl Supervisor {
         };
         s.kill_pending = true;
         kill(Pid::from_raw(pid as i32), Signal::SIGKILL).is_ok()
+    }
+
+    /// Sends `signal` to the current life; its pid if one was sent.
+    pub fn signal(&self, signal: Signal) -> Option<u32> {
+        let pid = self.state().pid?;
+        kill(Pid::from_raw(pid as i32), signal).ok().map(|()| pid)
+    }
+
+    /// Stops the current life with SIGTERM for `fault` and keeps the next
+    /// one from starting until [`Self::release`]; returns once no life runs
+    /// (false if that took longer than `timeout`).
+    pub async fn stop_for(&self, fault: &'static str, timeout: Duration) -> bool {
+        let pid = {
+            let mut s = self.state();
+            s.hold = Some(fault);
+            s.pid
+        };
+        if let Some(pid) = pid {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        }
+        let deadline = Instant::now() + timeout;
+        while self.state().pid.is_some() {
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
+    }
+
+    /// Lets the next life start after [`Self::stop_for`].
+    pub fn release(&self) {
+        self.state().hold = None;
+        self.released.notify_waiters();
+    }
+
+    /// Where the work counter stands: (lives so far, the current life's
+    /// value), for [`Self::moved_since`].
+    pub fn progress_mark(&self) -> (usize, f64) {
+        let s = self.state();
+        let value = scrape::progress_counter(self.spec.name.as_str())
+            .and_then(|c| s.lives.last().and_then(|l| l.counters.get(c)).copied())
+            .unwrap_or(0.0);
+        (s.lives.len(), value)
+    }
+
+    /// Whether the work counter moved since `mark`: it grew in the same
+    /// life, or a later life has done some work.
+    pub fn moved_since(&self, mark: (usize, f64)) -> bool {
+        let now = self.progress_mark();
+        if now.0 == mark.0 {
+            now.1 > mark.1
+        } else {
+            now.1 > 0.0
+        }
     }
 
     /// Scrapes the current life once and keeps its counters.
@@ -212,6 +281,17 @@ impl Supervisor {
             // flag, the database down), is restarted with a growing pause, not
             // in a hot loop. A life that was ready is restarted at once, however
             // short it was: a crash point may well fire within a second.
+            while self.state().hold.is_some() && !stop.is_cancelled() {
+                let released = self.released.notified();
+                tokio::select! {
+                    () = released => {}
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    () = stop.cancelled() => {}
+                }
+            }
+            if stop.is_cancelled() {
+                break;
+            }
             quick_deaths = if was_ready { 0 } else { quick_deaths + 1 };
             let pause = Duration::from_millis(20 * 2u64.pow(quick_deaths.min(7)));
             tokio::select! {
@@ -242,6 +322,8 @@ impl Supervisor {
             .kill_on_drop(true);
         if armed {
             cmd.envs(self.spec.armed_env.iter().map(|(k, v)| (k, v)));
+            let _ = std::fs::remove_file(&self.spec.crash_marker);
+            cmd.env("CRASH_MARKER_FILE", &self.spec.crash_marker);
         }
         let mut child = cmd
             .spawn()
@@ -288,11 +370,21 @@ impl Supervisor {
                 End::Stopped
             }
             Some(status) => {
-                let kill_pending = self.state().kill_pending;
+                let (kill_pending, hold) = {
+                    let s = self.state();
+                    (s.kill_pending, s.hold)
+                };
                 match (status.signal(), status.code()) {
                     (Some(9), _) if kill_pending => End::RandomKill,
                     (Some(9), _) if armed && self.spec.crash_point.is_some() => End::CrashPoint {
-                        point: self.spec.crash_point.unwrap_or_default().to_owned(),
+                        point: std::fs::read_to_string(&self.spec.crash_marker)
+                            .ok()
+                            .filter(|p| !p.is_empty())
+                            .or_else(|| self.spec.crash_point.clone())
+                            .unwrap_or_default(),
+                    },
+                    _ if hold.is_some() => End::Fault {
+                        fault: hold.unwrap_or_default().to_owned(),
                     },
                     (Some(signal), _) => End::Signal { signal },
                     (None, code) => End::Exit {
@@ -302,7 +394,10 @@ impl Supervisor {
             }
         };
         let now = self.now_ms();
-        if !matches!(end, End::Stopped | End::CrashPoint { .. } | End::RandomKill) {
+        if !matches!(
+            end,
+            End::Stopped | End::CrashPoint { .. } | End::RandomKill | End::Fault { .. }
+        ) {
             tracing::warn!(service = self.spec.name.as_str(), end = %end.label(), "died unexpectedly; see its log");
         }
         let mut s = self.state();

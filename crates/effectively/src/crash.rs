@@ -9,18 +9,24 @@ use clap::Args;
 /// Which crash point to arm, and how often it fires.
 #[derive(Debug, Clone, Default, Args)]
 pub struct CrashArgs {
-    /// Arm this crash point (e.g. `publish`, `effect`, `claim`, `commit`); the
-    /// process SIGKILLs itself there. Chaos testing only.
-    #[arg(long, env = "CRASH_POINT")]
-    pub crash_point: Option<String>,
+    /// Arm these crash points (comma list, e.g. `publish` or `claim,effect`);
+    /// the process SIGKILLs itself there. Chaos testing only.
+    #[arg(long, env = "CRASH_POINT", value_delimiter = ',')]
+    pub crash_point: Vec<String>,
 
     /// Fire with this probability each time the armed point is passed.
     #[arg(long, env = "CRASH_PROBABILITY", default_value_t = 0.0)]
     pub crash_probability: f64,
 
-    /// Fire every Nth time the armed point is passed (counted per process).
+    /// Fire every Nth time an armed point is passed (passes of all the armed
+    /// points counted together, per process).
     #[arg(long, env = "CRASH_EVERY")]
     pub crash_every: Option<u64>,
+
+    /// Before firing, write the point's name to this file, so whoever
+    /// supervises the process can tell which point killed it.
+    #[arg(long, env = "CRASH_MARKER_FILE")]
+    pub crash_marker_file: Option<std::path::PathBuf>,
 
     /// What firing does: `kill` (SIGKILL, the default) or `stop` (SIGSTOP:
     /// the process hangs there, holding whatever it holds, until a SIGCONT;
@@ -59,7 +65,7 @@ impl Crasher {
     /// its schedule says so (never returning), or with `--crash-action stop`
     /// SIGSTOPs it (returning once it is continued).
     pub fn point(&self, name: &str) {
-        if self.args.crash_point.as_deref() != Some(name) {
+        if !self.args.crash_point.iter().any(|p| p == name) {
             return;
         }
         let n = self.passes.fetch_add(1, Ordering::Relaxed) + 1;
@@ -69,6 +75,11 @@ impl Crasher {
             .is_some_and(|e| e > 0 && n.is_multiple_of(e));
         let chance = self.args.crash_probability > 0.0
             && rand::random::<f64>() < self.args.crash_probability;
+        if (every || chance)
+            && let Some(marker) = &self.args.crash_marker_file
+        {
+            let _ = std::fs::write(marker, name);
+        }
         if (every || chance) && self.args.crash_action == CrashAction::Stop {
             eprintln!("crash point {name}: SIGSTOP (pass {n})");
             let _ =

@@ -1,0 +1,261 @@
+//! Infrastructure faults (`--fault`): PostgreSQL crashed, the broker killed,
+//! the relay hung, the consumer group's offsets reset. One at a time, in
+//! turn, while the load runs. Chaos does not restart the services for them
+//! (offset-reset excepted, see [`Fault::OffsetReset`]): the point is that
+//! they recover by themselves. Each fault is recorded with its outage (from
+//! the injection to the component being back) and its recovery (from the
+//! injection until every service's work counter moved again).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use rand::Rng;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde::Serialize;
+use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, Fault, ServiceName};
+use crate::supervisor::Supervisor;
+
+/// How long a fault's recovery is waited for before the next fault anyway.
+const RECOVERY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One injected fault.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultRecord {
+    /// Which fault.
+    pub fault: Fault,
+    /// Milliseconds since the run started, at the injection.
+    pub injected_ms: u64,
+    /// Injection → the component is back (restarted, continued, reset).
+    pub outage_ms: Option<u64>,
+    /// Injection → every service's work counter moved again after the
+    /// component was back; absent if that did not happen within
+    /// [`RECOVERY_TIMEOUT`] or before the load ended.
+    pub recovery_ms: Option<u64>,
+    /// Why the fault could not be injected, if it could not.
+    pub error: Option<String>,
+}
+
+/// Injects `config.fault` in turn until `faults` is cancelled or
+/// `--fault-count` faults were injected; returns what happened.
+pub async fn run(
+    config: Config,
+    supervisors: Vec<Arc<Supervisor>>,
+    t0: Instant,
+    faults: CancellationToken,
+) -> Vec<FaultRecord> {
+    let mut records = Vec::new();
+    let kinds = config.fault.clone();
+    if kinds.is_empty() {
+        return records;
+    }
+    for i in 0.. {
+        if config.fault_count.is_some_and(|n| i >= n) {
+            break;
+        }
+        let pause =
+            rand::rng().random_range(config.fault_interval_ms.0..=config.fault_interval_ms.1);
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(pause)) => {}
+            () = faults.cancelled() => break,
+        }
+        let fault = kinds[(i as usize) % kinds.len()];
+        let injected = Instant::now();
+        let mut record = FaultRecord {
+            fault,
+            injected_ms: t0.elapsed().as_millis() as u64,
+            outage_ms: None,
+            recovery_ms: None,
+            error: None,
+        };
+        tracing::info!(fault = fault.as_str(), "injecting");
+        eprintln!("chaos: fault {}", fault.as_str());
+        match inject(&config, &supervisors, fault).await {
+            Ok(()) => {
+                record.outage_ms = Some(injected.elapsed().as_millis() as u64);
+                let marks: Vec<(usize, f64)> =
+                    supervisors.iter().map(|s| s.progress_mark()).collect();
+                let deadline = Instant::now() + RECOVERY_TIMEOUT;
+                loop {
+                    if supervisors
+                        .iter()
+                        .zip(&marks)
+                        .all(|(s, mark)| s.moved_since(*mark))
+                    {
+                        record.recovery_ms = Some(injected.elapsed().as_millis() as u64);
+                        break;
+                    }
+                    if Instant::now() > deadline || faults.is_cancelled() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            Err(error) => {
+                tracing::error!(
+                    fault = fault.as_str(),
+                    error = format!("{error:#}"),
+                    "fault not injected"
+                );
+                record.error = Some(format!("{error:#}"));
+            }
+        }
+        records.push(record);
+    }
+    records
+}
+
+async fn inject(
+    config: &Config,
+    supervisors: &[Arc<Supervisor>],
+    fault: Fault,
+) -> anyhow::Result<()> {
+    let service = |name: ServiceName| {
+        supervisors
+            .iter()
+            .find(|s| s.name() == name)
+            .context("no such service")
+    };
+    match fault {
+        Fault::PgCrash => stack_crash(&config.stack_script, "postgres", config.fault_down_ms).await,
+        Fault::BrokerKill => {
+            stack_crash(&config.stack_script, "broker", config.fault_down_ms).await
+        }
+        Fault::RelayPause => {
+            let relay = service(ServiceName::Relay)?;
+            let Some(pid) = relay.signal(Signal::SIGSTOP) else {
+                bail!("the relay is not running");
+            };
+            tokio::time::sleep(Duration::from_millis(config.relay_pause_ms)).await;
+            // The same process (it may have been killed meanwhile: then the
+            // supervisor has started another, which was never stopped).
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
+            Ok(())
+        }
+        Fault::OffsetReset => {
+            let payments = service(ServiceName::Payments)?;
+            if !payments
+                .stop_for(Fault::OffsetReset.as_str(), Duration::from_secs(30))
+                .await
+            {
+                payments.release();
+                bail!("payments did not stop within 30 s");
+            }
+            let reset = reset_offsets(&config.payments_group).await;
+            payments.release();
+            reset
+        }
+    }
+}
+
+/// `SCRIPT crash WHAT DOWN_MS`: the stack's own way to crash and restart one
+/// component.
+async fn stack_crash(script: &Path, what: &str, down_ms: u64) -> anyhow::Result<()> {
+    let output = Command::new(script)
+        .arg("crash")
+        .arg(what)
+        .arg(down_ms.to_string())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .with_context(|| format!("run {} crash {what}", script.display()))?;
+    if !output.status.success() {
+        bail!(
+            "{} crash {what}: {}: {}",
+            script.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Commits the earliest offset of every partition of `KAFKA_TOPIC` as
+/// `group`'s: the group, empty now, redelivers everything when payments joins
+/// again. A broker that still counts the stopped member in the group refuses
+/// the commit until its session expires; that is retried for up to a minute.
+async fn reset_offsets(group: &str) -> anyhow::Result<()> {
+    let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS").context("KAFKA_BOOTSTRAP_SERVERS")?;
+    let topic = std::env::var("KAFKA_TOPIC").unwrap_or_else(|_| "order.events".into());
+    let group = group.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .context("create the offset-reset client")?;
+        let timeout = Duration::from_secs(10);
+        let metadata = consumer
+            .fetch_metadata(Some(&topic), timeout)
+            .with_context(|| format!("metadata of {topic}"))?;
+        let partitions: Vec<i32> = metadata
+            .topics()
+            .iter()
+            .filter(|t| t.name() == topic)
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        if partitions.is_empty() {
+            bail!("topic {topic} has no partitions");
+        }
+        let mut earliest = TopicPartitionList::new();
+        for p in partitions {
+            let (low, _) = consumer
+                .fetch_watermarks(&topic, p, timeout)
+                .with_context(|| format!("watermarks of {topic}/{p}"))?;
+            earliest
+                .add_partition_offset(&topic, p, Offset::Offset(low))
+                .context("offset list")?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match consumer.commit(&earliest, CommitMode::Sync) {
+                Ok(()) => return Ok(()),
+                Err(error) if Instant::now() < deadline => {
+                    tracing::info!(%error, "offset reset refused (group not empty yet?); retrying");
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(error) => bail!("commit the earliest offsets for group {group}: {error}"),
+            }
+        }
+    })
+    .await
+    .context("offset-reset task")?
+}
+
+/// Per fault kind: how many, how many recovered, outage and recovery
+/// percentiles.
+pub fn summary(records: &[FaultRecord]) -> serde_json::Value {
+    let mut by_kind = serde_json::Map::new();
+    for fault in [
+        Fault::PgCrash,
+        Fault::BrokerKill,
+        Fault::RelayPause,
+        Fault::OffsetReset,
+    ] {
+        let of: Vec<&FaultRecord> = records.iter().filter(|r| r.fault == fault).collect();
+        if of.is_empty() {
+            continue;
+        }
+        let outage: Vec<u64> = of.iter().filter_map(|r| r.outage_ms).collect();
+        let recovery: Vec<u64> = of.iter().filter_map(|r| r.recovery_ms).collect();
+        by_kind.insert(
+            fault.as_str().to_owned(),
+            serde_json::json!({
+                "injected": of.len(),
+                "failed_to_inject": of.iter().filter(|r| r.error.is_some()).count(),
+                "recovered": recovery.len(),
+                "outage_ms": crate::stats(outage),
+                "recovery_ms": crate::stats(recovery),
+            }),
+        );
+    }
+    serde_json::Value::Object(by_kind)
+}

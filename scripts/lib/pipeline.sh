@@ -26,7 +26,7 @@ pipeline_stack() {
   else
     say "stack up"
     "$ROOT/scripts/stack.sh" up >/dev/null
-    . "$ROOT/.stack/env"
+    . "${STACK_DIR:-$ROOT/.stack}/env"
   fi
 }
 

@@ -190,8 +190,9 @@ pub struct Config {
     #[arg(long, env = "CHAOS_CRASH_POINT", value_enum, value_delimiter = ',')]
     pub crash_point: Vec<CrashPoint>,
 
-    /// Fire an armed crash point every Nth pass (per process life; a service
-    /// with two armed points counts their passes together).
+    /// Fire an armed crash point every Nth pass (per point and process life;
+    /// of two points passed in turn, the first always fires first: use
+    /// `--crash-probability` to spread kills over several points).
     #[arg(long, env = "CHAOS_CRASH_EVERY")]
     pub crash_every: Option<u64>,
 

@@ -325,12 +325,16 @@ impl Supervisor {
             let _ = std::fs::remove_file(&self.spec.crash_marker);
             cmd.env("CRASH_MARKER_FILE", &self.spec.crash_marker);
         }
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("start {}", self.spec.program.display()))?;
-        let started = Instant::now();
-        {
+        // Spawned under the state lock, so `stop_for` sees either no life
+        // and a hold that keeps this one from starting, or this life's pid.
+        let mut child = {
             let mut s = self.state();
+            if s.hold.is_some() {
+                return Ok(false);
+            }
+            let child = cmd
+                .spawn()
+                .with_context(|| format!("start {}", self.spec.program.display()))?;
             s.pid = child.id();
             s.kill_pending = false;
             s.lives.push(Life {
@@ -342,7 +346,9 @@ impl Supervisor {
                 end: None,
                 counters: BTreeMap::new(),
             });
-        }
+            child
+        };
+        let started = Instant::now();
         tracing::info!(service = self.spec.name.as_str(), pid = ?child.id(), armed, "started");
 
         let mut ready = false;

@@ -18,8 +18,8 @@ pub struct CrashArgs {
     #[arg(long, env = "CRASH_PROBABILITY", default_value_t = 0.0)]
     pub crash_probability: f64,
 
-    /// Fire every Nth time an armed point is passed (passes of all the armed
-    /// points counted together, per process).
+    /// Fire every Nth time an armed point is passed (counted per point and
+    /// per process).
     #[arg(long, env = "CRASH_EVERY")]
     pub crash_every: Option<u64>,
 
@@ -49,26 +49,28 @@ pub enum CrashAction {
 #[derive(Debug, Default)]
 pub struct Crasher {
     args: CrashArgs,
-    passes: AtomicU64,
+    /// Passes so far of each armed point, in `args.crash_point` order.
+    passes: Vec<AtomicU64>,
 }
 
 impl Crasher {
     /// A checker for `args`.
     pub fn new(args: CrashArgs) -> Self {
-        Self {
-            args,
-            passes: AtomicU64::new(0),
-        }
+        let passes = args.crash_point.iter().map(|_| AtomicU64::new(0)).collect();
+        Self { args, passes }
     }
 
     /// Passes the point `name`: SIGKILLs this process if `name` is armed and
     /// its schedule says so (never returning), or with `--crash-action stop`
     /// SIGSTOPs it (returning once it is continued).
     pub fn point(&self, name: &str) {
-        if !self.args.crash_point.iter().any(|p| p == name) {
+        let Some(armed) = self.args.crash_point.iter().position(|p| p == name) else {
             return;
-        }
-        let n = self.passes.fetch_add(1, Ordering::Relaxed) + 1;
+        };
+        let Some(passes) = self.passes.get(armed) else {
+            return;
+        };
+        let n = passes.fetch_add(1, Ordering::Relaxed) + 1;
         let every = self
             .args
             .crash_every

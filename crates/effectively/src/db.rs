@@ -12,7 +12,51 @@ use sqlx::postgres::PgConnectOptions;
 use crate::config::{DbArgs, SessionLimits};
 
 /// All migrations of the pipeline (both schemas), embedded at compile time.
+/// They run as the owner of the schemas (`orders --migrate-only` with the
+/// owner's URL), never with a service's role.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
+
+/// The PostgreSQL login role of each service, with what the migrations grant
+/// it (migrations/20261123000001_roles.sql): least privilege, each service
+/// refused outside its own tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ServiceRole {
+    /// Writes the orders schema: idempotency keys, orders, outbox rows.
+    Orders,
+    /// Reads the outbox and marks its rows published or failed.
+    Relay,
+    /// Writes the payments schema: inbox, charges, ledger, dead letters.
+    Payments,
+    /// Reads both schemas, writes nothing.
+    Recon,
+}
+
+impl ServiceRole {
+    /// Every role.
+    pub const ALL: [Self; 4] = [Self::Orders, Self::Relay, Self::Payments, Self::Recon];
+
+    /// The role's name on the server.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Orders => "effectively_orders",
+            Self::Relay => "effectively_relay",
+            Self::Payments => "effectively_payments",
+            Self::Recon => "effectively_recon",
+        }
+    }
+
+    /// The variable of the stack's env file that holds the service's URL
+    /// (`ORDERS_DATABASE_URL`, ...); launchers pass it to the service as its
+    /// `DATABASE_URL`.
+    pub fn url_var(self) -> &'static str {
+        match self {
+            Self::Orders => "ORDERS_DATABASE_URL",
+            Self::Relay => "RELAY_DATABASE_URL",
+            Self::Payments => "PAYMENTS_DATABASE_URL",
+            Self::Recon => "RECON_DATABASE_URL",
+        }
+    }
+}
 
 /// Opens a pool per `args` and, when `args.db_migrate`, applies the
 /// migrations (on a connection of their own, without the session limits: a

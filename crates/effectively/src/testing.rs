@@ -6,28 +6,33 @@ use std::path::{Path, PathBuf};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
+use crate::db::ServiceRole;
+
 /// Reads `NAME` from the environment, or else from the stack env file
 /// (`.stack/env` at the workspace root) written by `scripts/stack.sh up`.
 ///
 /// # Panics
 /// When neither has it: the stack is not up.
 pub fn stack_var(name: &str) -> String {
+    stack_var_opt(name).unwrap_or_else(|| {
+        panic!(
+            "{name} is not set and not in {}: start the stack with `make up`",
+            stack_env_file().display()
+        )
+    })
+}
+
+/// [`stack_var`], `None` when neither has it.
+pub fn stack_var_opt(name: &str) -> Option<String> {
     if let Ok(value) = std::env::var(name) {
-        return value;
+        return Some(value);
     }
-    let file = stack_env_file();
-    let text = std::fs::read_to_string(&file).unwrap_or_default();
+    let text = std::fs::read_to_string(stack_env_file()).unwrap_or_default();
     text.lines()
         .filter_map(|line| line.trim().strip_prefix("export "))
         .filter_map(|kv| kv.split_once('='))
         .find(|(k, _)| *k == name)
         .map(|(_, v)| v.to_owned())
-        .unwrap_or_else(|| {
-            panic!(
-                "{name} is not set and not in {}: start the stack with `make up`",
-                file.display()
-            )
-        })
 }
 
 fn stack_env_file() -> PathBuf {
@@ -43,7 +48,8 @@ fn stack_env_file() -> PathBuf {
 pub struct TestDb {
     /// Its name.
     pub name: String,
-    /// Its connection URL.
+    /// Its connection URL as the owner (the stack's superuser), for a test's
+    /// own setup and checks. The services get [`TestDb::url_as`].
     pub url: String,
 }
 
@@ -73,6 +79,32 @@ impl TestDb {
         pool.close().await;
         Self { name, url }
     }
+
+    /// This database's URL as `role`: the stack's URL for the role
+    /// (`ORDERS_DATABASE_URL`, ...; compose's carry passwords) with this
+    /// database, or, for a stack env file that has none, the owner's URL
+    /// with the role's name as the user and no password (the embedded stack
+    /// trusts 127.0.0.1).
+    pub fn url_as(&self, role: ServiceRole) -> String {
+        match stack_var_opt(role.url_var()) {
+            Some(url) => with_database(&url, &self.name),
+            None => with_user(&self.url, role.name()),
+        }
+    }
+}
+
+/// `url` with its path (the database) replaced by `database`.
+fn with_database(url: &str, database: &str) -> String {
+    let base = url.rsplit_once('/').map_or(url, |(b, _)| b);
+    format!("{base}/{database}")
+}
+
+/// `url` with its user info replaced by `user` (no password).
+fn with_user(url: &str, user: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a postgres:// URL");
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    format!("{scheme}://{user}@{host}{path}")
 }
 
 /// One message read back from a topic.
@@ -184,5 +216,29 @@ where
             return false;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn role_urls() {
+        assert_eq!(
+            with_user(
+                "postgres://postgres:pw@127.0.0.1:5432/test_1",
+                "effectively_relay"
+            ),
+            "postgres://effectively_relay@127.0.0.1:5432/test_1"
+        );
+        assert_eq!(
+            with_user("postgres://postgres@h/db", "r"),
+            "postgres://r@h/db"
+        );
+        assert_eq!(
+            with_database("postgres://r:p@h:1/effectively", "test_2"),
+            "postgres://r:p@h:1/test_2"
+        );
     }
 }

@@ -1,0 +1,419 @@
+//! Least privilege (migrations/20261123000001_roles.sql), against the real
+//! PostgreSQL: each service's role runs the kinds of statement its service
+//! runs, and is refused (SQLSTATE 42501, insufficient_privilege) everything
+//! outside its rights; the grant matrix is pinned as a whole, so a grant added
+//! or lost shows here.
+
+use std::collections::BTreeSet;
+
+use effectively::db::{MIGRATOR, ServiceRole};
+use effectively::testing::TestDb;
+use sqlx::{Connection, PgConnection};
+
+const INSUFFICIENT_PRIVILEGE: &str = "42501";
+
+/// Rows every statement below can find: one order with its key and outbox
+/// row, its inbox row, charge, ledger entry and a dead letter.
+const SEED: &str = "
+INSERT INTO orders.orders (order_id, account_id, amount_cents, status)
+  VALUES ('00000000-0000-0000-0000-000000000001', 1, 100, 'created');
+INSERT INTO orders.idempotency_keys
+  VALUES ('seed', '\\x00', '00000000-0000-0000-0000-000000000001', 201, '{}', '\\x00');
+INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload)
+  VALUES ('00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-0000000000a1',
+          'order.created', '{}');
+INSERT INTO payments.inbox (msg_id, payload_hash) VALUES ('00000000-0000-0000-0000-0000000000a1', 7);
+INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents)
+  VALUES (gen_random_uuid(), '00000000-0000-0000-0000-000000000001',
+          '00000000-0000-0000-0000-0000000000a1', 1, 100);
+INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents)
+  VALUES (1, '00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-0000000000a1', 100);
+INSERT INTO payments.dead_letters (topic, partition, \"offset\", reason) VALUES ('t', 0, 0, 'seed');
+";
+
+async fn connect(db: &TestDb, role: ServiceRole) -> PgConnection {
+    let url = db.url_as(role);
+    let mut conn = PgConnection::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("connect as {}: {e}", role.name()));
+    let user: String = sqlx::query_scalar("SELECT current_user::text")
+        .fetch_one(&mut conn)
+        .await
+        .expect("current_user");
+    assert_eq!(user, role.name());
+    conn
+}
+
+/// Runs each statement in a transaction of its own that is rolled back (the
+/// grants are what is tested, not the data); each must succeed.
+async fn allowed(conn: &mut PgConnection, role: ServiceRole, statements: &[&str]) {
+    for sql in statements {
+        let mut tx = conn.begin().await.expect("begin");
+        if let Err(e) = sqlx::raw_sql(sql).execute(&mut *tx).await {
+            panic!("{} must be allowed {sql:?}: {e}", role.name());
+        }
+        tx.rollback().await.expect("rollback");
+    }
+}
+
+/// Each statement must be refused for want of a privilege.
+async fn refused(conn: &mut PgConnection, role: ServiceRole, statements: &[&str]) {
+    for sql in statements {
+        let mut tx = conn.begin().await.expect("begin");
+        match sqlx::raw_sql(sql).execute(&mut *tx).await {
+            Ok(_) => panic!("{} must be refused {sql:?}, it was allowed", role.name()),
+            Err(sqlx::Error::Database(e)) => assert_eq!(
+                e.code().as_deref(),
+                Some(INSUFFICIENT_PRIVILEGE),
+                "{} running {sql:?}: {e}",
+                role.name()
+            ),
+            Err(e) => panic!("{} running {sql:?}: {e}", role.name()),
+        }
+        tx.rollback().await.expect("rollback");
+    }
+}
+
+/// Statements no service may run: schema changes, and anything in the
+/// schema nobody granted (public, where the migrator keeps its table).
+const NOBODY: &[&str] = &[
+    "CREATE TABLE orders.x (a int)",
+    "CREATE TABLE payments.x (a int)",
+    "CREATE TABLE public.x (a int)",
+    "ALTER TABLE orders.outbox ADD COLUMN x int",
+    "DROP TABLE payments.inbox",
+    "TRUNCATE orders.outbox",
+    "TRUNCATE payments.inbox",
+    "SELECT count(*) FROM public._sqlx_migrations",
+    "DELETE FROM public._sqlx_migrations",
+];
+
+async fn seeded() -> TestDb {
+    let db = TestDb::create().await;
+    let mut owner = PgConnection::connect(&db.url).await.expect("connect owner");
+    sqlx::raw_sql(SEED).execute(&mut owner).await.expect("seed");
+    db
+}
+
+#[tokio::test]
+async fn orders_writes_only_the_orders_schema() {
+    let db = seeded().await;
+    let role = ServiceRole::Orders;
+    let mut conn = connect(&db, role).await;
+    allowed(
+        &mut conn,
+        role,
+        &[
+            // the write path (store.rs, idempotency.rs, outbox.rs)
+            "INSERT INTO orders.idempotency_keys \
+               (idem_key, request_hash, order_id, response_code, response_headers, response_body) \
+             VALUES ('k1', '\\x01', gen_random_uuid(), 201, '{}', '\\x00') \
+             ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key",
+            "SELECT request_hash, order_id, response_code, response_headers, response_body \
+             FROM orders.idempotency_keys WHERE idem_key = 'seed'",
+            "INSERT INTO orders.orders (order_id, account_id, amount_cents, status) \
+             VALUES (gen_random_uuid(), 1, 1, 'created')",
+            "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload) \
+             VALUES (gen_random_uuid(), gen_random_uuid(), 'order.created', '{}') RETURNING id",
+            // GET /orders/{id}
+            "SELECT order_id, account_id, amount_cents, status, created_at FROM orders.orders",
+        ],
+    )
+    .await;
+    refused(
+        &mut conn,
+        role,
+        &[
+            // the relay's part of the outbox: reading events, marking them
+            "UPDATE orders.outbox SET published_at = now()",
+            "UPDATE orders.outbox SET attempts = 9, failed_at = now()",
+            "SELECT payload FROM orders.outbox",
+            "DELETE FROM orders.outbox",
+            // an order and its key, once written, stay as written
+            "UPDATE orders.orders SET amount_cents = 1",
+            "DELETE FROM orders.orders",
+            "UPDATE orders.idempotency_keys SET response_code = 500",
+            "DELETE FROM orders.idempotency_keys",
+            // the payments schema
+            "INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
+             VALUES (gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, 1)",
+            "INSERT INTO payments.inbox (msg_id) VALUES (gen_random_uuid())",
+            "SELECT count(*) FROM payments.charges",
+        ],
+    )
+    .await;
+    refused(&mut conn, role, NOBODY).await;
+}
+
+#[tokio::test]
+async fn relay_reads_and_marks_only_the_outbox() {
+    let db = seeded().await;
+    let role = ServiceRole::Relay;
+    let mut conn = connect(&db, role).await;
+    allowed(
+        &mut conn,
+        role,
+        &[
+            // crates/relay/src/outbox.rs: lease, claim, mark, failures, lag
+            "SELECT pg_try_advisory_xact_lock(1)",
+            "SELECT o.id, o.aggregate_id, o.msg_id, o.event_type, o.payload, o.created_at, o.attempts \
+             FROM orders.outbox o \
+             WHERE o.shard = 0 AND o.published_at IS NULL AND o.failed_at IS NULL \
+               AND NOT EXISTS (SELECT 1 FROM orders.outbox e WHERE e.aggregate_id = o.aggregate_id \
+                               AND e.published_at IS NULL AND e.id < o.id) \
+             ORDER BY o.id LIMIT 10 FOR UPDATE OF o SKIP LOCKED",
+            "UPDATE orders.outbox SET published_at = now() WHERE id = ANY('{1}')",
+            "UPDATE orders.outbox o SET attempts = o.attempts + 1, last_error = f.error, \
+                    failed_at = CASE WHEN o.attempts + 1 >= 3 THEN now() END \
+             FROM unnest('{1}'::int8[], '{boom}'::text[]) AS f(id, error) \
+             WHERE o.id = f.id RETURNING o.failed_at",
+            "SELECT count(*) FILTER (WHERE failed_at IS NULL), min(created_at) \
+             FROM orders.outbox WHERE published_at IS NULL",
+            "LISTEN orders_outbox",
+        ],
+    )
+    .await;
+    refused(
+        &mut conn,
+        role,
+        &[
+            // an event is the orders service's to write, and stays as written
+            "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload) \
+             VALUES (gen_random_uuid(), gen_random_uuid(), 'order.created', '{}')",
+            "UPDATE orders.outbox SET payload = '{}'",
+            "UPDATE orders.outbox SET msg_id = gen_random_uuid()",
+            "DELETE FROM orders.outbox",
+            // orders and keys: none of its business
+            "INSERT INTO orders.orders (order_id, account_id, amount_cents, status) \
+             VALUES (gen_random_uuid(), 1, 1, 'created')",
+            "SELECT count(*) FROM orders.orders",
+            "SELECT count(*) FROM orders.idempotency_keys",
+            // nor the payments schema
+            "INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
+             VALUES (gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, 1)",
+            "SELECT count(*) FROM payments.inbox",
+        ],
+    )
+    .await;
+    refused(&mut conn, role, NOBODY).await;
+}
+
+#[tokio::test]
+async fn payments_writes_only_the_payments_schema() {
+    let db = seeded().await;
+    let role = ServiceRole::Payments;
+    let mut conn = connect(&db, role).await;
+    allowed(
+        &mut conn,
+        role,
+        &[
+            // crates/payments/src/inbox.rs
+            "INSERT INTO payments.inbox (msg_id, payload_hash) \
+             SELECT * FROM unnest(ARRAY[gen_random_uuid()], ARRAY[1::int8]) \
+             ON CONFLICT (msg_id) DO NOTHING RETURNING msg_id",
+            "SELECT msg_id, payload_hash FROM payments.inbox",
+            "SELECT order_id, msg_id FROM payments.charges",
+            "WITH c AS ( \
+               INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
+               VALUES (gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, 1) \
+               ON CONFLICT (order_id) DO NOTHING \
+               RETURNING account_id, order_id, msg_id, amount_cents), \
+             l AS ( \
+               INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
+               SELECT account_id, order_id, msg_id, amount_cents FROM c) \
+             SELECT msg_id FROM c",
+            "INSERT INTO payments.dead_letters \
+               (topic, partition, \"offset\", msg_key, payload, reason, kind, msg_id) \
+             VALUES ('t', 0, 1, NULL, NULL, 'r', 'rejected', gen_random_uuid()) \
+             ON CONFLICT (topic, partition, \"offset\") DO NOTHING",
+        ],
+    )
+    .await;
+    refused(
+        &mut conn,
+        role,
+        &[
+            // the orders schema, written or read
+            "INSERT INTO orders.orders (order_id, account_id, amount_cents, status) \
+             VALUES (gen_random_uuid(), 1, 1, 'created')",
+            "UPDATE orders.orders SET status = 'paid'",
+            "UPDATE orders.outbox SET published_at = now()",
+            "SELECT count(*) FROM orders.outbox",
+            // an applied effect is never rewritten or taken back
+            "UPDATE payments.charges SET amount_cents = 1",
+            "DELETE FROM payments.charges",
+            "DELETE FROM payments.inbox",
+            "UPDATE payments.inbox SET payload_hash = 0",
+            "UPDATE payments.ledger SET amount_cents = 1",
+            "DELETE FROM payments.ledger",
+            "SELECT count(*) FROM payments.ledger",
+            "SELECT reason FROM payments.dead_letters",
+            "DELETE FROM payments.dead_letters",
+        ],
+    )
+    .await;
+    refused(&mut conn, role, NOBODY).await;
+}
+
+#[tokio::test]
+async fn recon_only_reads() {
+    let db = seeded().await;
+    let role = ServiceRole::Recon;
+    let mut conn = connect(&db, role).await;
+    // every table, with a column of it
+    let tables = [
+        ("orders.orders", "status"),
+        ("orders.idempotency_keys", "response_code"),
+        ("orders.outbox", "published_at"),
+        ("payments.inbox", "payload_hash"),
+        ("payments.charges", "amount_cents"),
+        ("payments.ledger", "amount_cents"),
+        ("payments.dead_letters", "reason"),
+    ];
+    let reads: Vec<String> = tables
+        .iter()
+        .map(|(t, _)| format!("SELECT * FROM {t}"))
+        .collect();
+    let reads: Vec<&str> = reads.iter().map(String::as_str).collect();
+    allowed(&mut conn, role, &reads).await;
+    // recon's own statements, as it runs them
+    allowed(&mut conn, role, &[recon_probe()]).await;
+    let writes: Vec<String> = tables
+        .iter()
+        .flat_map(|(t, c)| {
+            [
+                format!("DELETE FROM {t}"),
+                format!("UPDATE {t} SET {c} = {c}"),
+                format!("INSERT INTO {t} DEFAULT VALUES"),
+            ]
+        })
+        .collect();
+    let writes: Vec<&str> = writes.iter().map(String::as_str).collect();
+    refused(&mut conn, role, &writes).await;
+    refused(&mut conn, role, NOBODY).await;
+}
+
+/// A statement of the shape of recon's diff: both schemas joined.
+fn recon_probe() -> &'static str {
+    "SELECT (SELECT count(*) FROM orders.outbox e \
+             WHERE NOT EXISTS (SELECT 1 FROM payments.inbox i WHERE i.msg_id = e.msg_id)), \
+            (SELECT count(*) FROM payments.ledger l \
+             LEFT JOIN payments.charges c ON c.order_id = l.order_id \
+             JOIN orders.orders o ON o.order_id = l.order_id)"
+}
+
+#[tokio::test]
+async fn no_service_role_can_migrate() {
+    let db = TestDb::create().await;
+    for role in ServiceRole::ALL {
+        let pool = sqlx::PgPool::connect(&db.url_as(role))
+            .await
+            .expect("connect");
+        // Every migration is applied already; a role that could not read the
+        // migrator's table, let alone write it, cannot run the migrator.
+        let error = MIGRATOR
+            .run(&pool)
+            .await
+            .expect_err(&format!("{} must not migrate", role.name()));
+        assert!(
+            error.to_string().contains("permission denied"),
+            "{}: {error}",
+            role.name()
+        );
+        pool.close().await;
+    }
+}
+
+/// The grants on the two schemas, as the catalog has them:
+/// `role schema.table privilege[(column)]`. Table-level grants list no
+/// column; a column grant of a table that has the same table-level grant is
+/// implied and left out.
+async fn grant_matrix(db: &TestDb) -> BTreeSet<String> {
+    let mut owner = PgConnection::connect(&db.url).await.expect("connect owner");
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT grantee::text, table_schema || '.' || table_name || ' ' || privilege_type \
+         FROM information_schema.role_table_grants \
+         WHERE grantee LIKE 'effectively\\_%' AND table_schema IN ('orders', 'payments') \
+         UNION ALL \
+         SELECT c.grantee::text, \
+                c.table_schema || '.' || c.table_name || ' ' || c.privilege_type \
+                || '(' || c.column_name || ')' \
+         FROM information_schema.column_privileges c \
+         WHERE c.grantee LIKE 'effectively\\_%' AND c.table_schema IN ('orders', 'payments') \
+           AND NOT EXISTS (SELECT 1 FROM information_schema.role_table_grants t \
+                           WHERE t.grantee = c.grantee AND t.table_schema = c.table_schema \
+                             AND t.table_name = c.table_name \
+                             AND t.privilege_type = c.privilege_type) \
+         UNION ALL \
+         SELECT r.rolname::text, n.nspname || ' ' || p.privilege \
+         FROM pg_roles r CROSS JOIN pg_namespace n \
+         CROSS JOIN (VALUES ('USAGE'), ('CREATE')) AS p(privilege) \
+         WHERE r.rolname LIKE 'effectively\\_%' AND n.nspname IN ('orders', 'payments', 'public') \
+           AND has_schema_privilege(r.oid, n.oid, p.privilege)",
+    )
+    .fetch_all(&mut owner)
+    .await
+    .expect("read grants");
+    rows.into_iter().map(|(r, g)| format!("{r} {g}")).collect()
+}
+
+#[tokio::test]
+async fn the_grant_matrix_is_exactly_this() {
+    let db = TestDb::create().await;
+    let got = grant_matrix(&db).await;
+    let mut want: BTreeSet<String> = [
+        "effectively_orders orders USAGE",
+        "effectively_orders orders.orders INSERT",
+        "effectively_orders orders.orders SELECT",
+        "effectively_orders orders.idempotency_keys INSERT",
+        "effectively_orders orders.idempotency_keys SELECT",
+        "effectively_orders orders.outbox INSERT(aggregate_id)",
+        "effectively_orders orders.outbox INSERT(msg_id)",
+        "effectively_orders orders.outbox INSERT(event_type)",
+        "effectively_orders orders.outbox INSERT(payload)",
+        "effectively_orders orders.outbox SELECT(id)",
+        "effectively_relay orders USAGE",
+        "effectively_relay orders.outbox SELECT",
+        "effectively_relay orders.outbox UPDATE(published_at)",
+        "effectively_relay orders.outbox UPDATE(attempts)",
+        "effectively_relay orders.outbox UPDATE(last_error)",
+        "effectively_relay orders.outbox UPDATE(failed_at)",
+        "effectively_payments payments USAGE",
+        "effectively_payments payments.inbox INSERT",
+        "effectively_payments payments.inbox SELECT",
+        "effectively_payments payments.charges INSERT",
+        "effectively_payments payments.charges SELECT",
+        "effectively_payments payments.ledger INSERT",
+        "effectively_payments payments.dead_letters INSERT",
+        "effectively_payments payments.dead_letters SELECT(topic)",
+        "effectively_payments payments.dead_letters SELECT(partition)",
+        "effectively_payments payments.dead_letters SELECT(offset)",
+        "effectively_recon orders USAGE",
+        "effectively_recon payments USAGE",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    for table in [
+        "orders.orders",
+        "orders.idempotency_keys",
+        "orders.outbox",
+        "payments.inbox",
+        "payments.charges",
+        "payments.ledger",
+        "payments.dead_letters",
+    ] {
+        want.insert(format!("effectively_recon {table} SELECT"));
+    }
+    // Every role may use the public schema (PostgreSQL's default for
+    // PUBLIC); none may create in it, or in the two schemas.
+    for role in ServiceRole::ALL {
+        want.insert(format!("{} public USAGE", role.name()));
+    }
+    let missing: Vec<_> = want.difference(&got).collect();
+    let extra: Vec<_> = got.difference(&want).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "grants missing: {missing:#?}\ngrants not expected: {extra:#?}"
+    );
+}

@@ -8,7 +8,8 @@ use clap::Args;
 /// PostgreSQL connection settings.
 #[derive(Debug, Clone, Args)]
 pub struct DbArgs {
-    /// PostgreSQL connection URL (written to .stack/env by `make up`). Never logged.
+    /// PostgreSQL connection URL, as the service's own role (`make up` writes
+    /// one per service to .stack/env: ORDERS_DATABASE_URL, ...). Never logged.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
 
@@ -22,8 +23,10 @@ pub struct DbArgs {
     pub db_acquire_timeout_ms: u64,
 
     /// Apply the embedded migrations at start-up (safe with several processes:
-    /// the migrator takes an advisory lock).
-    #[arg(long, env = "DB_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
+    /// the migrator takes an advisory lock). Only for a DATABASE_URL of the
+    /// schemas' owner: the services' own roles may not change the schema, so
+    /// migrating is a step of its own (`orders --migrate-only`, `make migrate`).
+    #[arg(long, env = "DB_MIGRATE", default_value_t = false, action = clap::ArgAction::Set)]
     pub db_migrate: bool,
 
     /// Longest one statement may run before the server cancels it, in
@@ -56,7 +59,7 @@ impl DbArgs {
             database_url: url.into(),
             db_max_connections: 32,
             db_acquire_timeout_ms: 5_000,
-            db_migrate: true,
+            db_migrate: false,
             db_statement_timeout_ms: None,
             db_idle_in_transaction_timeout_ms: None,
         }

@@ -91,7 +91,8 @@ pub struct Config {
     #[arg(long, env = "ORDERS_WRITE_QUEUE", default_value_t = 4096)]
     pub write_queue: usize,
 
-    /// Apply the database migrations and exit.
+    /// Apply the database migrations and exit. Run it with the URL of the
+    /// schemas' owner (the stack's DATABASE_URL), not the service's role.
     #[arg(long, env = "ORDERS_MIGRATE_ONLY")]
     pub migrate_only: bool,
 

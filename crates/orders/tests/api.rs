@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use effectively::config::DbArgs;
+use effectively::db::ServiceRole;
 use effectively::testing::TestDb;
 use orders::proto::orders_client::OrdersClient;
 use orders::proto::{CreateOrderRequest, GetOrderRequest};
@@ -40,8 +41,8 @@ impl TestApp {
         let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind grpc");
         let http_addr = http.local_addr().expect("http addr");
         let grpc_addr = grpc.local_addr().expect("grpc addr");
-        let mut db_args = DbArgs::for_url(&db.url);
-        db_args.db_migrate = false; // TestDb::create migrated it
+        // The service's own role: the grants are proven by every test here.
+        let db_args = DbArgs::for_url(db.url_as(ServiceRole::Orders));
         let config = Config {
             db: db_args,
             crash: effectively::crash::CrashArgs::default(),
@@ -749,8 +750,7 @@ async fn a_crash_between_commit_and_response_is_healed_by_the_retry() {
         .expect("port")
         .port();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_orders"))
-        .env("DATABASE_URL", &db.url)
-        .env("DB_MIGRATE", "false")
+        .env("DATABASE_URL", db.url_as(ServiceRole::Orders))
         .env("ORDERS_HTTP_ADDR", format!("127.0.0.1:{port}"))
         .env("ORDERS_GRPC_ADDR", format!("127.0.0.1:{grpc_port}"))
         .env("CRASH_POINT", "commit")

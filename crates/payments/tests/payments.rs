@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use effectively::config::DbArgs;
 use effectively::crash::CrashArgs;
+use effectively::db::ServiceRole;
 use effectively::envelope::Envelope;
 use effectively::testing::{TestDb, TestTopic, eventually, series_value};
 use payments::dup::{DupArgs, DupKind};
@@ -76,8 +77,7 @@ async fn produce_events(topic: &TestTopic, events: &[Event]) {
 }
 
 fn config(db: &TestDb, topic: &TestTopic, group: &str) -> Config {
-    let mut db_args = DbArgs::for_url(&db.url);
-    db_args.db_migrate = false;
+    let db_args = DbArgs::for_url(db.url_as(ServiceRole::Payments));
     Config {
         db: db_args,
         kafka: topic.kafka_args(),
@@ -284,8 +284,7 @@ async fn run_with_crashes(
         }
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"));
         child
-            .env("DATABASE_URL", &db.url)
-            .env("DB_MIGRATE", "false")
+            .env("DATABASE_URL", db.url_as(ServiceRole::Payments))
             .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
             .env("KAFKA_TOPIC", &topic.name)
             .env("PAYMENTS_GROUP_ID", group)

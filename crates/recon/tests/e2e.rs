@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use effectively::db::ServiceRole;
 use effectively::testing::{TestDb, TestTopic, eventually, series_value};
 use recon::Policy;
 use sqlx::PgPool;
@@ -45,9 +46,9 @@ impl Stack {
         let db = TestDb::create().await;
         let topic = TestTopic::create(6).await;
         let (http, grpc, relay_m, pay_m) = (free_port(), free_port(), free_port(), free_port());
-        let env = |cmd: &mut Command| {
-            cmd.env("DATABASE_URL", &db.url)
-                .env("DB_MIGRATE", "false")
+        // Each service as its own role.
+        let env = |cmd: &mut Command, role: ServiceRole| {
+            cmd.env("DATABASE_URL", db.url_as(role))
                 .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
                 .env("KAFKA_TOPIC", &topic.name)
                 .env("RUST_LOG", "warn")
@@ -56,15 +57,15 @@ impl Stack {
                 .kill_on_drop(true);
         };
         let mut orders = Command::new(bin("orders"));
-        env(&mut orders);
+        env(&mut orders, ServiceRole::Orders);
         orders
             .env("ORDERS_HTTP_ADDR", format!("127.0.0.1:{http}"))
             .env("ORDERS_GRPC_ADDR", format!("127.0.0.1:{grpc}"));
         let mut relay = Command::new(bin("relay"));
-        env(&mut relay);
+        env(&mut relay, ServiceRole::Relay);
         relay.env("RELAY_METRICS_ADDR", format!("127.0.0.1:{relay_m}"));
         let mut payments = Command::new(bin("payments"));
-        env(&mut payments);
+        env(&mut payments, ServiceRole::Payments);
         payments
             .env("PAYMENTS_METRICS_ADDR", format!("127.0.0.1:{pay_m}"))
             .env("PAYMENTS_GROUP_ID", format!("e2e-{}", db.name));
@@ -400,7 +401,7 @@ async fn the_recon_binary_exits_one_and_names_the_check() {
     let (db, pool) = seeded(20).await;
     let run = || {
         std::process::Command::new(bin("recon"))
-            .env("DATABASE_URL", &db.url)
+            .env("DATABASE_URL", db.url_as(ServiceRole::Recon))
             .env("RUST_LOG", "error")
             .output()
             .expect("run recon")

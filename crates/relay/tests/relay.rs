@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use effectively::config::DbArgs;
 use effectively::crash::CrashArgs;
+use effectively::db::ServiceRole;
 use effectively::envelope::Envelope;
 use effectively::outbox::{Outbox, OutboxMessage};
 use effectively::testing::{TestDb, TestTopic, TopicMessage, eventually, series_value};
@@ -17,8 +18,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 fn config(db: &TestDb, topic: &TestTopic, workers: usize, batch_size: i64) -> Config {
-    let mut db_args = DbArgs::for_url(&db.url);
-    db_args.db_migrate = false;
+    let db_args = DbArgs::for_url(db.url_as(ServiceRole::Relay));
     Config {
         db: db_args,
         kafka: topic.kafka_args(),
@@ -52,8 +52,7 @@ async fn spawn_relay(
 fn relay_child(db: &TestDb, topic: &TestTopic, extra: &[(&str, &str)]) -> tokio::process::Child {
     let mut relay = tokio::process::Command::new(env!("CARGO_BIN_EXE_relay"));
     relay
-        .env("DATABASE_URL", &db.url)
-        .env("DB_MIGRATE", "false")
+        .env("DATABASE_URL", db.url_as(ServiceRole::Relay))
         .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
         .env("KAFKA_TOPIC", &topic.name)
         .env("RELAY_METRICS_ADDR", "127.0.0.1:0")
@@ -516,8 +515,7 @@ async fn a_hung_relay_loses_its_shard_within_the_idle_in_transaction_limit() {
 #[tokio::test]
 async fn database_sessions_set_their_own_limits() {
     let db = TestDb::create().await;
-    let mut args = DbArgs::for_url(&db.url);
-    args.db_migrate = false;
+    let mut args = DbArgs::for_url(db.url_as(ServiceRole::Relay));
     args.db_idle_in_transaction_timeout_ms = Some(4_000);
     let defaults = effectively::config::SessionLimits {
         statement_timeout: Duration::from_secs(7),

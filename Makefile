@@ -3,7 +3,8 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-# Connection settings written by `make up` (DATABASE_URL, ...).
+# Connection settings written by `make up` (DATABASE_URL, the owner's, and
+# each service's own ORDERS_DATABASE_URL, RELAY_DATABASE_URL, ...).
 -include .stack/env
 
 .PHONY: help up down status migrate build test fmt lint orders bench-orders bench-pipeline bench-recon bench-relay-sweep demo \
@@ -22,7 +23,7 @@ down: ## stop the embedded stack (data stays in .stack/ until you delete it)
 status: ## say what the embedded stack runs
 	@scripts/stack.sh status
 
-migrate: ## apply the migrations to $DATABASE_URL
+migrate: ## apply the migrations to $DATABASE_URL, as the owner (creates the services' roles, grants them)
 	@. .stack/env && $(CARGO) run -q --release -p orders -- --migrate-only
 
 build: ## build every binary (release)
@@ -44,8 +45,8 @@ test: ## the test command: lint, every test against the real stack (starts it), 
 demo: ## the whole pipeline on the embedded stack with load and retries, then recon's proof
 	@scripts/demo.sh
 
-orders: ## run the orders service on the stack (HTTP :8080, gRPC :50051)
-	@. .stack/env && $(CARGO) run --release -p orders
+orders: ## run the orders service on the stack as its own role (HTTP :8080, gRPC :50051)
+	@. .stack/env && DATABASE_URL=$$ORDERS_DATABASE_URL $(CARGO) run --release -p orders
 
 bench-orders: ## benchmark POST /orders against the pgbench ceiling (see FINDINGS.md)
 	@scripts/bench-orders.sh

@@ -28,7 +28,7 @@ cargo build -q --release -p orders -p loadgen
 pipeline_db bench_orders # no broker needed: orders alone
 URL=$DB_URL
 
-DATABASE_URL=$URL DB_MIGRATE=false RUST_LOG=warn ORDERS_HTTP_ADDR=127.0.0.1:18280 ORDERS_GRPC_ADDR=127.0.0.1:15251 \
+DATABASE_URL=$ORDERS_DATABASE_URL RUST_LOG=warn ORDERS_HTTP_ADDR=127.0.0.1:18280 ORDERS_GRPC_ADDR=127.0.0.1:15251 \
   "$BIN/orders" >"$OUT/orders.log" 2>&1 &
 ORDERS=$!
 trap 'kill $ORDERS 2>/dev/null || true' EXIT

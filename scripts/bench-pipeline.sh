@@ -33,7 +33,7 @@ q() { psql "$1" -qAt -v ON_ERROR_STOP=1 -c "$2"; }
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; pipeline_stop; }
 trap cleanup EXIT
-export RUST_LOG=warn DB_MIGRATE=false
+export RUST_LOG=warn
 
 # --- 1. relay drain from a backlog --------------------------------------------
 pipeline_fresh bench_pipeline "relay.$RUN" 2>/dev/null
@@ -47,7 +47,7 @@ q "$URL" "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload)
 q "$URL" "VACUUM ANALYZE orders.outbox"
 log "relay draining $ROWS rows"
 t0=$(now)
-DATABASE_URL=$URL KAFKA_TOPIC=$TOPIC RELAY_METRICS_ADDR=127.0.0.1:0 "$BIN/relay" >"$LOGS/relay.log" 2>&1 & PIDS+=($!)
+DATABASE_URL=$RELAY_DATABASE_URL KAFKA_TOPIC=$TOPIC RELAY_METRICS_ADDR=127.0.0.1:0 "$BIN/relay" >"$LOGS/relay.log" 2>&1 & PIDS+=($!)
 RELAY_PID=$!
 while [ "$(q "$URL" "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL")" != 0 ]; do sleep 0.5; done
 t1=$(now)
@@ -62,7 +62,7 @@ log "raw producer: $RAW_P"
 # --- 2. consumer throughput: first pass (all new), second pass (all duplicates) --
 consume_pass() { # group → rows/s measured from the first inbox/dedup effect
   local group=$1 metric=$2 port=$3
-  DATABASE_URL=$URL KAFKA_TOPIC=$TOPIC PAYMENTS_GROUP_ID=$group PAYMENTS_METRICS_ADDR=127.0.0.1:$port \
+  DATABASE_URL=$PAYMENTS_DATABASE_URL KAFKA_TOPIC=$TOPIC PAYMENTS_GROUP_ID=$group PAYMENTS_METRICS_ADDR=127.0.0.1:$port \
     "$BIN/payments" >"$LOGS/payments-$group.log" 2>&1 &
   local pid=$!
   PIDS+=("$pid")
@@ -97,7 +97,7 @@ sleep 5 # the consumer group's first assignment, so it is not in the latency
 log "steady load: $STEADY_RATE orders/s for $STEADY_SECONDS s"
 "$BIN/loadgen" --http-url http://127.0.0.1:18180 --grpc-url http://127.0.0.1:15151 --rate "$STEADY_RATE" \
   --duration "$STEADY_SECONDS" --retry-rate 0.15 --zipf-s 0 --json "$LOGS/steady-loadgen.json" >/dev/null
-"$BIN/recon" --wait-drained 120 >"$LOGS/steady-recon.txt" || true
+DATABASE_URL=$RECON_DATABASE_URL "$BIN/recon" --wait-drained 120 >"$LOGS/steady-recon.txt" || true
 LAT=$(q "$URL" "SELECT json_build_object(
     'effects', count(*),
     'p50_ms', round((percentile_cont(0.50) WITHIN GROUP (ORDER BY ms))::numeric, 1),

@@ -32,7 +32,7 @@ for n in $SIZES; do
   seed=$(echo "$(date +%s.%N) - $start" | bc)
   times=()
   for r in $(seq 1 "$REPS"); do
-    DATABASE_URL=$DB_URL RUST_LOG=warn "$BIN/recon" --json >"$OUT/recon-$n-$r.json" \
+    DATABASE_URL=$RECON_DATABASE_URL RUST_LOG=warn "$BIN/recon" --json >"$OUT/recon-$n-$r.json" \
       || { log "recon not CLEAN on the seed of $n orders: $OUT/recon-$n-$r.json"; exit 1; }
     t=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["diff_seconds"])' "$OUT/recon-$n-$r.json")
     log "  $n orders, run $r: diff $t s"

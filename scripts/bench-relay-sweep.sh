@@ -12,7 +12,9 @@ POINTS=${SWEEP_POINTS:-2:500 4:500 8:500 4:2000 2:2000}
 scripts/stack.sh up >/dev/null
 . .stack/env
 cargo build -q --release -p relay
-URL=${STACK_ADMIN_DATABASE_URL%/*}/bench_pipeline
+URL=${STACK_ADMIN_DATABASE_URL%/*}/bench_pipeline # the owner's: it resets the backlog
+RELAY_URL=${RELAY_DATABASE_URL:?"not in .stack/env: scripts/stack.sh up rewrites it"}
+RELAY_URL=${RELAY_URL%/*}/bench_pipeline
 q() { psql "$URL" -qAt -v ON_ERROR_STOP=1 -c "$1"; }
 [ "$(q "SELECT count(*) >= $ROWS FROM orders.outbox")" = t ] || { echo "run make bench-pipeline first" >&2; exit 1; }
 for point in $POINTS; do
@@ -22,7 +24,7 @@ for point in $POINTS; do
   topic=bench.sweep.$workers.$batch.$(date +%s)
   target/debug/kafka-topic --topic "$topic" --partitions 6 2>/dev/null
   t0=$(date +%s.%N)
-  DATABASE_URL=$URL DB_MIGRATE=false KAFKA_TOPIC=$topic RELAY_WORKERS=$workers RELAY_BATCH_SIZE=$batch \
+  DATABASE_URL=$RELAY_URL KAFKA_TOPIC=$topic RELAY_WORKERS=$workers RELAY_BATCH_SIZE=$batch \
     RELAY_METRICS_ADDR=127.0.0.1:0 RUST_LOG=warn target/release/relay &
   pid=$!
   while [ "$(q "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL")" != 0 ]; do sleep 0.3; done

@@ -43,7 +43,7 @@ say "load: $RATE orders/s for $SECONDS_ s, ${RETRY} retried 1-3x, protocol $PROT
 
 say "recon (waits up to $DRAIN s for the pipeline to drain)"
 set +e
-"$BIN/recon" --wait-drained "$DRAIN" --intents "$OUT/intents.txt"
+DATABASE_URL=$RECON_DATABASE_URL "$BIN/recon" --wait-drained "$DRAIN" --intents "$OUT/intents.txt"
 status=$?
 set -e
 echo

@@ -203,11 +203,21 @@ kafka_down() {
   rm -f "$KAFKA_DIR/nisshi.pid"
 }
 
+# DATABASE_URL is the owner's (the superuser's): migrations and the scripts'
+# own queries. Each service runs as its own role with the URL of its
+# *_DATABASE_URL (migrations/*_roles.sql creates the roles and grants them
+# their tables; no password: the server trusts 127.0.0.1).
 write_env() {
+  local base=127.0.0.1:$PG_PORT/$DB
   cat >"$ENV_FILE" <<ENV
 # Written by scripts/stack.sh; source it (. $ENV_FILE) or let the Makefile include it.
-export DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/$DB
+# DATABASE_URL: the owner's, for migrations; each service runs with its own *_DATABASE_URL.
+export DATABASE_URL=postgres://postgres@$base
 export STACK_ADMIN_DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres
+export ORDERS_DATABASE_URL=postgres://effectively_orders@$base
+export RELAY_DATABASE_URL=postgres://effectively_relay@$base
+export PAYMENTS_DATABASE_URL=postgres://effectively_payments@$base
+export RECON_DATABASE_URL=postgres://effectively_recon@$base
 ENV
   if [ "$WITH_KAFKA" = 1 ] || kafka_pid >/dev/null; then
     cat >>"$ENV_FILE" <<ENV

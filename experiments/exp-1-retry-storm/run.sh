@@ -62,10 +62,11 @@ pipeline_stack
 
 say "build ($PROFILE)"
 pipeline_build "$PROFILE"
-export RUST_LOG=${RUST_LOG:-warn} DB_MIGRATE=false
+export RUST_LOG=${RUST_LOG:-warn}
 
-# fresh_db DB: (re)creates and migrates DB, exports DATABASE_URL (no topic:
-# the orders-only runs publish nothing).
+# fresh_db DB: (re)creates and migrates DB, exports DATABASE_URL (the
+# owner's) and the services' URLs (no topic: the orders-only runs publish
+# nothing).
 fresh_db() {
   pipeline_db "$1"
   export DATABASE_URL=$DB_URL
@@ -80,7 +81,7 @@ drop_db() {
 orders_alone() {
   local logs=$1
   shift
-  ORDERS_HTTP_ADDR=$HTTP ORDERS_GRPC_ADDR=$GRPC "$BIN/orders" "$@" >"$logs/orders.log" 2>&1 &
+  DATABASE_URL=$ORDERS_DATABASE_URL ORDERS_HTTP_ADDR=$HTTP ORDERS_GRPC_ADDR=$GRPC "$BIN/orders" "$@" >"$logs/orders.log" 2>&1 &
   pipeline_track $!
   wait_http "http://$HTTP/metrics" orders $! "$logs"
 }
@@ -122,7 +123,7 @@ for rate in $RATES; do
   pipeline_start "$dir" "$HTTP" "$GRPC" "$RELAY_METRICS" "$PAYMENTS_METRICS" "payments-exp1-$RUN-$rate"
   load "$dir" "$rate"
   rc=0
-  "$BIN/recon" --wait-drained "$DRAIN" --intents "$dir/intents.txt" --json >"$dir/recon.json" 2>"$dir/recon.err" || rc=$?
+  DATABASE_URL=$RECON_DATABASE_URL "$BIN/recon" --wait-drained "$DRAIN" --intents "$dir/intents.txt" --json >"$dir/recon.json" 2>"$dir/recon.err" || rc=$?
   echo "$rc" >"$dir/recon.rc"
   table_counts "$dir"
   curl -fs "http://$PAYMENTS_METRICS/metrics" >"$dir/payments.metrics" || true

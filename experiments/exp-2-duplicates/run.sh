@@ -40,9 +40,9 @@ drain() { # RATE KIND REP
   db=exp_drain_${p//./_}_$kind
   pipeline_db "$db"
   url=$DB_URL
-  DATABASE_URL=$url KAFKA_TOPIC=$TOPIC PAYMENTS_GROUP_ID=drain-$p-$kind-$rep-$(date +%s) \
+  DATABASE_URL=$PAYMENTS_DATABASE_URL KAFKA_TOPIC=$TOPIC PAYMENTS_GROUP_ID=drain-$p-$kind-$rep-$(date +%s) \
     PAYMENTS_DUP_RATE=$p PAYMENTS_DUP_KIND=$kind \
-    PAYMENTS_METRICS_ADDR=127.0.0.1:22102 DB_MIGRATE=false RUST_LOG=warn \
+    PAYMENTS_METRICS_ADDR=127.0.0.1:22102 RUST_LOG=warn \
     "$BIN/payments" >>"$RES/logs/drain-$p-$kind.log" 2>&1 &
   pid=$!
   ok=0

@@ -3,6 +3,11 @@
 # topic, start orders, relay and payments, stop them. Sourced by demo.sh and
 # check-dashboards.sh (and meant for the experiments); expects ROOT to be the
 # repository root and the stack's env (STACK_ADMIN_DATABASE_URL, ...) loaded.
+#
+# Least privilege: the migrations run as the owner (DB_URL, DATABASE_URL);
+# each service runs as its own role, its DATABASE_URL taken from
+# ORDERS_DATABASE_URL, RELAY_DATABASE_URL, PAYMENTS_DATABASE_URL and
+# RECON_DATABASE_URL, which pipeline_db points at the same database.
 
 PIPELINE_PIDS=()
 
@@ -30,18 +35,35 @@ pipeline_stack() {
   fi
 }
 
-# pipeline_db DB: (re)creates database DB and migrates it; sets DB_URL to it
-# (the caller decides whether that becomes DATABASE_URL).
+# pipeline_db DB: (re)creates database DB and migrates it as the owner; sets
+# DB_URL to it as the owner (the caller decides whether that becomes
+# DATABASE_URL) and exports the four services' URLs (pipeline_roles) for it.
 pipeline_db() {
   PGOPTIONS=--client-min-messages=warning psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
     -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1" >/dev/null
   DB_URL=${STACK_ADMIN_DATABASE_URL%/*}/$1
   DATABASE_URL=$DB_URL "$BIN/orders" --migrate-only 2>/dev/null
+  pipeline_roles "$1"
+}
+
+# pipeline_roles DB: points ORDERS_, RELAY_, PAYMENTS_ and RECON_DATABASE_URL
+# (each service's role, from the stack's env) at database DB and exports them.
+pipeline_roles() {
+  local var url
+  for var in ORDERS_DATABASE_URL RELAY_DATABASE_URL PAYMENTS_DATABASE_URL RECON_DATABASE_URL; do
+    url=${!var:-}
+    if [ -z "$url" ]; then
+      echo "$var is not set: the stack's env predates the service roles (scripts/stack.sh up rewrites it)" >&2
+      return 1
+    fi
+    export "$var=${url%/*}/$1"
+  done
 }
 
 # pipeline_fresh DB RUN: a fresh database DB (pipeline_db) and topic
-# order.events.RUN; exports DATABASE_URL and KAFKA_TOPIC for what follows. So a
-# recon of this run covers exactly this run.
+# order.events.RUN; exports DATABASE_URL (the owner's, for a script's own
+# queries), the services' URLs and KAFKA_TOPIC for what follows. So a recon
+# of this run covers exactly this run.
 pipeline_fresh() {
   pipeline_db "$1"
   export DATABASE_URL=$DB_URL
@@ -61,18 +83,21 @@ wait_http() {
 }
 
 # pipeline_start LOGDIR HTTP GRPC RELAY_METRICS PAYMENTS_METRICS GROUP: starts the
-# three services on those 127.0.0.1 addresses (consumer group GROUP) and waits
-# until each serves /metrics. pipeline_stop stops them.
+# three services, each as its own role, on those 127.0.0.1 addresses
+# (consumer group GROUP) and waits until each serves /metrics. pipeline_stop
+# stops them.
 pipeline_start() {
   local logs=$1
-  export RUST_LOG=${RUST_LOG:-warn} DB_MIGRATE=false
-  ORDERS_HTTP_ADDR=$2 ORDERS_GRPC_ADDR=$3 "$BIN/orders" >"$logs/orders.log" 2>&1 &
+  export RUST_LOG=${RUST_LOG:-warn}
+  DATABASE_URL=$ORDERS_DATABASE_URL ORDERS_HTTP_ADDR=$2 ORDERS_GRPC_ADDR=$3 \
+    "$BIN/orders" >"$logs/orders.log" 2>&1 &
   PIPELINE_PIDS+=($!)
   wait_http "http://$2/metrics" orders $! "$logs"
-  RELAY_METRICS_ADDR=$4 "$BIN/relay" >"$logs/relay.log" 2>&1 &
+  DATABASE_URL=$RELAY_DATABASE_URL RELAY_METRICS_ADDR=$4 "$BIN/relay" >"$logs/relay.log" 2>&1 &
   PIPELINE_PIDS+=($!)
   wait_http "http://$4/metrics" relay $! "$logs"
-  PAYMENTS_METRICS_ADDR=$5 PAYMENTS_GROUP_ID=$6 "$BIN/payments" >"$logs/payments.log" 2>&1 &
+  DATABASE_URL=$PAYMENTS_DATABASE_URL PAYMENTS_METRICS_ADDR=$5 PAYMENTS_GROUP_ID=$6 \
+    "$BIN/payments" >"$logs/payments.log" 2>&1 &
   PIPELINE_PIDS+=($!)
   wait_http "http://$5/metrics" payments $! "$logs"
 }

@@ -131,7 +131,9 @@ impl SplitTxn {
     version,
     about = "Runs orders, relay and payments under load with duplicate delivery and kill -9, restarts them, then runs recon",
     long_about = "Runs orders, relay and payments as child processes against DATABASE_URL and \
-        KAFKA_BOOTSTRAP_SERVERS/KAFKA_TOPIC (inherited by the children), drives load with loadgen, \
+        KAFKA_BOOTSTRAP_SERVERS/KAFKA_TOPIC (inherited by the children; each child, and recon, \
+        gets its own role's URL as DATABASE_URL when ORDERS_, RELAY_, PAYMENTS_ or \
+        RECON_DATABASE_URL is set, as .stack/env sets them), drives load with loadgen, \
         injects faults (crash points where a service SIGKILLs itself, SIGKILLs from outside at random \
         moments, duplicate delivery on the consumer), restarts every service that dies, and records \
         kills, restarts and recovery times. When the load ends the faults stop (restarted services \

@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use effectively::db::ServiceRole;
 use rand::Rng;
 use serde_json::{Value, json};
 use tokio::process::Command;
@@ -229,8 +230,10 @@ async fn drive(
 
     let recon = bin_dir.join("recon");
     let intents = out.join("intents.txt");
+    let recon_url = role_database_url(ServiceRole::Recon);
     let mut table = Command::new(&recon);
     table
+        .envs(recon_url.clone())
         .arg("--wait-drained")
         .arg(config.drain_timeout.to_string())
         .arg("--intents")
@@ -242,6 +245,7 @@ async fn drive(
     };
     // The same diff as JSON for the summary (read-only; drained already).
     let json_out = Command::new(&recon)
+        .envs(recon_url)
         .arg("--json")
         .arg("--intents")
         .arg(&intents)
@@ -273,9 +277,23 @@ fn http_client() -> anyhow::Result<reqwest::Client> {
         .context("http client")
 }
 
+/// `DATABASE_URL` for a child running as `role`: the role's own URL
+/// (`ORDERS_DATABASE_URL`, ...) when chaos was given one; else nothing, and
+/// the child inherits chaos's DATABASE_URL.
+fn role_database_url(role: ServiceRole) -> Option<(String, String)> {
+    std::env::var(role.url_var())
+        .ok()
+        .map(|url| ("DATABASE_URL".to_owned(), url))
+}
+
 fn spec(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -> Spec {
     let rust_log = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
     let mut env = vec![("RUST_LOG".to_owned(), rust_log)];
+    env.extend(role_database_url(match name {
+        ServiceName::Orders => ServiceRole::Orders,
+        ServiceName::Relay => ServiceRole::Relay,
+        ServiceName::Payments => ServiceRole::Payments,
+    }));
     let mut armed_env = Vec::new();
     let s = |a: &dyn ToString| a.to_string();
     match name {

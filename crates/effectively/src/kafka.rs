@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use rdkafka::ClientConfig;
+use rdkafka::ClientContext;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::client::{Client, DefaultClientContext};
 use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
@@ -21,6 +23,12 @@ use tokio_util::sync::CancellationToken;
 /// process in that state must end with an error so that its supervisor
 /// starts a fresh client, instead of living on doing nothing. Clones share
 /// the state.
+///
+/// The error callback alone does not see every fatal error: with the event
+/// API rust-rdkafka uses, a fatal error reaches `ClientContext::error` with
+/// its underlying code (e.g. `FencedInstanceId`), not `Fatal`. So the owner
+/// of the client also asks the client itself ([`FatalState::check`]), after
+/// every receive error and on a timer ([`FatalState::watch`]).
 #[derive(Debug, Clone, Default)]
 pub struct FatalState {
     fired: CancellationToken,
@@ -38,14 +46,53 @@ impl FatalState {
     /// retries it by itself.
     pub fn on_error(&self, client: &'static str, error: KafkaError, reason: &str) {
         if error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
-            tracing::error!(client, %error, reason, "kafka client in a fatal state; exiting");
-            if let Ok(mut r) = self.reason.lock() {
-                r.get_or_insert_with(|| format!("{error}: {reason}"));
-            }
-            self.fired.cancel();
+            self.fire(client, format!("{error}: {reason}"));
         } else {
             tracing::warn!(client, %error, reason, "kafka client error");
         }
+    }
+
+    /// Fires the state with `reason` (the first reason is kept).
+    pub fn fire(&self, client: &'static str, reason: String) {
+        tracing::error!(client, reason, "kafka client in a fatal state; exiting");
+        if let Ok(mut r) = self.reason.lock() {
+            r.get_or_insert(reason);
+        }
+        self.fired.cancel();
+    }
+
+    /// Asks `handle` whether it is in a fatal state (librdkafka's
+    /// `rd_kafka_fatal_error`), and fires if so; whether the state has fired.
+    pub fn check<C: ClientContext>(&self, client: &'static str, handle: &Client<C>) -> bool {
+        if let Some((code, reason)) = handle.fatal_error()
+            && !self.fired.is_cancelled()
+        {
+            self.fire(client, format!("{code}: {reason}"));
+        }
+        self.fired.is_cancelled()
+    }
+
+    /// [`Self::check`]s `producer` every `every` until the state fires or
+    /// `stop` is cancelled.
+    pub fn watch_producer<C: ClientContext + 'static>(
+        &self,
+        producer: FutureProducer<C>,
+        every: Duration,
+        stop: CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let state = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(every) => {}
+                    () = stop.cancelled() => return,
+                    () = state.fired() => return,
+                }
+                if state.check("producer", producer.client()) {
+                    return;
+                }
+            }
+        })
     }
 
     /// Completes once the state has fired.

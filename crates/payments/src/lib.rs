@@ -257,6 +257,11 @@ pub async fn run(
             () = cancel.cancelled() => break,
             () = fatal.fired() => break,
         };
+        // A fatal error reaches the error callback as its underlying code
+        // (e.g. FencedInstanceId), and the receive as an error: ask the client.
+        if fatal.check("consumer", consumer.client()) {
+            break;
+        }
         if batch.is_empty() {
             continue;
         }

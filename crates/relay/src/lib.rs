@@ -172,6 +172,8 @@ pub async fn run(
         Duration::from_millis(config.lag_sample_ms),
         cancel.clone(),
     )));
+    // A fatal error the producer's error callback does not see as one.
+    tasks.push(fatal.watch_producer(producer.clone(), Duration::from_millis(500), cancel.clone()));
     let (wake_tx, wake_rx) = watch::channel(0u64);
     tasks.push(tokio::spawn(listen(
         pool.clone(),

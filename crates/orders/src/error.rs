@@ -37,6 +37,10 @@ pub enum ApiError {
     /// No such resource.
     #[error("{0}")]
     NotFound(String),
+    /// The route exists but does not take this method (HTTP only; the
+    /// `Allow` header lists the ones it takes).
+    #[error("this route does not take the method {0}")]
+    MethodNotAllowed(String),
     /// The write queue is full: the service sheds load rather than letting
     /// requests wait past their clients' timeouts. Retrying later is safe.
     #[error("the service is overloaded; retry with the same idempotency key")]
@@ -62,6 +66,7 @@ impl ApiError {
             ApiError::InvalidRequest(_) => "invalid_request",
             ApiError::KeyReused => "idempotency_key_reused",
             ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::Overloaded => "overloaded",
             ApiError::Unavailable => "unavailable",
             ApiError::Internal(_) => "internal",
@@ -79,6 +84,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::KeyReused => StatusCode::CONFLICT,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Overloaded | ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -98,6 +104,7 @@ impl ApiError {
             | ApiError::InvalidRequest(_) => tonic::Status::invalid_argument(message),
             ApiError::KeyReused => tonic::Status::already_exists(message),
             ApiError::NotFound(_) => tonic::Status::not_found(message),
+            ApiError::MethodNotAllowed(_) => tonic::Status::unimplemented(message),
             ApiError::Overloaded | ApiError::Unavailable => tonic::Status::unavailable(message),
             ApiError::Internal(_) => tonic::Status::internal(message),
         }

@@ -1,12 +1,14 @@
 //! HTTP front end (axum): `POST /orders`, `GET /orders/{id}`, `GET /metrics`.
+//! Every error, an unknown route or a method a route does not take included,
+//! is JSON with a code (see [`ApiError`]).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -42,6 +44,10 @@ pub fn router(api: OrdersApi, max_body_bytes: usize) -> Router {
         })
         .merge(effectively::metrics::router(registry))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        // After the merge, so that /metrics gets it too; axum adds `Allow`.
+        .method_not_allowed_fallback(|method: Method| async move {
+            ApiError::MethodNotAllowed(method.to_string())
+        })
         .layer(DefaultBodyLimit::max(max_body_bytes))
 }
 
@@ -117,7 +123,15 @@ fn stored_into_response(stored: StoredResponse) -> Response {
     response
 }
 
-async fn get_order(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+/// Any id that is not a UUID, one that does not percent-decode to UTF-8
+/// included, names no order: 404 like an unknown UUID.
+async fn get_order(
+    State(state): State<AppState>,
+    id: Result<Path<String>, PathRejection>,
+) -> Response {
+    let Ok(Path(id)) = id else {
+        return ApiError::NotFound("no such order".into()).into_response();
+    };
     let Ok(order_id) = Uuid::parse_str(&id) else {
         return ApiError::NotFound(format!("no order {id}")).into_response();
     };

@@ -7,7 +7,7 @@ CARGO ?= cargo
 # each service's own ORDERS_DATABASE_URL, RELAY_DATABASE_URL, ...).
 -include .stack/env
 
-.PHONY: help up down status migrate build test fmt lint orders bench-orders bench-pipeline bench-recon bench-relay-sweep demo \
+.PHONY: help up down status migrate build test fuzz fmt lint orders bench-orders bench-pipeline bench-recon bench-relay-sweep demo \
         check-config check-dashboards plot-deps plot-orders chaos exp-1 exp-2 exp-3 exp-4 exp-8
 
 help: ## list the targets
@@ -41,6 +41,9 @@ test: ## the test command: lint, every test against the real stack (starts it), 
 	$(MAKE) --no-print-directory lint
 	$(CARGO) nextest run --workspace --no-fail-fast
 	DEMO_PROFILE=debug DEMO_SECONDS=5 DEMO_RATE=200 scripts/demo.sh
+
+fuzz: ## the property tests at fuzzing scale: 1M decoder batches, 1M router requests, 20k dead-letter batches (see FINDINGS.md)
+	@scripts/fuzz.sh
 
 demo: ## the whole pipeline on the embedded stack with load and retries, then recon's proof
 	@scripts/demo.sh

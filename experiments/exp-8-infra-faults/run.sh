@@ -21,7 +21,7 @@ if [ "$MODE" = quick ]; then
          --crash-point "$ALL_POINTS" --crash-probability 0.007)
   MIN_KILLS=4 MIN_PER_FAULT=1
 else
-  RATE=${EXP_RATE:-300} MIXED_DURATION=${EXP_DURATION:-1800}
+  RATE=${EXP_RATE:-300} MIXED_DURATION=${EXP_DURATION:-1200}
   # Part 1: each fault again and again, nothing else, for clean recovery times.
   exp_chaos each-fault --rate "$RATE" --duration "${EXP_EACH_DURATION:-600}" --retry-rate 0.15 \
     --protocol mixed --seed 8 --fault "$ALL_FAULTS" --fault-count 40 --fault-interval-ms 2000..4000 \

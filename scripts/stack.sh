@@ -12,23 +12,26 @@
 #
 # Data lives in .stack/ (git-ignored). Settings, all optional:
 #   STACK_DIR      where data, logs and the env file go   (default: <repo>/.stack)
-#   STACK_PG_PORT  PostgreSQL port on 127.0.0.1           (default: 55432)
+#   STACK_PG_PORT  PostgreSQL port on 127.0.0.1           (default: 25432)
 #   STACK_DB       the database `make up` creates         (default: effectively)
-#   STACK_KAFKA_PORT  broker port on 127.0.0.1            (default: 59092)
+#   STACK_KAFKA_PORT  broker port on 127.0.0.1            (default: 29092)
 #   STACK_KAFKA    0 to run without the broker            (default: 1)
 #   KAFKA_TOPIC, KAFKA_TOPIC_PARTITIONS  the topic `up` creates (order.events, 6)
 #   TOOLS_CACHE    machine-wide cache of built tools      (default: ~/.cache/effectively)
+# The default ports lie below Linux's ephemeral range (32768-60999): under
+# load, a client's own connection could otherwise hold the port in TIME-WAIT
+# and keep the broker from binding it again after a restart.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STACK_DIR=${STACK_DIR:-$ROOT/.stack}
-PG_PORT=${STACK_PG_PORT:-55432}
+PG_PORT=${STACK_PG_PORT:-25432}
 DB=${STACK_DB:-effectively}
 PGDATA=$STACK_DIR/pg
 SOCK=$STACK_DIR/sock
 LOGS=$STACK_DIR/log
 ENV_FILE=$STACK_DIR/env
-KAFKA_PORT=${STACK_KAFKA_PORT:-59092}
+KAFKA_PORT=${STACK_KAFKA_PORT:-29092}
 WITH_KAFKA=${STACK_KAFKA:-1}
 TOPIC=${KAFKA_TOPIC:-order.events}
 PARTITIONS=${KAFKA_TOPIC_PARTITIONS:-6}

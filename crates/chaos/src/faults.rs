@@ -130,8 +130,17 @@ async fn inject(
         }
         Fault::RelayPause => {
             let relay = service(ServiceName::Relay)?;
-            let Some(pid) = relay.signal(Signal::SIGSTOP) else {
-                bail!("the relay is not running");
+            // Between two lives (a crash point just fired) there is no relay
+            // to stop: wait for the next one.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let pid = loop {
+                if let Some(pid) = relay.signal(Signal::SIGSTOP) {
+                    break pid;
+                }
+                if Instant::now() > deadline {
+                    bail!("no relay was running for 30 s");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
             };
             tokio::time::sleep(Duration::from_millis(config.relay_pause_ms)).await;
             // The same process (it may have been killed meanwhile: then the

@@ -18,7 +18,7 @@ if [ "$MODE" = quick ]; then
   RATE=${EXP_RATE:-200} MIXED_DURATION=${EXP_DURATION:-70}
   MIXED=(--fault "$ALL_FAULTS" --fault-count 4 --fault-interval-ms 2000..3000
          --relay-pause-ms 4000 --fault-down-ms 1000
-         --crash-point "$ALL_POINTS" --crash-probability 0.007)
+         --crash-point "$ALL_POINTS" --crash-probability 0.01)
   MIN_KILLS=4 MIN_PER_FAULT=1
 else
   RATE=${EXP_RATE:-300} MIXED_DURATION=${EXP_DURATION:-1200}

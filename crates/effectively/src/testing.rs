@@ -200,6 +200,20 @@ pub fn series_value(exposition: &str, series: &str) -> Option<f64> {
         })
 }
 
+/// A case count from the environment variable `var` (property tests'
+/// `PROPS_*_CASES`), or `default` when it is not set.
+///
+/// # Panics
+/// When the variable is set but not a count.
+pub fn cases_from_env(var: &str, default: u32) -> u32 {
+    match std::env::var(var) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|e| panic!("{var}={v:?} is not a count: {e}")),
+        Err(_) => default,
+    }
+}
+
 /// Polls `check` every 100 ms until it returns true or `timeout` passes;
 /// returns the last answer. Tests await conditions instead of sleeping.
 pub async fn eventually<F, Fut>(timeout: std::time::Duration, mut check: F) -> bool

@@ -19,7 +19,7 @@ use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
 use effectively::config::DbArgs;
 use effectively::crash::{CrashArgs, Crasher};
-use effectively::testing::TestDb;
+use effectively::testing::{TestDb, cases_from_env as cases};
 use orders::api::{CreateOrder, CreatedBody, MAX_AMOUNT_CENTS, OrdersApi};
 use orders::metrics::OrdersMetrics;
 use orders::store::{InjectFault, Store, WriterSettings};
@@ -59,15 +59,6 @@ fn codes_for(status: u16) -> &'static [&'static str] {
         413 => &["payload_too_large"],
         415 => &["unsupported_media_type"],
         _ => &[],
-    }
-}
-
-fn cases(var: &str, default: u32) -> u32 {
-    match std::env::var(var) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|e| panic!("{var}={v:?} is not a count: {e}")),
-        Err(_) => default,
     }
 }
 

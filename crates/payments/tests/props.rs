@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use effectively::crash::{CrashArgs, Crasher};
 use effectively::envelope::Envelope;
-use effectively::testing::TestDb;
+use effectively::testing::{TestDb, cases_from_env as cases};
 use effectively::text::{MAX_STORED_TEXT, storable};
 use payments::decode::{ORDER_CREATED, decode};
 use payments::inbox::{DeadLetterKind, Source, apply_batch, reject, split};
@@ -29,15 +29,6 @@ use serde_json::Value;
 use uuid::Uuid;
 
 const TRUNCATED: &str = "…[truncated]";
-
-fn cases(var: &str, default: u32) -> u32 {
-    match std::env::var(var) {
-        Ok(v) => v
-            .parse()
-            .unwrap_or_else(|e| panic!("{var}={v:?} is not a count: {e}")),
-        Err(_) => default,
-    }
-}
 
 // ---------------------------------------------------------------- inputs
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use effectively::config::DbArgs;
 use effectively::db::ServiceRole;
-use effectively::testing::TestDb;
+use effectively::testing::{TestDb, eventually};
 use orders::proto::orders_client::OrdersClient;
 use orders::proto::{CreateOrderRequest, GetOrderRequest};
 use orders::store::InjectFault;
@@ -841,8 +841,7 @@ impl Writers {
     }
 
     async fn wait_for_blocked_writer(&self) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
+        let blocked = || async {
             let waiting: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity \
                  WHERE datname = current_database() AND wait_event_type = 'Lock'",
@@ -850,27 +849,21 @@ impl Writers {
             .fetch_one(&self.pool)
             .await
             .expect("pg_stat_activity");
-            if waiting > 0 {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no write waits on the lock"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+            waiting > 0
+        };
+        assert!(
+            eventually(Duration::from_secs(10), blocked).await,
+            "no write waits on the lock"
+        );
     }
 
     async fn wait_for_inflight(&self, value: i64) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while self.metrics.write_inflight.get() != value {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "in flight: {} (expected {value})",
-                self.metrics.write_inflight.get()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let reached = || async { self.metrics.write_inflight.get() == value };
+        assert!(
+            eventually(Duration::from_secs(30), reached).await,
+            "in flight: {} (expected {value})",
+            self.metrics.write_inflight.get()
+        );
     }
 }
 

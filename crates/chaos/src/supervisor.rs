@@ -130,7 +130,6 @@ pub struct Supervisor {
     /// Set when the load is over: lives started from now on are unarmed.
     calm: Arc<AtomicBool>,
     t0: Instant,
-    released: tokio::sync::Notify,
 }
 
 impl Supervisor {
@@ -142,7 +141,6 @@ impl Supervisor {
             state: Mutex::new(State::default()),
             calm,
             t0,
-            released: tokio::sync::Notify::new(),
         }
     }
 
@@ -214,7 +212,6 @@ impl Supervisor {
     /// Lets the next life start after [`Self::stop_for`].
     pub fn release(&self) {
         self.state().hold = None;
-        self.released.notify_waiters();
     }
 
     /// Where the work counter stands: (lives so far, the current life's
@@ -277,21 +274,17 @@ impl Supervisor {
             if stop.is_cancelled() {
                 break;
             }
+            // Held for a fault (stop_for): no next life until it is released.
+            while self.state().hold.is_some() {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                    () = stop.cancelled() => return Ok(()),
+                }
+            }
             // A service that dies before it is ready, again and again (a bad
             // flag, the database down), is restarted with a growing pause, not
             // in a hot loop. A life that was ready is restarted at once, however
             // short it was: a crash point may well fire within a second.
-            while self.state().hold.is_some() && !stop.is_cancelled() {
-                let released = self.released.notified();
-                tokio::select! {
-                    () = released => {}
-                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
-                    () = stop.cancelled() => {}
-                }
-            }
-            if stop.is_cancelled() {
-                break;
-            }
             quick_deaths = if was_ready { 0 } else { quick_deaths + 1 };
             let pause = Duration::from_millis(20 * 2u64.pow(quick_deaths.min(7)));
             tokio::select! {

@@ -1,6 +1,8 @@
-//! Recon: the ground-truth diff. Read-only; one SQL statement, so every
-//! number comes from one snapshot, and `--show-sql` prints it so anyone can
-//! run the diff by hand.
+//! Recon: the ground-truth diff. Read-only; one SQL statement per range of
+//! order ids, the ranges run side by side on connections that share one
+//! exported snapshot, so every number comes from one snapshot; `--show-sql`
+//! prints the statement so anyone can run the diff by hand (over the whole
+//! id space, `$1` and `$2` are the nil and the max UUID).
 //!
 //! The invariant, checked order by order (not as sums, which two swapped
 //! amounts would leave equal): for every accepted intent (idempotency key)
@@ -17,23 +19,25 @@ use serde::Serialize;
 use sqlx::{FromRow, PgConnection, PgPool};
 use uuid::Uuid;
 
-/// The diff, one statement: one row per order id met anywhere (a full join
-/// of orders, keys grouped by order, outbox events grouped by order, charges
-/// and ledger entries grouped by order), folded into counts. Each event is
-/// compared with its order (the payload carries the order's id, account and
-/// amount; byte searches, so no payload can make the statement fail) and with
-/// the charge (made by this event's msg_id); each ledger entry with the
-/// charge (same msg_id, account, amount); each charge with the order.
-pub const RECON_SQL: &str = r#"WITH
-k AS (SELECT order_id, count(*) AS n,
-             count(*) FILTER (WHERE position(convert_to('"order_id":"' || order_id || '"', 'UTF8')
-                                             IN response_body) = 0) AS foreign_responses
-      FROM orders.idempotency_keys GROUP BY order_id),
+/// The diff of one order-id range, `$1` to `$2` inclusive: one statement.
+/// Every table is matched by order id (merge joins over the order-id
+/// indexes, so the range is a slice of each index): each order with its
+/// keys, its outbox events (each compared with the order: the payload
+/// carries its id, account and amount, found by byte searches so that no
+/// payload can make the statement fail; and with the charge: made by this
+/// event's msg_id), its charge (same account and amount) and its ledger
+/// entries (each equal to the charge: msg_id, account, amount). Rows that
+/// belong to no order are counted as the rows of the range minus the rows
+/// matched to an order; outbox events and inbox rows are matched by msg_id
+/// over the same range of msg_ids. Every column is a count or a sum, so the
+/// parts of a partition of the id space add up to the whole
+/// ([`Report::from_parts`]).
+pub const PART_SQL: &str = r#"WITH
+k AS (SELECT order_id, count(*) AS n FROM orders.idempotency_keys
+      WHERE order_id BETWEEN $1 AND $2 GROUP BY order_id),
 x AS (SELECT e.aggregate_id AS order_id, count(*) AS n,
-             count(*) FILTER (WHERE e.published_at IS NULL) AS unpublished,
-             count(*) FILTER (WHERE e.failed_at IS NOT NULL) AS failed,
              count(*) FILTER (WHERE c.msg_id = e.msg_id) AS charging,
-             count(*) FILTER (WHERE o.order_id IS NOT NULL AND NOT (
+             count(*) FILTER (WHERE NOT (
                  position(convert_to('"order_id":"' || o.order_id || '"', 'UTF8') IN e.payload) > 0
                  AND (position(convert_to('"account_id":' || o.account_id || ',', 'UTF8') IN e.payload) > 0
                       OR position(convert_to('"account_id":' || o.account_id || '}', 'UTF8') IN e.payload) > 0)
@@ -41,58 +45,61 @@ x AS (SELECT e.aggregate_id AS order_id, count(*) AS n,
                       OR position(convert_to('"amount_cents":' || o.amount_cents || '}', 'UTF8') IN e.payload) > 0))
              ) AS foreign_payloads
       FROM orders.outbox e
-      LEFT JOIN orders.orders o ON o.order_id = e.aggregate_id
+      JOIN orders.orders o ON o.order_id = e.aggregate_id
       LEFT JOIN payments.charges c ON c.order_id = e.aggregate_id
+      WHERE e.aggregate_id BETWEEN $1 AND $2
       GROUP BY e.aggregate_id),
-l AS (SELECT l.order_id, count(*) AS n, sum(l.amount_cents) AS amount,
+l AS (SELECT l.order_id, count(*) AS n,
              count(*) FILTER (WHERE c.order_id IS NULL OR c.msg_id <> l.msg_id
                               OR c.account_id <> l.account_id OR c.amount_cents <> l.amount_cents) AS foreign_entries
       FROM payments.ledger l LEFT JOIN payments.charges c ON c.order_id = l.order_id
+      WHERE l.order_id BETWEEN $1 AND $2
       GROUP BY l.order_id),
-j AS (SELECT o.order_id AS o_id, o.account_id, o.amount_cents,
-             k.n AS k_n, k.foreign_responses, x.n AS x_n, x.unpublished, x.failed, x.charging,
-             x.foreign_payloads, c.order_id AS c_id, c.account_id AS c_account,
-             c.amount_cents AS c_amount, l.n AS l_n, l.amount AS l_amount, l.foreign_entries
+j AS (SELECT count(*) AS orders,
+             COALESCE(sum(o.amount_cents), 0)::int8 AS order_amount,
+             COALESCE(sum(k.n), 0)::int8 AS keys_matched,
+             count(*) FILTER (WHERE k.n IS NULL) AS orders_without_key,
+             count(*) FILTER (WHERE k.n > 1) AS orders_with_many_keys,
+             COALESCE(sum(x.n), 0)::int8 AS events_matched,
+             count(*) FILTER (WHERE x.n IS NULL) AS orders_without_event,
+             count(*) FILTER (WHERE x.n > 1) AS orders_with_many_events,
+             count(*) FILTER (WHERE x.foreign_payloads > 0) AS event_payload_mismatches,
+             count(c.order_id) AS charges_matched,
+             count(*) FILTER (WHERE c.order_id IS NULL) AS orders_without_charge,
+             count(*) FILTER (WHERE c.account_id <> o.account_id OR c.amount_cents <> o.amount_cents) AS charge_mismatches,
+             count(*) FILTER (WHERE c.order_id IS NOT NULL AND COALESCE(x.charging, 0) = 0) AS charges_by_another_event,
+             COALESCE(sum(l.n), 0)::int8 AS effects_matched,
+             count(*) FILTER (WHERE l.n > 1) AS double_charges,
+             count(*) FILTER (WHERE c.order_id IS NOT NULL AND l.n IS NULL) AS charges_without_effect,
+             count(*) FILTER (WHERE l.foreign_entries > 0) AS effect_mismatches
       FROM orders.orders o
-      FULL JOIN k ON k.order_id = o.order_id
-      FULL JOIN x ON x.order_id = COALESCE(o.order_id, k.order_id)
-      FULL JOIN payments.charges c ON c.order_id = COALESCE(o.order_id, k.order_id, x.order_id)
-      FULL JOIN l ON l.order_id = COALESCE(o.order_id, k.order_id, x.order_id, c.order_id))
-SELECT
-  COALESCE(sum(k_n), 0)::int8                                                  AS intents,
-  count(o_id)                                                                  AS distinct_orders,
-  COALESCE(sum(k_n) FILTER (WHERE o_id IS NULL), 0)::int8                      AS intents_without_order,
-  count(*) FILTER (WHERE o_id IS NOT NULL AND k_n IS NULL)                     AS orders_without_key,
-  count(*) FILTER (WHERE k_n > 1)                                              AS orders_with_many_keys,
-  COALESCE(sum(foreign_responses), 0)::int8                                    AS responses_naming_another_order,
-  COALESCE(sum(x_n), 0)::int8                                                  AS outbox_rows,
-  COALESCE(sum(x_n - unpublished), 0)::int8                                    AS published_rows,
-  COALESCE(sum(unpublished), 0)::int8                                          AS pending_rows,
-  COALESCE(sum(failed), 0)::int8                                               AS failed_rows,
-  count(*) FILTER (WHERE o_id IS NOT NULL AND x_n IS NULL)                     AS orders_without_event,
-  count(*) FILTER (WHERE o_id IS NULL AND x_n IS NOT NULL)                     AS events_without_order,
-  count(*) FILTER (WHERE x_n > 1)                                              AS orders_with_many_events,
-  count(*) FILTER (WHERE foreign_payloads > 0)                                 AS event_payload_mismatches,
-  (SELECT count(*) FROM payments.inbox)                                        AS inbox_msg_ids,
-  (SELECT count(*) FROM orders.outbox e
-     WHERE NOT EXISTS (SELECT 1 FROM payments.inbox i WHERE i.msg_id = e.msg_id)) AS events_not_consumed,
-  (SELECT count(*) FROM payments.inbox i
-     WHERE NOT EXISTS (SELECT 1 FROM orders.outbox e WHERE e.msg_id = i.msg_id)) AS inbox_without_event,
-  count(c_id)                                                                  AS distinct_charges,
-  count(*) FILTER (WHERE o_id IS NOT NULL AND c_id IS NULL)                    AS orders_without_charge,
-  count(*) FILTER (WHERE o_id IS NULL AND c_id IS NOT NULL)                    AS charges_without_order,
-  count(*) FILTER (WHERE c_account <> account_id OR c_amount <> amount_cents)  AS charge_mismatches,
-  count(*) FILTER (WHERE c_id IS NOT NULL AND COALESCE(charging, 0) = 0)       AS charges_by_another_event,
-  COALESCE(sum(l_n), 0)::int8                                                  AS charge_effects,
-  count(*) FILTER (WHERE l_n > 1)                                              AS double_charges,
-  count(*) FILTER (WHERE c_id IS NOT NULL AND l_n IS NULL)                     AS charges_without_effect,
-  count(*) FILTER (WHERE o_id IS NULL AND l_n IS NOT NULL)                     AS effects_without_order,
-  count(*) FILTER (WHERE foreign_entries > 0)                                  AS effect_mismatches,
-  (SELECT count(*) FROM payments.dead_letters)                                 AS dead_letters,
-  COALESCE(sum(amount_cents), 0)::int8                                         AS order_amount_cents,
-  COALESCE(sum(c_amount), 0)::int8                                             AS charge_amount_cents,
-  COALESCE(sum(l_amount), 0)::int8                                             AS effect_amount_cents
-FROM j"#;
+      LEFT JOIN k ON k.order_id = o.order_id
+      LEFT JOIN x ON x.order_id = o.order_id
+      LEFT JOIN payments.charges c ON c.order_id = o.order_id
+      LEFT JOIN l ON l.order_id = o.order_id
+      WHERE o.order_id BETWEEN $1 AND $2),
+ks AS (SELECT count(*) AS n,
+              count(*) FILTER (WHERE position(convert_to('"order_id":"' || order_id || '"', 'UTF8')
+                                              IN response_body) = 0) AS foreign_responses
+       FROM orders.idempotency_keys WHERE order_id BETWEEN $1 AND $2),
+xs AS (SELECT count(*) AS n, count(*) FILTER (WHERE published_at IS NULL) AS unpublished,
+              count(*) FILTER (WHERE failed_at IS NOT NULL) AS failed
+       FROM orders.outbox WHERE aggregate_id BETWEEN $1 AND $2),
+cs AS (SELECT count(*) AS n, COALESCE(sum(amount_cents), 0)::int8 AS amount
+       FROM payments.charges WHERE order_id BETWEEN $1 AND $2),
+ls AS (SELECT count(*) AS n, COALESCE(sum(amount_cents), 0)::int8 AS amount
+       FROM payments.ledger WHERE order_id BETWEEN $1 AND $2),
+ins AS (SELECT count(*) AS n FROM payments.inbox WHERE msg_id BETWEEN $1 AND $2),
+io AS (SELECT count(*) AS n FROM orders.outbox e JOIN payments.inbox i ON i.msg_id = e.msg_id
+       WHERE e.msg_id BETWEEN $1 AND $2)
+SELECT j.*, ks.n AS keys, ks.foreign_responses, xs.n AS events, xs.unpublished, xs.failed,
+       cs.n AS charges, cs.amount AS charge_amount, ls.n AS effects, ls.amount AS effect_amount,
+       ins.n AS inbox, io.n AS consumed
+FROM j, ks, xs, cs, ls, ins, io"#;
+
+/// Dead letters: counted once, not per range (a dead letter need not have
+/// a msg_id).
+pub const DEAD_LETTERS_SQL: &str = "SELECT count(*) FROM payments.dead_letters";
 
 /// Pipeline drained: nothing in the outbox that the relay will still
 /// publish (rows marked failed, and the later rows of their keys that they
@@ -110,8 +117,104 @@ pub const DRAINED_SQL: &str = r#"SELECT
                     AND NOT EXISTS (SELECT 1 FROM payments.inbox i WHERE i.msg_id = x.msg_id)
                     AND NOT EXISTS (SELECT 1 FROM payments.dead_letters d WHERE d.msg_id = x.msg_id))"#;
 
+/// The counts of one order-id range ([`PART_SQL`]); every field adds up
+/// across the ranges of a partition.
+#[derive(Debug, Clone, Default, PartialEq, Eq, FromRow)]
+pub struct Part {
+    /// Orders.
+    pub orders: i64,
+    /// Sum of their amounts.
+    pub order_amount: i64,
+    /// Keys that point at an order of the range.
+    pub keys_matched: i64,
+    /// Orders no key points at.
+    pub orders_without_key: i64,
+    /// Orders two or more keys point at.
+    pub orders_with_many_keys: i64,
+    /// Outbox events of an order of the range.
+    pub events_matched: i64,
+    /// Orders with no outbox event.
+    pub orders_without_event: i64,
+    /// Orders with more than one outbox event.
+    pub orders_with_many_events: i64,
+    /// Orders with an event whose payload is not the order.
+    pub event_payload_mismatches: i64,
+    /// Charges of an order of the range.
+    pub charges_matched: i64,
+    /// Orders with no charge.
+    pub orders_without_charge: i64,
+    /// Charges whose account or amount differs from their order's.
+    pub charge_mismatches: i64,
+    /// Charges made by no outbox event of their order.
+    pub charges_by_another_event: i64,
+    /// Ledger entries of an order of the range.
+    pub effects_matched: i64,
+    /// Orders with more than one ledger entry.
+    pub double_charges: i64,
+    /// Charges with no ledger entry.
+    pub charges_without_effect: i64,
+    /// Orders with a ledger entry that differs from the charge.
+    pub effect_mismatches: i64,
+    /// Keys in the range.
+    pub keys: i64,
+    /// ... whose stored response names another order.
+    pub foreign_responses: i64,
+    /// Outbox events in the range.
+    pub events: i64,
+    /// ... not marked published.
+    pub unpublished: i64,
+    /// ... marked failed.
+    pub failed: i64,
+    /// Charges in the range.
+    pub charges: i64,
+    /// Sum of their amounts.
+    pub charge_amount: i64,
+    /// Ledger entries in the range.
+    pub effects: i64,
+    /// Sum of their amounts.
+    pub effect_amount: i64,
+    /// Inbox msg_ids in the range (of msg_ids).
+    pub inbox: i64,
+    /// Outbox events in the range (of msg_ids) whose msg_id is in the inbox.
+    pub consumed: i64,
+}
+
+impl Part {
+    fn add(mut self, o: &Part) -> Part {
+        self.orders += o.orders;
+        self.order_amount += o.order_amount;
+        self.keys_matched += o.keys_matched;
+        self.orders_without_key += o.orders_without_key;
+        self.orders_with_many_keys += o.orders_with_many_keys;
+        self.events_matched += o.events_matched;
+        self.orders_without_event += o.orders_without_event;
+        self.orders_with_many_events += o.orders_with_many_events;
+        self.event_payload_mismatches += o.event_payload_mismatches;
+        self.charges_matched += o.charges_matched;
+        self.orders_without_charge += o.orders_without_charge;
+        self.charge_mismatches += o.charge_mismatches;
+        self.charges_by_another_event += o.charges_by_another_event;
+        self.effects_matched += o.effects_matched;
+        self.double_charges += o.double_charges;
+        self.charges_without_effect += o.charges_without_effect;
+        self.effect_mismatches += o.effect_mismatches;
+        self.keys += o.keys;
+        self.foreign_responses += o.foreign_responses;
+        self.events += o.events;
+        self.unpublished += o.unpublished;
+        self.failed += o.failed;
+        self.charges += o.charges;
+        self.charge_amount += o.charge_amount;
+        self.effects += o.effects;
+        self.effect_amount += o.effect_amount;
+        self.inbox += o.inbox;
+        self.consumed += o.consumed;
+        self
+    }
+}
+
 /// Every count of the diff.
-#[derive(Debug, Clone, PartialEq, Eq, FromRow, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Report {
     /// Accepted intents: idempotency keys.
     pub intents: i64,
@@ -135,7 +238,7 @@ pub struct Report {
     pub failed_rows: i64,
     /// Orders with no outbox event.
     pub orders_without_event: i64,
-    /// Outbox events for no order.
+    /// Outbox events (rows) for no order.
     pub events_without_order: i64,
     /// Orders with more than one outbox event.
     pub orders_with_many_events: i64,
@@ -152,7 +255,7 @@ pub struct Report {
     pub distinct_charges: i64,
     /// Orders with no charge.
     pub orders_without_charge: i64,
-    /// Charges with no order.
+    /// Charges (rows) with no order.
     pub charges_without_order: i64,
     /// Charges whose account or amount differs from their order's.
     pub charge_mismatches: i64,
@@ -164,7 +267,7 @@ pub struct Report {
     pub double_charges: i64,
     /// Charges with no ledger entry.
     pub charges_without_effect: i64,
-    /// Effects with no order.
+    /// Effects (ledger entries) with no order.
     pub effects_without_order: i64,
     /// Orders whose ledger entry differs from the order (account, amount) or
     /// from the charge (msg_id).
@@ -197,6 +300,45 @@ pub struct Policy {
 }
 
 impl Report {
+    /// The whole from the parts of a partition of the id space, and the
+    /// dead letters.
+    pub fn from_parts(parts: &[Part], dead_letters: i64) -> Report {
+        let p = parts.iter().fold(Part::default(), Part::add);
+        Report {
+            intents: p.keys,
+            distinct_orders: p.orders,
+            intents_without_order: p.keys - p.keys_matched,
+            orders_without_key: p.orders_without_key,
+            orders_with_many_keys: p.orders_with_many_keys,
+            responses_naming_another_order: p.foreign_responses,
+            outbox_rows: p.events,
+            published_rows: p.events - p.unpublished,
+            pending_rows: p.unpublished,
+            failed_rows: p.failed,
+            orders_without_event: p.orders_without_event,
+            events_without_order: p.events - p.events_matched,
+            orders_with_many_events: p.orders_with_many_events,
+            event_payload_mismatches: p.event_payload_mismatches,
+            inbox_msg_ids: p.inbox,
+            events_not_consumed: p.events - p.consumed,
+            inbox_without_event: p.inbox - p.consumed,
+            distinct_charges: p.charges,
+            orders_without_charge: p.orders_without_charge,
+            charges_without_order: p.charges - p.charges_matched,
+            charge_mismatches: p.charge_mismatches,
+            charges_by_another_event: p.charges_by_another_event,
+            charge_effects: p.effects,
+            double_charges: p.double_charges,
+            charges_without_effect: p.charges_without_effect,
+            effects_without_order: p.effects - p.effects_matched,
+            effect_mismatches: p.effect_mismatches,
+            dead_letters,
+            order_amount_cents: p.order_amount,
+            charge_amount_cents: p.charge_amount,
+            effect_amount_cents: p.effect_amount,
+        }
+    }
+
     /// Every difference the invariant requires to be zero, under `policy`.
     pub fn deltas(&self, policy: Policy) -> Vec<Delta> {
         let d = |name, value| Delta { name, value };
@@ -341,10 +483,112 @@ impl Report {
     }
 }
 
-/// Runs the diff on `conn` (a pooled connection, or a transaction: tests
-/// corrupt a database inside one and roll it back).
+/// Runs the diff as one statement over the whole id space on `conn` (a
+/// pooled connection, or a transaction: tests corrupt a database inside one
+/// and roll it back).
 pub async fn reconcile(conn: &mut PgConnection) -> sqlx::Result<Report> {
-    sqlx::query_as(RECON_SQL).fetch_one(conn).await
+    let part = run_part(conn, Uuid::nil(), Uuid::max()).await?;
+    let dead_letters = sqlx::query_scalar(DEAD_LETTERS_SQL).fetch_one(conn).await?;
+    Ok(Report::from_parts(&[part], dead_letters))
+}
+
+/// Runs the diff in `jobs` order-id ranges side by side, one connection
+/// each, all reading one snapshot: the first connection exports it
+/// (`pg_export_snapshot`) and the others import it before their first
+/// query, so the parts add up to exactly what one statement would see.
+/// The ranges split the orders' ids evenly between the smallest and the
+/// largest (UUIDv7 ids: even slices of time); the first and the last reach
+/// to the ends of the id space, so every row of every table is in exactly
+/// one range. Each part runs without PostgreSQL's own parallel workers and
+/// without JIT (the ranges are the parallelism; compiling the statement
+/// costs more than it saves).
+pub async fn reconcile_in_parts(pool: &PgPool, jobs: usize) -> sqlx::Result<Report> {
+    let mut lead = begin_snapshot(pool, None).await?;
+    let snapshot: String = sqlx::query_scalar("SELECT pg_export_snapshot()")
+        .fetch_one(&mut *lead)
+        .await?;
+    let (lo, hi): (Option<Uuid>, Option<Uuid>) = sqlx::query_as(
+        "SELECT (SELECT order_id FROM orders.orders ORDER BY order_id LIMIT 1), \
+                    (SELECT order_id FROM orders.orders ORDER BY order_id DESC LIMIT 1)",
+    )
+    .fetch_one(&mut *lead)
+    .await?;
+    let ranges = id_ranges(lo.zip(hi), jobs);
+    let mut txs = vec![lead];
+    for _ in 1..ranges.len() {
+        txs.push(begin_snapshot(pool, Some(&snapshot)).await?);
+    }
+    let parts = futures::future::try_join_all(
+        txs.iter_mut()
+            .zip(&ranges)
+            .map(|(tx, &(lo, hi))| run_part(tx, lo, hi)),
+    )
+    .await?;
+    let dead_letters = sqlx::query_scalar(DEAD_LETTERS_SQL)
+        .fetch_one(&mut *txs[0])
+        .await?;
+    Ok(Report::from_parts(&parts, dead_letters))
+}
+
+/// A read-only repeatable-read transaction, on `snapshot` if given, tuned
+/// for one part of the diff.
+async fn begin_snapshot(
+    pool: &PgPool,
+    snapshot: Option<&str>,
+) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    if let Some(id) = snapshot {
+        // A utility statement takes no parameters; the id is the server's
+        // own (hex digits and dashes), checked before it is spliced in.
+        if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            return Err(sqlx::Error::Protocol(format!(
+                "unexpected snapshot id from pg_export_snapshot: {id:?}"
+            )));
+        }
+        sqlx::query(&format!("SET TRANSACTION SNAPSHOT '{id}'"))
+            .execute(&mut *tx)
+            .await?;
+    }
+    sqlx::query("SET LOCAL jit = off").execute(&mut *tx).await?;
+    sqlx::query("SET LOCAL max_parallel_workers_per_gather = 0")
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
+}
+
+async fn run_part(conn: &mut PgConnection, lo: Uuid, hi: Uuid) -> sqlx::Result<Part> {
+    sqlx::query_as(PART_SQL)
+        .bind(lo)
+        .bind(hi)
+        .fetch_one(conn)
+        .await
+}
+
+/// At most `jobs` inclusive ranges that partition the whole UUID space,
+/// cut evenly between the smallest and the largest order id (`bounds`).
+pub fn id_ranges(bounds: Option<(Uuid, Uuid)>, jobs: usize) -> Vec<(Uuid, Uuid)> {
+    let mut cuts: Vec<u128> = Vec::new();
+    if let Some((lo, hi)) = bounds {
+        let (lo, hi) = (lo.as_u128(), hi.as_u128());
+        let jobs = jobs.max(1) as u128;
+        let step = hi.saturating_sub(lo) / jobs;
+        cuts = (1..jobs)
+            .map(|i| lo + step * i)
+            .filter(|&c| c > 0)
+            .collect();
+        cuts.dedup();
+    }
+    let mut ranges = Vec::with_capacity(cuts.len() + 1);
+    let mut start = 0u128;
+    for cut in cuts {
+        ranges.push((Uuid::from_u128(start), Uuid::from_u128(cut - 1)));
+        start = cut;
+    }
+    ranges.push((Uuid::from_u128(start), Uuid::max()));
+    ranges
 }
 
 /// Waits until the pipeline is drained or `timeout` passes; `true` if drained.
@@ -484,6 +728,36 @@ pub async fn check_intents(pool: &PgPool, client: &ClientIntents) -> sqlx::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn id_ranges_partition_the_whole_id_space() {
+        let lo = Uuid::from_u128(1000);
+        let hi = Uuid::from_u128(1999);
+        for jobs in [0, 1, 2, 3, 7, 1000, 5000] {
+            let ranges = id_ranges(Some((lo, hi)), jobs);
+            assert!(
+                ranges.len() <= jobs.max(1),
+                "{jobs}: {} ranges",
+                ranges.len()
+            );
+            assert_eq!(ranges[0].0, Uuid::nil());
+            assert_eq!(ranges.last().expect("one range at least").1, Uuid::max());
+            for w in ranges.windows(2) {
+                assert_eq!(w[0].1.as_u128() + 1, w[1].0.as_u128(), "{jobs}: contiguous");
+            }
+            for (a, b) in &ranges {
+                assert!(a <= b);
+            }
+        }
+        assert_eq!(id_ranges(Some((lo, hi)), 4).len(), 4);
+        assert_eq!(id_ranges(None, 4), vec![(Uuid::nil(), Uuid::max())]);
+        assert_eq!(
+            id_ranges(Some((Uuid::nil(), Uuid::nil())), 4),
+            vec![(Uuid::nil(), Uuid::max())]
+        );
+        let all = id_ranges(Some((Uuid::nil(), Uuid::max())), 2);
+        assert_eq!(all.len(), 2);
+    }
 
     #[test]
     fn parses_loadgen_files_and_refuses_garbage() {

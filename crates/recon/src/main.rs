@@ -40,9 +40,17 @@ struct Args {
     #[arg(long)]
     json: bool,
 
-    /// Print the exact SQL of the diff (run it with psql to check by hand).
+    /// Print the exact SQL of the diff (run it with psql to check by hand:
+    /// `$1` and `$2` bound a range of ids; the nil and the max UUID cover
+    /// all).
     #[arg(long)]
     show_sql: bool,
+
+    /// Check the orders in this many id ranges side by side, one database
+    /// connection each, all reading one snapshot (default: the number of
+    /// CPUs). 1 runs the diff as one statement.
+    #[arg(long, env = "RECON_JOBS", value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
+    jobs: Option<u16>,
 }
 
 #[tokio::main]
@@ -61,8 +69,10 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> anyhow::Result<bool> {
     if args.show_sql {
         println!(
-            "-- the diff\n{};\n\n-- drained?\n{};\n",
-            recon::RECON_SQL,
+            "-- the diff of the ids $1 to $2 (the whole: $1 = '00000000-0000-0000-0000-000000000000', \
+             $2 = 'ffffffff-ffff-ffff-ffff-ffffffffffff')\n{};\n\n-- dead letters\n{};\n\n-- drained?\n{};\n",
+            recon::PART_SQL,
+            recon::DEAD_LETTERS_SQL,
             recon::DRAINED_SQL
         );
     }
@@ -71,8 +81,12 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     let options = PgConnectOptions::from_str(&args.db.database_url)
         .context("parse DATABASE_URL")?
         .disable_statement_logging();
+    let jobs = args.jobs.map_or_else(
+        || std::thread::available_parallelism().map_or(1, |n| n.get()),
+        usize::from,
+    );
     let pool = PgPoolOptions::new()
-        .max_connections(2)
+        .max_connections(jobs.max(2) as u32)
         .after_connect(|conn, _| {
             Box::pin(async move {
                 sqlx::query("SET default_transaction_read_only = on")
@@ -94,11 +108,11 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     let policy = recon::Policy {
         allow_dead_letters: args.allow_dead_letters,
     };
-    let mut conn = pool.acquire().await.context("connect to postgres")?;
     let started = std::time::Instant::now();
-    let report = recon::reconcile(&mut conn).await.context("run the diff")?;
+    let report = recon::reconcile_in_parts(&pool, jobs)
+        .await
+        .context("run the diff")?;
     let diff_seconds = started.elapsed().as_secs_f64();
-    drop(conn);
     let intents = match &args.intents {
         None => None,
         Some(path) => {
@@ -123,6 +137,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             "deltas": report.deltas(policy),
             "drift": report.drift(policy),
             "diff_seconds": diff_seconds,
+            "jobs": jobs,
             "drained": drained,
             "intents": intents,
             "clean": clean,
@@ -130,7 +145,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         print!("{}", report.table(policy));
-        println!("(the diff took {diff_seconds:.2} s)");
+        println!("(the diff took {diff_seconds:.2} s; --jobs {jobs})");
         if let Some(intents) = &intents {
             print!("{}", intents.table());
         }

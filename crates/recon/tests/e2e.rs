@@ -432,3 +432,56 @@ async fn the_recon_binary_exits_one_and_names_the_check() {
         "{stdout}"
     );
 }
+
+/// The diff in order-id ranges side by side (one shared snapshot) adds up
+/// to the diff as one statement, whatever the number of ranges, with drift
+/// in the middle of the ids and orphans beyond both ends of the orders'
+/// ids (which only the first and last range reach).
+#[tokio::test]
+async fn the_ranges_add_up_to_the_whole() {
+    let (_db, pool) = seeded(300).await;
+    for sql in [
+        // An orphan charge, ledger entry and key above the largest order id.
+        "INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
+         VALUES (gen_random_uuid(), 'ffffffff-0000-0000-0000-000000000000', gen_random_uuid(), 1, 5)",
+        "INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
+         VALUES (1, 'ffffffff-0000-0000-0000-000000000000', gen_random_uuid(), 5)",
+        "UPDATE orders.idempotency_keys SET order_id = 'fffffffe-0000-0000-0000-000000000000' \
+         WHERE order_id = '00000000000000000000000000000007'::uuid",
+        // An orphan event below the smallest.
+        "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload, published_at) \
+         VALUES ('00000000-0000-0000-0000-000000000000', gen_random_uuid(), 'order.created', '{}', now())",
+        // Drift in the middle.
+        "INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
+         SELECT account_id, order_id, msg_id, amount_cents FROM payments.ledger \
+         WHERE order_id = '00000000000000000000000000000096'::uuid",
+        "UPDATE payments.charges SET account_id = account_id + 1 \
+         WHERE order_id = '000000000000000000000000000000c8'::uuid",
+        "DELETE FROM payments.inbox WHERE msg_id = \
+         (SELECT msg_id FROM orders.outbox WHERE aggregate_id = '00000000000000000000000000000064'::uuid)",
+        "INSERT INTO payments.inbox (msg_id) VALUES ('ffffffff-ffff-ffff-ffff-ffffffffffff')",
+        "INSERT INTO payments.dead_letters (topic, partition, \"offset\", reason, kind) \
+         VALUES ('t', 0, 1, 'bad', 'undecodable')",
+    ] {
+        sqlx::query(sql).execute(&pool).await.expect(sql);
+    }
+    let mut conn = pool.acquire().await.expect("connect");
+    let whole = recon::reconcile(&mut conn).await.expect("recon");
+    drop(conn);
+    assert_eq!(whole.charges_without_order, 1);
+    assert_eq!(whole.effects_without_order, 1);
+    assert_eq!(whole.intents_without_order, 1);
+    assert_eq!(whole.events_without_order, 1);
+    assert_eq!(whole.double_charges, 1);
+    assert_eq!(whole.charge_mismatches, 1);
+    assert_eq!(
+        whole.events_not_consumed, 2,
+        "the deleted one and the orphan"
+    );
+    assert_eq!(whole.inbox_without_event, 1);
+    assert_eq!(whole.dead_letters, 1);
+    for jobs in 1..=7 {
+        let parts = recon::reconcile_in_parts(&pool, jobs).await.expect("recon");
+        assert_eq!(parts, whole, "--jobs {jobs}");
+    }
+}

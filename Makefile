@@ -36,9 +36,10 @@ lint: ## fmt check + clippy -D warnings
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test: ## the test command: lint, every test against the real stack (starts it), then a short demo that fails on drift
+test: ## the test command: lint, the experiments' verdict tests, every test against the real stack (starts it), then a short demo that fails on drift
 	@scripts/stack.sh up >/dev/null
 	$(MAKE) --no-print-directory lint
+	python3 -m unittest discover -s experiments/lib
 	$(CARGO) nextest run --workspace --no-fail-fast
 	DEMO_PROFILE=debug DEMO_SECONDS=5 DEMO_RATE=200 scripts/demo.sh
 

@@ -38,4 +38,4 @@ fi
 exp_chaos mixed --rate "$RATE" --duration "$MIXED_DURATION" --retry-rate 0.15 --protocol mixed --seed 8 \
   --dup-rate 0.05 "${MIXED[@]}" --loadgen-arg=--retry-on-error --loadgen-arg=20 --loadgen-arg=--retry-on-error-delay-ms --loadgen-arg=1000 || true
 
-python3 "$HERE/verdict.py" "$RES" "$MODE" "$MIN_KILLS" "$MIN_PER_FAULT"
+python3 "$ROOT/experiments/lib/exp8.py" "$RES" "$MODE" "$MIN_KILLS" "$MIN_PER_FAULT"

@@ -2,7 +2,9 @@
 # What every experiment script shares (experiments/exp-N-*/run.sh sources
 # this after setting ROOT): quick or full mode, the results folder, the stack
 # (embedded, or the one STACK_ENV_FILE names, as demo.sh), the build, and one
-# chaos run on a fresh database and topic.
+# chaos run on a fresh database and topic. They work from any directory, on
+# the stack STACK_DIR names (default: the checkout's .stack). What the runs
+# mean, the verdicts, is code: experiments/lib/expN.py.
 #
 #   QUICK=1         quick mode (CI: each experiment in about 2 minutes once built)
 #   EXP_PROFILE     cargo profile of the binaries (release)
@@ -22,6 +24,9 @@ exp_init() {
   rm -rf "$RES"
   mkdir -p "$RES/logs"
   pipeline_stack
+  # chaos's pg-crash and broker-kill call this script (its default is relative
+  # to the working directory); it honours STACK_DIR like pipeline_stack.
+  export CHAOS_STACK_SCRIPT=${CHAOS_STACK_SCRIPT:-$ROOT/scripts/stack.sh}
   say "build (${EXP_PROFILE:-release})"
   pipeline_build "${EXP_PROFILE:-release}"
 }

@@ -11,12 +11,14 @@
 
 PIPELINE_PIDS=()
 
-# pipeline_build PROFILE: builds every binary in PROFILE (release|debug); sets BIN.
+# pipeline_build PROFILE: builds every binary in PROFILE (release|debug), from
+# any working directory; sets BIN (under CARGO_TARGET_DIR when set).
 pipeline_build() {
   local flags=()
   [ "$1" = release ] && flags=(--release)
-  cargo build -q "${flags[@]}" -p orders -p relay -p payments -p recon -p loadgen -p chaos -p effectively
-  BIN=$ROOT/target/$1
+  cargo build -q --manifest-path "$ROOT/Cargo.toml" "${flags[@]}" \
+    -p orders -p relay -p payments -p recon -p loadgen -p chaos -p effectively
+  BIN=${CARGO_TARGET_DIR:-$ROOT/target}/$1
 }
 
 # pipeline_stack: loads the settings of the stack to run on: the file
@@ -44,6 +46,12 @@ pipeline_db() {
   DB_URL=${STACK_ADMIN_DATABASE_URL%/*}/$1
   DATABASE_URL=$DB_URL "$BIN/orders" --migrate-only 2>/dev/null
   pipeline_roles "$1"
+}
+
+# pipeline_drop_db DB: drops database DB (a run's, once its numbers are read).
+pipeline_drop_db() {
+  PGOPTIONS=--client-min-messages=warning psql "$STACK_ADMIN_DATABASE_URL" -qAt \
+    -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" >/dev/null
 }
 
 # pipeline_roles DB: points ORDERS_, RELAY_, PAYMENTS_ and RECON_DATABASE_URL
@@ -82,17 +90,26 @@ wait_http() {
   return 1
 }
 
+# pipeline_orders LOGDIR HTTP GRPC [ARGS...]: starts orders alone, as its own
+# role, on those 127.0.0.1 addresses (with ARGS, e.g. --no-idempotency) and
+# waits until it serves /metrics. pipeline_stop stops it.
+pipeline_orders() {
+  local logs=$1 http=$2 grpc=$3
+  shift 3
+  export RUST_LOG=${RUST_LOG:-warn}
+  DATABASE_URL=$ORDERS_DATABASE_URL ORDERS_HTTP_ADDR=$http ORDERS_GRPC_ADDR=$grpc \
+    "$BIN/orders" "$@" >"$logs/orders.log" 2>&1 &
+  PIPELINE_PIDS+=($!)
+  wait_http "http://$http/metrics" orders $! "$logs"
+}
+
 # pipeline_start LOGDIR HTTP GRPC RELAY_METRICS PAYMENTS_METRICS GROUP: starts the
 # three services, each as its own role, on those 127.0.0.1 addresses
 # (consumer group GROUP) and waits until each serves /metrics. pipeline_stop
 # stops them.
 pipeline_start() {
   local logs=$1
-  export RUST_LOG=${RUST_LOG:-warn}
-  DATABASE_URL=$ORDERS_DATABASE_URL ORDERS_HTTP_ADDR=$2 ORDERS_GRPC_ADDR=$3 \
-    "$BIN/orders" >"$logs/orders.log" 2>&1 &
-  PIPELINE_PIDS+=($!)
-  wait_http "http://$2/metrics" orders $! "$logs"
+  pipeline_orders "$logs" "$2" "$3"
   DATABASE_URL=$RELAY_DATABASE_URL RELAY_METRICS_ADDR=$4 "$BIN/relay" >"$logs/relay.log" 2>&1 &
   PIPELINE_PIDS+=($!)
   wait_http "http://$4/metrics" relay $! "$logs"

@@ -39,27 +39,26 @@ say "consumer drain of $N events from $TOPIC: $CONFIGS, $REPS repetition(s) each
 EXP2=$ROOT/experiments/lib/exp2.py
 python3 "$EXP2" drain-header >"$RES/drain-runs.csv"
 drain() { # RATE KIND REP
-  local p=$1 kind=$2 rep=$3 db url pid ok n metrics span doubles consumed injected
+  local p=$1 kind=$2 rep=$3 logs db url pid ok n metrics span doubles consumed injected
+  logs=$RES/logs/drain-$p-$kind-$rep
   db=exp_drain_${p//./_}_$kind
+  mkdir -p "$logs"
   pipeline_db "$db"
   url=$DB_URL
-  DATABASE_URL=$PAYMENTS_DATABASE_URL KAFKA_TOPIC=$TOPIC PAYMENTS_GROUP_ID=drain-$p-$kind-$rep-$(date +%s) \
-    PAYMENTS_DUP_RATE=$p PAYMENTS_DUP_KIND=$kind \
-    PAYMENTS_METRICS_ADDR=127.0.0.1:22102 RUST_LOG=warn \
-    "$BIN/payments" >>"$RES/logs/drain-$p-$kind.log" 2>&1 &
-  pid=$!
+  KAFKA_TOPIC=$TOPIC PAYMENTS_DUP_RATE=$p PAYMENTS_DUP_KIND=$kind RUST_LOG=warn \
+    pipeline_payments "$logs" 127.0.0.1:22102 "drain-$p-$kind-$rep-$(date +%s)" || true # a failed start fails the drain
+  pid=${PIPELINE_PIDS[-1]}
   ok=0
   for _ in $(seq 1 1200); do
     n=$(psql "$url" -qAt -c "SELECT count(*) FROM payments.inbox")
     if [ "$n" -ge "$N" ]; then ok=1; break; fi
-    kill -0 $pid 2>/dev/null || break
+    kill -0 "$pid" 2>/dev/null || break
     sleep 0.25
   done
   sleep 1 # let the injected duplicates of the last batches arrive
   metrics=$(curl -fs http://127.0.0.1:22102/metrics || true)
-  kill $pid 2>/dev/null || true
-  wait $pid 2>/dev/null || true
-  [ $ok = 1 ] || echo "exp-2: drain $p $kind did not finish; see $RES/logs/drain-$p-$kind.log" >&2
+  pipeline_stop
+  [ $ok = 1 ] || echo "exp-2: drain $p $kind did not finish; see $logs/payments.log" >&2
   m() { awk -v k="$1" '$1==k {print $2}' <<<"$metrics"; }
   # The drain's database has charges but no orders, so recon's diff does not
   # apply: its span and doubles are read here.

@@ -113,10 +113,18 @@ pipeline_start() {
   DATABASE_URL=$RELAY_DATABASE_URL RELAY_METRICS_ADDR=$4 "$BIN/relay" >"$logs/relay.log" 2>&1 &
   PIPELINE_PIDS+=($!)
   wait_http "http://$4/metrics" relay $! "$logs"
-  DATABASE_URL=$PAYMENTS_DATABASE_URL PAYMENTS_METRICS_ADDR=$5 PAYMENTS_GROUP_ID=$6 \
-    "$BIN/payments" >"$logs/payments.log" 2>&1 &
+  pipeline_payments "$logs" "$5" "$6"
+}
+
+# pipeline_payments LOGDIR METRICS GROUP: starts payments alone, as its own
+# role, in consumer group GROUP of KAFKA_TOPIC, metrics on 127.0.0.1 address
+# METRICS, and waits until it serves /metrics. pipeline_stop stops it.
+pipeline_payments() {
+  export RUST_LOG=${RUST_LOG:-warn}
+  DATABASE_URL=$PAYMENTS_DATABASE_URL PAYMENTS_METRICS_ADDR=$2 PAYMENTS_GROUP_ID=$3 \
+    "$BIN/payments" >"$1/payments.log" 2>&1 &
   PIPELINE_PIDS+=($!)
-  wait_http "http://$5/metrics" payments $! "$logs"
+  wait_http "http://$2/metrics" payments $! "$1"
 }
 
 # pipeline_track PID: stop PID with the services (e.g. a Prometheus).

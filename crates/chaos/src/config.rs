@@ -4,70 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
-
-/// The three services chaos supervises.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ServiceName {
-    /// The Orders API.
-    Orders,
-    /// The outbox relay.
-    Relay,
-    /// The Payments consumer.
-    Payments,
-}
-
-impl ServiceName {
-    /// The binary's (and the log file's) name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Orders => "orders",
-            Self::Relay => "relay",
-            Self::Payments => "payments",
-        }
-    }
-
-    /// Every service, in start order.
-    pub const ALL: [ServiceName; 3] = [Self::Orders, Self::Relay, Self::Payments];
-}
-
-/// A named crash point and the service that passes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CrashPoint {
-    /// Orders: after the write transaction commits, before the responses.
-    Commit,
-    /// Relay: after the broker acked, before the rows are marked published.
-    Publish,
-    /// Payments: after the inbox claim, before the charge.
-    Claim,
-    /// Payments: after the charge insert, before the commit.
-    Effect,
-    /// Payments with --unsafe-split-txn: between its two transactions.
-    Split,
-}
-
-impl CrashPoint {
-    /// The name the services' `--crash-point` takes.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Commit => "commit",
-            Self::Publish => "publish",
-            Self::Claim => "claim",
-            Self::Effect => "effect",
-            Self::Split => "split",
-        }
-    }
-
-    /// The service in which this point lives.
-    pub fn service(self) -> ServiceName {
-        match self {
-            Self::Commit => ServiceName::Orders,
-            Self::Publish => ServiceName::Relay,
-            Self::Claim | Self::Effect | Self::Split => ServiceName::Payments,
-        }
-    }
-}
+use effectively::contract::{CrashPoint, ServiceName};
 
 /// An infrastructure fault (`--fault`). Chaos injects it and does not
 /// restart the services for it: they must recover by themselves.
@@ -395,14 +332,6 @@ mod tests {
     fn parse(args: &[&str]) -> Config {
         Config::try_parse_from(std::iter::once("chaos").chain(args.iter().copied()))
             .expect("parses")
-    }
-
-    #[test]
-    fn crash_points_map_to_their_services() {
-        assert_eq!(CrashPoint::Publish.service(), ServiceName::Relay);
-        assert_eq!(CrashPoint::Effect.service(), ServiceName::Payments);
-        assert_eq!(CrashPoint::Claim.service(), ServiceName::Payments);
-        assert_eq!(CrashPoint::Commit.service(), ServiceName::Orders);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use effectively::contract::ServiceName;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use rand::Rng;
@@ -20,7 +21,7 @@ use serde::Serialize;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, Fault, ServiceName};
+use crate::config::{Config, Fault};
 use crate::supervisor::Supervisor;
 
 /// How long a fault's recovery is waited for before the next fault anyway.

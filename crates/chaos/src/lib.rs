@@ -30,6 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use effectively::contract::ServiceName;
 use effectively::db::ServiceRole;
 use rand::Rng;
 use serde_json::{Value, json};
@@ -37,7 +38,6 @@ use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::config::Config;
-use crate::config::ServiceName;
 use crate::supervisor::{Spec, Supervisor};
 
 /// Exit status for chaos's own errors (recon uses 0 clean, 1 drift, 2 error).

@@ -15,13 +15,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use effectively::contract::ServiceName;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::Serialize;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ServiceName;
 use crate::scrape;
 
 /// How to run one service.

@@ -6,13 +6,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use clap::Args;
 
+use crate::contract::CrashPoint;
+
 /// Which crash point to arm, and how often it fires.
 #[derive(Debug, Clone, Default, Args)]
 pub struct CrashArgs {
     /// Arm these crash points (comma list, e.g. `publish` or `claim,effect`);
     /// the process SIGKILLs itself there. Chaos testing only.
-    #[arg(long, env = "CRASH_POINT", value_delimiter = ',')]
-    pub crash_point: Vec<String>,
+    #[arg(long, env = "CRASH_POINT", value_enum, value_delimiter = ',')]
+    pub crash_point: Vec<CrashPoint>,
 
     /// Fire with this probability each time the armed point is passed.
     #[arg(long, env = "CRASH_PROBABILITY", default_value_t = 0.0)]
@@ -60,11 +62,11 @@ impl Crasher {
         Self { args, passes }
     }
 
-    /// Passes the point `name`: SIGKILLs this process if `name` is armed and
-    /// its schedule says so (never returning), or with `--crash-action stop`
+    /// Passes `point`: SIGKILLs this process if `point` is armed and its
+    /// schedule says so (never returning), or with `--crash-action stop`
     /// SIGSTOPs it (returning once it is continued).
-    pub fn point(&self, name: &str) {
-        let Some(armed) = self.args.crash_point.iter().position(|p| p == name) else {
+    pub fn point(&self, point: CrashPoint) {
+        let Some(armed) = self.args.crash_point.iter().position(|p| *p == point) else {
             return;
         };
         let Some(passes) = self.passes.get(armed) else {
@@ -80,16 +82,16 @@ impl Crasher {
         if (every || chance)
             && let Some(marker) = &self.args.crash_marker_file
         {
-            let _ = std::fs::write(marker, name);
+            let _ = std::fs::write(marker, point.as_str());
         }
         if (every || chance) && self.args.crash_action == CrashAction::Stop {
-            eprintln!("crash point {name}: SIGSTOP (pass {n})");
+            eprintln!("crash point {}: SIGSTOP (pass {n})", point.as_str());
             let _ =
                 nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGSTOP);
             return; // resumed by SIGCONT
         }
         if every || chance {
-            eprintln!("crash point {name}: SIGKILL (pass {n})");
+            eprintln!("crash point {}: SIGKILL (pass {n})", point.as_str());
             let _ =
                 nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
             // SIGKILL cannot be caught; should it somehow fail, die anyway.

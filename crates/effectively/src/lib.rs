@@ -8,6 +8,8 @@
 //! * [`outbox`]: the transactional outbox writer (the caller's business row and
 //!   the outbox row commit in one transaction, a `NOTIFY` wakes the relay);
 //! * [`text`]: untrusted text made storable in a `text` column;
+//! * [`contract`]: what the pipeline's processes agree on (crash points, the
+//!   event type and payload, header and metric names), as types;
 //! * [`db`] (including the transient/deterministic error split), [`config`], [`metrics`], [`telemetry`], [`shutdown`]: the plumbing
 //!   every service of the pipeline shares.
 //!
@@ -15,6 +17,7 @@
 //! transaction boundary: that boundary is where correctness lives.
 
 pub mod config;
+pub mod contract;
 pub mod crash;
 pub mod db;
 pub mod envelope;

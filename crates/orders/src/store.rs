@@ -23,6 +23,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use effectively::contract::CrashPoint;
 use effectively::crash::Crasher;
 use effectively::idempotency::{
     Claim, Fingerprint, IdempotencyKey, IdempotencyStore, NewKey, StoredResponse,
@@ -434,7 +435,7 @@ async fn write_batch(shared: &Shared, batch: &[Job]) -> Result<Vec<Claim>, ApiEr
     tx.commit().await?;
     // Committed, nobody answered yet: a crash here leaves orders whose
     // clients saw an error. Their retries must get the stored responses.
-    shared.crasher.point("commit");
+    shared.crasher.point(CrashPoint::Commit);
     Ok(claims)
 }
 

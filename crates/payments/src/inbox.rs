@@ -16,6 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use effectively::contract::CrashPoint;
 use effectively::crash::Crasher;
 use effectively::text::storable;
 use sqlx::{PgPool, Postgres, Transaction};
@@ -164,7 +165,7 @@ pub async fn apply_batch(
     }
     // The charge is written, the inbox row too, nothing is committed: a crash
     // here must lose both together (and the redelivery redo both).
-    crasher.point("effect");
+    crasher.point(CrashPoint::Effect);
     tx.commit().await?;
     Ok(applied)
 }
@@ -194,7 +195,7 @@ pub(crate) async fn claim_and_charge<'a>(
     let new = claim_inbox(tx, &unique).await?;
     // The inbox rows are claimed, no charge yet: a crash here must not lose
     // the charge (it cannot: neither is committed).
-    crasher.point("claim");
+    crasher.point(CrashPoint::Claim);
     let claimed: HashSet<Uuid> = new.iter().copied().collect();
     let (fresh, seen): (Vec<_>, Vec<_>) = unique
         .into_iter()

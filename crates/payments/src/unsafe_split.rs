@@ -11,6 +11,7 @@
 //!   non-idempotent effect, like a balance update) is written twice: a DOUBLE
 //!   effect, which recon counts.
 
+use effectively::contract::CrashPoint;
 use effectively::crash::Crasher;
 use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
@@ -46,7 +47,7 @@ pub async fn apply_batch(
             let mut tx = pool.begin().await?;
             let new = claim_inbox(&mut tx, &unique).await?;
             tx.commit().await?;
-            crasher.point("split");
+            crasher.point(CrashPoint::Split);
             let fresh: Vec<(&ChargeIntent, Source<'_>)> = unique
                 .into_iter()
                 .filter(|(i, _)| new.contains(&i.msg_id))
@@ -74,7 +75,7 @@ pub async fn apply_batch(
             let charged = insert_effects_unguarded(&mut tx, &fresh).await?;
             applied.dead_lettered = insert_dead_letters(&mut tx, &dead).await?;
             tx.commit().await?;
-            crasher.point("split");
+            crasher.point(CrashPoint::Split);
             let mut tx = pool.begin().await?;
             let new = claim_inbox(&mut tx, &fresh).await?;
             tx.commit().await?;

@@ -23,6 +23,7 @@ use anyhow::Context;
 use chrono::Utc;
 use clap::Parser;
 use effectively::config::{DbArgs, KafkaArgs};
+use effectively::contract::CrashPoint;
 use effectively::crash::{CrashArgs, Crasher};
 use effectively::envelope::{Envelope, HEADER_EVENT_TYPE, HEADER_MSG_ID};
 use effectively::kafka::FatalState;
@@ -337,7 +338,7 @@ impl Worker {
             .observe(start.elapsed().as_secs_f64());
         // The broker has acked; the rows are not yet marked. A crash here
         // re-publishes the batch on restart: the at-least-once window.
-        self.crasher.point("publish");
+        self.crasher.point(CrashPoint::Publish);
         outbox::mark_published(&mut tx, &delivered)
             .await
             .context("mark published")?;

@@ -1,0 +1,131 @@
+//! The contracts between the pipeline's processes, as types and constants.
+//!
+//! The binaries never depend on each other, only on this crate, so whatever
+//! two of them must agree on lives here: a renamed crash point, event field or
+//! metric then fails to compile on both sides instead of being a string that
+//! silently stops matching at run time. Each item says which processes share
+//! it.
+
+use serde::Serialize;
+
+// --- processes and crash points ----------------------------------------------
+
+/// The three services of the pipeline, as a supervisor names them.
+///
+/// Shared by chaos (which starts, kills and scrapes them) and by the crash
+/// points below (each lives in one of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServiceName {
+    /// The Orders API.
+    Orders,
+    /// The outbox relay.
+    Relay,
+    /// The Payments consumer.
+    Payments,
+}
+
+impl ServiceName {
+    /// Every service, in start order.
+    pub const ALL: [ServiceName; 3] = [Self::Orders, Self::Relay, Self::Payments];
+
+    /// The binary's (and its log file's) name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Orders => "orders",
+            Self::Relay => "relay",
+            Self::Payments => "payments",
+        }
+    }
+}
+
+/// A named place where a service SIGKILLs itself when a chaos run armed it
+/// (DESIGN.md §6).
+///
+/// Shared by the service that passes the point (`Crasher::point`), its
+/// `--crash-point`/`CRASH_POINT` flag, and chaos (`--crash-point`, which arms
+/// each point in the service that owns it and reads the name back from the
+/// crash marker file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CrashPoint {
+    /// Orders: after the write transaction commits, before the responses.
+    Commit,
+    /// Relay: after the broker acked, before the rows are marked published.
+    Publish,
+    /// Payments: after the inbox claim, before the charge.
+    Claim,
+    /// Payments: after the charge insert, before the commit.
+    Effect,
+    /// Payments with `--unsafe-split-txn`: between its two transactions.
+    Split,
+}
+
+impl CrashPoint {
+    /// Every crash point.
+    pub const ALL: [CrashPoint; 5] = [
+        Self::Commit,
+        Self::Publish,
+        Self::Claim,
+        Self::Effect,
+        Self::Split,
+    ];
+
+    /// The name `--crash-point` takes (in the services and in chaos) and the
+    /// crash marker file holds.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Commit => "commit",
+            Self::Publish => "publish",
+            Self::Claim => "claim",
+            Self::Effect => "effect",
+            Self::Split => "split",
+        }
+    }
+
+    /// The service in which this point lives.
+    pub const fn service(self) -> ServiceName {
+        match self {
+            Self::Commit => ServiceName::Orders,
+            Self::Publish => ServiceName::Relay,
+            Self::Claim | Self::Effect | Self::Split => ServiceName::Payments,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::ValueEnum;
+
+    use super::*;
+
+    #[test]
+    fn every_crash_point_round_trips_through_its_name() {
+        for point in CrashPoint::ALL {
+            let name = point.as_str();
+            assert_eq!(
+                CrashPoint::from_str(name, false),
+                Ok(point),
+                "clap takes {name}"
+            );
+            assert_eq!(
+                serde_json::to_string(&point).expect("json"),
+                format!("\"{name}\""),
+                "the report names {name} alike"
+            );
+        }
+        assert_eq!(CrashPoint::value_variants().len(), CrashPoint::ALL.len());
+    }
+
+    #[test]
+    fn crash_points_map_to_their_services() {
+        assert_eq!(CrashPoint::Commit.service(), ServiceName::Orders);
+        assert_eq!(CrashPoint::Publish.service(), ServiceName::Relay);
+        assert_eq!(CrashPoint::Claim.service(), ServiceName::Payments);
+        assert_eq!(CrashPoint::Effect.service(), ServiceName::Payments);
+        assert_eq!(CrashPoint::Split.service(), ServiceName::Payments);
+        for service in ServiceName::ALL {
+            assert_eq!(ServiceName::from_str(service.as_str(), false), Ok(service));
+        }
+    }
+}

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
-use effectively::contract::{CrashPoint, ServiceName};
+use effectively::contract::{CrashPoint, ServiceName, SplitTxn};
 
 /// An infrastructure fault (`--fault`). Chaos injects it and does not
 /// restart the services for it: they must recover by themselves.
@@ -37,26 +37,6 @@ impl Fault {
             Self::BrokerKill => "broker-kill",
             Self::RelayPause => "relay-pause",
             Self::OffsetReset => "offset-reset",
-        }
-    }
-}
-
-/// The deliberately broken consume path of payments (`--unsafe-split-txn`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SplitTxn {
-    /// Inbox row committed first: a crash before the effect loses it.
-    InboxFirst,
-    /// Effect committed first: a crash before the inbox row doubles it.
-    EffectFirst,
-}
-
-impl SplitTxn {
-    /// The value payments' `--unsafe-split-txn` takes.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::InboxFirst => "inbox-first",
-            Self::EffectFirst => "effect-first",
         }
     }
 }

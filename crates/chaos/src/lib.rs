@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use effectively::contract::ServiceName;
+use effectively::contract::{ServiceName, UNSAFE_SPLIT_TXN_ENV};
 use effectively::db::ServiceRole;
 use rand::Rng;
 use serde_json::{Value, json};
@@ -328,7 +328,7 @@ fn spec(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -> Spec 
                 ));
             }
             if let Some(split) = config.unsafe_split_txn {
-                env.push(("PAYMENTS_UNSAFE_SPLIT_TXN".into(), split.as_str().into()));
+                env.push((UNSAFE_SPLIT_TXN_ENV.into(), split.as_str().into()));
             }
             if config.dup_rate > 0.0 {
                 armed_env.push(("PAYMENTS_DUP_RATE".into(), s(&config.dup_rate)));

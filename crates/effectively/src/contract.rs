@@ -93,6 +93,37 @@ impl CrashPoint {
     }
 }
 
+// --- the split-transaction counter-example ---------------------------------
+
+/// The environment variable (and `--unsafe-split-txn` flag) that runs payments
+/// with its deliberately broken consume path. Shared by payments (its flag)
+/// and chaos (`--unsafe-split-txn` passes it to payments).
+pub const UNSAFE_SPLIT_TXN_ENV: &str = "PAYMENTS_UNSAFE_SPLIT_TXN";
+
+/// Which half of the broken consume path commits first (the value of
+/// [`UNSAFE_SPLIT_TXN_ENV`]). Shared by payments and chaos.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SplitTxn {
+    /// Inbox row, commit, then the effect: a crash in between loses the effect.
+    InboxFirst,
+    /// Effect, commit, then the inbox row: a crash in between doubles it.
+    EffectFirst,
+}
+
+impl SplitTxn {
+    /// Both modes.
+    pub const ALL: [SplitTxn; 2] = [Self::InboxFirst, Self::EffectFirst];
+
+    /// The value payments' `--unsafe-split-txn` takes.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::InboxFirst => "inbox-first",
+            Self::EffectFirst => "effect-first",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::ValueEnum;
@@ -127,5 +158,18 @@ mod tests {
         for service in ServiceName::ALL {
             assert_eq!(ServiceName::from_str(service.as_str(), false), Ok(service));
         }
+    }
+
+    #[test]
+    fn every_split_mode_round_trips_through_its_name() {
+        for mode in SplitTxn::ALL {
+            let name = mode.as_str();
+            assert_eq!(SplitTxn::from_str(name, false), Ok(mode));
+            assert_eq!(
+                serde_json::to_string(&mode).expect("json"),
+                format!("\"{name}\"")
+            );
+        }
+        assert_eq!(SplitTxn::value_variants().len(), SplitTxn::ALL.len());
     }
 }

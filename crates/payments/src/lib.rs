@@ -22,6 +22,7 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use clap::Parser;
 use effectively::config::{DbArgs, KafkaArgs};
+use effectively::contract::{SplitTxn, UNSAFE_SPLIT_TXN_ENV};
 use effectively::crash::{CrashArgs, Crasher};
 use effectively::kafka::FatalState;
 use effectively::retry::Backoff;
@@ -91,8 +92,8 @@ pub struct Config {
     /// row and the effect in two transactions (crash point `split` between
     /// them). inbox-first loses effects under crashes, effect-first doubles
     /// them. Never use it for real.
-    #[arg(long, env = "PAYMENTS_UNSAFE_SPLIT_TXN", value_enum)]
-    pub unsafe_split_txn: Option<unsafe_split::SplitTxn>,
+    #[arg(long, env = UNSAFE_SPLIT_TXN_ENV, value_enum)]
+    pub unsafe_split_txn: Option<SplitTxn>,
 }
 
 /// The consumer's callbacks: tracks this member's assignment so that offsets
@@ -411,7 +412,7 @@ enum Attempt {
 /// and will be redelivered; what did commit is a no-op on redelivery).
 async fn process(
     pool: &sqlx::PgPool,
-    split: Option<unsafe_split::SplitTxn>,
+    split: Option<SplitTxn>,
     batch: &[OwnedMessage],
     crasher: &Crasher,
     metrics: &PaymentsMetrics,
@@ -454,7 +455,7 @@ async fn process(
 /// transient.
 async fn apply_with_retry(
     pool: &sqlx::PgPool,
-    split: Option<unsafe_split::SplitTxn>,
+    split: Option<SplitTxn>,
     slice: &[Delivery<'_>],
     crasher: &Crasher,
     metrics: &PaymentsMetrics,

@@ -11,7 +11,7 @@
 //!   non-idempotent effect, like a balance update) is written twice: a DOUBLE
 //!   effect, which recon counts.
 
-use effectively::contract::CrashPoint;
+use effectively::contract::{CrashPoint, SplitTxn};
 use effectively::crash::Crasher;
 use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
@@ -20,15 +20,6 @@ use crate::inbox::{
     Applied, ChargeIntent, Delivery, Source, claim_inbox, insert_dead_letters, insert_effects,
     split, unique_by_msg_id, write_effects,
 };
-
-/// Which half commits first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum SplitTxn {
-    /// Inbox row, commit, then the effect: a crash in between loses the effect.
-    InboxFirst,
-    /// Effect, commit, then the inbox row: a crash in between doubles it.
-    EffectFirst,
-}
 
 /// Applies a batch the wrong way; see the module docs. (Conflicting
 /// redeliveries are counted as duplicates here: this path exists to show

@@ -6,7 +6,8 @@
 //! silently stops matching at run time. Each item says which processes share
 //! it.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
 
 // --- processes and crash points ----------------------------------------------
 
@@ -124,6 +125,57 @@ impl SplitTxn {
     }
 }
 
+// --- the order.created event ------------------------------------------------
+
+/// The event type of a new order: the outbox row's `event_type`, the
+/// envelope's `event_type` and the `event_type` Kafka header. Shared by orders
+/// (writes it), the relay (copies it from the outbox row onto the wire) and
+/// payments (applies events of this type and dead-letters any other).
+pub const ORDER_CREATED: &str = "order.created";
+
+/// An order's status as its events carry it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OrderStatus {
+    /// Just created: the only status an order has so far.
+    #[default]
+    Created,
+}
+
+impl OrderStatus {
+    /// The status as stored (`orders.orders.status`) and sent.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Created => "created",
+        }
+    }
+}
+
+/// The payload of an [`ORDER_CREATED`] event, embedded verbatim in the
+/// envelope. Orders serializes it into the outbox row; payments decodes it.
+///
+/// The wire form is `{"order_id":"…","account_id":N,"amount_cents":N,
+/// "status":"created"}`, fields in this order: recon's diff searches the
+/// payload's bytes for `"order_id":"…"`, `"account_id":N` and
+/// `"amount_cents":N`, so the field names and their order are part of the
+/// contract. Decoding is payments' strict rule: the three fields are required,
+/// each at most once and of its type (a UUID, two `i64`s); other fields are
+/// ignored, `status` included (it is written for readers of the topic; an
+/// `order.created` event is about a created order by definition, so a decoded
+/// payload says [`OrderStatus::Created`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderCreated {
+    /// The new order (also the envelope's `aggregate_id` and the Kafka key).
+    pub order_id: Uuid,
+    /// The account to charge.
+    pub account_id: i64,
+    /// The amount to charge, in cents.
+    pub amount_cents: i64,
+    /// The order's status when the event was written.
+    #[serde(skip_deserializing)]
+    pub status: OrderStatus,
+}
+
 #[cfg(test)]
 mod tests {
     use clap::ValueEnum;
@@ -171,5 +223,50 @@ mod tests {
             );
         }
         assert_eq!(SplitTxn::value_variants().len(), SplitTxn::ALL.len());
+    }
+
+    #[test]
+    fn the_order_created_payload_keeps_its_wire_form() {
+        let order_id = Uuid::parse_str("0199a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b").expect("uuid");
+        let event = OrderCreated {
+            order_id,
+            account_id: 3,
+            amount_cents: 10,
+            status: OrderStatus::Created,
+        };
+        // The bytes orders wrote before the struct moved here.
+        let before = format!(
+            r#"{{"order_id":"{order_id}","account_id":3,"amount_cents":10,"status":"created"}}"#
+        );
+        assert_eq!(serde_json::to_string(&event).expect("json"), before);
+        let back: OrderCreated = serde_json::from_str(&before).expect("decodes");
+        assert_eq!(back, event);
+    }
+
+    #[test]
+    fn decoding_the_payload_ignores_status_and_unknown_fields_only() {
+        let id = "0199a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b";
+        let decode = |json: &str| serde_json::from_str::<OrderCreated>(json);
+        let minimal = decode(&format!(
+            r#"{{"order_id":"{id}","account_id":1,"amount_cents":2}}"#
+        ))
+        .expect("no status");
+        assert_eq!(minimal.status, OrderStatus::Created);
+        assert!(
+            decode(&format!(
+                r#"{{"order_id":"{id}","account_id":1,"amount_cents":2,"status":7,"status":null,"x":[]}}"#
+            ))
+            .is_ok(),
+            "status of any type, twice, and unknown fields are ignored"
+        );
+        for bad in [
+            format!(r#"{{"order_id":"{id}","account_id":1}}"#),
+            format!(r#"{{"order_id":"{id}","account_id":1,"amount_cents":2,"amount_cents":2}}"#),
+            format!(r#"{{"order_id":"{id}","account_id":"1","amount_cents":2}}"#),
+            format!(r#"{{"order_id":"{id}","account_id":1,"amount_cents":99999999999999999999}}"#),
+            r#"{"order_id":"not-a-uuid","account_id":1,"amount_cents":2}"#.to_owned(),
+        ] {
+            assert!(decode(&bad).is_err(), "{bad}");
+        }
     }
 }

@@ -20,7 +20,7 @@ pub const HEADER_EVENT_TYPE: &str = "event_type";
 pub struct Envelope {
     /// Stable dedup identity (`outbox.msg_id`).
     pub msg_id: Uuid,
-    /// Event type, e.g. `order.created`.
+    /// Event type, e.g. [`ORDER_CREATED`](crate::contract::ORDER_CREATED).
     pub event_type: String,
     /// The entity the event is about; also the Kafka key.
     pub aggregate_id: Uuid,
@@ -76,7 +76,7 @@ mod tests {
     fn round_trips_and_rejects_garbage() {
         let env = Envelope::new(
             Uuid::now_v7(),
-            "order.created".into(),
+            crate::contract::ORDER_CREATED.into(),
             Uuid::now_v7(),
             Utc::now(),
             br#"{"a": 1}"#,

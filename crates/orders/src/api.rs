@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use effectively::contract::OrderStatus;
 use effectively::idempotency::{Claim, Fingerprint, IdempotencyKey, StoredResponse};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -14,9 +15,7 @@ use crate::store::{OrderRow, Store};
 /// Largest accepted amount: 10,000,000,000 cents (100M in currency units).
 pub const MAX_AMOUNT_CENTS: i64 = 10_000_000_000;
 /// Status of a freshly created order.
-pub const ORDER_STATUS_CREATED: &str = "created";
-/// Event type written to the outbox for a new order.
-pub const ORDER_CREATED_EVENT: &str = "order.created";
+pub const ORDER_STATUS_CREATED: &str = OrderStatus::Created.as_str();
 /// Fingerprint context: bump the version if the canonical form changes.
 const FINGERPRINT_CONTEXT: &str = "effectively orders.create v1";
 

@@ -23,7 +23,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use effectively::contract::CrashPoint;
+use effectively::contract::{CrashPoint, ORDER_CREATED, OrderCreated, OrderStatus};
 use effectively::crash::Crasher;
 use effectively::idempotency::{
     Claim, Fingerprint, IdempotencyKey, IdempotencyStore, NewKey, StoredResponse,
@@ -36,7 +36,7 @@ use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-use crate::api::{CreateOrder, ORDER_CREATED_EVENT, ORDER_STATUS_CREATED};
+use crate::api::{CreateOrder, ORDER_STATUS_CREATED};
 use crate::error::ApiError;
 use crate::metrics::OrdersMetrics;
 
@@ -63,15 +63,6 @@ pub struct OrderRow {
     pub status: String,
     /// When the order was created.
     pub created_at: DateTime<Utc>,
-}
-
-/// The body of an `order.created` event.
-#[derive(Debug, Serialize)]
-struct OrderCreatedPayload<'a> {
-    order_id: Uuid,
-    account_id: i64,
-    amount_cents: i64,
-    status: &'a str,
 }
 
 /// Coalescing settings.
@@ -417,17 +408,17 @@ async fn write_batch(shared: &Shared, batch: &[Job]) -> Result<Vec<Claim>, ApiEr
     }
     let mut events = Vec::with_capacity(new.len());
     for job in &new {
-        let payload = serde_json::to_vec(&OrderCreatedPayload {
+        let payload = serde_json::to_vec(&OrderCreated {
             order_id: job.order_id,
             account_id: job.request.account_id,
             amount_cents: job.request.amount_cents,
-            status: ORDER_STATUS_CREATED,
+            status: OrderStatus::Created,
         })
         .map_err(|e| ApiError::Internal(e.into()))?;
         events.push(OutboxMessage {
             aggregate_id: job.order_id,
             msg_id: Uuid::now_v7(),
-            event_type: ORDER_CREATED_EVENT.to_owned(),
+            event_type: ORDER_CREATED.to_owned(),
             payload,
         });
     }

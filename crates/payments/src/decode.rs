@@ -1,20 +1,9 @@
 //! Kafka message → charge intent, or a dead letter with the reason.
 
+use effectively::contract::{ORDER_CREATED, OrderCreated};
 use effectively::envelope::Envelope;
-use serde::Deserialize;
-use uuid::Uuid;
 
 use crate::inbox::ChargeIntent;
-
-/// The event type this consumer applies.
-pub const ORDER_CREATED: &str = "order.created";
-
-#[derive(Deserialize)]
-struct OrderCreated {
-    order_id: Uuid,
-    account_id: i64,
-    amount_cents: i64,
-}
 
 /// Decodes a message value. `Err` carries the dead-letter reason (which may
 /// quote the input: it is made storable where it is written).
@@ -58,6 +47,8 @@ pub fn payload_hash(payload: &[u8]) -> i64 {
 
 #[cfg(test)]
 mod tests {
+    use uuid::Uuid;
+
     use super::*;
 
     #[test]

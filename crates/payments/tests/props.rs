@@ -15,11 +15,12 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use effectively::contract::ORDER_CREATED;
 use effectively::crash::{CrashArgs, Crasher};
 use effectively::envelope::Envelope;
 use effectively::testing::{TestDb, cases_from_env as cases};
 use effectively::text::{MAX_STORED_TEXT, storable};
-use payments::decode::{ORDER_CREATED, decode};
+use payments::decode::decode;
 use payments::inbox::{DeadLetterKind, Source, apply_batch, reject, split};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};

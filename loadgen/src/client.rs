@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
+use effectively::contract::IDEMPOTENCY_KEY;
 use http::header::{CONTENT_TYPE, ETAG, LOCATION};
 use http::{HeaderValue, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
@@ -24,8 +25,6 @@ use crate::keys::Body;
 use crate::proto;
 use crate::proto::orders_client::OrdersClient;
 
-/// The header and metadata name of the idempotency key.
-const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// Largest response body read; a larger one is a transport error, not an
 /// unbounded allocation.
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;

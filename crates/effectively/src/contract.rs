@@ -94,6 +94,13 @@ impl CrashPoint {
     }
 }
 
+// --- clients and orders ----------------------------------------------------
+
+/// The HTTP header (`Idempotency-Key`; HTTP names are case-insensitive) and the
+/// gRPC metadata key that carry a create request's idempotency key. Shared by
+/// orders (reads it on both protocols) and loadgen (sends it).
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
 // --- the split-transaction counter-example ---------------------------------
 
 /// The environment variable (and `--unsafe-split-txn` flag) that runs payments

@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use effectively::contract::IDEMPOTENCY_KEY;
 use effectively::idempotency::{IdempotencyKey, KeyError};
 use tonic::{Request, Response, Status};
 use uuid::Uuid;
@@ -10,9 +11,6 @@ use crate::api::{CreateOrder, CreatedBody, OrdersApi};
 use crate::error::ApiError;
 use crate::proto;
 use crate::proto::orders_server::Orders;
-
-/// The metadata entry carrying the idempotency key.
-pub const IDEMPOTENCY_KEY_METADATA: &str = "idempotency-key";
 
 /// The tonic service.
 #[derive(Debug, Clone)]
@@ -48,7 +46,7 @@ impl OrdersGrpc {
     ) -> Result<proto::CreateOrderResponse, ApiError> {
         let key = request
             .metadata()
-            .get(IDEMPOTENCY_KEY_METADATA)
+            .get(IDEMPOTENCY_KEY)
             .ok_or(ApiError::InvalidKey(KeyError::Missing))
             .and_then(|raw| Ok(IdempotencyKey::parse(raw.as_bytes())?))?;
         let message = request.into_inner();

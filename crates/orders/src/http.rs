@@ -14,15 +14,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
+use effectively::contract::IDEMPOTENCY_KEY;
 use effectively::idempotency::{IdempotencyKey, KeyError, StoredResponse};
 use uuid::Uuid;
 
 use crate::api::{CreateOrder, OrdersApi};
 use crate::error::ApiError;
 use crate::metrics::OrdersMetrics;
-
-/// The header carrying the client's idempotency key.
-pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 
 #[derive(Clone)]
 struct AppState {
@@ -71,7 +69,7 @@ async fn create_inner(
         return Err(ApiError::UnsupportedMediaType);
     }
     let key = headers
-        .get(IDEMPOTENCY_KEY_HEADER)
+        .get(IDEMPOTENCY_KEY)
         .ok_or(ApiError::InvalidKey(KeyError::Missing))
         .and_then(|raw| Ok(IdempotencyKey::parse(raw.as_bytes())?))?;
     let body = body.map_err(|rejection| {

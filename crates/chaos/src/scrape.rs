@@ -6,33 +6,44 @@
 //! the sums are lower bounds; recon, not these counters, is the proof.
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
-/// The counters chaos reports, by service: (series as exposed, summary name).
-pub const COUNTERS: &[(&str, &str)] = &[
-    ("orders_write_batch_size_count", "write_batches"),
-    ("relay_published_total", "published"),
-    ("payments_consumed_total", "consumed"),
-    ("payments_dedup_hits_total", "inbox_hits"),
-    ("payments_dedup_misses_total", "inbox_misses"),
-    ("payments_charges_total", "charges"),
-    ("payments_dead_letters_total", "dead_letters"),
-    (
-        "payments_injected_duplicates_total{kind=\"reprocess\"}",
-        "injected_reprocess",
-    ),
-    (
-        "payments_injected_duplicates_total{kind=\"redeliver\"}",
-        "injected_redeliver",
-    ),
-];
+use effectively::contract::{
+    INJECTED_DUPLICATE_LABEL, InjectedDuplicate, ORDERS_WRITE_BATCH_SIZE, PAYMENTS_CHARGES_TOTAL,
+    PAYMENTS_CONSUMED_TOTAL, PAYMENTS_DEAD_LETTERS_TOTAL, PAYMENTS_DEDUP_HITS_TOTAL,
+    PAYMENTS_DEDUP_MISSES_TOTAL, PAYMENTS_INJECTED_DUPLICATES_TOTAL, RELAY_PUBLISHED_TOTAL,
+    ServiceName,
+};
+
+/// The counters chaos reports: (series as exposed, summary name). The names
+/// are the services' contract ([`effectively::contract`]), so a renamed metric
+/// fails to compile here rather than reading as zero.
+pub static COUNTERS: LazyLock<Vec<(String, &'static str)>> = LazyLock::new(|| {
+    let injected = |kind: InjectedDuplicate| {
+        format!(
+            "{PAYMENTS_INJECTED_DUPLICATES_TOTAL}{{{INJECTED_DUPLICATE_LABEL}=\"{}\"}}",
+            kind.as_str()
+        )
+    };
+    vec![
+        (progress_counter(ServiceName::Orders), "write_batches"),
+        (progress_counter(ServiceName::Relay), "published"),
+        (progress_counter(ServiceName::Payments), "consumed"),
+        (PAYMENTS_DEDUP_HITS_TOTAL.to_owned(), "inbox_hits"),
+        (PAYMENTS_DEDUP_MISSES_TOTAL.to_owned(), "inbox_misses"),
+        (PAYMENTS_CHARGES_TOTAL.to_owned(), "charges"),
+        (PAYMENTS_DEAD_LETTERS_TOTAL.to_owned(), "dead_letters"),
+        (injected(InjectedDuplicate::Reprocess), "injected_reprocess"),
+        (injected(InjectedDuplicate::Redeliver), "injected_redeliver"),
+    ]
+});
 
 /// The counter whose first increase in a new life counts as "working again".
-pub fn progress_counter(service: &str) -> Option<&'static str> {
+pub fn progress_counter(service: ServiceName) -> String {
     match service {
-        "orders" => Some("orders_write_batch_size_count"),
-        "relay" => Some("relay_published_total"),
-        "payments" => Some("payments_consumed_total"),
-        _ => None,
+        ServiceName::Orders => format!("{ORDERS_WRITE_BATCH_SIZE}_count"),
+        ServiceName::Relay => RELAY_PUBLISHED_TOTAL.to_owned(),
+        ServiceName::Payments => PAYMENTS_CONSUMED_TOTAL.to_owned(),
     }
 }
 
@@ -73,8 +84,8 @@ pub fn sum_lives<'a>(
 ) -> BTreeMap<&'static str, f64> {
     let mut totals = BTreeMap::new();
     for life in lives {
-        for (series, name) in COUNTERS {
-            if let Some(v) = life.get(*series) {
+        for (series, name) in COUNTERS.iter() {
+            if let Some(v) = life.get(series) {
                 *totals.entry(*name).or_insert(0.0) += v;
             }
         }

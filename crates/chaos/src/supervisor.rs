@@ -218,8 +218,12 @@ impl Supervisor {
     /// value), for [`Self::moved_since`].
     pub fn progress_mark(&self) -> (usize, f64) {
         let s = self.state();
-        let value = scrape::progress_counter(self.spec.name.as_str())
-            .and_then(|c| s.lives.last().and_then(|l| l.counters.get(c)).copied())
+        let counter = scrape::progress_counter(self.spec.name);
+        let value = s
+            .lives
+            .last()
+            .and_then(|l| l.counters.get(&counter))
+            .copied()
             .unwrap_or(0.0);
         (s.lives.len(), value)
     }
@@ -248,8 +252,8 @@ impl Supervisor {
             return;
         };
         let now = self.now_ms();
-        let progress = scrape::progress_counter(self.spec.name.as_str())
-            .and_then(|c| counters.get(c))
+        let progress = counters
+            .get(&scrape::progress_counter(self.spec.name))
             .is_some_and(|v| *v > 0.0);
         let mut s = self.state();
         // Only if the life scraped is still the current one.

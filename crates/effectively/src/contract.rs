@@ -183,6 +183,59 @@ pub struct OrderCreated {
     pub status: OrderStatus,
 }
 
+// --- the metrics chaos scrapes ----------------------------------------------
+//
+// Each service registers these in its `metrics.rs` and serves them at
+// `GET /metrics`; chaos scrapes them per process life (its `scrape.rs`), sums
+// the lives into its report and takes the first increase of a service's
+// progress counter in a new life as that service working again.
+
+/// Orders' histogram of create requests per write transaction; chaos reads its
+/// `_count` series (write transactions committed or failed): orders' progress.
+pub const ORDERS_WRITE_BATCH_SIZE: &str = "orders_write_batch_size";
+/// Relay: outbox rows published to Kafka and marked published; its progress.
+pub const RELAY_PUBLISHED_TOTAL: &str = "relay_published_total";
+/// Payments: messages consumed from Kafka, redeliveries included; its progress.
+pub const PAYMENTS_CONSUMED_TOTAL: &str = "payments_consumed_total";
+/// Payments: messages whose msg_id was already in the inbox (no-ops).
+pub const PAYMENTS_DEDUP_HITS_TOTAL: &str = "payments_dedup_hits_total";
+/// Payments: messages whose msg_id was new (claimed and charged).
+pub const PAYMENTS_DEDUP_MISSES_TOTAL: &str = "payments_dedup_misses_total";
+/// Payments: charges written.
+pub const PAYMENTS_CHARGES_TOTAL: &str = "payments_charges_total";
+/// Payments: messages dead-lettered, every kind.
+pub const PAYMENTS_DEAD_LETTERS_TOTAL: &str = "payments_dead_letters_total";
+/// Payments: duplicate deliveries injected on purpose (`--dup-rate`), by
+/// the label [`INJECTED_DUPLICATE_LABEL`].
+pub const PAYMENTS_INJECTED_DUPLICATES_TOTAL: &str = "payments_injected_duplicates_total";
+/// The label of [`PAYMENTS_INJECTED_DUPLICATES_TOTAL`]; its values are
+/// [`InjectedDuplicate::as_str`].
+pub const INJECTED_DUPLICATE_LABEL: &str = "kind";
+
+/// How an injected duplicate was delivered: the values of
+/// [`INJECTED_DUPLICATE_LABEL`]. Shared by payments (counts them) and chaos
+/// (reports them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InjectedDuplicate {
+    /// Applied again after the commit, as if redelivered.
+    Reprocess,
+    /// The consumer seeks back and the broker delivers again.
+    Redeliver,
+}
+
+impl InjectedDuplicate {
+    /// Both kinds.
+    pub const ALL: [InjectedDuplicate; 2] = [Self::Reprocess, Self::Redeliver];
+
+    /// The label value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Reprocess => "reprocess",
+            Self::Redeliver => "redeliver",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::ValueEnum;

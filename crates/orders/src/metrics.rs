@@ -1,5 +1,6 @@
 //! The Orders service's Prometheus metrics.
 
+use effectively::contract::ORDERS_WRITE_BATCH_SIZE;
 use effectively::metrics::LATENCY_BUCKETS;
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
@@ -70,7 +71,7 @@ impl OrdersMetrics {
         )?;
         let write_batch_size = Histogram::with_opts(
             HistogramOpts::new(
-                "orders_write_batch_size",
+                ORDERS_WRITE_BATCH_SIZE,
                 "Create requests per write transaction (the coalescing factor)",
             )
             .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),

@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use effectively::contract::InjectedDuplicate;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rdkafka::Offset;
@@ -166,7 +167,7 @@ pub fn seek_back(consumer: &PaymentsConsumer, plan: &Plan, metrics: &PaymentsMet
         ) {
             Ok(()) => metrics
                 .injected_duplicates_total
-                .with_label_values(&["redeliver"])
+                .with_label_values(&[InjectedDuplicate::Redeliver.as_str()])
                 .inc_by(*count as u64),
             Err(error) => {
                 tracing::debug!(%error, topic, partition, offset, "dup-rate: seek back failed")

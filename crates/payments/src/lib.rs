@@ -22,7 +22,7 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use clap::Parser;
 use effectively::config::{DbArgs, KafkaArgs};
-use effectively::contract::{SplitTxn, UNSAFE_SPLIT_TXN_ENV};
+use effectively::contract::{InjectedDuplicate, SplitTxn, UNSAFE_SPLIT_TXN_ENV};
 use effectively::crash::{CrashArgs, Crasher};
 use effectively::kafka::FatalState;
 use effectively::retry::Backoff;
@@ -299,7 +299,7 @@ pub async fn run(
             }
             metrics
                 .injected_duplicates_total
-                .with_label_values(&["reprocess"])
+                .with_label_values(&[InjectedDuplicate::Reprocess.as_str()])
                 .inc_by(plan.reprocess.len() as u64);
         }
     }

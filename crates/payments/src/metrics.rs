@@ -1,5 +1,10 @@
 //! The Payments consumer's Prometheus metrics.
 
+use effectively::contract::{
+    INJECTED_DUPLICATE_LABEL, InjectedDuplicate, PAYMENTS_CHARGES_TOTAL, PAYMENTS_CONSUMED_TOTAL,
+    PAYMENTS_DEAD_LETTERS_TOTAL, PAYMENTS_DEDUP_HITS_TOTAL, PAYMENTS_DEDUP_MISSES_TOTAL,
+    PAYMENTS_INJECTED_DUPLICATES_TOTAL,
+};
 use effectively::metrics::LATENCY_BUCKETS;
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
 
@@ -50,24 +55,24 @@ impl PaymentsMetrics {
         let counter = |name: &str, help: &str| IntCounter::new(name, help);
         let m = Self {
             consumed_total: counter(
-                "payments_consumed_total",
+                PAYMENTS_CONSUMED_TOTAL,
                 "Messages consumed from Kafka, redeliveries included",
             )?,
             dedup_hits_total: counter(
-                "payments_dedup_hits_total",
+                PAYMENTS_DEDUP_HITS_TOTAL,
                 "Messages whose msg_id was already in the inbox (no-ops)",
             )?,
             dedup_misses_total: counter(
-                "payments_dedup_misses_total",
+                PAYMENTS_DEDUP_MISSES_TOTAL,
                 "Messages whose msg_id was new (claimed and charged)",
             )?,
-            charges_total: counter("payments_charges_total", "Charges written")?,
+            charges_total: counter(PAYMENTS_CHARGES_TOTAL, "Charges written")?,
             charge_conflicts_total: counter(
                 "payments_charge_conflicts_total",
                 "New msg_ids whose order already had a charge (the UNIQUE guard fired)",
             )?,
             dead_letters_total: counter(
-                "payments_dead_letters_total",
+                PAYMENTS_DEAD_LETTERS_TOTAL,
                 "Messages dead-lettered, every kind",
             )?,
             msg_id_conflicts_total: counter(
@@ -102,10 +107,10 @@ impl PaymentsMetrics {
             )?,
             injected_duplicates_total: IntCounterVec::new(
                 Opts::new(
-                    "payments_injected_duplicates_total",
+                    PAYMENTS_INJECTED_DUPLICATES_TOTAL,
                     "Duplicate deliveries injected on purpose by --dup-rate, by kind",
                 ),
-                &["kind"],
+                &[INJECTED_DUPLICATE_LABEL],
             )?,
             registry,
         };
@@ -130,8 +135,9 @@ impl PaymentsMetrics {
             .register(Box::new(m.consumer_errors_total.clone()))?;
         m.registry
             .register(Box::new(m.injected_duplicates_total.clone()))?;
-        for kind in ["reprocess", "redeliver"] {
-            m.injected_duplicates_total.with_label_values(&[kind]);
+        for kind in InjectedDuplicate::ALL {
+            m.injected_duplicates_total
+                .with_label_values(&[kind.as_str()]);
         }
         for stage in ["db", "db_refused", "kafka", "commit", "commit_callback"] {
             m.consumer_errors_total.with_label_values(&[stage]);

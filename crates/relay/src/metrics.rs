@@ -1,5 +1,6 @@
 //! The relay's Prometheus metrics.
 
+use effectively::contract::RELAY_PUBLISHED_TOTAL;
 use effectively::metrics::LATENCY_BUCKETS;
 use prometheus::{
     Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
@@ -56,7 +57,7 @@ impl RelayMetrics {
                 "Outbox rows marked failed after their last allowed publish attempt",
             )?,
             relay_published_total: IntCounter::new(
-                "relay_published_total",
+                RELAY_PUBLISHED_TOTAL,
                 "Outbox rows published to Kafka and marked published",
             )?,
             relay_batch_size: Histogram::with_opts(

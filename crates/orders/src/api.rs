@@ -1,60 +1,18 @@
 //! The create-order operation, shared by the HTTP and gRPC front ends so both
-//! have one semantics: validation, fingerprint, the stored response.
+//! have one semantics: validation, fingerprint, the stored response. The
+//! store's and the writer's errors become [`ApiError`]s here.
 
 use std::sync::Arc;
 
-use effectively::contract::OrderStatus;
-use effectively::idempotency::{Claim, Fingerprint, IdempotencyKey, StoredResponse};
+use effectively::idempotency::{Claim, IdempotencyKey, StoredResponse};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::error::ApiError;
 use crate::metrics::OrdersMetrics;
-use crate::store::{OrderRow, Store};
-
-/// Largest accepted amount: 10,000,000,000 cents (100M in currency units).
-pub const MAX_AMOUNT_CENTS: i64 = 10_000_000_000;
-/// Status of a freshly created order.
-pub const ORDER_STATUS_CREATED: &str = OrderStatus::Created.as_str();
-/// Fingerprint context: bump the version if the canonical form changes.
-const FINGERPRINT_CONTEXT: &str = "effectively orders.create v1";
-
-/// A create-order request, whatever protocol carried it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateOrder {
-    /// Account to charge (> 0).
-    pub account_id: i64,
-    /// Amount in cents (1..=[`MAX_AMOUNT_CENTS`]).
-    pub amount_cents: i64,
-}
-
-impl CreateOrder {
-    /// Checks the ranges.
-    pub fn validate(&self) -> Result<(), ApiError> {
-        if self.account_id <= 0 {
-            return Err(ApiError::InvalidRequest(
-                "account_id must be a positive integer".into(),
-            ));
-        }
-        if !(1..=MAX_AMOUNT_CENTS).contains(&self.amount_cents) {
-            return Err(ApiError::InvalidRequest(format!(
-                "amount_cents must be between 1 and {MAX_AMOUNT_CENTS}"
-            )));
-        }
-        Ok(())
-    }
-
-    /// Hash of the canonical form: the typed fields in a fixed order. Two
-    /// requests that differ only in JSON whitespace, key order or protocol
-    /// have the same fingerprint.
-    pub fn fingerprint(&self) -> Fingerprint {
-        let mut canonical = [0u8; 16];
-        canonical[..8].copy_from_slice(&self.account_id.to_be_bytes());
-        canonical[8..].copy_from_slice(&self.amount_cents.to_be_bytes());
-        Fingerprint::new(FINGERPRINT_CONTEXT, &canonical)
-    }
-}
+use crate::order::{CreateOrder, NewOrder, ORDER_STATUS_CREATED};
+use crate::store::{Create, OrderRow, Store};
+use crate::writer::WriteQueue;
 
 /// The JSON body of a created order (201).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,14 +47,19 @@ pub fn created_response(order_id: Uuid) -> Result<StoredResponse, ApiError> {
 /// The operations both front ends call.
 #[derive(Debug, Clone)]
 pub struct OrdersApi {
-    store: Store,
+    store: Arc<Store>,
+    writes: WriteQueue,
     metrics: Arc<OrdersMetrics>,
 }
 
 impl OrdersApi {
-    /// Wires the store and the metrics.
-    pub fn new(store: Store, metrics: Arc<OrdersMetrics>) -> Self {
-        Self { store, metrics }
+    /// Wires the store (reads), the writers' queue (creates) and the metrics.
+    pub fn new(store: Arc<Store>, writes: WriteQueue, metrics: Arc<OrdersMetrics>) -> Self {
+        Self {
+            store,
+            writes,
+            metrics,
+        }
     }
 
     /// The metrics.
@@ -111,13 +74,15 @@ impl OrdersApi {
         key: &IdempotencyKey,
         request: &CreateOrder,
     ) -> Result<StoredResponse, ApiError> {
-        request.validate()?;
-        let order_id = Uuid::now_v7();
-        let response = created_response(order_id)?;
-        let claim = self
-            .store
-            .create(key, &request.fingerprint(), request, order_id, &response)
-            .await?;
+        let order = NewOrder::new(request)?;
+        let response = created_response(order.order_id())?;
+        let create = Create {
+            key: key.clone(),
+            fingerprint: request.fingerprint(),
+            order,
+            response: response.clone(),
+        };
+        let claim = self.writes.create(create).await?;
         let outcome = match &claim {
             Claim::New => "new",
             Claim::Replay { .. } => "replay",
@@ -146,38 +111,6 @@ impl OrdersApi {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fingerprint_depends_on_every_field() {
-        let a = CreateOrder {
-            account_id: 1,
-            amount_cents: 2,
-        };
-        let b = CreateOrder {
-            account_id: 2,
-            amount_cents: 1,
-        };
-        assert_eq!(a.fingerprint(), a.fingerprint());
-        assert_ne!(a.fingerprint(), b.fingerprint());
-    }
-
-    #[test]
-    fn validation_bounds() {
-        let ok = |account_id, amount_cents| {
-            CreateOrder {
-                account_id,
-                amount_cents,
-            }
-            .validate()
-            .is_ok()
-        };
-        assert!(ok(1, 1));
-        assert!(ok(1, MAX_AMOUNT_CENTS));
-        assert!(!ok(0, 1));
-        assert!(!ok(-1, 1));
-        assert!(!ok(1, 0));
-        assert!(!ok(1, MAX_AMOUNT_CENTS + 1));
-    }
 
     #[test]
     fn created_response_is_deterministic() {

@@ -1,11 +1,16 @@
 //! One API error type, mapped to an HTTP status + JSON body and to a gRPC
-//! status. A 500 never carries internals: they are logged where handled.
+//! status; the order's, the store's and the writer's errors become it here,
+//! at the edge. A 500 never carries internals: they are logged where handled.
 
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use effectively::idempotency::{IdempotencyError, KeyError};
+use effectively::idempotency::KeyError;
 use serde_json::json;
+
+use crate::order::InvalidOrder;
+use crate::store::StoreError;
+use crate::writer::WriteError;
 
 /// Everything a request can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +56,11 @@ pub enum ApiError {
     /// Anything else; the details are logged, not returned.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
+    /// A failure already logged where it was handled (a failed write batch,
+    /// logged once by its writer): answered as [`ApiError::Internal`] is, and
+    /// not logged again for each of its requests.
+    #[error("internal error")]
+    InternalLogged,
 }
 
 impl ApiError {
@@ -69,7 +79,7 @@ impl ApiError {
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::Overloaded => "overloaded",
             ApiError::Unavailable => "unavailable",
-            ApiError::Internal(_) => "internal",
+            ApiError::Internal(_) | ApiError::InternalLogged => "internal",
         }
     }
 
@@ -86,7 +96,7 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Overloaded | ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Internal(_) | ApiError::InternalLogged => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -106,7 +116,7 @@ impl ApiError {
             ApiError::NotFound(_) => tonic::Status::not_found(message),
             ApiError::MethodNotAllowed(_) => tonic::Status::unimplemented(message),
             ApiError::Overloaded | ApiError::Unavailable => tonic::Status::unavailable(message),
-            ApiError::Internal(_) => tonic::Status::internal(message),
+            ApiError::Internal(_) | ApiError::InternalLogged => tonic::Status::internal(message),
         }
     }
 
@@ -117,20 +127,28 @@ impl ApiError {
     }
 }
 
-impl From<sqlx::Error> for ApiError {
-    fn from(error: sqlx::Error) -> Self {
-        if effectively::db::is_unavailable(&error) {
+impl From<InvalidOrder> for ApiError {
+    fn from(error: InvalidOrder) -> Self {
+        ApiError::InvalidRequest(error.to_string())
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        if error.is_unavailable() {
             return ApiError::Unavailable;
         }
         ApiError::Internal(anyhow::Error::new(error))
     }
 }
 
-impl From<IdempotencyError> for ApiError {
-    fn from(error: IdempotencyError) -> Self {
+impl From<WriteError> for ApiError {
+    fn from(error: WriteError) -> Self {
         match error {
-            IdempotencyError::Db(db) => db.into(),
-            other => ApiError::Internal(anyhow::Error::new(other)),
+            WriteError::Overloaded => ApiError::Overloaded,
+            WriteError::Unavailable => ApiError::Unavailable,
+            WriteError::Failed => ApiError::InternalLogged,
+            WriteError::Dropped => ApiError::Internal(anyhow::Error::new(error)),
         }
     }
 }

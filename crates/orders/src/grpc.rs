@@ -7,8 +7,9 @@ use effectively::idempotency::{IdempotencyKey, KeyError};
 use tonic::{Request, Response, Status};
 use uuid::Uuid;
 
-use crate::api::{CreateOrder, CreatedBody, OrdersApi};
+use crate::api::{CreatedBody, OrdersApi};
 use crate::error::ApiError;
+use crate::order::CreateOrder;
 use crate::proto;
 use crate::proto::orders_server::Orders;
 

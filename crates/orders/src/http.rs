@@ -18,9 +18,10 @@ use effectively::contract::IDEMPOTENCY_KEY;
 use effectively::idempotency::{IdempotencyKey, KeyError, StoredResponse};
 use uuid::Uuid;
 
-use crate::api::{CreateOrder, OrdersApi};
+use crate::api::OrdersApi;
 use crate::error::ApiError;
 use crate::metrics::OrdersMetrics;
+use crate::order::CreateOrder;
 
 #[derive(Clone)]
 struct AppState {

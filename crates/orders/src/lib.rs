@@ -7,7 +7,9 @@ pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
+pub mod order;
 pub mod store;
+pub mod writer;
 
 /// Types generated from `proto/orders.proto`.
 #[allow(unreachable_pub, clippy::all, missing_docs)]
@@ -37,7 +39,8 @@ pub const SESSION_LIMITS: effectively::config::SessionLimits = effectively::conf
 
 use crate::api::OrdersApi;
 use crate::metrics::OrdersMetrics;
-use crate::store::{InjectFault, Store, WriterSettings};
+use crate::store::{InjectFault, Store};
+use crate::writer::{WriteQueue, WriterSettings};
 
 /// Orders service settings; every flag is also an environment variable.
 #[derive(Debug, Clone, Parser)]
@@ -130,20 +133,19 @@ pub async fn run(
     }
     let pool = effectively::db::connect(&config.db, SESSION_LIMITS).await?;
     let metrics = Arc::new(OrdersMetrics::new().context("register metrics")?);
+    let store = Arc::new(Store::new(
+        pool.clone(),
+        config.inject_fault,
+        config.no_idempotency,
+        Crasher::new(config.crash.clone()),
+    ));
     let settings = WriterSettings {
         writers: config.writers,
         max_batch: config.write_batch_max,
         queue: config.write_queue,
-        no_idempotency: config.no_idempotency,
     };
-    let (store, writers) = Store::start(
-        pool.clone(),
-        config.inject_fault,
-        settings,
-        metrics.clone(),
-        Arc::new(Crasher::new(config.crash.clone())),
-    );
-    let api = OrdersApi::new(store, metrics);
+    let (writes, writers) = WriteQueue::start(store.clone(), settings, metrics.clone());
+    let api = OrdersApi::new(store, writes, metrics);
 
     let app = http::router(api.clone(), config.max_body_bytes);
     let http_cancel = cancel.clone();

@@ -810,20 +810,23 @@ impl Writers {
     async fn start(db: &TestDb, queue: usize) -> Self {
         let pool = PgPool::connect(&db.url).await.expect("pool");
         let metrics = std::sync::Arc::new(orders::metrics::OrdersMetrics::new().expect("metrics"));
-        let (store, _writers) = orders::store::Store::start(
+        let store = std::sync::Arc::new(orders::store::Store::new(
             pool.clone(),
             InjectFault::None,
-            orders::store::WriterSettings {
+            false,
+            effectively::crash::Crasher::default(),
+        ));
+        let (writes, _writers) = orders::writer::WriteQueue::start(
+            store.clone(),
+            orders::writer::WriterSettings {
                 writers: 1,
                 max_batch: 128,
                 queue,
-                no_idempotency: false,
             },
             metrics.clone(),
-            std::sync::Arc::new(effectively::crash::Crasher::default()),
         );
         Self {
-            api: orders::api::OrdersApi::new(store, metrics.clone()),
+            api: orders::api::OrdersApi::new(store, writes, metrics.clone()),
             metrics,
             pool,
         }
@@ -879,7 +882,7 @@ async fn a_flood_on_one_key_is_bounded_and_settled_at_once() {
     let db = TestDb::create().await;
     let writers = Writers::start(&db, QUEUE).await;
     let key = effectively::idempotency::IdempotencyKey::parse(b"flooded").expect("key");
-    let first = orders::api::CreateOrder {
+    let first = orders::order::CreateOrder {
         account_id: 1,
         amount_cents: 100,
     };
@@ -887,7 +890,7 @@ async fn a_flood_on_one_key_is_bounded_and_settled_at_once() {
     let batches_before = writers.metrics.write_batch_size.get_sample_count();
 
     let lock = writers.hold_keys().await;
-    let other = orders::api::CreateOrder {
+    let other = orders::order::CreateOrder {
         account_id: 1,
         amount_cents: 200,
     };
@@ -948,7 +951,7 @@ async fn a_flood_on_one_key_is_bounded_and_settled_at_once() {
 async fn a_request_whose_client_left_is_not_written() {
     let db = TestDb::create().await;
     let writers = Writers::start(&db, 256).await;
-    let body = orders::api::CreateOrder {
+    let body = orders::order::CreateOrder {
         account_id: 7,
         amount_cents: 700,
     };

@@ -20,9 +20,11 @@ use axum::http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
 use effectively::config::DbArgs;
 use effectively::crash::{CrashArgs, Crasher};
 use effectively::testing::{TestDb, cases_from_env as cases};
-use orders::api::{CreateOrder, CreatedBody, MAX_AMOUNT_CENTS, OrdersApi};
+use orders::api::{CreatedBody, OrdersApi};
 use orders::metrics::OrdersMetrics;
-use orders::store::{InjectFault, Store, WriterSettings};
+use orders::order::{CreateOrder, MAX_AMOUNT_CENTS};
+use orders::store::{InjectFault, Store};
+use orders::writer::{WriteQueue, WriterSettings};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -620,16 +622,15 @@ fn service(rt: &tokio::runtime::Runtime) -> (Router, TestDb) {
             writers: 2,
             max_batch: 16,
             queue: 64,
-            no_idempotency: false,
         };
-        let (store, _writers) = Store::start(
+        let store = Arc::new(Store::new(
             pool,
             InjectFault::None,
-            settings,
-            metrics.clone(),
-            Arc::new(Crasher::new(CrashArgs::default())),
-        );
-        let router = orders::http::router(OrdersApi::new(store, metrics), MAX_BODY_BYTES);
+            false,
+            Crasher::new(CrashArgs::default()),
+        ));
+        let (writes, _writers) = WriteQueue::start(store.clone(), settings, metrics.clone());
+        let router = orders::http::router(OrdersApi::new(store, writes, metrics), MAX_BODY_BYTES);
         (router, db)
     })
 }

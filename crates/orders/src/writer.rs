@@ -1,0 +1,405 @@
+//! The batching writer in front of the write transaction
+//! ([`Store::write_batch`]).
+//!
+//! Requests are coalesced: handlers put a job on a bounded queue and a few
+//! writer tasks each take whatever is queued (up to a batch limit) into one
+//! transaction. Three things follow. Throughput: a commit and its round trips
+//! are shared by every request of the batch. Cancel-safety: the transaction
+//! belongs to the writer task, so a client that disconnects cannot abort a
+//! write halfway. Overload: `--write-queue` bounds the requests accepted and
+//! not yet answered — queued, deferred behind an earlier request with the
+//! same key, or in a transaction — and a request beyond it gets 503 at once
+//! instead of piling up in memory or on the connection pool. A request whose
+//! client went away before a writer took it is dropped unwritten.
+//!
+//! Two requests with one key never share a batch (one statement cannot both
+//! insert and see a key): the second is deferred to the next batch, and
+//! answered as soon as a committed batch settled its key
+//! ([`settle_deferred`]).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use effectively::idempotency::{Claim, Fingerprint, IdempotencyKey, StoredResponse};
+use prometheus::IntGauge;
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use crate::metrics::OrdersMetrics;
+use crate::store::{Create, Store};
+
+/// Coalescing settings.
+#[derive(Debug, Clone, Copy)]
+pub struct WriterSettings {
+    /// Writer tasks (concurrent write transactions).
+    pub writers: usize,
+    /// Most requests per transaction.
+    pub max_batch: usize,
+    /// Requests accepted and not yet answered (queued, deferred or being
+    /// written); beyond it, 503.
+    pub queue: usize,
+}
+
+/// Why a queued create got no claim. The front ends map it to their error
+/// (`error.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WriteError {
+    /// `--write-queue` requests are already accepted and not yet answered.
+    #[error("the write queue is full")]
+    Overloaded,
+    /// The database went away or refuses work for now, or the writers have
+    /// stopped (shutting down): retrying later is safe.
+    #[error("the database is unavailable")]
+    Unavailable,
+    /// The transaction carrying the request failed; its writer logged why,
+    /// once for the whole batch.
+    #[error("the write batch failed")]
+    Failed,
+    /// The writer went away without answering (it panicked).
+    #[error("the writer dropped the request")]
+    Dropped,
+}
+
+/// One create request waiting for a writer.
+struct Job {
+    create: Create,
+    reply: oneshot::Sender<Result<Claim, WriteError>>,
+    /// Its place in the `--write-queue` bound, given back when the job is
+    /// answered or dropped.
+    _slot: Slot,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("key", &self.create.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A place in the bound on requests accepted and not yet answered.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    inflight: IntGauge,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.inflight.dec();
+    }
+}
+
+/// What the writers share.
+struct Shared {
+    store: Arc<Store>,
+    max_batch: usize,
+    metrics: Arc<OrdersMetrics>,
+    queue: Mutex<mpsc::Receiver<Job>>,
+}
+
+/// The queue in front of the writers: the handle the front ends create
+/// orders through.
+#[derive(Debug, Clone)]
+pub struct WriteQueue {
+    jobs: mpsc::Sender<Job>,
+    slots: Arc<Semaphore>,
+    inflight: IntGauge,
+}
+
+impl WriteQueue {
+    /// Starts the writer tasks on `store`; they stop when every clone of the
+    /// queue is dropped (after finishing the batch in hand). Join the handles
+    /// to wait.
+    pub fn start(
+        store: Arc<Store>,
+        settings: WriterSettings,
+        metrics: Arc<OrdersMetrics>,
+    ) -> (Self, Vec<JoinHandle<()>>) {
+        let bound = settings.queue.max(1);
+        let (jobs, queue) = mpsc::channel(bound);
+        let slots = Arc::new(Semaphore::new(bound));
+        let inflight = metrics.write_inflight.clone();
+        let shared = Arc::new(Shared {
+            store,
+            max_batch: settings.max_batch.max(1),
+            metrics,
+            queue: Mutex::new(queue),
+        });
+        let handles = (0..settings.writers.max(1))
+            .map(|_| tokio::spawn(writer(shared.clone())))
+            .collect();
+        (
+            Self {
+                jobs,
+                slots,
+                inflight,
+            },
+            handles,
+        )
+    }
+
+    /// Writes `create` unless its key was used before; the claim says which.
+    pub async fn create(&self, create: Create) -> Result<Claim, WriteError> {
+        // The bound counts every request until it is answered, deferred ones
+        // included: the channel alone would only count the queued ones.
+        let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+            return Err(WriteError::Overloaded);
+        };
+        self.inflight.inc();
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            create,
+            reply,
+            _slot: Slot {
+                _permit: permit,
+                inflight: self.inflight.clone(),
+            },
+        };
+        match self.jobs.try_send(job) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => return Err(WriteError::Overloaded),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(WriteError::Unavailable),
+        }
+        answer.await.map_err(|_| WriteError::Dropped)?
+    }
+}
+
+/// A writer: take a batch of distinct keys, write it, answer every job.
+async fn writer(shared: Arc<Shared>) {
+    // Jobs whose key was already in the batch being built: they go first in
+    // the next batch, so they see the first one's committed row.
+    let mut deferred: VecDeque<Job> = VecDeque::new();
+    loop {
+        let mut batch: Vec<Job> = Vec::with_capacity(shared.max_batch);
+        let mut keys: HashSet<IdempotencyKey> = HashSet::new();
+        let mut take = |job: Job, batch: &mut Vec<Job>, deferred: &mut VecDeque<Job>| {
+            // Nobody waits for the answer: drop it unwritten (and free its
+            // slot). Once in a batch a job is written whatever the client does.
+            if job.reply.is_closed() {
+                shared.metrics.write_abandoned_total.inc();
+                return;
+            }
+            // Deferring exists for the key claim only (one statement cannot
+            // both insert and see a key); without the claim, nothing waits.
+            if shared.store.no_idempotency() || keys.insert(job.create.key.clone()) {
+                batch.push(job);
+            } else {
+                deferred.push_back(job);
+            }
+        };
+        let carried = std::mem::take(&mut deferred);
+        for job in carried {
+            take(job, &mut batch, &mut deferred);
+        }
+        // An idle writer waits for work holding the queue lock; a writer that
+        // already has work (deferred jobs) must not wait for that lock, or it
+        // would wait for the next request to arrive: it only tops up its
+        // batch when the lock is free.
+        let queue = if batch.is_empty() {
+            let mut queue = shared.queue.lock().await;
+            match queue.recv().await {
+                Some(job) => take(job, &mut batch, &mut deferred),
+                None => return, // every sender dropped: shutting down
+            }
+            Some(queue)
+        } else {
+            shared.queue.try_lock().ok()
+        };
+        if let Some(mut queue) = queue {
+            while batch.len() < shared.max_batch {
+                match queue.try_recv() {
+                    Ok(job) => take(job, &mut batch, &mut deferred),
+                    Err(_) => break,
+                }
+            }
+        }
+        shared.metrics.write_batch_size.observe(batch.len() as f64);
+        let creates: Vec<&Create> = batch.iter().map(|job| &job.create).collect();
+        match shared.store.write_batch(&creates).await {
+            Ok(claims) => {
+                settle_deferred(&mut deferred, &batch, &claims);
+                for (job, claim) in batch.into_iter().zip(claims) {
+                    let _ = job.reply.send(Ok(claim)); // the client may be gone
+                }
+            }
+            Err(error) => {
+                // Handled here, so logged here, once for the batch; its
+                // requests only say that it failed. A database that went away
+                // is no one's bug: its clients get 503 and retry.
+                let answer = if error.is_unavailable() {
+                    WriteError::Unavailable
+                } else {
+                    tracing::error!(%error, jobs = batch.len(), "write batch failed");
+                    WriteError::Failed
+                };
+                for job in batch {
+                    let _ = job.reply.send(Err(answer));
+                }
+            }
+        }
+    }
+}
+
+/// What a committed batch settled about a key.
+enum Settled {
+    /// The key's row holds this fingerprint, order and response.
+    Known(Fingerprint, Uuid, StoredResponse),
+    /// The key's row holds a fingerprint other than this one (the batch's
+    /// claim was a mismatch; the stored fingerprint itself is not read).
+    Not(Fingerprint),
+}
+
+/// Answers, after a batch committed, the deferred jobs whose key that batch
+/// settled: the key's row is now committed, so the claim would answer them
+/// from it (`Replay` for the same request, `Mismatch` for another) —
+/// answered here, all at once, without a batch each. Without this a hot key
+/// is served one request per batch and its deferred jobs queue up behind it
+/// (experiment 1's cliff). A key whose claim was `Mismatch` settles the
+/// deferred requests with that same body (mismatches too); a deferred request
+/// with yet another body stays deferred, for the next claim.
+fn settle_deferred(deferred: &mut VecDeque<Job>, batch: &[Job], claims: &[Claim]) {
+    if deferred.is_empty() {
+        return;
+    }
+    let waiting: HashSet<&IdempotencyKey> = deferred.iter().map(|d| &d.create.key).collect();
+    let settled: HashMap<IdempotencyKey, Settled> = batch
+        .iter()
+        .zip(claims)
+        .filter(|(job, _)| waiting.contains(&job.create.key))
+        .map(|(job, claim)| {
+            let create = &job.create;
+            let settled = match claim {
+                Claim::New => Settled::Known(
+                    create.fingerprint,
+                    create.order.order_id(),
+                    create.response.clone(),
+                ),
+                Claim::Replay { order_id, response } => {
+                    Settled::Known(create.fingerprint, *order_id, response.clone())
+                }
+                Claim::Mismatch => Settled::Not(create.fingerprint),
+            };
+            (create.key.clone(), settled)
+        })
+        .collect();
+    if settled.is_empty() {
+        return;
+    }
+    for job in std::mem::take(deferred) {
+        let fingerprint_of_job = job.create.fingerprint;
+        let claim = match settled.get(&job.create.key) {
+            Some(Settled::Known(fingerprint, order_id, response)) => {
+                if fingerprint_of_job == *fingerprint {
+                    Claim::Replay {
+                        order_id: *order_id,
+                        response: response.clone(),
+                    }
+                } else {
+                    Claim::Mismatch
+                }
+            }
+            Some(Settled::Not(fingerprint)) if fingerprint_of_job == *fingerprint => {
+                Claim::Mismatch
+            }
+            _ => {
+                deferred.push_back(job);
+                continue;
+            }
+        };
+        let _ = job.reply.send(Ok(claim)); // the client may be gone
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::order::{CreateOrder, NewOrder};
+
+    fn job(key: &str, body: &str) -> (Job, oneshot::Receiver<Result<Claim, WriteError>>) {
+        let (reply, answer) = oneshot::channel();
+        let order = NewOrder::new(&CreateOrder {
+            account_id: 1,
+            amount_cents: 1,
+        })
+        .expect("valid");
+        let order_id = order.order_id();
+        let job = Job {
+            create: Create {
+                key: IdempotencyKey::parse(key.as_bytes()).expect("key"),
+                fingerprint: Fingerprint::new("test", body.as_bytes()),
+                order,
+                response: StoredResponse {
+                    status: 201,
+                    headers: vec![("location".into(), format!("/orders/{order_id}"))],
+                    body: format!("{{\"order_id\":\"{order_id}\"}}").into_bytes(),
+                },
+            },
+            reply,
+            _slot: Slot {
+                _permit: Arc::new(Semaphore::new(1))
+                    .try_acquire_owned()
+                    .expect("permit"),
+                inflight: IntGauge::new("test_inflight", "test").expect("gauge"),
+            },
+        };
+        (job, answer)
+    }
+
+    fn answered(rx: &mut oneshot::Receiver<Result<Claim, WriteError>>) -> Option<Claim> {
+        rx.try_recv().ok().map(|r| r.expect("no error"))
+    }
+
+    #[test]
+    fn deferred_jobs_of_a_settled_key_are_answered_as_the_claim_would() {
+        let (first, _) = job("k1", "A");
+        let (replayed, _) = job("k2", "B");
+        let stored = replayed.create.response.clone();
+        let (conflicted, _) = job("k3", "C");
+        let batch = vec![first, replayed, conflicted];
+        let claims = vec![
+            Claim::New,
+            Claim::Replay {
+                order_id: batch[1].create.order.order_id(),
+                response: stored.clone(),
+            },
+            Claim::Mismatch,
+        ];
+        let (same, mut same_rx) = job("k1", "A");
+        let (other, mut other_rx) = job("k1", "Z");
+        let (again, mut again_rx) = job("k2", "B");
+        let (refused, mut refused_rx) = job("k3", "C");
+        let (unknown, mut unknown_rx) = job("k3", "D");
+        let (elsewhere, mut elsewhere_rx) = job("k9", "A");
+        let mut deferred: VecDeque<Job> = [same, other, again, refused, unknown, elsewhere].into();
+
+        settle_deferred(&mut deferred, &batch, &claims);
+
+        // Same request as the new key's first: its committed response, its order.
+        assert_eq!(
+            answered(&mut same_rx),
+            Some(Claim::Replay {
+                order_id: batch[0].create.order.order_id(),
+                response: batch[0].create.response.clone(),
+            })
+        );
+        // Another request with that key: refused.
+        assert_eq!(answered(&mut other_rx), Some(Claim::Mismatch));
+        // A replayed key: the stored response again.
+        assert_eq!(
+            answered(&mut again_rx),
+            Some(Claim::Replay {
+                order_id: batch[1].create.order.order_id(),
+                response: stored,
+            })
+        );
+        // A key whose claim was a mismatch: the same body is refused too...
+        assert_eq!(answered(&mut refused_rx), Some(Claim::Mismatch));
+        // ...another body (the stored fingerprint is not known here) and a
+        // key not in the batch: still deferred, for the next claim.
+        assert_eq!(answered(&mut unknown_rx), None);
+        assert_eq!(answered(&mut elsewhere_rx), None);
+        let left: Vec<&str> = deferred.iter().map(|j| j.create.key.as_str()).collect();
+        assert_eq!(left, vec!["k3", "k9"]);
+    }
+}

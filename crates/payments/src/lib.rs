@@ -34,6 +34,7 @@ use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use effectively::db::{ErrorClass, classify as classify_db_error};
@@ -410,6 +411,10 @@ enum Attempt {
 /// database's reason and the rest is applied. So no message stops its
 /// partition. `false` when cancelled first (then the rest is not committed
 /// and will be redelivered; what did commit is a no-op on redelivery).
+///
+/// Its span counts the batch's messages; a message handled alone (refused
+/// by the database) gets a span of its own with its msg_id and order_id.
+#[tracing::instrument(level = "info", skip_all, fields(messages = batch.len()))]
 async fn process(
     pool: &sqlx::PgPool,
     split: Option<SplitTxn>,
@@ -427,15 +432,29 @@ async fn process(
             Attempt::Cancelled => return false,
             Attempt::Refused(error) if slice.len() == 1 => {
                 let reason = format!("{error}");
-                tracing::warn!(
-                    partition = slice[0].source.partition,
-                    offset = slice[0].source.offset,
-                    reason = %effectively::text::storable(&reason),
-                    "the database refused a message; dead-lettering it alone"
+                let intent = slice[0].content.as_ref().ok();
+                let msg_id = intent.map(|i| i.msg_id);
+                let span = tracing::info_span!(
+                    "message",
+                    msg_id = tracing::field::Empty,
+                    order_id = tracing::field::Empty,
                 );
-                let msg_id = slice[0].content.as_ref().ok().map(|i| i.msg_id);
-                if !reject_with_retry(pool, slice[0].source, msg_id, &reason, metrics, cancel).await
-                {
+                if let Some(intent) = intent {
+                    span.record("msg_id", tracing::field::display(intent.msg_id));
+                    span.record("order_id", tracing::field::display(intent.order_id));
+                }
+                let rejected = async {
+                    tracing::warn!(
+                        partition = slice[0].source.partition,
+                        offset = slice[0].source.offset,
+                        reason = %effectively::text::storable(&reason),
+                        "the database refused a message; dead-lettering it alone"
+                    );
+                    reject_with_retry(pool, slice[0].source, msg_id, &reason, metrics, cancel).await
+                }
+                .instrument(span)
+                .await;
+                if !rejected {
                     return false;
                 }
             }

@@ -307,6 +307,10 @@ impl Worker {
     }
 
     /// One transaction: lock the shard, claim, publish, await acks, mark, commit.
+    ///
+    /// Its span names the shard and, once claimed, the batch's row count, so
+    /// every log of a row's publish says which batch it was in.
+    #[tracing::instrument(level = "info", skip(self), fields(rows = tracing::field::Empty))]
     async fn relay_shard(&self, shard: i16) -> anyhow::Result<usize> {
         let mut tx = self.pool.begin().await.context("begin")?;
         if !outbox::try_lock_shard(&mut tx, shard)
@@ -322,6 +326,7 @@ impl Worker {
             tx.commit().await.context("commit empty claim")?;
             return Ok(0);
         }
+        tracing::Span::current().record("rows", rows.len());
         let start = Instant::now();
         let results = join_all(rows.iter().map(|row| self.publish(row))).await;
         let mut delivered = Vec::with_capacity(rows.len());
@@ -386,7 +391,7 @@ impl Worker {
                     .relay_errors_total
                     .with_label_values(&["encode"])
                     .inc();
-                tracing::warn!(outbox_id = row.id, attempts = row.attempts + 1, %error, "outbox payload is not JSON");
+                tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, attempts = row.attempts + 1, %error, "outbox payload is not JSON");
                 return Publish::Rejected(format!("payload is not JSON: {error}"));
             }
         };
@@ -425,7 +430,7 @@ impl Worker {
                     .relay_errors_total
                     .with_label_values(&["rejected"])
                     .inc();
-                tracing::warn!(outbox_id = row.id, attempts = row.attempts + 1, bytes = value.len(), %error, "the row cannot be published");
+                tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, attempts = row.attempts + 1, bytes = value.len(), %error, "the row cannot be published");
                 Publish::Rejected(format!("{error} ({} bytes)", value.len()))
             }
             Err((error, _)) => {
@@ -433,7 +438,7 @@ impl Worker {
                     .relay_errors_total
                     .with_label_values(&["produce"])
                     .inc();
-                tracing::warn!(outbox_id = row.id, %error, "publish failed; row stays pending");
+                tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, %error, "publish failed; row stays pending");
                 Publish::Retry
             }
         }

@@ -239,33 +239,3 @@ async fn reset_offsets(group: &str) -> anyhow::Result<()> {
     .await
     .context("offset-reset task")?
 }
-
-/// Per fault kind: how many, how many recovered, outage and recovery
-/// percentiles.
-pub fn summary(records: &[FaultRecord]) -> serde_json::Value {
-    let mut by_kind = serde_json::Map::new();
-    for fault in [
-        Fault::PgCrash,
-        Fault::BrokerKill,
-        Fault::RelayPause,
-        Fault::OffsetReset,
-    ] {
-        let of: Vec<&FaultRecord> = records.iter().filter(|r| r.fault == fault).collect();
-        if of.is_empty() {
-            continue;
-        }
-        let outage: Vec<u64> = of.iter().filter_map(|r| r.outage_ms).collect();
-        let recovery: Vec<u64> = of.iter().filter_map(|r| r.recovery_ms).collect();
-        by_kind.insert(
-            fault.as_str().to_owned(),
-            serde_json::json!({
-                "injected": of.len(),
-                "failed_to_inject": of.iter().filter(|r| r.error.is_some()).count(),
-                "recovered": recovery.len(),
-                "outage_ms": crate::stats(outage),
-                "recovery_ms": crate::stats(recovery),
-            }),
-        );
-    }
-    serde_json::Value::Object(by_kind)
-}

@@ -7,6 +7,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
+use std::time::Duration;
+
+use anyhow::Context;
 
 use effectively::contract::{
     INJECTED_DUPLICATE_LABEL, InjectedDuplicate, ORDERS_WRITE_BATCH_SIZE, PAYMENTS_CHARGES_TOTAL,
@@ -66,6 +69,15 @@ pub fn parse(text: &str) -> BTreeMap<String, f64> {
         }
     }
     out
+}
+
+/// The client for the services' `/metrics` (readiness and scrapes): a short
+/// timeout, so a dying process never stalls a supervisor or the scraper.
+pub fn http_client() -> anyhow::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .context("http client")
 }
 
 /// Fetches and parses `url` (a short timeout: a dying process must not stall

@@ -271,7 +271,7 @@ impl Supervisor {
     /// Runs lives until `stop` fires, then stops the current one with
     /// SIGTERM (SIGKILL after 15 s).
     pub async fn run(self: Arc<Self>, stop: CancellationToken) -> anyhow::Result<()> {
-        let client = crate::http_client()?;
+        let client = scrape::http_client()?;
         let mut quick_deaths: u32 = 0;
         while !stop.is_cancelled() {
             let was_ready = self.one_life(&client, &stop).await?;

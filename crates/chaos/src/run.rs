@@ -1,0 +1,349 @@
+//! One chaos run: start the services, wait until they are ready, load with
+//! faults, the calm drain, recon, then the summary.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use effectively::db::ServiceRole;
+use rand::Rng;
+use serde_json::Value;
+use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
+
+use effectively::contract::ServiceName;
+
+use crate::config::Config;
+use crate::faults;
+use crate::scrape;
+use crate::spec;
+use crate::summary::{self, Outcome};
+use crate::supervisor::Supervisor;
+
+/// Exit status for chaos's own errors (recon uses 0 clean, 1 drift, 2 error).
+pub const EXIT_ERROR: u8 = 2;
+
+const BINARIES: [&str; 5] = ["orders", "relay", "payments", "loadgen", "recon"];
+
+/// Runs one chaos experiment; returns the exit status (recon's).
+pub async fn run(config: Config, interrupt: CancellationToken) -> anyhow::Result<u8> {
+    config.validate().map_err(anyhow::Error::msg)?;
+    if std::env::var_os("DATABASE_URL").is_none() {
+        bail!(
+            "DATABASE_URL is not set (the services and recon need it; `. .stack/env` after `make up`)"
+        );
+    }
+    let bin_dir = match &config.bin_dir {
+        Some(dir) => dir.clone(),
+        None => std::env::current_exe()
+            .context("find this executable")?
+            .parent()
+            .map(Path::to_path_buf)
+            .context("executable has no directory")?,
+    };
+    for b in BINARIES {
+        let p = bin_dir.join(b);
+        if !p.is_file() {
+            bail!(
+                "{} not found (build the workspace, or pass --bin-dir)",
+                p.display()
+            );
+        }
+    }
+    std::fs::create_dir_all(&config.out)
+        .with_context(|| format!("create {}", config.out.display()))?;
+    let out = config.out.canonicalize().context("resolve --out")?;
+    for name in ServiceName::ALL {
+        // Every life appends to its service's log; a new run starts it afresh.
+        let _ = std::fs::remove_file(out.join(format!("{}.log", name.as_str())));
+    }
+
+    let t0 = Instant::now();
+    let calm = Arc::new(AtomicBool::new(false));
+    let stop = CancellationToken::new();
+    let supervisors: Vec<Arc<Supervisor>> = ServiceName::ALL
+        .iter()
+        .map(|&name| {
+            Arc::new(Supervisor::new(
+                spec::service(&config, &bin_dir, &out, name),
+                calm.clone(),
+                t0,
+            ))
+        })
+        .collect();
+    print_plan(&config, &out);
+
+    let mut tasks = Vec::new();
+    for s in &supervisors {
+        tasks.push(tokio::spawn(s.clone().run(stop.clone())));
+    }
+    let scraper = tokio::spawn(scrape_loop(supervisors.clone(), stop.clone()));
+
+    let outcome = drive(&config, &bin_dir, &out, &supervisors, &calm, &interrupt, t0).await;
+
+    // Last counters, then stop every service gracefully.
+    let client = scrape::http_client()?;
+    for s in &supervisors {
+        s.scrape(&client).await;
+    }
+    stop.cancel();
+    for t in tasks {
+        match t.await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::error!(%error, "supervisor failed"),
+            Err(error) => tracing::error!(%error, "supervisor panicked"),
+        }
+    }
+    let _ = scraper.await;
+
+    let outcome = outcome.unwrap_or_else(|error| {
+        eprintln!("chaos: error: {error:#}");
+        Outcome {
+            recon_code: EXIT_ERROR,
+            ..Outcome::default()
+        }
+    });
+    let recon_code = outcome.recon_code;
+    let lives: Vec<(ServiceName, Vec<_>)> =
+        supervisors.iter().map(|s| (s.name(), s.lives())).collect();
+    let recon = read_json(&out.join("recon.json"));
+    let summary = summary::summarize(&config, &out, &lives, outcome, recon, t0);
+    let path = config
+        .json
+        .clone()
+        .unwrap_or_else(|| out.join("chaos.json"));
+    std::fs::write(&path, summary::to_json(&summary)?)
+        .with_context(|| format!("write {}", path.display()))?;
+    summary::print(&summary, &path);
+    Ok(recon_code)
+}
+
+/// Start-up, load with faults, calm drain, recon.
+async fn drive(
+    config: &Config,
+    bin_dir: &Path,
+    out: &Path,
+    supervisors: &[Arc<Supervisor>],
+    calm: &AtomicBool,
+    interrupt: &CancellationToken,
+    t0: Instant,
+) -> anyhow::Result<Outcome> {
+    let deadline = Instant::now() + Duration::from_secs(config.ready_timeout);
+    while !supervisors.iter().all(|s| s.ready()) {
+        if Instant::now() > deadline {
+            let late: Vec<&str> = supervisors
+                .iter()
+                .filter(|s| !s.ready())
+                .map(|s| s.name().as_str())
+                .collect();
+            bail!(
+                "not ready within {} s: {late:?}; see their logs in {}",
+                config.ready_timeout,
+                out.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("chaos: services ready; load and faults on");
+
+    let faults = CancellationToken::new();
+    let killer = (!config.random_kill.is_empty()).then(|| {
+        let targets: Vec<Arc<Supervisor>> = supervisors
+            .iter()
+            .filter(|s| config.random_kill.contains(&s.name()))
+            .cloned()
+            .collect();
+        tokio::spawn(random_kills(
+            targets,
+            config.kill_interval_ms,
+            faults.clone(),
+        ))
+    });
+    let injector = tokio::spawn(faults::run(
+        config.clone(),
+        supervisors.to_vec(),
+        t0,
+        faults.clone(),
+    ));
+
+    let mut load = Command::new(bin_dir.join("loadgen"));
+    load.args(spec::loadgen_args(config, out))
+        .kill_on_drop(true);
+    let mut child = load.spawn().context("start loadgen")?;
+    let status = tokio::select! {
+        s = child.wait() => Some(s.context("wait for loadgen")?),
+        () = interrupt.cancelled() => None,
+    };
+    calm.store(true, Ordering::SeqCst);
+    faults.cancel();
+    if let Some(k) = killer {
+        let _ = k.await;
+    }
+    // A fault in progress finishes (PostgreSQL or the broker back up, the
+    // relay continued, payments released) before anything else.
+    let fault_records = injector.await.unwrap_or_default();
+    let Some(status) = status else {
+        let _ = child.kill().await;
+        eprintln!("chaos: interrupted; stopping the services");
+        return Ok(Outcome {
+            load: read_json(&out.join("loadgen.json")),
+            recon_code: EXIT_ERROR,
+            interrupted: true,
+            faults: fault_records,
+        });
+    };
+    eprintln!(
+        "chaos: load done (loadgen exit {}); faults off, waiting up to {} s for the pipeline to drain",
+        status.code().unwrap_or(-1),
+        config.drain_timeout
+    );
+
+    let recon = bin_dir.join("recon");
+    let intents = out.join("intents.txt");
+    let recon_url = spec::role_database_url(ServiceRole::Recon);
+    let mut table = Command::new(&recon);
+    table
+        .envs(recon_url.clone())
+        .arg("--wait-drained")
+        .arg(config.drain_timeout.to_string())
+        .arg("--intents")
+        .arg(&intents)
+        .kill_on_drop(true);
+    let code = tokio::select! {
+        s = table.status() => s.context("run recon")?.code().unwrap_or(i32::from(EXIT_ERROR)),
+        () = interrupt.cancelled() => return Ok(Outcome {
+            load: read_json(&out.join("loadgen.json")),
+            recon_code: EXIT_ERROR,
+            interrupted: true,
+            faults: fault_records,
+        }),
+    };
+    // The same diff as JSON for the summary (read-only; drained already).
+    let json_out = Command::new(&recon)
+        .envs(recon_url)
+        .arg("--json")
+        .arg("--intents")
+        .arg(&intents)
+        .output()
+        .await
+        .context("run recon --json")?;
+    std::fs::write(out.join("recon.json"), &json_out.stdout).context("write recon.json")?;
+    Ok(Outcome {
+        load: read_json(&out.join("loadgen.json")),
+        recon_code: u8::try_from(code).unwrap_or(EXIT_ERROR),
+        interrupted: false,
+        faults: fault_records,
+    })
+}
+
+fn read_json(path: &Path) -> Value {
+    std::fs::read(path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(Value::Null)
+}
+
+async fn scrape_loop(supervisors: Vec<Arc<Supervisor>>, stop: CancellationToken) {
+    let Ok(client) = scrape::http_client() else {
+        return;
+    };
+    loop {
+        for s in &supervisors {
+            s.scrape(&client).await;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+/// SIGKILLs one of `targets` (chosen uniformly) after each pause drawn from
+/// `interval_ms`, until `faults` is cancelled.
+async fn random_kills(
+    targets: Vec<Arc<Supervisor>>,
+    interval_ms: (u64, u64),
+    faults: CancellationToken,
+) {
+    loop {
+        let (pause, pick) = {
+            let mut rng = rand::rng();
+            (
+                rng.random_range(interval_ms.0..=interval_ms.1),
+                rng.random_range(0..targets.len()),
+            )
+        };
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(pause)) => {}
+            () = faults.cancelled() => return,
+        }
+        let target = &targets[pick];
+        if target.kill_now() {
+            tracing::info!(service = target.name().as_str(), "random kill: SIGKILL");
+        }
+    }
+}
+
+fn print_plan(config: &Config, out: &Path) {
+    let mut faults = Vec::new();
+    if !config.crash_point.is_empty() {
+        let how = match config.crash_every {
+            Some(n) if n > 0 => format!("every {n} passes"),
+            _ => format!("with p={}", config.crash_probability),
+        };
+        let points: Vec<String> = config
+            .crash_point
+            .iter()
+            .map(|p| format!("{} ({})", p.as_str(), p.service().as_str()))
+            .collect();
+        faults.push(format!("crash points {} {how}", points.join(", ")));
+    }
+    if !config.fault.is_empty() {
+        let names: Vec<&str> = config.fault.iter().map(|f| f.as_str()).collect();
+        faults.push(format!(
+            "infrastructure faults {} in turn every {}..{} ms{}",
+            names.join("/"),
+            config.fault_interval_ms.0,
+            config.fault_interval_ms.1,
+            config
+                .fault_count
+                .map(|n| format!(" (at most {n})"))
+                .unwrap_or_default()
+        ));
+    }
+    if !config.random_kill.is_empty() {
+        let names: Vec<&str> = config.random_kill.iter().map(|s| s.as_str()).collect();
+        faults.push(format!(
+            "SIGKILL {} every {}..{} ms",
+            names.join("/"),
+            config.kill_interval_ms.0,
+            config.kill_interval_ms.1
+        ));
+    }
+    if config.dup_rate > 0.0 {
+        faults.push(format!(
+            "dup-rate {} ({})",
+            config.dup_rate, config.dup_kind
+        ));
+    }
+    if let Some(split) = config.unsafe_split_txn {
+        faults.push(format!(
+            "UNSAFE payments --unsafe-split-txn={}",
+            split.as_str()
+        ));
+    }
+    if faults.is_empty() {
+        faults.push("none".into());
+    }
+    eprintln!(
+        "chaos: {} intents/s for {} s ({} retried, {}); faults: {}; out: {}",
+        config.rate,
+        config.duration,
+        config.retry_rate,
+        config.protocol,
+        faults.join(", "),
+        out.display()
+    );
+}

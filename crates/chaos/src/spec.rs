@@ -1,0 +1,170 @@
+//! How chaos starts its children: each service's [`Spec`] (environment,
+//! armed crash points, log and marker files) and loadgen's arguments.
+
+use std::path::Path;
+use std::time::Duration;
+
+use effectively::db::ServiceRole;
+
+use effectively::contract::{ServiceName, UNSAFE_SPLIT_TXN_ENV};
+
+use crate::config::{Config, Fault};
+use crate::supervisor::Spec;
+
+/// `DATABASE_URL` for a child running as `role`: the role's own URL
+/// (`ORDERS_DATABASE_URL`, ...) when chaos was given one; else nothing, and
+/// the child inherits chaos's DATABASE_URL.
+pub fn role_database_url(role: ServiceRole) -> Option<(String, String)> {
+    std::env::var(role.url_var())
+        .ok()
+        .map(|url| ("DATABASE_URL".to_owned(), url))
+}
+
+/// How to run service `name` of the binaries in `bin_dir`, its files in `out`.
+pub fn service(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -> Spec {
+    let rust_log = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+    let mut env = vec![("RUST_LOG".to_owned(), rust_log)];
+    env.extend(role_database_url(match name {
+        ServiceName::Orders => ServiceRole::Orders,
+        ServiceName::Relay => ServiceRole::Relay,
+        ServiceName::Payments => ServiceRole::Payments,
+    }));
+    let mut armed_env = Vec::new();
+    let s = |a: &dyn ToString| a.to_string();
+    match name {
+        ServiceName::Orders => {
+            env.push(("ORDERS_HTTP_ADDR".into(), s(&config.http_addr)));
+            env.push(("ORDERS_GRPC_ADDR".into(), s(&config.grpc_addr)));
+        }
+        ServiceName::Relay => {
+            env.push(("RELAY_METRICS_ADDR".into(), s(&config.relay_metrics_addr)));
+            if config.fault.contains(&Fault::RelayPause) {
+                // The pause must outlast the relay's session limits.
+                env.push((
+                    "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS".into(),
+                    s(&(config.relay_pause_ms / 2)),
+                ));
+                env.push((
+                    "RELAY_MESSAGE_TIMEOUT_MS".into(),
+                    s(&(config.relay_pause_ms / 4)),
+                ));
+            }
+        }
+        ServiceName::Payments => {
+            env.push((
+                "PAYMENTS_METRICS_ADDR".into(),
+                s(&config.payments_metrics_addr),
+            ));
+            if config.static_membership {
+                // One id for every life of this run, unique to this run.
+                env.push((
+                    "PAYMENTS_GROUP_INSTANCE_ID".into(),
+                    format!("chaos-payments-{}", std::process::id()),
+                ));
+            }
+            if let Some(split) = config.unsafe_split_txn {
+                env.push((UNSAFE_SPLIT_TXN_ENV.into(), split.as_str().into()));
+            }
+            if config.dup_rate > 0.0 {
+                armed_env.push(("PAYMENTS_DUP_RATE".into(), s(&config.dup_rate)));
+                armed_env.push(("PAYMENTS_DUP_KIND".into(), config.dup_kind.clone()));
+            }
+        }
+    }
+    let crash_point = config.crash_points_of(name);
+    if let Some(points) = &crash_point {
+        armed_env.push(("CRASH_POINT".into(), points.clone()));
+        if let Some(every) = config.crash_every {
+            armed_env.push(("CRASH_EVERY".into(), s(&every)));
+        }
+        armed_env.push(("CRASH_PROBABILITY".into(), s(&config.crash_probability)));
+    }
+    Spec {
+        name,
+        program: bin_dir.join(name.as_str()),
+        env,
+        armed_env,
+        crash_point,
+        crash_marker: out.join(format!("{}.crash-point", name.as_str())),
+        metrics_url: config.metrics_url(name),
+        log: out.join(format!("{}.log", name.as_str())),
+        ready_timeout: Duration::from_secs(config.ready_timeout),
+    }
+}
+
+/// loadgen's command line: the load of `config`, its outputs in `out`.
+pub fn loadgen_args(config: &Config, out: &Path) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "--http-url".into(),
+        format!("http://{}", config.http_addr),
+        "--grpc-url".into(),
+        format!("http://{}", config.grpc_addr),
+        "--rate".into(),
+        config.rate.to_string(),
+        "--duration".into(),
+        config.duration.to_string(),
+        "--retry-rate".into(),
+        config.retry_rate.to_string(),
+        "--protocol".into(),
+        config.protocol.clone(),
+        "--zipf-s".into(),
+        config.zipf_s.to_string(),
+        "--json".into(),
+        path_arg(&out.join("loadgen.json")),
+        "--csv".into(),
+        path_arg(&out.join("loadgen.csv")),
+        "--intents".into(),
+        path_arg(&out.join("intents.txt")),
+    ];
+    if let Some(seed) = config.seed {
+        args.push("--seed".into());
+        args.push(seed.to_string());
+    }
+    args.extend(config.loadgen_args.iter().cloned());
+    args
+}
+
+fn path_arg(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crash_env_goes_to_the_owning_service_only() {
+        use clap::Parser;
+        let config = Config::try_parse_from([
+            "chaos",
+            "--crash-point",
+            "publish",
+            "--crash-every",
+            "7",
+            "--dup-rate",
+            "0.3",
+        ])
+        .expect("parses");
+        let dir = Path::new("/bin");
+        let relay = service(&config, dir, dir, ServiceName::Relay);
+        assert!(
+            relay
+                .armed_env
+                .contains(&("CRASH_POINT".into(), "publish".into()))
+        );
+        assert!(
+            relay
+                .armed_env
+                .contains(&("CRASH_EVERY".into(), "7".into()))
+        );
+        let payments = service(&config, dir, dir, ServiceName::Payments);
+        assert!(!payments.armed_env.iter().any(|(k, _)| k == "CRASH_POINT"));
+        assert!(
+            payments
+                .armed_env
+                .contains(&("PAYMENTS_DUP_RATE".into(), "0.3".into()))
+        );
+        let orders = service(&config, dir, dir, ServiceName::Orders);
+        assert!(orders.armed_env.is_empty());
+    }
+}

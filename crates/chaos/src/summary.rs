@@ -1,0 +1,655 @@
+//! The run's summary: what chaos prints at the end and writes to
+//! `chaos.json` (schema `effectively.chaos.v1`).
+//!
+//! The experiment scripts read `chaos.json` by key paths
+//! (`services.relay.deaths`, `faults.pg-crash.recovery_ms.p99`, ...), so the
+//! types here are that file's contract: a renamed field or a changed nesting
+//! breaks them, and `tests::the_json_shape_is_pinned` fails first.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use effectively::contract::{CrashPoint, ServiceName, SplitTxn};
+
+use crate::config::{Config, Fault};
+use crate::faults::FaultRecord;
+use crate::scrape;
+use crate::supervisor::{self, End, Life};
+
+/// The `schema` of every summary this version writes.
+pub const SCHEMA: &str = "effectively.chaos.v1";
+
+/// The whole summary (`chaos.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Always [`SCHEMA`].
+    pub schema: &'static str,
+    /// Whether SIGINT/SIGTERM cut the run short (then recon did not run).
+    pub interrupted: bool,
+    /// Seconds from chaos's start to the summary.
+    pub elapsed_s: f64,
+    /// The settings of the run.
+    pub params: Params,
+    /// Crash-point and random kills over all services.
+    pub kills_total: u64,
+    /// Per infrastructure fault kind (`pg-crash`, ...), the ones injected.
+    pub faults: BTreeMap<String, FaultSummary>,
+    /// Every infrastructure fault, in order.
+    pub fault_log: Vec<FaultRecord>,
+    /// Per service (`orders`, `relay`, `payments`).
+    pub services: BTreeMap<String, ServiceSummary>,
+    /// The counters of [`scrape::COUNTERS`] summed over services and lives.
+    pub totals: BTreeMap<&'static str, f64>,
+    /// Duplicates payments injected (reprocessed + redelivered).
+    pub injected_duplicates: f64,
+    /// loadgen's JSON report as it wrote it (`null` if it wrote none).
+    pub load: Value,
+    /// `recon --json` as it printed it (`null` if recon did not run).
+    pub recon: Value,
+    /// recon's exit status (chaos's own errors: [`crate::EXIT_ERROR`]).
+    pub recon_exit: u8,
+    /// The verdict read from `recon_exit`.
+    pub result: Verdict,
+    /// The `--out` directory, resolved.
+    pub out_dir: String,
+}
+
+/// The run's settings, as flags gave them.
+#[derive(Debug, Clone, Serialize)]
+pub struct Params {
+    /// New intents per second.
+    pub rate: f64,
+    /// Seconds of load.
+    pub duration_s: u64,
+    /// Fraction of intents retried.
+    pub retry_rate: f64,
+    /// loadgen's protocol.
+    pub protocol: String,
+    /// loadgen's Zipf exponent.
+    pub zipf_s: f64,
+    /// loadgen's seed.
+    pub seed: Option<u64>,
+    /// Armed crash points.
+    pub crash_point: Vec<CrashPoint>,
+    /// Fire every Nth pass.
+    pub crash_every: Option<u64>,
+    /// Fire with this probability per pass.
+    pub crash_probability: f64,
+    /// Services killed from outside.
+    pub random_kill: Vec<ServiceName>,
+    /// `[min, max]` pause between random kills.
+    pub kill_interval_ms: (u64, u64),
+    /// Infrastructure faults, in turn.
+    pub fault: Vec<Fault>,
+    /// `[min, max]` pause before each infrastructure fault.
+    pub fault_interval_ms: (u64, u64),
+    /// At most this many infrastructure faults.
+    pub fault_count: Option<u64>,
+    /// How long PostgreSQL or the broker stays down.
+    pub fault_down_ms: u64,
+    /// How long relay-pause stops the relay.
+    pub relay_pause_ms: u64,
+    /// Fraction of messages payments delivers twice.
+    pub dup_rate: f64,
+    /// Which duplicates.
+    pub dup_kind: String,
+    /// The unsafe counter-example, if run.
+    pub unsafe_split_txn: Option<SplitTxn>,
+    /// Static group membership for payments.
+    pub static_membership: bool,
+    /// Seconds recon waited for the pipeline to drain.
+    pub drain_timeout_s: u64,
+}
+
+impl Params {
+    /// The summary's copy of `config`.
+    pub fn of(config: &Config) -> Self {
+        Self {
+            rate: config.rate,
+            duration_s: config.duration,
+            retry_rate: config.retry_rate,
+            protocol: config.protocol.clone(),
+            zipf_s: config.zipf_s,
+            seed: config.seed,
+            crash_point: config.crash_point.clone(),
+            crash_every: config.crash_every,
+            crash_probability: config.crash_probability,
+            random_kill: config.random_kill.clone(),
+            kill_interval_ms: config.kill_interval_ms,
+            fault: config.fault.clone(),
+            fault_interval_ms: config.fault_interval_ms,
+            fault_count: config.fault_count,
+            fault_down_ms: config.fault_down_ms,
+            relay_pause_ms: config.relay_pause_ms,
+            dup_rate: config.dup_rate,
+            dup_kind: config.dup_kind.clone(),
+            unsafe_split_txn: config.unsafe_split_txn,
+            static_membership: config.static_membership,
+            drain_timeout_s: config.drain_timeout,
+        }
+    }
+}
+
+/// One service over the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServiceSummary {
+    /// Process lives.
+    pub lives: usize,
+    /// Lives after the first.
+    pub restarts: usize,
+    /// Deaths by [`End::label`] (`crash_point:publish`, `random_kill`, ...);
+    /// the stop at the end and stops for a fault are not deaths.
+    pub deaths: BTreeMap<String, u64>,
+    /// Recovery times after deaths.
+    pub recovery_ms: RecoverySummary,
+    /// The service's counters summed over its lives.
+    pub counters: BTreeMap<&'static str, f64>,
+    /// Every life.
+    pub life_log: Vec<Life>,
+}
+
+/// A service's recovery times (see [`supervisor::recoveries`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct RecoverySummary {
+    /// Death → next life answers `/metrics`.
+    pub to_ready: Stats,
+    /// Death → next life's work counter moved.
+    pub to_progress: Stats,
+}
+
+/// One infrastructure fault kind over the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultSummary {
+    /// How many were attempted.
+    pub injected: usize,
+    /// How many could not be injected.
+    pub failed_to_inject: usize,
+    /// How many the whole pipeline recovered from.
+    pub recovered: usize,
+    /// Injection → component back.
+    pub outage_ms: Stats,
+    /// Injection → every service working again.
+    pub recovery_ms: Stats,
+}
+
+/// Count and percentiles of a sample of milliseconds (`null` when empty).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    /// Sample size.
+    pub count: usize,
+    /// Median.
+    pub p50: Option<u64>,
+    /// 99th percentile.
+    pub p99: Option<u64>,
+    /// Largest.
+    pub max: Option<u64>,
+}
+
+impl Stats {
+    /// The stats of `sample`.
+    pub fn of(mut sample: Vec<u64>) -> Self {
+        sample.sort_unstable();
+        Self {
+            count: sample.len(),
+            p50: percentile(&sample, 0.5),
+            p99: percentile(&sample, 0.99),
+            max: sample.last().copied(),
+        }
+    }
+}
+
+/// recon's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Verdict {
+    /// recon exit 0: distinct effects == distinct intents.
+    Clean,
+    /// recon exit 1: a difference.
+    Drift,
+    /// Anything else: recon or chaos failed.
+    Error,
+}
+
+impl Verdict {
+    /// The verdict of recon's exit status.
+    pub fn of(recon_exit: u8) -> Self {
+        match recon_exit {
+            0 => Self::Clean,
+            1 => Self::Drift,
+            _ => Self::Error,
+        }
+    }
+
+    /// As in the JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Clean => "CLEAN",
+            Self::Drift => "DRIFT",
+            Self::Error => "ERROR",
+        }
+    }
+}
+
+/// What a run produced besides the services' lives.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// loadgen's JSON report.
+    pub load: Value,
+    /// recon's exit status.
+    pub recon_code: u8,
+    /// Whether the run was interrupted.
+    pub interrupted: bool,
+    /// The infrastructure faults injected.
+    pub faults: Vec<FaultRecord>,
+}
+
+/// Builds the summary from the settings, each service's lives, what the run
+/// produced and recon's report (`null` if none).
+pub fn summarize(
+    config: &Config,
+    out: &Path,
+    services: &[(ServiceName, Vec<Life>)],
+    outcome: Outcome,
+    recon: Value,
+    t0: Instant,
+) -> Summary {
+    let Outcome {
+        load,
+        recon_code,
+        interrupted,
+        faults,
+    } = outcome;
+    let mut by_service = BTreeMap::new();
+    let mut all_counters: BTreeMap<&'static str, f64> = BTreeMap::new();
+    let mut total_kills = 0u64;
+    for (name, lives) in services {
+        let mut deaths: BTreeMap<String, u64> = BTreeMap::new();
+        for end in lives.iter().filter_map(|l| l.end.as_ref()) {
+            if !matches!(end, End::Stopped | End::Fault { .. }) {
+                *deaths.entry(end.label()).or_insert(0) += 1;
+            }
+        }
+        total_kills += deaths
+            .iter()
+            .filter(|(k, _)| k.starts_with("crash_point") || *k == "random_kill")
+            .map(|(_, v)| v)
+            .sum::<u64>();
+        let counters = scrape::sum_lives(lives.iter().map(|l| &l.counters));
+        for (k, v) in &counters {
+            *all_counters.entry(k).or_insert(0.0) += v;
+        }
+        let recovery = supervisor::recoveries(lives);
+        by_service.insert(
+            name.as_str().to_owned(),
+            ServiceSummary {
+                lives: lives.len(),
+                restarts: lives.len().saturating_sub(1),
+                deaths,
+                recovery_ms: RecoverySummary {
+                    to_ready: Stats::of(recovery.ready_ms),
+                    to_progress: Stats::of(recovery.progress_ms),
+                },
+                counters,
+                life_log: lives.clone(),
+            },
+        );
+    }
+    let injected_duplicates = all_counters
+        .get("injected_reprocess")
+        .copied()
+        .unwrap_or(0.0)
+        + all_counters
+            .get("injected_redeliver")
+            .copied()
+            .unwrap_or(0.0);
+    Summary {
+        schema: SCHEMA,
+        interrupted,
+        elapsed_s: t0.elapsed().as_secs_f64(),
+        params: Params::of(config),
+        kills_total: total_kills,
+        faults: fault_summary(&faults),
+        fault_log: faults,
+        services: by_service,
+        totals: all_counters,
+        injected_duplicates,
+        load,
+        recon,
+        recon_exit: recon_code,
+        result: Verdict::of(recon_code),
+        out_dir: out.to_string_lossy().into_owned(),
+    }
+}
+
+/// Per fault kind: how many, how many recovered, outage and recovery
+/// percentiles.
+pub fn fault_summary(records: &[FaultRecord]) -> BTreeMap<String, FaultSummary> {
+    let mut by_kind = BTreeMap::new();
+    for fault in [
+        Fault::PgCrash,
+        Fault::BrokerKill,
+        Fault::RelayPause,
+        Fault::OffsetReset,
+    ] {
+        let of: Vec<&FaultRecord> = records.iter().filter(|r| r.fault == fault).collect();
+        if of.is_empty() {
+            continue;
+        }
+        let outage: Vec<u64> = of.iter().filter_map(|r| r.outage_ms).collect();
+        let recovery: Vec<u64> = of.iter().filter_map(|r| r.recovery_ms).collect();
+        by_kind.insert(
+            fault.as_str().to_owned(),
+            FaultSummary {
+                injected: of.len(),
+                failed_to_inject: of.iter().filter(|r| r.error.is_some()).count(),
+                recovered: recovery.len(),
+                outage_ms: Stats::of(outage),
+                recovery_ms: Stats::of(recovery),
+            },
+        );
+    }
+    by_kind
+}
+
+/// `summary` as `chaos.json` holds it: pretty, keys sorted at every level.
+///
+/// Through a [`Value`] because serde_json's map (without its
+/// `preserve_order` feature) sorts keys: the file keeps the byte layout it
+/// had before the summary was typed, whatever the field order of the structs.
+pub fn to_json(summary: &Summary) -> serde_json::Result<String> {
+    serde_json::to_string_pretty(&serde_json::to_value(summary)?)
+}
+
+/// Prints the summary table to stdout.
+pub fn print(summary: &Summary, path: &Path) {
+    println!("\n== chaos summary");
+    println!(
+        "{:<9} {:>5} {:<44} {:>22} {:>22}",
+        "service", "lives", "deaths", "death→ready p50/max ms", "death→work p50/max ms"
+    );
+    let pair = |s: &Stats| format!("{}/{}", show(s.p50), show(s.max));
+    for (name, s) in &summary.services {
+        let deaths = s
+            .deaths
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let deaths = if deaths.is_empty() {
+            "-".into()
+        } else {
+            deaths
+        };
+        println!(
+            "{:<9} {} {:<44} {:>22} {:>22}",
+            name,
+            s.lives,
+            deaths,
+            pair(&s.recovery_ms.to_ready),
+            pair(&s.recovery_ms.to_progress)
+        );
+    }
+    let t = |name: &str| show(summary.totals.get(name).copied());
+    println!(
+        "injected duplicates: {} (reprocess {}, redeliver {}); inbox hits {}, misses {}; published {}, consumed {}",
+        show(summary.injected_duplicates),
+        t("injected_reprocess"),
+        t("injected_redeliver"),
+        t("inbox_hits"),
+        t("inbox_misses"),
+        t("published"),
+        t("consumed"),
+    );
+    if !summary.faults.is_empty() {
+        println!(
+            "{:<13} {:>8} {:>10} {:>24} {:>24}",
+            "fault", "injected", "recovered", "outage p50/max ms", "recovery p50/max ms"
+        );
+        for (name, f) in &summary.faults {
+            println!(
+                "{:<13} {:>8} {:>10} {:>24} {:>24}",
+                name,
+                show(f.injected),
+                show(f.recovered),
+                pair(&f.outage_ms),
+                pair(&f.recovery_ms)
+            );
+        }
+    }
+    println!(
+        "(counters are summed over process lives from 250 ms scrapes: lower bounds; recon is the proof)"
+    );
+    println!(
+        "result: {} (recon exit {}); summary: {}",
+        summary.result.as_str(),
+        summary.recon_exit,
+        path.display()
+    );
+}
+
+/// A number as the table shows it: `-` for none (or not finite), whole
+/// numbers without a fraction, others as JSON writes them.
+fn show(v: impl Into<Value>) -> String {
+    match v.into() {
+        Value::Null => "-".into(),
+        Value::Number(n) => n
+            .as_f64()
+            .filter(|f| f.fract() == 0.0)
+            .map(|f| format!("{f:.0}"))
+            .unwrap_or_else(|| n.to_string()),
+        other => other.to_string(),
+    }
+}
+
+fn percentile(sorted: &[u64], q: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn percentiles_of_small_samples() {
+        assert_eq!(percentile(&[], 0.5), None);
+        assert_eq!(percentile(&[7], 0.99), Some(7));
+        assert_eq!(percentile(&[1, 2, 3, 4], 0.5), Some(2));
+        assert_eq!(percentile(&[1, 2, 3, 4], 0.99), Some(4));
+    }
+
+    #[test]
+    fn the_table_shows_numbers_as_before() {
+        assert_eq!(show(None::<u64>), "-");
+        assert_eq!(show(Some(42u64)), "42");
+        assert_eq!(show(120.0), "120");
+        assert_eq!(show(2.5), "2.5");
+        assert_eq!(show(f64::NAN), "-");
+    }
+
+    /// The summary the experiment scripts read, field by field: a rename, a
+    /// type change or a new nesting fails here before it breaks them.
+    #[test]
+    fn the_json_shape_is_pinned() {
+        use clap::Parser;
+        let config = Config::try_parse_from([
+            "chaos",
+            "--crash-point",
+            "publish",
+            "--crash-every",
+            "7",
+            "--fault",
+            "pg-crash",
+            "--seed",
+            "3",
+        ])
+        .expect("parses");
+        let life = |started_ms, end, counters: &[(&str, f64)]| Life {
+            started_ms,
+            ready_ms: Some(started_ms + 100),
+            progress_ms: Some(started_ms + 300),
+            ended_ms: Some(started_ms + 1_000),
+            armed: true,
+            end: Some(end),
+            counters: counters
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect(),
+        };
+        let relay = vec![
+            life(
+                0,
+                End::CrashPoint {
+                    point: "publish".into(),
+                },
+                &[("relay_published_total", 40.0)],
+            ),
+            life(1_020, End::Stopped, &[("relay_published_total", 60.0)]),
+        ];
+        let payments = vec![life(
+            0,
+            End::Stopped,
+            &[
+                ("payments_consumed_total", 100.0),
+                (
+                    "payments_injected_duplicates_total{kind=\"reprocess\"}",
+                    3.0,
+                ),
+            ],
+        )];
+        let outcome = Outcome {
+            load: json!({"exit_code": 0}),
+            recon_code: 0,
+            interrupted: false,
+            faults: vec![FaultRecord {
+                fault: Fault::PgCrash,
+                injected_ms: 5_000,
+                outage_ms: Some(2_000),
+                recovery_ms: Some(3_500),
+                error: None,
+            }],
+        };
+        let mut summary = summarize(
+            &config,
+            Path::new("/tmp/chaos"),
+            &[
+                (ServiceName::Relay, relay),
+                (ServiceName::Payments, payments),
+            ],
+            outcome,
+            json!({"clean": true}),
+            Instant::now(),
+        );
+        summary.elapsed_s = 12.5;
+        let got = serde_json::to_value(&summary).expect("serializes");
+        let want = json!({
+            "schema": "effectively.chaos.v1",
+            "interrupted": false,
+            "elapsed_s": 12.5,
+            "params": {
+                "rate": config.rate,
+                "duration_s": config.duration,
+                "retry_rate": config.retry_rate,
+                "protocol": config.protocol,
+                "zipf_s": config.zipf_s,
+                "seed": 3,
+                "crash_point": ["publish"],
+                "crash_every": 7,
+                "crash_probability": config.crash_probability,
+                "random_kill": [],
+                "kill_interval_ms": [config.kill_interval_ms.0, config.kill_interval_ms.1],
+                "fault": ["pg-crash"],
+                "fault_interval_ms": [config.fault_interval_ms.0, config.fault_interval_ms.1],
+                "fault_count": null,
+                "fault_down_ms": config.fault_down_ms,
+                "relay_pause_ms": config.relay_pause_ms,
+                "dup_rate": 0.0,
+                "dup_kind": config.dup_kind,
+                "unsafe_split_txn": null,
+                "static_membership": config.static_membership,
+                "drain_timeout_s": config.drain_timeout,
+            },
+            "kills_total": 1,
+            "faults": {
+                "pg-crash": {
+                    "injected": 1,
+                    "failed_to_inject": 0,
+                    "recovered": 1,
+                    "outage_ms": {"count": 1, "p50": 2000, "p99": 2000, "max": 2000},
+                    "recovery_ms": {"count": 1, "p50": 3500, "p99": 3500, "max": 3500},
+                },
+            },
+            "fault_log": [{
+                "fault": "pg-crash",
+                "injected_ms": 5000,
+                "outage_ms": 2000,
+                "recovery_ms": 3500,
+                "error": null,
+            }],
+            "services": {
+                "payments": {
+                    "lives": 1,
+                    "restarts": 0,
+                    "deaths": {},
+                    "recovery_ms": {
+                        "to_ready": {"count": 0, "p50": null, "p99": null, "max": null},
+                        "to_progress": {"count": 0, "p50": null, "p99": null, "max": null},
+                    },
+                    "counters": {"consumed": 100.0, "injected_reprocess": 3.0},
+                    "life_log": [{
+                        "started_ms": 0,
+                        "ready_ms": 100,
+                        "progress_ms": 300,
+                        "ended_ms": 1000,
+                        "armed": true,
+                        "end": {"kind": "stopped"},
+                    }],
+                },
+                "relay": {
+                    "lives": 2,
+                    "restarts": 1,
+                    "deaths": {"crash_point:publish": 1},
+                    "recovery_ms": {
+                        "to_ready": {"count": 1, "p50": 120, "p99": 120, "max": 120},
+                        "to_progress": {"count": 1, "p50": 320, "p99": 320, "max": 320},
+                    },
+                    "counters": {"published": 100.0},
+                    "life_log": [
+                        {
+                            "started_ms": 0,
+                            "ready_ms": 100,
+                            "progress_ms": 300,
+                            "ended_ms": 1000,
+                            "armed": true,
+                            "end": {"kind": "crash_point", "point": "publish"},
+                        },
+                        {
+                            "started_ms": 1020,
+                            "ready_ms": 1120,
+                            "progress_ms": 1320,
+                            "ended_ms": 2020,
+                            "armed": true,
+                            "end": {"kind": "stopped"},
+                        },
+                    ],
+                },
+            },
+            "totals": {"consumed": 100.0, "injected_reprocess": 3.0, "published": 100.0},
+            "injected_duplicates": 3.0,
+            "load": {"exit_code": 0},
+            "recon": {"clean": true},
+            "recon_exit": 0,
+            "result": "CLEAN",
+            "out_dir": "/tmp/chaos",
+        });
+        assert_eq!(got, want);
+    }
+}

@@ -5,10 +5,12 @@
 mod client;
 mod config;
 mod keys;
+mod outcome;
 mod progress;
 mod report;
 mod run;
 mod schedule;
+mod shared;
 mod stats;
 mod verify;
 

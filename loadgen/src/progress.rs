@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::config::ProgressMode;
-use crate::run::Shared;
+use crate::shared::Shared;
 
 /// The running display; [`Progress::finish`] stops it.
 #[derive(Debug)]

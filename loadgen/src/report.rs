@@ -461,8 +461,8 @@ mod tests {
     use uuid::Uuid;
 
     use super::*;
-    use crate::client::{Answer, HttpReply, Outcome, Success};
     use crate::config::Protocol;
+    use crate::outcome::{Answer, HttpReply, Outcome, Success};
     use crate::stats::{SendKind, new_histogram};
 
     fn params() -> Params {

@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -17,12 +17,14 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::client::{GrpcTarget, HttpTarget, Outcome};
+use crate::client::{GrpcTarget, HttpTarget};
 use crate::config::{Protocol, Settings};
 use crate::keys::{KeyPicker, KeySpace};
+use crate::outcome::Outcome;
 use crate::progress::Progress;
 use crate::report::{self, Report, RunFacts, SendCounts};
 use crate::schedule::{Due, RetryPlan, Schedule};
+use crate::shared::Shared;
 use crate::stats::{Collector, SendKind};
 use crate::verify::Via;
 
@@ -33,50 +35,6 @@ const BATCH: u32 = 64;
 const STOP_GRACE: Duration = Duration::from_secs(2);
 /// Shortest time the reachability probe is given.
 const MIN_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// State shared by the scheduler, the send tasks and the progress display.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    /// Keys and bodies.
-    keys: KeySpace,
-    /// HTTP client, when HTTP is used.
-    http: Option<HttpTarget>,
-    /// gRPC client, when gRPC is used.
-    grpc: Option<GrpcTarget>,
-    /// Per-request timeout.
-    timeout: Duration,
-    /// The clock's zero.
-    pub(crate) start: Instant,
-    /// After this instant nothing is sent and outstanding sends are abandoned.
-    hard_stop: Instant,
-    /// Sends outstanding.
-    pub(crate) in_flight: AtomicUsize,
-    /// Signalled when `in_flight` drops to 0.
-    idle: Notify,
-    /// First attempts handed out by the scheduler (sent or dropped).
-    pub(crate) first_handed_out: AtomicU64,
-    /// Sends that went out.
-    pub(crate) sent: AtomicU64,
-    /// Sends dropped at the in-flight bound.
-    pub(crate) dropped: AtomicU64,
-    /// `--retry-on-error`: how often, and the pause before each.
-    retry_on_error: u32,
-    retry_on_error_delay: Duration,
-    /// Extra sends made by `--retry-on-error`.
-    error_retries: AtomicU64,
-    /// Everything the sends found.
-    collector: Mutex<Collector>,
-}
-
-impl Shared {
-    /// The collector. A panic while it was held cannot leave it inconsistent
-    /// in a way that matters for counting, so a poisoned lock is taken anyway.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Collector> {
-        self.collector
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-}
 
 /// One send, as the scheduler decided it.
 #[derive(Debug, Clone, Copy)]

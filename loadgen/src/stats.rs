@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::client::{Answer, Outcome, grpc_code_name};
+use crate::outcome::{Answer, Outcome, grpc_code_name};
 use crate::verify::{KeyState, Verdict};
 
 /// Mismatch and bad-response examples kept for the log and the report.
@@ -333,7 +333,7 @@ mod tests {
     use uuid::Uuid;
 
     use super::*;
-    use crate::client::{HttpReply, Success};
+    use crate::outcome::{HttpReply, Success};
 
     fn ok_http(id: Uuid) -> Outcome {
         Outcome::Ok(Success {

@@ -7,7 +7,7 @@
 
 use uuid::Uuid;
 
-use crate::client::Success;
+use crate::outcome::Success;
 
 /// Which protocol produced a success.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,7 +150,7 @@ mod tests {
     use http::HeaderValue;
 
     use super::*;
-    use crate::client::HttpReply;
+    use crate::outcome::HttpReply;
 
     fn http(order_id: Uuid, etag: &str) -> Success {
         let body = format!(r#"{{"order_id":"{order_id}","status":"created"}}"#);

@@ -13,6 +13,8 @@
 //! again. Nothing missing, doubled, orphaned or different. Failed outbox rows
 //! and dead letters are reported and count as drift unless allowed.
 
+pub mod cli;
+
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -214,7 +216,7 @@ impl Part {
 }
 
 /// Every count of the diff.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Report {
     /// Accepted intents: idempotency keys.
     pub intents: i64,

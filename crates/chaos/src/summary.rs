@@ -385,7 +385,7 @@ pub fn print(summary: &Summary, path: &Path) {
             deaths
         };
         println!(
-            "{:<9} {} {:<44} {:>22} {:>22}",
+            "{:<9} {:>5} {:<44} {:>22} {:>22}",
             name,
             s.lives,
             deaths,

@@ -139,94 +139,24 @@ pub enum IdempotencyError {
     Vanished(String),
 }
 
-/// The key table, by name. The table needs the columns of
-/// `migrations/*_orders.sql`: `idem_key`, `request_hash`, `order_id`,
-/// `response_code`, `response_headers`, `response_body`.
-#[derive(Debug, Clone)]
-pub struct IdempotencyStore {
-    insert_sql: String,
-    select_sql: String,
-    insert_batch_sql: String,
-    select_batch_sql: String,
-}
+/// The key table `orders.idempotency_keys` (columns in
+/// `migrations/*_orders.sql`): claims keys inside the caller's transaction.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IdempotencyStore;
 
-impl Default for IdempotencyStore {
-    fn default() -> Self {
-        Self::new("orders.idempotency_keys")
-    }
-}
+/// Inserts the keys not taken yet, in the order given (the caller sorts them),
+/// and returns those it inserted.
+const INSERT_BATCH_SQL: &str = "INSERT INTO orders.idempotency_keys \
+     (idem_key, request_hash, order_id, response_code, response_headers, response_body) \
+     SELECT k, h, o, c, hd::jsonb, b \
+     FROM unnest($1::text[], $2::bytea[], $3::uuid[], $4::int4[], $5::text[], $6::bytea[]) \
+       AS u(k, h, o, c, hd, b) \
+     ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key";
 
-impl IdempotencyStore {
-    /// A store over `table` (schema-qualified).
-    pub fn new(table: &str) -> Self {
-        Self {
-            insert_sql: format!(
-                "INSERT INTO {table} \
-                 (idem_key, request_hash, order_id, response_code, response_headers, response_body) \
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (idem_key) DO NOTHING"
-            ),
-            select_sql: format!(
-                "SELECT request_hash, order_id, response_code, response_headers, response_body \
-                 FROM {table} WHERE idem_key = $1"
-            ),
-            insert_batch_sql: format!(
-                "INSERT INTO {table} \
-                 (idem_key, request_hash, order_id, response_code, response_headers, response_body) \
-                 SELECT k, h, o, c, hd::jsonb, b \
-                 FROM unnest($1::text[], $2::bytea[], $3::uuid[], $4::int4[], $5::text[], $6::bytea[]) \
-                   AS u(k, h, o, c, hd, b) \
-                 ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key"
-            ),
-            select_batch_sql: format!(
-                "SELECT idem_key, request_hash, order_id, response_code, response_headers, response_body \
-                 FROM {table} WHERE idem_key = ANY($1)"
-            ),
-        }
-    }
-
-    /// Claims `key` for `fingerprint` inside the caller's transaction, storing
-    /// the `response` the caller is about to give. See [`Claim`].
-    ///
-    /// Must run inside a transaction that also does the work: the key row and
-    /// the effect commit or roll back together, so a failed request leaves no
-    /// key behind and its retry can succeed.
-    pub async fn claim(
-        &self,
-        conn: &mut PgConnection,
-        key: &IdempotencyKey,
-        fingerprint: &Fingerprint,
-        order_id: Uuid,
-        response: &StoredResponse,
-    ) -> Result<Claim, IdempotencyError> {
-        // Two attempts: a conflicting row can only vanish if something deletes
-        // keys concurrently; then the second insert takes the key.
-        for _ in 0..2 {
-            let inserted = sqlx::query(&self.insert_sql)
-                .bind(key.as_str())
-                .bind(fingerprint.as_bytes().as_slice())
-                .bind(order_id)
-                .bind(i32::from(response.status))
-                .bind(Json(&response.headers))
-                .bind(&response.body)
-                .execute(&mut *conn)
-                .await?
-                .rows_affected();
-            if inserted == 1 {
-                return Ok(Claim::New);
-            }
-            // READ COMMITTED: this statement's fresh snapshot sees the row the
-            // conflicting transaction committed while our insert waited on it.
-            let row: Option<StoredRow> = sqlx::query_as(&self.select_sql)
-                .bind(key.as_str())
-                .fetch_optional(&mut *conn)
-                .await?;
-            if let Some(row) = row {
-                return Ok(row.into_claim(fingerprint));
-            }
-        }
-        Err(IdempotencyError::Vanished(key.as_str().to_owned()))
-    }
-}
+/// The stored rows of keys already taken.
+const SELECT_BATCH_SQL: &str = "SELECT idem_key, request_hash, order_id, response_code, \
+     response_headers, response_body \
+     FROM orders.idempotency_keys WHERE idem_key = ANY($1)";
 
 /// One key to claim in a batch: see [`IdempotencyStore::claim_batch`].
 #[derive(Debug, Clone, Copy)]
@@ -243,8 +173,13 @@ pub struct NewKey<'a> {
 
 impl IdempotencyStore {
     /// Claims many distinct keys in one statement (plus one read for those
-    /// already taken), inside the caller's transaction; one [`Claim`] per
-    /// item, in order. The same semantics as [`IdempotencyStore::claim`].
+    /// already taken), inside the caller's transaction, each for its
+    /// request's fingerprint and storing the response the caller is about to
+    /// give; one [`Claim`] per item, in order.
+    ///
+    /// Must run inside a transaction that also does the work: the key rows
+    /// and the effects commit or roll back together, so a failed request
+    /// leaves no key behind and its retry can succeed.
     ///
     /// Rows are inserted in key order, so two batches that share keys lock
     /// them in the same order and cannot deadlock.
@@ -290,7 +225,7 @@ impl IdempotencyStore {
                 .iter()
                 .map(|i| items[*i].response.body.as_slice())
                 .collect();
-            let inserted: Vec<String> = sqlx::query_scalar(&self.insert_batch_sql)
+            let inserted: Vec<String> = sqlx::query_scalar(INSERT_BATCH_SQL)
                 .bind(&keys)
                 .bind(&hashes)
                 .bind(&order_ids)
@@ -314,7 +249,7 @@ impl IdempotencyStore {
             // READ COMMITTED: a fresh snapshot sees rows committed while our
             // insert waited on them.
             let taken_keys: Vec<&str> = taken.iter().map(|i| items[*i].key.as_str()).collect();
-            let rows: Vec<KeyedRow> = sqlx::query_as(&self.select_batch_sql)
+            let rows: Vec<KeyedRow> = sqlx::query_as(SELECT_BATCH_SQL)
                 .bind(&taken_keys)
                 .fetch_all(&mut *conn)
                 .await?;

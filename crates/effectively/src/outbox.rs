@@ -1,6 +1,6 @@
 //! The transactional outbox, write side.
 //!
-//! The caller inserts its business row and calls [`Outbox::enqueue`] in the
+//! The caller inserts its business row and calls [`Outbox::enqueue_batch`] in the
 //! same transaction: the event exists if and only if the business change
 //! committed. Nothing is published here; a relay reads pending rows after the
 //! commit. A statement-level trigger on the table (see the migration) issues a
@@ -28,51 +28,15 @@ pub struct OutboxMessage {
     pub payload: Vec<u8>,
 }
 
-/// The outbox table, by name.
-#[derive(Debug, Clone)]
-pub struct Outbox {
-    insert_sql: String,
-    insert_batch_sql: String,
-}
+/// The outbox table `orders.outbox` (columns in `migrations/*_orders.sql`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Outbox;
 
-impl Default for Outbox {
-    fn default() -> Self {
-        Self::new("orders.outbox")
-    }
-}
+/// Appends rows in array order, so their ids (the publish order) follow it.
+const INSERT_BATCH_SQL: &str = "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload) \
+     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[])";
 
 impl Outbox {
-    /// An outbox over `table` (schema-qualified), with the columns of
-    /// `migrations/*_orders.sql`.
-    pub fn new(table: &str) -> Self {
-        Self {
-            insert_sql: format!(
-                "INSERT INTO {table} (aggregate_id, msg_id, event_type, payload) \
-                 VALUES ($1, $2, $3, $4) RETURNING id"
-            ),
-            insert_batch_sql: format!(
-                "INSERT INTO {table} (aggregate_id, msg_id, event_type, payload) \
-                 SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[])"
-            ),
-        }
-    }
-
-    /// Appends `message` inside the caller's transaction; returns its outbox id
-    /// (the publish order).
-    pub async fn enqueue(
-        &self,
-        conn: &mut PgConnection,
-        message: &OutboxMessage,
-    ) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(&self.insert_sql)
-            .bind(message.aggregate_id)
-            .bind(message.msg_id)
-            .bind(&message.event_type)
-            .bind(&message.payload)
-            .fetch_one(conn)
-            .await
-    }
-
     /// Appends many messages in one statement inside the caller's
     /// transaction, in slice order (their ids, the publish order, follow it).
     pub async fn enqueue_batch(
@@ -84,7 +48,7 @@ impl Outbox {
         let msg_ids: Vec<Uuid> = messages.iter().map(|m| m.msg_id).collect();
         let types: Vec<&str> = messages.iter().map(|m| m.event_type.as_str()).collect();
         let payloads: Vec<&[u8]> = messages.iter().map(|m| m.payload.as_slice()).collect();
-        Ok(sqlx::query(&self.insert_batch_sql)
+        Ok(sqlx::query(INSERT_BATCH_SQL)
             .bind(&aggregates)
             .bind(&msg_ids)
             .bind(&types)

@@ -114,8 +114,8 @@ impl Store {
     pub fn new(pool: PgPool, fault: InjectFault, no_idempotency: bool, crasher: Crasher) -> Self {
         Self {
             pool,
-            keys: IdempotencyStore::default(),
-            outbox: Outbox::default(),
+            keys: IdempotencyStore,
+            outbox: Outbox,
             fault,
             no_idempotency,
             crasher,

@@ -68,19 +68,19 @@ fn relay_child(db: &TestDb, topic: &TestTopic, extra: &[(&str, &str)]) -> tokio:
 /// Appends `events_per_key` events for each of `keys` aggregates, one
 /// transaction per event, interleaving the keys; event payloads carry `seq`.
 async fn fill_outbox(pool: &PgPool, keys: &[Uuid], events_per_key: usize) {
-    let outbox = Outbox::default();
+    let outbox = Outbox;
     for seq in 0..events_per_key {
         for key in keys {
             let mut tx = pool.begin().await.expect("begin");
             outbox
-                .enqueue(
+                .enqueue_batch(
                     &mut tx,
-                    &OutboxMessage {
+                    &[OutboxMessage {
                         aggregate_id: *key,
                         msg_id: Uuid::now_v7(),
                         event_type: "test.event".into(),
                         payload: format!(r#"{{"seq":{seq}}}"#).into_bytes(),
-                    },
+                    }],
                 )
                 .await
                 .expect("enqueue");
@@ -274,15 +274,15 @@ async fn relay_killed_between_publish_and_mark_loses_nothing() {
 async fn insert_raw(pool: &PgPool, aggregate: Uuid, payload: &[u8]) -> Uuid {
     let msg_id = Uuid::now_v7();
     let mut conn = pool.acquire().await.expect("acquire");
-    Outbox::default()
-        .enqueue(
+    Outbox
+        .enqueue_batch(
             &mut conn,
-            &OutboxMessage {
+            &[OutboxMessage {
                 aggregate_id: aggregate,
                 msg_id,
                 event_type: "test.event".into(),
                 payload: payload.to_vec(),
-            },
+            }],
         )
         .await
         .expect("enqueue");

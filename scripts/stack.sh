@@ -188,7 +188,7 @@ kafka_up() {
 kafka_topic_bin() {
   local bin=$ROOT/target/debug/kafka-topic
   if [ ! -x "$bin" ] || [ -n "$(find "$ROOT/crates/effectively/src" -newer "$bin" -print -quit)" ]; then
-    (cd "$ROOT" && cargo build -q -p effectively --bin kafka-topic) >&2 || die "building kafka-topic failed"
+    (cd "$ROOT" && cargo build -q -p effectively --features kafka --bin kafka-topic) >&2 || die "building kafka-topic failed"
   fi
   echo "$bin"
 }

@@ -10,6 +10,8 @@
 //! * [`text`]: untrusted text made storable in a `text` column;
 //! * [`contract`]: what the pipeline's processes agree on (crash points, the
 //!   event type and payload, header and metric names), as types;
+//! * `kafka` (feature `kafka`): topic creation and a Kafka client's fatal
+//!   state;
 //! * [`db`] (including the transient/deterministic error split), [`config`], [`metrics`], [`telemetry`], [`shutdown`]: the plumbing
 //!   every service of the pipeline shares.
 //!
@@ -22,6 +24,7 @@ pub mod crash;
 pub mod db;
 pub mod envelope;
 pub mod idempotency;
+#[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod metrics;
 pub mod outbox;

@@ -1,11 +1,14 @@
-//! Prometheus plumbing shared by every service: a `GET /metrics` handler that
-//! renders a registry in the text exposition format.
+//! Prometheus plumbing shared by every service: a registry, its text
+//! exposition, and (feature `http`) a `GET /metrics` router and server.
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+#[cfg(feature = "http")]
+use axum::{
+    Router,
+    extract::State,
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
 use prometheus::{Encoder, Registry, TextEncoder};
 
 /// Latency buckets in seconds, from 100 µs to 10 s: fine enough at the low end
@@ -36,6 +39,7 @@ pub fn render(registry: &Registry) -> Result<String, prometheus::Error> {
 }
 
 /// A router serving `GET /metrics` from `registry`.
+#[cfg(feature = "http")]
 pub fn router(registry: Registry) -> Router {
     Router::new()
         .route("/metrics", get(serve))
@@ -44,6 +48,7 @@ pub fn router(registry: Registry) -> Router {
 
 /// Serves `GET /metrics` from `registry` on `listener` until `cancel` fires:
 /// the metrics endpoint of a service that has no HTTP API of its own.
+#[cfg(feature = "http")]
 pub fn spawn_server(
     listener: tokio::net::TcpListener,
     registry: Registry,
@@ -59,6 +64,7 @@ pub fn spawn_server(
     })
 }
 
+#[cfg(feature = "http")]
 async fn serve(State(registry): State<Registry>) -> Response {
     match render(&registry) {
         Ok(text) => (

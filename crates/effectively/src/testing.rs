@@ -108,6 +108,7 @@ fn with_user(url: &str, user: &str) -> String {
 }
 
 /// One message read back from a topic.
+#[cfg(feature = "kafka")]
 #[derive(Debug, Clone)]
 pub struct TopicMessage {
     /// Partition.
@@ -118,7 +119,8 @@ pub struct TopicMessage {
     pub value: Option<Vec<u8>>,
 }
 
-/// A topic created for one test on the stack's broker.
+/// A topic created for one test on the stack's broker (feature `kafka`).
+#[cfg(feature = "kafka")]
 #[derive(Debug, Clone)]
 pub struct TestTopic {
     /// Its name.
@@ -127,6 +129,7 @@ pub struct TestTopic {
     pub bootstrap_servers: String,
 }
 
+#[cfg(feature = "kafka")]
 impl TestTopic {
     /// Creates `test-<uuid>` with `partitions` partitions.
     ///

@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The project's binaries (orders, relay, payments, recon, loadgen, kafka-topic)
+# The project's binaries (orders, relay, payments, recon, loadgen, kafka-tool)
 # in one image; docker-compose.yml picks the binary per service.
 #   docker build -t effectively:local .
 #
@@ -23,7 +23,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bins \
  && mkdir -p /out \
- && for bin in orders relay payments recon loadgen kafka-topic; do cp "target/release/$bin" /out/; done
+ && for bin in orders relay payments recon loadgen kafka-tool; do cp "target/release/$bin" /out/; done
 
 FROM debian:bookworm-slim
 # curl: the compose healthchecks; zlib1g (librdkafka's one shared dependency) is in the base image.

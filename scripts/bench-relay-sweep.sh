@@ -22,7 +22,7 @@ for point in $POINTS; do
   q "UPDATE orders.outbox SET published_at = NULL WHERE id <= $ROWS" >/dev/null
   q "VACUUM orders.outbox" >/dev/null
   topic=bench.sweep.$workers.$batch.$(date +%s)
-  target/debug/kafka-topic --topic "$topic" --partitions 6 2>/dev/null
+  target/debug/kafka-tool create --topic "$topic" --partitions 6 2>/dev/null
   t0=$(date +%s.%N)
   DATABASE_URL=$RELAY_URL KAFKA_TOPIC=$topic RELAY_WORKERS=$workers RELAY_BATCH_SIZE=$batch \
     RELAY_METRICS_ADDR=127.0.0.1:0 RUST_LOG=warn target/release/relay &

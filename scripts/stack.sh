@@ -179,16 +179,16 @@ kafka_up() {
     done
     port_open "$KAFKA_PORT" || die "nisshi did not listen within 10 s, see $LOGS/nisshi.log"
   fi
-  KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT "$(kafka_topic_bin)" --topic "$TOPIC" --partitions "$PARTITIONS" \
+  KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT "$(kafka_tool_bin)" create --topic "$TOPIC" --partitions "$PARTITIONS" \
     || die "could not create topic $TOPIC"
 }
 
-# The project's own topic tool (rdkafka AdminClient), built on first use
-# (debug profile: the test build shares it).
-kafka_topic_bin() {
-  local bin=$ROOT/target/debug/kafka-topic
+# The project's own Kafka tool (rdkafka), built on first use (debug profile:
+# the test build shares it).
+kafka_tool_bin() {
+  local bin=$ROOT/target/debug/kafka-tool
   if [ ! -x "$bin" ] || [ -n "$(find "$ROOT/crates/effectively/src" -newer "$bin" -print -quit)" ]; then
-    (cd "$ROOT" && cargo build -q -p effectively --features kafka --bin kafka-topic) >&2 || die "building kafka-topic failed"
+    (cd "$ROOT" && cargo build -q -p effectively --features kafka --bin kafka-tool) >&2 || die "building kafka-tool failed"
   fi
   echo "$bin"
 }

@@ -76,7 +76,7 @@ pipeline_fresh() {
   pipeline_db "$1"
   export DATABASE_URL=$DB_URL
   export KAFKA_TOPIC=order.events.$2
-  "$BIN/kafka-topic" --topic "$KAFKA_TOPIC" --partitions "${PIPELINE_PARTITIONS:-6}"
+  "$BIN/kafka-tool" create --topic "$KAFKA_TOPIC" --partitions "${PIPELINE_PARTITIONS:-6}"
 }
 
 # wait_http URL NAME PID LOGDIR: up to 30 s for a 200, failing at once if PID died.

@@ -11,7 +11,7 @@
 //! * [`contract`]: what the pipeline's processes agree on (crash points, the
 //!   event type and payload, header and metric names), as types;
 //! * `kafka` (feature `kafka`): topic creation and a Kafka client's fatal
-//!   state;
+//!   state; `inspect` (feature `kafka`): what the `kafka-tool` binary does;
 //! * [`db`] (including the transient/deterministic error split), [`config`], [`metrics`], [`telemetry`], [`shutdown`]: the plumbing
 //!   every service of the pipeline shares.
 //!
@@ -24,6 +24,8 @@ pub mod crash;
 pub mod db;
 pub mod envelope;
 pub mod idempotency;
+#[cfg(feature = "kafka")]
+pub mod inspect;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod metrics;

@@ -25,7 +25,7 @@ pub enum Fault {
     /// The consumer group's committed offsets reset to the earliest: a full
     /// redelivery. Kafka accepts a reset only from outside an empty group, so
     /// payments is stopped (SIGTERM), the offsets are committed as the
-    /// group's, and payments is started again.
+    /// group's (`kafka-tool offsets reset`), and payments is started again.
     OffsetReset,
 }
 
@@ -59,8 +59,9 @@ impl Fault {
         Chaos never writes business data: only the services do."
 )]
 pub struct Config {
-    /// Directory of the orders, relay, payments, loadgen and recon binaries.
-    /// Default: the directory of this executable.
+    /// Directory of the orders, relay, payments, loadgen and recon binaries
+    /// (and kafka-tool, which offset-reset runs). Default: the directory of
+    /// this executable.
     #[arg(long, env = "CHAOS_BIN_DIR")]
     pub bin_dir: Option<PathBuf>,
 

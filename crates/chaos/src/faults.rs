@@ -6,7 +6,7 @@
 //! the injection to the component being back) and its recovery (from the
 //! injection until every service's work counter moved again).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,14 +15,15 @@ use effectively::contract::ServiceName;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use rand::Rng;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::Serialize;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Fault};
 use crate::supervisor::Supervisor;
+
+/// The project's Kafka tool (crates/effectively), which offset-reset runs.
+pub const KAFKA_TOOL: &str = "kafka-tool";
 
 /// How long a fault's recovery is waited for before the next fault anyway.
 const RECOVERY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -45,9 +46,11 @@ pub struct FaultRecord {
 }
 
 /// Injects `config.fault` in turn until `faults` is cancelled or
-/// `--fault-count` faults were injected; returns what happened.
+/// `--fault-count` faults were injected; returns what happened. `bin_dir`
+/// holds `kafka-tool` (offset-reset runs it).
 pub async fn run(
     config: Config,
+    bin_dir: PathBuf,
     supervisors: Vec<Arc<Supervisor>>,
     t0: Instant,
     faults: CancellationToken,
@@ -78,7 +81,7 @@ pub async fn run(
         };
         tracing::info!(fault = fault.as_str(), "injecting");
         eprintln!("chaos: fault {}", fault.as_str());
-        match inject(&config, &supervisors, fault).await {
+        match inject(&config, &bin_dir, &supervisors, fault).await {
             Ok(()) => {
                 record.outage_ms = Some(injected.elapsed().as_millis() as u64);
                 let marks: Vec<(usize, f64)> =
@@ -115,6 +118,7 @@ pub async fn run(
 
 async fn inject(
     config: &Config,
+    bin_dir: &Path,
     supervisors: &[Arc<Supervisor>],
     fault: Fault,
 ) -> anyhow::Result<()> {
@@ -158,7 +162,7 @@ async fn inject(
                 payments.release();
                 bail!("payments did not stop within 30 s");
             }
-            let reset = reset_offsets(&config.payments_group).await;
+            let reset = reset_offsets(&bin_dir.join(KAFKA_TOOL), &config.payments_group).await;
             payments.release();
             reset
         }
@@ -187,55 +191,27 @@ async fn stack_crash(script: &Path, what: &str, down_ms: u64) -> anyhow::Result<
     Ok(())
 }
 
-/// Commits the earliest offset of every partition of `KAFKA_TOPIC` as
-/// `group`'s: the group, empty now, redelivers everything when payments joins
-/// again. A broker that still counts the stopped member in the group refuses
-/// the commit until its session expires; that is retried for up to a minute.
-async fn reset_offsets(group: &str) -> anyhow::Result<()> {
-    let bootstrap = std::env::var("KAFKA_BOOTSTRAP_SERVERS").context("KAFKA_BOOTSTRAP_SERVERS")?;
-    let topic = std::env::var("KAFKA_TOPIC").unwrap_or_else(|_| "order.events".into());
-    let group = group.to_owned();
-    tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &bootstrap)
-            .set("group.id", &group)
-            .set("enable.auto.commit", "false")
-            .create()
-            .context("create the offset-reset client")?;
-        let timeout = Duration::from_secs(10);
-        let metadata = consumer
-            .fetch_metadata(Some(&topic), timeout)
-            .with_context(|| format!("metadata of {topic}"))?;
-        let partitions: Vec<i32> = metadata
-            .topics()
-            .iter()
-            .filter(|t| t.name() == topic)
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
-        if partitions.is_empty() {
-            bail!("topic {topic} has no partitions");
-        }
-        let mut earliest = TopicPartitionList::new();
-        for p in partitions {
-            let (low, _) = consumer
-                .fetch_watermarks(&topic, p, timeout)
-                .with_context(|| format!("watermarks of {topic}/{p}"))?;
-            earliest
-                .add_partition_offset(&topic, p, Offset::Offset(low))
-                .context("offset list")?;
-        }
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            match consumer.commit(&earliest, CommitMode::Sync) {
-                Ok(()) => return Ok(()),
-                Err(error) if Instant::now() < deadline => {
-                    tracing::info!(%error, "offset reset refused (group not empty yet?); retrying");
-                    std::thread::sleep(Duration::from_millis(500));
-                }
-                Err(error) => bail!("commit the earliest offsets for group {group}: {error}"),
-            }
-        }
-    })
-    .await
-    .context("offset-reset task")?
+/// `kafka-tool offsets reset --group GROUP --to earliest --wait 60s`: commits
+/// the earliest offset of every partition of `KAFKA_TOPIC` as `group`'s, so
+/// the group, empty now, redelivers everything when payments joins again. The
+/// tool refuses a group with live members; a broker that still counts the
+/// stopped member (until its session expires) gets up to a minute to let it
+/// go. The tool takes the broker and topic from the environment
+/// (`KAFKA_BOOTSTRAP_SERVERS`, `KAFKA_TOPIC`), as the services do.
+async fn reset_offsets(kafka_tool: &Path, group: &str) -> anyhow::Result<()> {
+    let output = Command::new(kafka_tool)
+        .args(["offsets", "reset", "--group", group, "--to", "earliest"])
+        .args(["--wait", "60s"])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .with_context(|| format!("run {}", kafka_tool.display()))?;
+    if !output.status.success() {
+        bail!(
+            "reset the offsets of group {group}: {}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
 }

@@ -43,7 +43,11 @@ pub async fn run(config: Config, interrupt: CancellationToken) -> anyhow::Result
             .map(Path::to_path_buf)
             .context("executable has no directory")?,
     };
-    for b in BINARIES {
+    let kafka_tool = config
+        .fault
+        .contains(&crate::config::Fault::OffsetReset)
+        .then_some(faults::KAFKA_TOOL);
+    for b in BINARIES.into_iter().chain(kafka_tool) {
         let p = bin_dir.join(b);
         if !p.is_file() {
             bail!(
@@ -163,6 +167,7 @@ async fn drive(
     });
     let injector = tokio::spawn(faults::run(
         config.clone(),
+        bin_dir.to_path_buf(),
         supervisors.to_vec(),
         t0,
         faults.clone(),

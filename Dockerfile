@@ -6,13 +6,17 @@
 # Build needs: the Rust toolchain; rdkafka's bundled librdkafka (rdkafka-sys)
 # is compiled with its configure script + make by a C/C++ compiler and links
 # the system zlib (found by pkg-config). protox compiles proto/ in pure Rust,
-# so no protoc. sqlx uses runtime queries, so no database at build time.
+# so no protoc. sqlx checks the SQL of its query macros against the committed
+# offline data (.sqlx/; .cargo/config.toml sets SQLX_OFFLINE), so no database
+# at build time.
 FROM rust:1.95.0-bookworm AS builder
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential pkg-config zlib1g-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+COPY .cargo .cargo
+COPY .sqlx .sqlx
 COPY crates crates
 COPY loadgen loadgen
 COPY migrations migrations

@@ -36,7 +36,7 @@ pub enum InjectFault {
 }
 
 /// An order as stored.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct OrderRow {
     /// Order id.
     pub order_id: Uuid,
@@ -183,11 +183,12 @@ impl Store {
 
     /// Reads one order.
     pub async fn get(&self, order_id: Uuid) -> Result<Option<OrderRow>, StoreError> {
-        Ok(sqlx::query_as(
+        Ok(sqlx::query_as!(
+            OrderRow,
             "SELECT order_id, account_id, amount_cents, status, created_at \
              FROM orders.orders WHERE order_id = $1",
+            order_id
         )
-        .bind(order_id)
         .fetch_optional(&self.pool)
         .await?)
     }
@@ -197,14 +198,14 @@ async fn insert_orders(conn: &mut PgConnection, orders: &[&NewOrder]) -> Result<
     let ids: Vec<Uuid> = orders.iter().map(|o| o.order_id()).collect();
     let accounts: Vec<i64> = orders.iter().map(|o| o.account_id()).collect();
     let amounts: Vec<i64> = orders.iter().map(|o| o.amount_cents()).collect();
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO orders.orders (order_id, account_id, amount_cents, status) \
          SELECT o, a, m, $4 FROM unnest($1::uuid[], $2::int8[], $3::int8[]) AS u(o, a, m)",
+        &ids,
+        &accounts,
+        &amounts,
+        ORDER_STATUS_CREATED
     )
-    .bind(&ids)
-    .bind(&accounts)
-    .bind(&amounts)
-    .bind(ORDER_STATUS_CREATED)
     .execute(conn)
     .await?;
     Ok(())

@@ -295,13 +295,13 @@ pub(crate) async fn claim_inbox(
 ) -> sqlx::Result<Vec<Uuid>> {
     let msg_ids: Vec<Uuid> = unique.iter().map(|(i, _)| i.msg_id).collect();
     let hashes: Vec<i64> = unique.iter().map(|(i, _)| i.payload_hash).collect();
-    sqlx::query_scalar(
+    sqlx::query_scalar!(
         "INSERT INTO payments.inbox (msg_id, payload_hash) \
          SELECT * FROM unnest($1::uuid[], $2::int8[]) \
          ON CONFLICT (msg_id) DO NOTHING RETURNING msg_id",
+        &msg_ids,
+        &hashes
     )
-    .bind(&msg_ids)
-    .bind(&hashes)
     .fetch_all(&mut **tx)
     .await
 }
@@ -311,10 +311,16 @@ async fn stored_hashes(
     tx: &mut Transaction<'_, Postgres>,
     msg_ids: &[Uuid],
 ) -> sqlx::Result<Vec<(Uuid, Option<i64>)>> {
-    sqlx::query_as("SELECT msg_id, payload_hash FROM payments.inbox WHERE msg_id = ANY($1)")
-        .bind(msg_ids)
-        .fetch_all(&mut **tx)
-        .await
+    let rows = sqlx::query!(
+        "SELECT msg_id, payload_hash FROM payments.inbox WHERE msg_id = ANY($1)",
+        msg_ids
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.msg_id, r.payload_hash))
+        .collect())
 }
 
 /// Which msg_id charged each of `orders`.
@@ -322,12 +328,13 @@ async fn charging_msg_ids(
     tx: &mut Transaction<'_, Postgres>,
     orders: &[Uuid],
 ) -> sqlx::Result<HashMap<Uuid, Uuid>> {
-    let rows: Vec<(Uuid, Uuid)> =
-        sqlx::query_as("SELECT order_id, msg_id FROM payments.charges WHERE order_id = ANY($1)")
-            .bind(orders)
-            .fetch_all(&mut **tx)
-            .await?;
-    Ok(rows.into_iter().collect())
+    let rows = sqlx::query!(
+        "SELECT order_id, msg_id FROM payments.charges WHERE order_id = ANY($1)",
+        orders
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.order_id, r.msg_id)).collect())
 }
 
 /// Writes the charge (guarded by UNIQUE(order_id)) and, for each charge
@@ -337,9 +344,8 @@ pub async fn insert_effects(
     tx: &mut Transaction<'_, Postgres>,
     fresh: &[(&ChargeIntent, Source<'_>)],
 ) -> sqlx::Result<Vec<Uuid>> {
-    write_effects(
-        tx,
-        fresh,
+    let c = EffectColumns::of(fresh);
+    sqlx::query_scalar!(
         "WITH c AS ( \
            INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[]) \
@@ -349,31 +355,37 @@ pub async fn insert_effects(
            INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
            SELECT account_id, order_id, msg_id, amount_cents FROM c) \
          SELECT msg_id FROM c",
+        &c.charge_ids,
+        &c.order_ids,
+        &c.msg_ids,
+        &c.accounts,
+        &c.amounts
     )
+    .fetch_all(&mut **tx)
     .await
 }
 
-/// Runs an effect statement over the columns of `fresh`: $1 charge ids,
-/// $2 order ids, $3 msg ids, $4 accounts, $5 amounts. The statement returns
-/// the msg_ids whose charge it inserted.
-pub(crate) async fn write_effects(
-    tx: &mut Transaction<'_, Postgres>,
-    fresh: &[(&ChargeIntent, Source<'_>)],
-    sql: &'static str,
-) -> sqlx::Result<Vec<Uuid>> {
-    let charge_ids: Vec<Uuid> = fresh.iter().map(|_| Uuid::now_v7()).collect();
-    let order_ids: Vec<Uuid> = fresh.iter().map(|(i, _)| i.order_id).collect();
-    let msg_ids: Vec<Uuid> = fresh.iter().map(|(i, _)| i.msg_id).collect();
-    let accounts: Vec<i64> = fresh.iter().map(|(i, _)| i.account_id).collect();
-    let amounts: Vec<i64> = fresh.iter().map(|(i, _)| i.amount_cents).collect();
-    sqlx::query_scalar(sql)
-        .bind(&charge_ids)
-        .bind(&order_ids)
-        .bind(&msg_ids)
-        .bind(&accounts)
-        .bind(&amounts)
-        .fetch_all(&mut **tx)
-        .await
+/// The columns of `fresh` as the effect statements bind them: $1 new charge
+/// ids, $2 order ids, $3 msg ids, $4 accounts, $5 amounts.
+pub(crate) struct EffectColumns {
+    pub(crate) charge_ids: Vec<Uuid>,
+    pub(crate) order_ids: Vec<Uuid>,
+    pub(crate) msg_ids: Vec<Uuid>,
+    pub(crate) accounts: Vec<i64>,
+    pub(crate) amounts: Vec<i64>,
+}
+
+impl EffectColumns {
+    /// The columns of `fresh`, each charge with a new id.
+    pub(crate) fn of(fresh: &[(&ChargeIntent, Source<'_>)]) -> Self {
+        Self {
+            charge_ids: fresh.iter().map(|_| Uuid::now_v7()).collect(),
+            order_ids: fresh.iter().map(|(i, _)| i.order_id).collect(),
+            msg_ids: fresh.iter().map(|(i, _)| i.msg_id).collect(),
+            accounts: fresh.iter().map(|(i, _)| i.account_id).collect(),
+            amounts: fresh.iter().map(|(i, _)| i.amount_cents).collect(),
+        }
+    }
 }
 
 /// Writes dead letters (a redelivered one, same topic/partition/offset, is
@@ -386,20 +398,20 @@ pub(crate) async fn insert_dead_letters(
 ) -> sqlx::Result<Vec<DeadLetterKind>> {
     let mut written = Vec::with_capacity(dead.len());
     for d in dead {
-        let inserted = sqlx::query(
+        let inserted = sqlx::query!(
             "INSERT INTO payments.dead_letters \
                (topic, partition, \"offset\", msg_key, payload, reason, kind, msg_id) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
              ON CONFLICT (topic, partition, \"offset\") DO NOTHING",
+            storable(d.source.topic),
+            d.source.partition,
+            d.source.offset,
+            d.source.key,
+            d.source.payload,
+            storable(&d.reason),
+            d.kind.as_str(),
+            d.msg_id
         )
-        .bind(storable(d.source.topic))
-        .bind(d.source.partition)
-        .bind(d.source.offset)
-        .bind(d.source.key)
-        .bind(d.source.payload)
-        .bind(storable(&d.reason))
-        .bind(d.kind.as_str())
-        .bind(d.msg_id)
         .execute(&mut **tx)
         .await?
         .rows_affected();

@@ -17,8 +17,8 @@ use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::inbox::{
-    Applied, ChargeIntent, Delivery, Source, claim_inbox, insert_dead_letters, insert_effects,
-    split, unique_by_msg_id, write_effects,
+    Applied, ChargeIntent, Delivery, EffectColumns, Source, claim_inbox, insert_dead_letters,
+    insert_effects, split, unique_by_msg_id,
 };
 
 /// Applies a batch the wrong way; see the module docs. (Conflicting
@@ -54,11 +54,12 @@ pub async fn apply_batch(
         SplitTxn::EffectFirst => {
             let msg_ids: Vec<Uuid> = unique.iter().map(|(i, _)| i.msg_id).collect();
             let mut tx = pool.begin().await?;
-            let seen: Vec<Uuid> =
-                sqlx::query_scalar("SELECT msg_id FROM payments.inbox WHERE msg_id = ANY($1)")
-                    .bind(&msg_ids)
-                    .fetch_all(&mut *tx)
-                    .await?;
+            let seen: Vec<Uuid> = sqlx::query_scalar!(
+                "SELECT msg_id FROM payments.inbox WHERE msg_id = ANY($1)",
+                &msg_ids
+            )
+            .fetch_all(&mut *tx)
+            .await?;
             let fresh: Vec<(&ChargeIntent, Source<'_>)> = unique
                 .into_iter()
                 .filter(|(i, _)| !seen.contains(&i.msg_id))
@@ -85,9 +86,8 @@ async fn insert_effects_unguarded(
     tx: &mut Transaction<'_, Postgres>,
     fresh: &[(&ChargeIntent, Source<'_>)],
 ) -> sqlx::Result<Vec<Uuid>> {
-    write_effects(
-        tx,
-        fresh,
+    let c = EffectColumns::of(fresh);
+    sqlx::query_scalar!(
         "WITH c AS ( \
            INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
            SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[]) \
@@ -96,6 +96,12 @@ async fn insert_effects_unguarded(
            INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
            SELECT * FROM unnest($4::int8[], $2::uuid[], $3::uuid[], $5::int8[])) \
          SELECT msg_id FROM c",
+        &c.charge_ids,
+        &c.order_ids,
+        &c.msg_ids,
+        &c.accounts,
+        &c.amounts
     )
+    .fetch_all(&mut **tx)
     .await
 }

@@ -122,9 +122,9 @@ pub fn show_sql() -> String {
     format!(
         "-- the diff of the ids $1 to $2 (the whole: $1 = '00000000-0000-0000-0000-000000000000', \
          $2 = 'ffffffff-ffff-ffff-ffff-ffffffffffff')\n{};\n\n-- dead letters\n{};\n\n-- drained?\n{};\n\n",
-        crate::PART_SQL,
-        crate::DEAD_LETTERS_SQL,
-        crate::DRAINED_SQL
+        crate::PART_SQL.trim_end(),
+        crate::DEAD_LETTERS_SQL.trim_end(),
+        crate::DRAINED_SQL.trim_end()
     )
 }
 
@@ -139,7 +139,7 @@ pub async fn connect(database_url: &str, jobs: usize) -> anyhow::Result<PgPool> 
         .max_connections(jobs.max(2) as u32)
         .after_connect(|conn, _| {
             Box::pin(async move {
-                sqlx::query("SET default_transaction_read_only = on")
+                sqlx::query!("SET default_transaction_read_only = on")
                     .execute(conn)
                     .await?;
                 Ok(())

@@ -18,7 +18,7 @@ pub mod cli;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use sqlx::{FromRow, PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 /// The diff of one order-id range, `$1` to `$2` inclusive: one statement.
@@ -33,95 +33,23 @@ use uuid::Uuid;
 /// matched to an order; outbox events and inbox rows are matched by msg_id
 /// over the same range of msg_ids. Every column is a count or a sum, so the
 /// parts of a partition of the id space add up to the whole
-/// ([`Report::from_parts`]).
-pub const PART_SQL: &str = r#"WITH
-k AS (SELECT order_id, count(*) AS n FROM orders.idempotency_keys
-      WHERE order_id BETWEEN $1 AND $2 GROUP BY order_id),
-x AS (SELECT e.aggregate_id AS order_id, count(*) AS n,
-             count(*) FILTER (WHERE c.msg_id = e.msg_id) AS charging,
-             count(*) FILTER (WHERE NOT (
-                 position(convert_to('"order_id":"' || o.order_id || '"', 'UTF8') IN e.payload) > 0
-                 AND (position(convert_to('"account_id":' || o.account_id || ',', 'UTF8') IN e.payload) > 0
-                      OR position(convert_to('"account_id":' || o.account_id || '}', 'UTF8') IN e.payload) > 0)
-                 AND (position(convert_to('"amount_cents":' || o.amount_cents || ',', 'UTF8') IN e.payload) > 0
-                      OR position(convert_to('"amount_cents":' || o.amount_cents || '}', 'UTF8') IN e.payload) > 0))
-             ) AS foreign_payloads
-      FROM orders.outbox e
-      JOIN orders.orders o ON o.order_id = e.aggregate_id
-      LEFT JOIN payments.charges c ON c.order_id = e.aggregate_id
-      WHERE e.aggregate_id BETWEEN $1 AND $2
-      GROUP BY e.aggregate_id),
-l AS (SELECT l.order_id, count(*) AS n,
-             count(*) FILTER (WHERE c.order_id IS NULL OR c.msg_id <> l.msg_id
-                              OR c.account_id <> l.account_id OR c.amount_cents <> l.amount_cents) AS foreign_entries
-      FROM payments.ledger l LEFT JOIN payments.charges c ON c.order_id = l.order_id
-      WHERE l.order_id BETWEEN $1 AND $2
-      GROUP BY l.order_id),
-j AS (SELECT count(*) AS orders,
-             COALESCE(sum(o.amount_cents), 0)::int8 AS order_amount,
-             COALESCE(sum(k.n), 0)::int8 AS keys_matched,
-             count(*) FILTER (WHERE k.n IS NULL) AS orders_without_key,
-             count(*) FILTER (WHERE k.n > 1) AS orders_with_many_keys,
-             COALESCE(sum(x.n), 0)::int8 AS events_matched,
-             count(*) FILTER (WHERE x.n IS NULL) AS orders_without_event,
-             count(*) FILTER (WHERE x.n > 1) AS orders_with_many_events,
-             count(*) FILTER (WHERE x.foreign_payloads > 0) AS event_payload_mismatches,
-             count(c.order_id) AS charges_matched,
-             count(*) FILTER (WHERE c.order_id IS NULL) AS orders_without_charge,
-             count(*) FILTER (WHERE c.account_id <> o.account_id OR c.amount_cents <> o.amount_cents) AS charge_mismatches,
-             count(*) FILTER (WHERE c.order_id IS NOT NULL AND COALESCE(x.charging, 0) = 0) AS charges_by_another_event,
-             COALESCE(sum(l.n), 0)::int8 AS effects_matched,
-             count(*) FILTER (WHERE l.n > 1) AS double_charges,
-             count(*) FILTER (WHERE c.order_id IS NOT NULL AND l.n IS NULL) AS charges_without_effect,
-             count(*) FILTER (WHERE l.foreign_entries > 0) AS effect_mismatches
-      FROM orders.orders o
-      LEFT JOIN k ON k.order_id = o.order_id
-      LEFT JOIN x ON x.order_id = o.order_id
-      LEFT JOIN payments.charges c ON c.order_id = o.order_id
-      LEFT JOIN l ON l.order_id = o.order_id
-      WHERE o.order_id BETWEEN $1 AND $2),
-ks AS (SELECT count(*) AS n,
-              count(*) FILTER (WHERE position(convert_to('"order_id":"' || order_id || '"', 'UTF8')
-                                              IN response_body) = 0) AS foreign_responses
-       FROM orders.idempotency_keys WHERE order_id BETWEEN $1 AND $2),
-xs AS (SELECT count(*) AS n, count(*) FILTER (WHERE published_at IS NULL) AS unpublished,
-              count(*) FILTER (WHERE failed_at IS NOT NULL) AS failed
-       FROM orders.outbox WHERE aggregate_id BETWEEN $1 AND $2),
-cs AS (SELECT count(*) AS n, COALESCE(sum(amount_cents), 0)::int8 AS amount
-       FROM payments.charges WHERE order_id BETWEEN $1 AND $2),
-ls AS (SELECT count(*) AS n, COALESCE(sum(amount_cents), 0)::int8 AS amount
-       FROM payments.ledger WHERE order_id BETWEEN $1 AND $2),
-ins AS (SELECT count(*) AS n FROM payments.inbox WHERE msg_id BETWEEN $1 AND $2),
-io AS (SELECT count(*) AS n FROM orders.outbox e JOIN payments.inbox i ON i.msg_id = e.msg_id
-       WHERE e.msg_id BETWEEN $1 AND $2)
-SELECT j.*, ks.n AS keys, ks.foreign_responses, xs.n AS events, xs.unpublished, xs.failed,
-       cs.n AS charges, cs.amount AS charge_amount, ls.n AS effects, ls.amount AS effect_amount,
-       ins.n AS inbox, io.n AS consumed
-FROM j, ks, xs, cs, ls, ins, io"#;
+/// ([`Report::from_parts`]). The text is `src/sql/part.sql`, the one file
+/// both this constant and the compile-time checked query read.
+pub const PART_SQL: &str = include_str!("sql/part.sql");
 
 /// Dead letters: counted once, not per range (a dead letter need not have
 /// a msg_id).
-pub const DEAD_LETTERS_SQL: &str = "SELECT count(*) FROM payments.dead_letters";
+pub const DEAD_LETTERS_SQL: &str = include_str!("sql/dead_letters.sql");
 
 /// Pipeline drained: nothing in the outbox that the relay will still
 /// publish (rows marked failed, and the later rows of their keys that they
 /// hold back, never will), and every published event consumed: in the
 /// inbox, or a dead letter.
-pub const DRAINED_SQL: &str = r#"SELECT
-  NOT EXISTS (SELECT 1 FROM orders.outbox o
-              WHERE o.published_at IS NULL AND o.failed_at IS NULL
-                AND NOT EXISTS (SELECT 1 FROM orders.outbox f
-                                WHERE f.aggregate_id = o.aggregate_id
-                                  AND f.published_at IS NULL AND f.failed_at IS NOT NULL
-                                  AND f.id < o.id))
-  AND NOT EXISTS (SELECT 1 FROM orders.outbox x
-                  WHERE x.published_at IS NOT NULL
-                    AND NOT EXISTS (SELECT 1 FROM payments.inbox i WHERE i.msg_id = x.msg_id)
-                    AND NOT EXISTS (SELECT 1 FROM payments.dead_letters d WHERE d.msg_id = x.msg_id))"#;
+pub const DRAINED_SQL: &str = include_str!("sql/drained.sql");
 
 /// The counts of one order-id range ([`PART_SQL`]); every field adds up
 /// across the ranges of a partition.
-#[derive(Debug, Clone, Default, PartialEq, Eq, FromRow)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Part {
     /// Orders.
     pub orders: i64,
@@ -490,7 +418,9 @@ impl Report {
 /// and roll it back).
 pub async fn reconcile(conn: &mut PgConnection) -> sqlx::Result<Report> {
     let part = run_part(conn, Uuid::nil(), Uuid::max()).await?;
-    let dead_letters = sqlx::query_scalar(DEAD_LETTERS_SQL).fetch_one(conn).await?;
+    let dead_letters = sqlx::query_file_scalar!("src/sql/dead_letters.sql")
+        .fetch_one(conn)
+        .await?;
     Ok(Report::from_parts(&[part], dead_letters))
 }
 
@@ -506,16 +436,18 @@ pub async fn reconcile(conn: &mut PgConnection) -> sqlx::Result<Report> {
 /// costs more than it saves).
 pub async fn reconcile_in_parts(pool: &PgPool, jobs: usize) -> sqlx::Result<Report> {
     let mut lead = begin_snapshot(pool, None).await?;
-    let snapshot: String = sqlx::query_scalar("SELECT pg_export_snapshot()")
+    // A function's result has no NOT NULL for PostgreSQL to report; this
+    // one never returns NULL.
+    let snapshot = sqlx::query_scalar!(r#"SELECT pg_export_snapshot() AS "snapshot!""#)
         .fetch_one(&mut *lead)
         .await?;
-    let (lo, hi): (Option<Uuid>, Option<Uuid>) = sqlx::query_as(
-        "SELECT (SELECT order_id FROM orders.orders ORDER BY order_id LIMIT 1), \
-                    (SELECT order_id FROM orders.orders ORDER BY order_id DESC LIMIT 1)",
+    let bounds = sqlx::query!(
+        "SELECT (SELECT order_id FROM orders.orders ORDER BY order_id LIMIT 1) AS lo, \
+                (SELECT order_id FROM orders.orders ORDER BY order_id DESC LIMIT 1) AS hi"
     )
     .fetch_one(&mut *lead)
     .await?;
-    let ranges = id_ranges(lo.zip(hi), jobs);
+    let ranges = id_ranges(bounds.lo.zip(bounds.hi), jobs);
     let mut txs = vec![lead];
     for _ in 1..ranges.len() {
         txs.push(begin_snapshot(pool, Some(&snapshot)).await?);
@@ -526,7 +458,7 @@ pub async fn reconcile_in_parts(pool: &PgPool, jobs: usize) -> sqlx::Result<Repo
             .map(|(tx, &(lo, hi))| run_part(tx, lo, hi)),
     )
     .await?;
-    let dead_letters = sqlx::query_scalar(DEAD_LETTERS_SQL)
+    let dead_letters = sqlx::query_file_scalar!("src/sql/dead_letters.sql")
         .fetch_one(&mut *txs[0])
         .await?;
     Ok(Report::from_parts(&parts, dead_letters))
@@ -539,7 +471,7 @@ async fn begin_snapshot(
     snapshot: Option<&str>,
 ) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Postgres>> {
     let mut tx = pool.begin().await?;
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         .execute(&mut *tx)
         .await?;
     if let Some(id) = snapshot {
@@ -550,21 +482,22 @@ async fn begin_snapshot(
                 "unexpected snapshot id from pg_export_snapshot: {id:?}"
             )));
         }
+        // Dynamic (the id is spliced in), so checked at run time only.
         sqlx::query(&format!("SET TRANSACTION SNAPSHOT '{id}'"))
             .execute(&mut *tx)
             .await?;
     }
-    sqlx::query("SET LOCAL jit = off").execute(&mut *tx).await?;
-    sqlx::query("SET LOCAL max_parallel_workers_per_gather = 0")
+    sqlx::query!("SET LOCAL jit = off")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query!("SET LOCAL max_parallel_workers_per_gather = 0")
         .execute(&mut *tx)
         .await?;
     Ok(tx)
 }
 
 async fn run_part(conn: &mut PgConnection, lo: Uuid, hi: Uuid) -> sqlx::Result<Part> {
-    sqlx::query_as(PART_SQL)
-        .bind(lo)
-        .bind(hi)
+    sqlx::query_file_as!(Part, "src/sql/part.sql", lo, hi)
         .fetch_one(conn)
         .await
 }
@@ -597,7 +530,9 @@ pub fn id_ranges(bounds: Option<(Uuid, Uuid)>, jobs: usize) -> Vec<(Uuid, Uuid)>
 pub async fn wait_drained(pool: &PgPool, timeout: Duration) -> sqlx::Result<bool> {
     let deadline = Instant::now() + timeout;
     loop {
-        let drained: bool = sqlx::query_scalar(DRAINED_SQL).fetch_one(pool).await?;
+        let drained = sqlx::query_file_scalar!("src/sql/drained.sql")
+            .fetch_one(pool)
+            .await?;
         if drained {
             return Ok(true);
         }
@@ -699,29 +634,34 @@ impl IntentsReport {
 pub async fn check_intents(pool: &PgPool, client: &ClientIntents) -> sqlx::Result<IntentsReport> {
     let keys: Vec<&str> = client.succeeded.iter().map(|(k, _)| k.as_str()).collect();
     let ids: Vec<Uuid> = client.succeeded.iter().map(|(_, id)| *id).collect();
-    let (matched, missing, wrong): (i64, i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE k.order_id = c.id AND o.order_id IS NOT NULL), \
-                count(*) FILTER (WHERE k.idem_key IS NULL), \
-                count(*) FILTER (WHERE k.idem_key IS NOT NULL \
-                                  AND (k.order_id <> c.id OR o.order_id IS NULL)) \
-         FROM unnest($1::text[], $2::uuid[]) AS c(key, id) \
-         LEFT JOIN orders.idempotency_keys k ON k.idem_key = c.key \
-         LEFT JOIN orders.orders o ON o.order_id = k.order_id",
+    // count(*) is never NULL, but PostgreSQL reports no nullability for an
+    // aggregate: hence the "!".
+    let counts = sqlx::query!(
+        r#"SELECT count(*) FILTER (WHERE k.order_id = c.id AND o.order_id IS NOT NULL) AS "matched!",
+                  count(*) FILTER (WHERE k.idem_key IS NULL) AS "missing!",
+                  count(*) FILTER (WHERE k.idem_key IS NOT NULL
+                                    AND (k.order_id <> c.id OR o.order_id IS NULL)) AS "wrong!"
+           FROM unnest($1::text[], $2::uuid[]) AS c(key, id)
+           LEFT JOIN orders.idempotency_keys k ON k.idem_key = c.key
+           LEFT JOIN orders.orders o ON o.order_id = k.order_id"#,
+        // Borrowed keys encode as text[] like owned ones; the macro's check
+        // only knows `&[String]` for text[], so the type is stated.
+        &keys as &[&str],
+        &ids
     )
-    .bind(&keys)
-    .bind(&ids)
     .fetch_one(pool)
     .await?;
-    let ambiguous_committed: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM orders.idempotency_keys WHERE idem_key = ANY($1)")
-            .bind(&client.ambiguous)
-            .fetch_one(pool)
-            .await?;
+    let ambiguous_committed = sqlx::query_scalar!(
+        r#"SELECT count(*) AS "committed!" FROM orders.idempotency_keys WHERE idem_key = ANY($1)"#,
+        &client.ambiguous
+    )
+    .fetch_one(pool)
+    .await?;
     Ok(IntentsReport {
         client_succeeded: client.succeeded.len() as i64,
-        matched,
-        missing_in_db: missing,
-        wrong_order: wrong,
+        matched: counts.matched,
+        missing_in_db: counts.missing,
+        wrong_order: counts.wrong,
         client_ambiguous: client.ambiguous.len() as i64,
         ambiguous_committed,
     })

@@ -14,7 +14,7 @@ pub const SHARDS: i16 = 16;
 const LOCK_BASE: i64 = 0x0e11_7e1a_0000;
 
 /// A pending outbox row.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct PendingRow {
     /// Publish order.
     pub id: i64,
@@ -39,10 +39,14 @@ pub struct PendingRow {
 /// marks the batch published, or by the rollback when the relay dies. That is
 /// the fence: a worker can only mark rows while it still holds the lease.
 pub async fn try_lock_shard(tx: &mut Transaction<'_, Postgres>, shard: i16) -> sqlx::Result<bool> {
-    sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
-        .bind(LOCK_BASE + i64::from(shard))
-        .fetch_one(&mut **tx)
-        .await
+    // A function's result has no NOT NULL for PostgreSQL to report; this
+    // one never returns NULL.
+    sqlx::query_scalar!(
+        r#"SELECT pg_try_advisory_xact_lock($1) AS "locked!""#,
+        LOCK_BASE + i64::from(shard)
+    )
+    .fetch_one(&mut **tx)
+    .await
 }
 
 /// Claims up to `limit` rows of `shard` in id order: the first pending row
@@ -61,7 +65,8 @@ pub async fn claim(
     shard: i16,
     limit: i64,
 ) -> sqlx::Result<Vec<PendingRow>> {
-    sqlx::query_as(
+    sqlx::query_as!(
+        PendingRow,
         "SELECT o.id, o.aggregate_id, o.msg_id, o.event_type, o.payload, o.created_at, o.attempts \
          FROM orders.outbox o \
          WHERE o.shard = $1 AND o.published_at IS NULL AND o.failed_at IS NULL \
@@ -70,22 +75,22 @@ pub async fn claim(
                              AND e.published_at IS NULL AND e.id < o.id) \
          ORDER BY o.id LIMIT $2 \
          FOR UPDATE OF o SKIP LOCKED",
+        shard,
+        limit
     )
-    .bind(shard)
-    .bind(limit)
     .fetch_all(conn)
     .await
 }
 
 /// Marks rows published.
 pub async fn mark_published(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<u64> {
-    Ok(
-        sqlx::query("UPDATE orders.outbox SET published_at = now() WHERE id = ANY($1)")
-            .bind(ids)
-            .execute(conn)
-            .await?
-            .rows_affected(),
+    Ok(sqlx::query!(
+        "UPDATE orders.outbox SET published_at = now() WHERE id = ANY($1)",
+        ids
     )
+    .execute(conn)
+    .await?
+    .rows_affected())
 }
 
 /// Records a failed publish attempt of each row (`(id, error)`): counts it,
@@ -101,18 +106,20 @@ pub async fn record_failures(
         .iter()
         .map(|(_, e)| effectively::text::storable(e))
         .collect();
-    let failed: i64 = sqlx::query_scalar(
-        "WITH u AS ( \
-           UPDATE orders.outbox o SET attempts = o.attempts + 1, last_error = f.error, \
-                  failed_at = CASE WHEN o.attempts + 1 >= $3 THEN now() END \
-           FROM unnest($1::int8[], $2::text[]) AS f(id, error) \
-           WHERE o.id = f.id \
-           RETURNING o.failed_at) \
-         SELECT count(*) FROM u WHERE failed_at IS NOT NULL",
+    // count(*) is never NULL, but PostgreSQL reports no nullability for an
+    // aggregate.
+    let failed: i64 = sqlx::query_scalar!(
+        r#"WITH u AS (
+             UPDATE orders.outbox o SET attempts = o.attempts + 1, last_error = f.error,
+                    failed_at = CASE WHEN o.attempts + 1 >= $3 THEN now() END
+             FROM unnest($1::int8[], $2::text[]) AS f(id, error)
+             WHERE o.id = f.id
+             RETURNING o.failed_at)
+           SELECT count(*) AS "failed!" FROM u WHERE failed_at IS NOT NULL"#,
+        &ids,
+        &errors,
+        max_attempts
     )
-    .bind(&ids)
-    .bind(&errors)
-    .bind(max_attempts)
     .fetch_one(conn)
     .await?;
     Ok(u64::try_from(failed).unwrap_or(0))
@@ -121,12 +128,15 @@ pub async fn record_failures(
 /// The backlog: rows pending (not failed), the age of the oldest of them in
 /// seconds, and rows marked failed.
 pub async fn lag(conn: &mut PgConnection) -> sqlx::Result<(i64, f64, i64)> {
-    sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE failed_at IS NULL), \
-                COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE failed_at IS NULL))::float8, 0), \
-                count(*) FILTER (WHERE failed_at IS NOT NULL) \
-         FROM orders.outbox WHERE published_at IS NULL",
+    // Aggregates and COALESCE: never NULL here, but PostgreSQL reports no
+    // nullability for them.
+    let row = sqlx::query!(
+        r#"SELECT count(*) FILTER (WHERE failed_at IS NULL) AS "pending!",
+                  COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE failed_at IS NULL))::float8, 0) AS "oldest_seconds!",
+                  count(*) FILTER (WHERE failed_at IS NOT NULL) AS "failed!"
+           FROM orders.outbox WHERE published_at IS NULL"#
     )
     .fetch_one(conn)
-    .await
+    .await?;
+    Ok((row.pending, row.oldest_seconds, row.failed))
 }

@@ -1,0 +1,14 @@
+-- NOT EXISTS is never NULL; "!" tells sqlx's compile-time check so
+-- (PostgreSQL reports no nullability for computed columns).
+SELECT
+  NOT EXISTS (SELECT 1 FROM orders.outbox o
+              WHERE o.published_at IS NULL AND o.failed_at IS NULL
+                AND NOT EXISTS (SELECT 1 FROM orders.outbox f
+                                WHERE f.aggregate_id = o.aggregate_id
+                                  AND f.published_at IS NULL AND f.failed_at IS NOT NULL
+                                  AND f.id < o.id))
+  AND NOT EXISTS (SELECT 1 FROM orders.outbox x
+                  WHERE x.published_at IS NOT NULL
+                    AND NOT EXISTS (SELECT 1 FROM payments.inbox i WHERE i.msg_id = x.msg_id)
+                    AND NOT EXISTS (SELECT 1 FROM payments.dead_letters d WHERE d.msg_id = x.msg_id))
+  AS "drained!"

@@ -1,0 +1,92 @@
+WITH
+k AS (SELECT order_id, count(*) AS n FROM orders.idempotency_keys
+      WHERE order_id BETWEEN $1 AND $2 GROUP BY order_id),
+x AS (SELECT e.aggregate_id AS order_id, count(*) AS n,
+             count(*) FILTER (WHERE c.msg_id = e.msg_id) AS charging,
+             count(*) FILTER (WHERE NOT (
+                 position(convert_to('"order_id":"' || o.order_id || '"', 'UTF8') IN e.payload) > 0
+                 AND (position(convert_to('"account_id":' || o.account_id || ',', 'UTF8') IN e.payload) > 0
+                      OR position(convert_to('"account_id":' || o.account_id || '}', 'UTF8') IN e.payload) > 0)
+                 AND (position(convert_to('"amount_cents":' || o.amount_cents || ',', 'UTF8') IN e.payload) > 0
+                      OR position(convert_to('"amount_cents":' || o.amount_cents || '}', 'UTF8') IN e.payload) > 0))
+             ) AS foreign_payloads
+      FROM orders.outbox e
+      JOIN orders.orders o ON o.order_id = e.aggregate_id
+      LEFT JOIN payments.charges c ON c.order_id = e.aggregate_id
+      WHERE e.aggregate_id BETWEEN $1 AND $2
+      GROUP BY e.aggregate_id),
+l AS (SELECT l.order_id, count(*) AS n,
+             count(*) FILTER (WHERE c.order_id IS NULL OR c.msg_id <> l.msg_id
+                              OR c.account_id <> l.account_id OR c.amount_cents <> l.amount_cents) AS foreign_entries
+      FROM payments.ledger l LEFT JOIN payments.charges c ON c.order_id = l.order_id
+      WHERE l.order_id BETWEEN $1 AND $2
+      GROUP BY l.order_id),
+j AS (SELECT count(*) AS orders,
+             COALESCE(sum(o.amount_cents), 0)::int8 AS order_amount,
+             COALESCE(sum(k.n), 0)::int8 AS keys_matched,
+             count(*) FILTER (WHERE k.n IS NULL) AS orders_without_key,
+             count(*) FILTER (WHERE k.n > 1) AS orders_with_many_keys,
+             COALESCE(sum(x.n), 0)::int8 AS events_matched,
+             count(*) FILTER (WHERE x.n IS NULL) AS orders_without_event,
+             count(*) FILTER (WHERE x.n > 1) AS orders_with_many_events,
+             count(*) FILTER (WHERE x.foreign_payloads > 0) AS event_payload_mismatches,
+             count(c.order_id) AS charges_matched,
+             count(*) FILTER (WHERE c.order_id IS NULL) AS orders_without_charge,
+             count(*) FILTER (WHERE c.account_id <> o.account_id OR c.amount_cents <> o.amount_cents) AS charge_mismatches,
+             count(*) FILTER (WHERE c.order_id IS NOT NULL AND COALESCE(x.charging, 0) = 0) AS charges_by_another_event,
+             COALESCE(sum(l.n), 0)::int8 AS effects_matched,
+             count(*) FILTER (WHERE l.n > 1) AS double_charges,
+             count(*) FILTER (WHERE c.order_id IS NOT NULL AND l.n IS NULL) AS charges_without_effect,
+             count(*) FILTER (WHERE l.foreign_entries > 0) AS effect_mismatches
+      FROM orders.orders o
+      LEFT JOIN k ON k.order_id = o.order_id
+      LEFT JOIN x ON x.order_id = o.order_id
+      LEFT JOIN payments.charges c ON c.order_id = o.order_id
+      LEFT JOIN l ON l.order_id = o.order_id
+      WHERE o.order_id BETWEEN $1 AND $2),
+ks AS (SELECT count(*) AS n,
+              count(*) FILTER (WHERE position(convert_to('"order_id":"' || order_id || '"', 'UTF8')
+                                              IN response_body) = 0) AS foreign_responses
+       FROM orders.idempotency_keys WHERE order_id BETWEEN $1 AND $2),
+xs AS (SELECT count(*) AS n, count(*) FILTER (WHERE published_at IS NULL) AS unpublished,
+              count(*) FILTER (WHERE failed_at IS NOT NULL) AS failed
+       FROM orders.outbox WHERE aggregate_id BETWEEN $1 AND $2),
+cs AS (SELECT count(*) AS n, COALESCE(sum(amount_cents), 0)::int8 AS amount
+       FROM payments.charges WHERE order_id BETWEEN $1 AND $2),
+ls AS (SELECT count(*) AS n, COALESCE(sum(amount_cents), 0)::int8 AS amount
+       FROM payments.ledger WHERE order_id BETWEEN $1 AND $2),
+ins AS (SELECT count(*) AS n FROM payments.inbox WHERE msg_id BETWEEN $1 AND $2),
+io AS (SELECT count(*) AS n FROM orders.outbox e JOIN payments.inbox i ON i.msg_id = e.msg_id
+       WHERE e.msg_id BETWEEN $1 AND $2)
+-- Every column is a count or a COALESCEd sum: never NULL. PostgreSQL reports
+-- no nullability for computed columns, so the "!" in each name tells sqlx's
+-- compile-time check (crates/recon/src/lib.rs) not to expect NULL.
+SELECT j.orders AS "orders!",
+       j.order_amount AS "order_amount!",
+       j.keys_matched AS "keys_matched!",
+       j.orders_without_key AS "orders_without_key!",
+       j.orders_with_many_keys AS "orders_with_many_keys!",
+       j.events_matched AS "events_matched!",
+       j.orders_without_event AS "orders_without_event!",
+       j.orders_with_many_events AS "orders_with_many_events!",
+       j.event_payload_mismatches AS "event_payload_mismatches!",
+       j.charges_matched AS "charges_matched!",
+       j.orders_without_charge AS "orders_without_charge!",
+       j.charge_mismatches AS "charge_mismatches!",
+       j.charges_by_another_event AS "charges_by_another_event!",
+       j.effects_matched AS "effects_matched!",
+       j.double_charges AS "double_charges!",
+       j.charges_without_effect AS "charges_without_effect!",
+       j.effect_mismatches AS "effect_mismatches!",
+       ks.n AS "keys!",
+       ks.foreign_responses AS "foreign_responses!",
+       xs.n AS "events!",
+       xs.unpublished AS "unpublished!",
+       xs.failed AS "failed!",
+       cs.n AS "charges!",
+       cs.amount AS "charge_amount!",
+       ls.n AS "effects!",
+       ls.amount AS "effect_amount!",
+       ins.n AS "inbox!",
+       io.n AS "consumed!"
+FROM j, ks, xs, cs, ls, ins, io

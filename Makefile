@@ -7,7 +7,7 @@ CARGO ?= cargo
 # each service's own ORDERS_DATABASE_URL, RELAY_DATABASE_URL, ...).
 -include .stack/env
 
-.PHONY: help up down status migrate build test fuzz fmt lint orders bench-orders bench-pipeline bench-recon bench-relay-sweep demo \
+.PHONY: help up down status migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep demo \
         check-config check-dashboards plot-deps plot-orders chaos exp-1 exp-2 exp-3 exp-4 exp-8
 
 help: ## list the targets
@@ -36,12 +36,16 @@ lint: ## fmt check + clippy -D warnings
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test: ## the test command: lint, the experiments' verdict tests, every test against the real stack (starts it), then a short demo that fails on drift
+test: ## the test command: lint, the compile-time SQL data fresh (.sqlx), the experiments' verdict tests, every test against the real stack (starts it), then a short demo that fails on drift
 	@scripts/stack.sh up >/dev/null
 	$(MAKE) --no-print-directory lint
+	scripts/check-sqlx.sh
 	python3 -m unittest discover -s experiments/lib
 	$(CARGO) nextest run --workspace --no-fail-fast
 	DEMO_PROFILE=debug DEMO_SECONDS=5 DEMO_RATE=200 scripts/demo.sh
+
+sqlx-prepare: ## after changing a query: rewrite .sqlx/ (the compile-time SQL check's offline data) from a scratch database on the stack
+	@scripts/check-sqlx.sh write
 
 fuzz: ## the property tests at fuzzing scale: 1M decoder batches, 1M router requests, 20k dead-letter batches (see FINDINGS.md)
 	@scripts/fuzz.sh

@@ -466,11 +466,14 @@ async fn a_hung_relay_loses_its_shard_within_the_idle_in_transaction_limit() {
         eventually(Duration::from_secs(30), stopped).await,
         "the relay stopped itself inside a shard's transaction"
     );
-    let locked: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted")
-            .fetch_one(&pool)
-            .await
-            .expect("locks");
+    let locked: i64 = sqlx::query_scalar(
+        // This test's database only: other tests' relays hold shards too.
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("locks");
     assert_eq!(locked, 1, "the hung relay holds its shard");
 
     let taken_over = std::time::Instant::now();

@@ -146,18 +146,6 @@ pub struct IdempotencyStore;
 
 /// Inserts the keys not taken yet, in the order given (the caller sorts them),
 /// and returns those it inserted.
-const INSERT_BATCH_SQL: &str = "INSERT INTO orders.idempotency_keys \
-     (idem_key, request_hash, order_id, response_code, response_headers, response_body) \
-     SELECT k, h, o, c, hd::jsonb, b \
-     FROM unnest($1::text[], $2::bytea[], $3::uuid[], $4::int4[], $5::text[], $6::bytea[]) \
-       AS u(k, h, o, c, hd, b) \
-     ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key";
-
-/// The stored rows of keys already taken.
-const SELECT_BATCH_SQL: &str = "SELECT idem_key, request_hash, order_id, response_code, \
-     response_headers, response_body \
-     FROM orders.idempotency_keys WHERE idem_key = ANY($1)";
-
 /// One key to claim in a batch: see [`IdempotencyStore::claim_batch`].
 #[derive(Debug, Clone, Copy)]
 pub struct NewKey<'a> {
@@ -225,15 +213,24 @@ impl IdempotencyStore {
                 .iter()
                 .map(|i| items[*i].response.body.as_slice())
                 .collect();
-            let inserted: Vec<String> = sqlx::query_scalar(INSERT_BATCH_SQL)
-                .bind(&keys)
-                .bind(&hashes)
-                .bind(&order_ids)
-                .bind(&codes)
-                .bind(&headers)
-                .bind(&bodies)
-                .fetch_all(&mut *conn)
-                .await?;
+            // The `as` casts name the element types the arrays are bound as
+            // (the macro would otherwise ask for owned `String`s and `Vec<u8>`s).
+            let inserted: Vec<String> = sqlx::query_scalar!(
+                "INSERT INTO orders.idempotency_keys \
+                   (idem_key, request_hash, order_id, response_code, response_headers, response_body) \
+                 SELECT k, h, o, c, hd::jsonb, b \
+                 FROM unnest($1::text[], $2::bytea[], $3::uuid[], $4::int4[], $5::text[], $6::bytea[]) \
+                   AS u(k, h, o, c, hd, b) \
+                 ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key",
+                &keys as &[&str],
+                &hashes as &[&[u8]],
+                &order_ids,
+                &codes,
+                &headers,
+                &bodies as &[&[u8]],
+            )
+            .fetch_all(&mut *conn)
+            .await?;
             let inserted: std::collections::HashSet<String> = inserted.into_iter().collect();
             let mut taken = Vec::new();
             for i in pending.drain(..) {
@@ -249,12 +246,28 @@ impl IdempotencyStore {
             // READ COMMITTED: a fresh snapshot sees rows committed while our
             // insert waited on them.
             let taken_keys: Vec<&str> = taken.iter().map(|i| items[*i].key.as_str()).collect();
-            let rows: Vec<KeyedRow> = sqlx::query_as(SELECT_BATCH_SQL)
-                .bind(&taken_keys)
-                .fetch_all(&mut *conn)
-                .await?;
-            let mut rows: std::collections::HashMap<String, StoredRow> =
-                rows.into_iter().map(|r| (r.idem_key, r.row)).collect();
+            let rows = sqlx::query!(
+                r#"SELECT idem_key, request_hash, order_id, response_code,
+                          response_headers AS "response_headers: Json<Vec<(String, String)>>",
+                          response_body
+                   FROM orders.idempotency_keys WHERE idem_key = ANY($1)"#,
+                &taken_keys as &[&str],
+            )
+            .fetch_all(&mut *conn)
+            .await?;
+            let mut rows: std::collections::HashMap<String, StoredRow> = rows
+                .into_iter()
+                .map(|r| {
+                    let row = StoredRow {
+                        request_hash: r.request_hash,
+                        order_id: r.order_id,
+                        response_code: r.response_code,
+                        response_headers: r.response_headers,
+                        response_body: r.response_body,
+                    };
+                    (r.idem_key, row)
+                })
+                .collect();
             for i in taken {
                 match rows.remove(items[i].key.as_str()) {
                     Some(row) => claims[i] = Some(row.into_claim(items[i].fingerprint)),
@@ -274,14 +287,7 @@ impl IdempotencyStore {
     }
 }
 
-#[derive(sqlx::FromRow)]
-struct KeyedRow {
-    idem_key: String,
-    #[sqlx(flatten)]
-    row: StoredRow,
-}
-
-#[derive(sqlx::FromRow)]
+/// A key's stored row.
 struct StoredRow {
     request_hash: Vec<u8>,
     order_id: Uuid,

@@ -32,10 +32,6 @@ pub struct OutboxMessage {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Outbox;
 
-/// Appends rows in array order, so their ids (the publish order) follow it.
-const INSERT_BATCH_SQL: &str = "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload) \
-     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[])";
-
 impl Outbox {
     /// Appends many messages in one statement inside the caller's
     /// transaction, in slice order (their ids, the publish order, follow it).
@@ -48,13 +44,17 @@ impl Outbox {
         let msg_ids: Vec<Uuid> = messages.iter().map(|m| m.msg_id).collect();
         let types: Vec<&str> = messages.iter().map(|m| m.event_type.as_str()).collect();
         let payloads: Vec<&[u8]> = messages.iter().map(|m| m.payload.as_slice()).collect();
-        Ok(sqlx::query(INSERT_BATCH_SQL)
-            .bind(&aggregates)
-            .bind(&msg_ids)
-            .bind(&types)
-            .bind(&payloads)
-            .execute(conn)
-            .await?
-            .rows_affected())
+        // Rows go in array order, so their ids (the publish order) follow it.
+        Ok(sqlx::query!(
+            "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload) \
+             SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bytea[])",
+            &aggregates,
+            &msg_ids,
+            &types as &[&str],
+            &payloads as &[&[u8]],
+        )
+        .execute(conn)
+        .await?
+        .rows_affected())
     }
 }

@@ -134,7 +134,7 @@ ensure_nisshi() {
   [ -x "$NISSHI" ] && return
   local cached=$TOOLS_CACHE/nisshi-$NISSHI_VERSION-$NISSHI_FEATURES/bin/nisshi
   if [ ! -x "$cached" ]; then
-    log "building nisshi $NISSHI_VERSION ($NISSHI_FEATURES storage only) from crates.io once for this machine (one time; ~17 min on 2 cores)"
+    log "building nisshi $NISSHI_VERSION ($NISSHI_FEATURES storage only) from crates.io once for this machine (one time; ~13 min on 2 cores)"
     mkdir -p "$TOOLS_CACHE"
     cargo install nisshi --version "$NISSHI_VERSION" --locked --ignore-rust-version \
       --no-default-features --features "$NISSHI_FEATURES" \

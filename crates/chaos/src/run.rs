@@ -30,7 +30,7 @@ const BINARIES: [&str; 5] = ["orders", "relay", "payments", "loadgen", "recon"];
 /// Runs one chaos experiment; returns the exit status (recon's).
 pub async fn run(config: Config, interrupt: CancellationToken) -> anyhow::Result<u8> {
     config.validate().map_err(anyhow::Error::msg)?;
-    if std::env::var_os("DATABASE_URL").is_none() {
+    if std::env::var_os(effectively::contract::env::DATABASE_URL).is_none() {
         bail!(
             "DATABASE_URL is not set (the services and recon need it; `. .stack/env` after `make up`)"
         );

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use effectively::db::ServiceRole;
 
-use effectively::contract::{ServiceName, UNSAFE_SPLIT_TXN_ENV};
+use effectively::contract::{ServiceName, UNSAFE_SPLIT_TXN_ENV, env};
 
 use crate::config::{Config, Fault};
 use crate::supervisor::Spec;
@@ -17,7 +17,7 @@ use crate::supervisor::Spec;
 pub fn role_database_url(role: ServiceRole) -> Option<(String, String)> {
     std::env::var(role.url_var())
         .ok()
-        .map(|url| ("DATABASE_URL".to_owned(), url))
+        .map(|url| (env::DATABASE_URL.to_owned(), url))
 }
 
 /// How to run service `name` of the binaries in `bin_dir`, its files in `out`.
@@ -33,32 +33,35 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -
     let s = |a: &dyn ToString| a.to_string();
     match name {
         ServiceName::Orders => {
-            env.push(("ORDERS_HTTP_ADDR".into(), s(&config.http_addr)));
-            env.push(("ORDERS_GRPC_ADDR".into(), s(&config.grpc_addr)));
+            env.push((env::ORDERS_HTTP_ADDR.into(), s(&config.http_addr)));
+            env.push((env::ORDERS_GRPC_ADDR.into(), s(&config.grpc_addr)));
         }
         ServiceName::Relay => {
-            env.push(("RELAY_METRICS_ADDR".into(), s(&config.relay_metrics_addr)));
+            env.push((
+                env::RELAY_METRICS_ADDR.into(),
+                s(&config.relay_metrics_addr),
+            ));
             if config.fault.contains(&Fault::RelayPause) {
                 // The pause must outlast the relay's session limits.
                 env.push((
-                    "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS".into(),
+                    env::DB_IDLE_IN_TRANSACTION_TIMEOUT_MS.into(),
                     s(&(config.relay_pause_ms / 2)),
                 ));
                 env.push((
-                    "RELAY_MESSAGE_TIMEOUT_MS".into(),
+                    env::RELAY_MESSAGE_TIMEOUT_MS.into(),
                     s(&(config.relay_pause_ms / 4)),
                 ));
             }
         }
         ServiceName::Payments => {
             env.push((
-                "PAYMENTS_METRICS_ADDR".into(),
+                env::PAYMENTS_METRICS_ADDR.into(),
                 s(&config.payments_metrics_addr),
             ));
             if config.static_membership {
                 // One id for every life of this run, unique to this run.
                 env.push((
-                    "PAYMENTS_GROUP_INSTANCE_ID".into(),
+                    env::PAYMENTS_GROUP_INSTANCE_ID.into(),
                     format!("chaos-payments-{}", std::process::id()),
                 ));
             }
@@ -66,18 +69,18 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -
                 env.push((UNSAFE_SPLIT_TXN_ENV.into(), split.as_str().into()));
             }
             if config.dup_rate > 0.0 {
-                armed_env.push(("PAYMENTS_DUP_RATE".into(), s(&config.dup_rate)));
-                armed_env.push(("PAYMENTS_DUP_KIND".into(), config.dup_kind.clone()));
+                armed_env.push((env::PAYMENTS_DUP_RATE.into(), s(&config.dup_rate)));
+                armed_env.push((env::PAYMENTS_DUP_KIND.into(), config.dup_kind.clone()));
             }
         }
     }
     let crash_point = config.crash_points_of(name);
     if let Some(points) = &crash_point {
-        armed_env.push(("CRASH_POINT".into(), points.clone()));
+        armed_env.push((env::CRASH_POINT.into(), points.clone()));
         if let Some(every) = config.crash_every {
-            armed_env.push(("CRASH_EVERY".into(), s(&every)));
+            armed_env.push((env::CRASH_EVERY.into(), s(&every)));
         }
-        armed_env.push(("CRASH_PROBABILITY".into(), s(&config.crash_probability)));
+        armed_env.push((env::CRASH_PROBABILITY.into(), s(&config.crash_probability)));
     }
     Spec {
         name,
@@ -150,19 +153,19 @@ mod tests {
         assert!(
             relay
                 .armed_env
-                .contains(&("CRASH_POINT".into(), "publish".into()))
+                .contains(&(env::CRASH_POINT.into(), "publish".into()))
         );
         assert!(
             relay
                 .armed_env
-                .contains(&("CRASH_EVERY".into(), "7".into()))
+                .contains(&(env::CRASH_EVERY.into(), "7".into()))
         );
         let payments = service(&config, dir, dir, ServiceName::Payments);
         assert!(!payments.armed_env.iter().any(|(k, _)| k == "CRASH_POINT"));
         assert!(
             payments
                 .armed_env
-                .contains(&("PAYMENTS_DUP_RATE".into(), "0.3".into()))
+                .contains(&(env::PAYMENTS_DUP_RATE.into(), "0.3".into()))
         );
         let orders = service(&config, dir, dir, ServiceName::Orders);
         assert!(orders.armed_env.is_empty());

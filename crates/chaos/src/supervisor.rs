@@ -320,7 +320,10 @@ impl Supervisor {
         if armed {
             cmd.envs(self.spec.armed_env.iter().map(|(k, v)| (k, v)));
             let _ = std::fs::remove_file(&self.spec.crash_marker);
-            cmd.env("CRASH_MARKER_FILE", &self.spec.crash_marker);
+            cmd.env(
+                effectively::contract::env::CRASH_MARKER_FILE,
+                &self.spec.crash_marker,
+            );
         }
         // Spawned under the state lock, so `stop_for` sees either no life
         // and a hold that keeps this one from starting, or this life's pid.

@@ -10,7 +10,7 @@ use clap::Args;
 pub struct DbArgs {
     /// PostgreSQL connection URL, as the service's own role (`make up` writes
     /// one per service to .stack/env: ORDERS_DATABASE_URL, ...). Never logged.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    #[arg(long, env = crate::contract::env::DATABASE_URL, hide_env_values = true)]
     pub database_url: String,
 
     /// Maximum connections in this process's pool.
@@ -39,7 +39,7 @@ pub struct DbArgs {
     /// process that hangs (SIGSTOP, a stuck thread) mid-transaction then
     /// loses what it held within this bound. Each service has its own
     /// default.
-    #[arg(long, env = "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS")]
+    #[arg(long, env = crate::contract::env::DB_IDLE_IN_TRANSACTION_TIMEOUT_MS)]
     pub db_idle_in_transaction_timeout_ms: Option<u64>,
 }
 

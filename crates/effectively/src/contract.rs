@@ -183,6 +183,44 @@ pub struct OrderCreated {
     pub status: OrderStatus,
 }
 
+// --- environment variables ---------------------------------------------------
+
+/// The environment variables one process sets for another: each service's
+/// clap flag reads its variable by this name (`env = env::…`), and chaos sets
+/// it for the children it supervises. Renaming one renames both sides.
+pub mod env {
+    /// The database URL of every binary (its role's own URL under chaos).
+    pub const DATABASE_URL: &str = "DATABASE_URL";
+    /// The session limit `idle_in_transaction_session_timeout`, in ms.
+    pub const DB_IDLE_IN_TRANSACTION_TIMEOUT_MS: &str = "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS";
+    /// Orders: the HTTP listen address.
+    pub const ORDERS_HTTP_ADDR: &str = "ORDERS_HTTP_ADDR";
+    /// Orders: the gRPC listen address.
+    pub const ORDERS_GRPC_ADDR: &str = "ORDERS_GRPC_ADDR";
+    /// Relay: the metrics listen address.
+    pub const RELAY_METRICS_ADDR: &str = "RELAY_METRICS_ADDR";
+    /// Relay: the broker ack timeout of one message, in ms.
+    pub const RELAY_MESSAGE_TIMEOUT_MS: &str = "RELAY_MESSAGE_TIMEOUT_MS";
+    /// Payments: the metrics listen address.
+    pub const PAYMENTS_METRICS_ADDR: &str = "PAYMENTS_METRICS_ADDR";
+    /// Payments: static group membership (`group.instance.id`).
+    pub const PAYMENTS_GROUP_INSTANCE_ID: &str = "PAYMENTS_GROUP_INSTANCE_ID";
+    /// Payments: the rate of injected duplicate deliveries.
+    pub const PAYMENTS_DUP_RATE: &str = "PAYMENTS_DUP_RATE";
+    /// Payments: the kind of injected duplicates.
+    pub const PAYMENTS_DUP_KIND: &str = "PAYMENTS_DUP_KIND";
+    /// The crash points armed in a service (a list).
+    pub const CRASH_POINT: &str = "CRASH_POINT";
+    /// Fire every Nth pass of an armed point.
+    pub const CRASH_EVERY: &str = "CRASH_EVERY";
+    /// Fire each pass of an armed point with this probability.
+    pub const CRASH_PROBABILITY: &str = "CRASH_PROBABILITY";
+    /// Where a firing point writes its name before the process dies.
+    pub const CRASH_MARKER_FILE: &str = "CRASH_MARKER_FILE";
+    /// What a firing point does (kill or stop).
+    pub const CRASH_ACTION: &str = "CRASH_ACTION";
+}
+
 // --- the metrics chaos scrapes ----------------------------------------------
 //
 // Each service registers these in its `metrics.rs` and serves them at

@@ -13,27 +13,27 @@ use crate::contract::CrashPoint;
 pub struct CrashArgs {
     /// Arm these crash points (comma list, e.g. `publish` or `claim,effect`);
     /// the process SIGKILLs itself there. Chaos testing only.
-    #[arg(long, env = "CRASH_POINT", value_enum, value_delimiter = ',')]
+    #[arg(long, env = crate::contract::env::CRASH_POINT, value_enum, value_delimiter = ',')]
     pub crash_point: Vec<CrashPoint>,
 
     /// Fire with this probability each time the armed point is passed.
-    #[arg(long, env = "CRASH_PROBABILITY", default_value_t = 0.0)]
+    #[arg(long, env = crate::contract::env::CRASH_PROBABILITY, default_value_t = 0.0)]
     pub crash_probability: f64,
 
     /// Fire every Nth time an armed point is passed (counted per point and
     /// per process).
-    #[arg(long, env = "CRASH_EVERY")]
+    #[arg(long, env = crate::contract::env::CRASH_EVERY)]
     pub crash_every: Option<u64>,
 
     /// Before firing, write the point's name to this file, so whoever
     /// supervises the process can tell which point killed it.
-    #[arg(long, env = "CRASH_MARKER_FILE")]
+    #[arg(long, env = crate::contract::env::CRASH_MARKER_FILE)]
     pub crash_marker_file: Option<std::path::PathBuf>,
 
     /// What firing does: `kill` (SIGKILL, the default) or `stop` (SIGSTOP:
     /// the process hangs there, holding whatever it holds, until a SIGCONT;
     /// a hung process rather than a dead one).
-    #[arg(long, env = "CRASH_ACTION", value_enum, default_value_t = CrashAction::Kill)]
+    #[arg(long, env = crate::contract::env::CRASH_ACTION, value_enum, default_value_t = CrashAction::Kill)]
     pub crash_action: CrashAction,
 }
 

@@ -64,11 +64,11 @@ pub struct Config {
     pub crash: CrashArgs,
 
     /// Address of the HTTP API (POST /orders, GET /orders/{id}, GET /metrics).
-    #[arg(long, env = "ORDERS_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    #[arg(long, env = effectively::contract::env::ORDERS_HTTP_ADDR, default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
 
     /// Address of the gRPC API (orders.v1.Orders).
-    #[arg(long, env = "ORDERS_GRPC_ADDR", default_value = "127.0.0.1:50051")]
+    #[arg(long, env = effectively::contract::env::ORDERS_GRPC_ADDR, default_value = "127.0.0.1:50051")]
     pub grpc_addr: SocketAddr,
 
     /// Largest accepted request body in bytes; larger ones get 413.

@@ -82,11 +82,11 @@ pub struct Config {
     /// Static group membership (Kafka `group.instance.id`): a restarted
     /// process with the same id gets its partitions back without waiting for
     /// its dead predecessor's session to time out. Unique per process.
-    #[arg(long, env = "PAYMENTS_GROUP_INSTANCE_ID")]
+    #[arg(long, env = effectively::contract::env::PAYMENTS_GROUP_INSTANCE_ID)]
     pub group_instance_id: Option<String>,
 
     /// Address serving GET /metrics.
-    #[arg(long, env = "PAYMENTS_METRICS_ADDR", default_value = "127.0.0.1:9102")]
+    #[arg(long, env = effectively::contract::env::PAYMENTS_METRICS_ADDR, default_value = "127.0.0.1:9102")]
     pub metrics_addr: SocketAddr,
 
     /// UNSAFE, for the split-transaction counter-example only: write the inbox

@@ -78,7 +78,7 @@ pub struct Config {
     pub lag_sample_ms: u64,
 
     /// Address serving GET /metrics.
-    #[arg(long, env = "RELAY_METRICS_ADDR", default_value = "127.0.0.1:9101")]
+    #[arg(long, env = effectively::contract::env::RELAY_METRICS_ADDR, default_value = "127.0.0.1:9101")]
     pub metrics_addr: SocketAddr,
 
     /// Producer linger in milliseconds (batching on the wire).
@@ -95,7 +95,7 @@ pub struct Config {
 
     /// Broker ack timeout for one message, in milliseconds; an unacked row
     /// stays pending and is retried.
-    #[arg(long, env = "RELAY_MESSAGE_TIMEOUT_MS", default_value_t = 30_000)]
+    #[arg(long, env = effectively::contract::env::RELAY_MESSAGE_TIMEOUT_MS, default_value_t = 30_000)]
     pub message_timeout_ms: u64,
 }
 

@@ -221,6 +221,46 @@ pub mod env {
     pub const CRASH_ACTION: &str = "CRASH_ACTION";
 }
 
+// --- the redelivery horizon ------------------------------------------------
+//
+// The longest a msg_id can keep arriving after it was minted bounds how long
+// payments must remember it (its inbox retention). The terms that the
+// processes set, rather than the broker or the database, live here, so the
+// side that sets one and the side that adds it up cannot drift apart.
+
+/// The longest the relay may wait for the broker's ack of one message
+/// (librdkafka `message.timeout.ms`, the producer's delivery timeout): a
+/// message the producer is still retrying can land this long after the relay
+/// handed it over. Shared by the relay (refuses a larger
+/// `--message-timeout-ms`) and payments (one term of the horizon).
+pub const RELAY_MAX_MESSAGE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The allowance payments adds to the horizon for clocks and work in flight:
+/// a msg_id's time is the orders host's clock at mint, the expiry compares it
+/// with the database's clock, and a message fetched just before the broker
+/// deleted it is still being applied. The default of `payments
+/// --clock-skew`.
+pub const DEFAULT_CLOCK_SKEW: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// `retention.ms` of `order.events` when it is created by this project's
+/// tools (stack, tests, compose): 7 days, Kafka's default, set explicitly so
+/// that the broker reports it (payments reads it back at start-up).
+pub const ORDER_EVENTS_RETENTION_MS: u64 = 7 * 24 * 3600 * 1000;
+
+/// `segment.ms` of `order.events` when this project creates it: 1 day. Kafka
+/// deletes whole segments, so a record can outlive `retention.ms` by up to
+/// one segment's span (Kafka's default is 7 days, which would add a week to
+/// the horizon).
+pub const ORDER_EVENTS_SEGMENT_MS: u64 = 24 * 3600 * 1000;
+
+/// The topic configs this project sets when it creates `order.events`.
+pub fn order_events_topic_configs() -> [(&'static str, String); 2] {
+    [
+        ("retention.ms", ORDER_EVENTS_RETENTION_MS.to_string()),
+        ("segment.ms", ORDER_EVENTS_SEGMENT_MS.to_string()),
+    ]
+}
+
 // --- the metrics chaos scrapes ----------------------------------------------
 //
 // Each service registers these in its `metrics.rs` and serves them at

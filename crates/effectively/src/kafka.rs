@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use rdkafka::ClientConfig;
 use rdkafka::ClientContext;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::{Client, DefaultClientContext};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, Producer};
@@ -115,20 +115,25 @@ pub enum TopicState {
     Existed,
 }
 
-/// Creates `topic` with `partitions` partitions and `replication` replicas
-/// unless it exists.
+/// Creates `topic` with `partitions` partitions, `replication` replicas and
+/// the topic `configs` (e.g. [`crate::contract::order_events_topic_configs`])
+/// unless it exists; an existing topic is left as it is.
 pub async fn ensure_topic(
     bootstrap_servers: &str,
     topic: &str,
     partitions: i32,
     replication: i32,
+    configs: &[(&str, String)],
 ) -> anyhow::Result<TopicState> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap_servers)
         .create()
         .context("create kafka admin client")?;
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(15)));
-    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
+    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
+    for (key, value) in configs {
+        new = new.set(key, value);
+    }
     let results = admin
         .create_topics(&[new], &options)
         .await
@@ -139,6 +144,36 @@ pub async fn ensure_topic(
         Some(Err((name, code))) => anyhow::bail!("create topic {name}: {code}"),
         None => anyhow::bail!("create topic {topic}: the broker returned no result"),
     }
+}
+
+/// The configs a broker reports for `topic` (only `keys`), as strings. A
+/// key the broker does not report is absent: Kafka reports every key with
+/// its default, the embedded broker only the ones set on the topic.
+pub async fn topic_configs(
+    bootstrap_servers: &str,
+    topic: &str,
+    keys: &[&str],
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_servers)
+        .create()
+        .context("create kafka admin client")?;
+    let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(15)));
+    let results = admin
+        .describe_configs(&[ResourceSpecifier::Topic(topic)], &options)
+        .await
+        .with_context(|| format!("describe the configs of {topic} on {bootstrap_servers}"))?;
+    let resource = match results.into_iter().next() {
+        Some(Ok(resource)) => resource,
+        Some(Err(code)) => anyhow::bail!("describe the configs of {topic}: {code}"),
+        None => anyhow::bail!("describe the configs of {topic}: the broker returned no result"),
+    };
+    Ok(resource
+        .entries
+        .into_iter()
+        .filter(|e| keys.contains(&e.name.as_str()))
+        .filter_map(|e| e.value.map(|v| (e.name, v)))
+        .collect())
 }
 
 #[cfg(test)]

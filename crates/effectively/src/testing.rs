@@ -138,9 +138,15 @@ impl TestTopic {
     pub async fn create(partitions: i32) -> Self {
         let bootstrap_servers = stack_var("KAFKA_BOOTSTRAP_SERVERS");
         let name = format!("test-{}", Uuid::new_v4().simple());
-        crate::kafka::ensure_topic(&bootstrap_servers, &name, partitions, 1)
-            .await
-            .unwrap_or_else(|e| panic!("create topic {name}: {e:#} (is the stack up? `make up`)"));
+        crate::kafka::ensure_topic(
+            &bootstrap_servers,
+            &name,
+            partitions,
+            1,
+            &crate::contract::order_events_topic_configs(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("create topic {name}: {e:#} (is the stack up? `make up`)"));
         Self {
             name,
             bootstrap_servers,

@@ -203,3 +203,53 @@ async fn a_missing_topic_is_a_clear_error() {
     .await;
     assert_eq!(output.status.code(), Some(2), "bad usage");
 }
+
+/// `create` gives a new topic the pipeline's retention and segment span (the
+/// broker reports them back, as payments reads them for its horizon); a
+/// `--config` replaces one of them.
+#[tokio::test]
+async fn create_sets_the_pipeline_topic_configs() {
+    let topic = TestTopic::create(1).await;
+    let name = format!("{}-created", topic.name);
+    let output = run(
+        &topic,
+        &[
+            "create",
+            "--topic",
+            &name,
+            "--partitions",
+            "1",
+            "--config",
+            "retention.ms=3600000",
+        ],
+    )
+    .await;
+    assert_ok(&output, "create");
+    let configs = effectively::kafka::topic_configs(
+        &topic.bootstrap_servers,
+        &name,
+        &["retention.ms", "segment.ms"],
+    )
+    .await
+    .expect("describe");
+    assert_eq!(
+        configs.get("retention.ms").map(String::as_str),
+        Some("3600000")
+    );
+    assert_eq!(
+        configs.get("segment.ms"),
+        Some(&effectively::contract::ORDER_EVENTS_SEGMENT_MS.to_string())
+    );
+    // TestTopic creates its topics with the contract's configs too.
+    let configs = effectively::kafka::topic_configs(
+        &topic.bootstrap_servers,
+        &topic.name,
+        &["retention.ms", "segment.ms"],
+    )
+    .await
+    .expect("describe");
+    assert_eq!(
+        configs.get("retention.ms"),
+        Some(&effectively::contract::ORDER_EVENTS_RETENTION_MS.to_string())
+    );
+}

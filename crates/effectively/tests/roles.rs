@@ -209,8 +209,17 @@ async fn payments_writes_only_the_payments_schema() {
         &[
             // crates/payments/src/inbox.rs
             "INSERT INTO payments.inbox (msg_id, payload_hash) \
-             SELECT * FROM unnest(ARRAY[gen_random_uuid()], ARRAY[1::int8]) \
+             SELECT * FROM unnest(ARRAY[effectively.v7_floor(now())], ARRAY[1::int8]) \
              ON CONFLICT (msg_id) DO NOTHING RETURNING msg_id",
+            // crates/payments/src/expiry.rs: the window, the partitions'
+            // lifecycle (as the owner, through SECURITY DEFINER functions),
+            // the outbox's retention (a term of the horizon)
+            "SELECT floor, ceiling FROM payments.inbox_window()",
+            "SELECT payments.inbox_extend(now() + interval '1 hour', interval '1 hour')",
+            "SELECT payments.inbox_expire(interval '30 days')",
+            "SELECT count(*), (SELECT lo FROM payments.inbox_partitions ORDER BY lo LIMIT 1) \
+             FROM payments.inbox_partitions",
+            "SELECT extract(epoch FROM retention)::float8 FROM orders.outbox_policy",
             "SELECT msg_id, payload_hash FROM payments.inbox",
             "SELECT order_id, msg_id FROM payments.charges",
             "WITH c AS ( \
@@ -249,6 +258,11 @@ async fn payments_writes_only_the_payments_schema() {
             "SELECT count(*) FROM payments.ledger",
             "SELECT reason FROM payments.dead_letters",
             "DELETE FROM payments.dead_letters",
+            // partitions only through the functions; the policy is the owner's
+            "DROP TABLE payments.inbox_legacy",
+            "SELECT count(*) FROM payments.inbox_legacy",
+            "DELETE FROM payments.inbox_partitions",
+            "UPDATE orders.outbox_policy SET retention = interval '1 day'",
         ],
     )
     .await;
@@ -325,7 +339,8 @@ async fn no_service_role_can_migrate() {
 }
 
 /// The grants on the two schemas, as the catalog has them:
-/// `role schema.table privilege[(column)]`. Table-level grants list no
+/// `role schema.table privilege[(column)]`, and `role schema.function
+/// EXECUTE` for functions granted to a role (not to PUBLIC). Table-level grants list no
 /// column; a column grant of a table that has the same table-level grant is
 /// implied and left out.
 async fn grant_matrix(db: &TestDb) -> BTreeSet<String> {
@@ -348,8 +363,13 @@ async fn grant_matrix(db: &TestDb) -> BTreeSet<String> {
          SELECT r.rolname::text, n.nspname || ' ' || p.privilege \
          FROM pg_roles r CROSS JOIN pg_namespace n \
          CROSS JOIN (VALUES ('USAGE'), ('CREATE')) AS p(privilege) \
-         WHERE r.rolname LIKE 'effectively\\_%' AND n.nspname IN ('orders', 'payments', 'public') \
-           AND has_schema_privilege(r.oid, n.oid, p.privilege)",
+         WHERE r.rolname LIKE 'effectively\\_%' \
+           AND n.nspname IN ('orders', 'payments', 'public', 'effectively') \
+           AND has_schema_privilege(r.oid, n.oid, p.privilege) \
+         UNION ALL \
+         SELECT grantee::text, routine_schema || '.' || routine_name || ' ' || privilege_type \
+         FROM information_schema.role_routine_grants \
+         WHERE grantee LIKE 'effectively\\_%'",
     )
     .fetch_all(&mut owner)
     .await
@@ -388,6 +408,12 @@ async fn the_grant_matrix_is_exactly_this() {
         "effectively_payments payments.dead_letters SELECT(topic)",
         "effectively_payments payments.dead_letters SELECT(partition)",
         "effectively_payments payments.dead_letters SELECT(offset)",
+        "effectively_payments payments.inbox_partitions SELECT",
+        "effectively_payments payments.inbox_extend EXECUTE",
+        "effectively_payments payments.inbox_expire EXECUTE",
+        "effectively_payments orders USAGE",
+        "effectively_payments orders.outbox_policy SELECT",
+        "effectively_relay orders.outbox_policy SELECT",
         "effectively_recon orders USAGE",
         "effectively_recon payments USAGE",
     ]
@@ -402,13 +428,17 @@ async fn the_grant_matrix_is_exactly_this() {
         "payments.charges",
         "payments.ledger",
         "payments.dead_letters",
+        "payments.inbox_partitions",
+        "orders.outbox_policy",
     ] {
         want.insert(format!("effectively_recon {table} SELECT"));
     }
     // Every role may use the public schema (PostgreSQL's default for
-    // PUBLIC); none may create in it, or in the two schemas.
+    // PUBLIC) and the schema of the shared UUIDv7 helpers; none may create in
+    // them, or in the two schemas.
     for role in ServiceRole::ALL {
         want.insert(format!("{} public USAGE", role.name()));
+        want.insert(format!("{} effectively USAGE", role.name()));
     }
     let missing: Vec<_> = want.difference(&got).collect();
     let extra: Vec<_> = got.difference(&want).collect();

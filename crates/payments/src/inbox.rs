@@ -22,6 +22,8 @@ use effectively::text::storable;
 use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
+use crate::expiry::{Outside, Window};
+
 /// A decoded `order.created` event ready to apply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChargeIntent {
@@ -72,6 +74,11 @@ pub enum DeadLetterKind {
     MsgIdConflict,
     /// A new msg_id for an order that is already charged.
     OrderConflict,
+    /// Older than the oldest inbox partition kept: its dedup record may have
+    /// expired, so it is never applied (see `expiry::Window`).
+    AfterHorizon,
+    /// Minted at or after the end of the inbox partitions created so far.
+    FutureMsgId,
 }
 
 impl DeadLetterKind {
@@ -82,6 +89,8 @@ impl DeadLetterKind {
             Self::Rejected => "rejected",
             Self::MsgIdConflict => "msg_id_conflict",
             Self::OrderConflict => "order_conflict",
+            Self::AfterHorizon => "after_horizon",
+            Self::FutureMsgId => "future_msg_id",
         }
     }
 }
@@ -118,6 +127,10 @@ pub struct Applied {
     pub dead_lettered: Vec<DeadLetterKind>,
     /// The msg_ids charged by this batch.
     pub new_msg_ids: Vec<Uuid>,
+    /// Deliveries refused because they arrived after the dedup horizon.
+    pub after_horizon: u64,
+    /// Deliveries refused because their msg_id is beyond the partitions.
+    pub future_msg_ids: u64,
 }
 
 /// The intents of `deliveries` and the dead letters of those that did not
@@ -147,9 +160,36 @@ pub async fn apply_batch(
     deliveries: &[Delivery<'_>],
     crasher: &Crasher,
 ) -> sqlx::Result<Applied> {
-    let (intents, mut dead) = split(deliveries);
+    let (mut intents, mut dead) = split(deliveries);
     let mut tx = pool.begin().await?;
     let mut applied = Applied::default();
+    if !intents.is_empty() {
+        // Only msg_ids inside the inbox's partitions can be claimed; the
+        // window cannot shrink until this transaction ends.
+        let window = Window::read(&mut tx).await?;
+        intents.retain(|(intent, source)| match window.judge(intent.msg_id) {
+            None => true,
+            Some((outside, reason)) => {
+                let kind = match outside {
+                    Outside::AfterHorizon => {
+                        applied.after_horizon += 1;
+                        DeadLetterKind::AfterHorizon
+                    }
+                    Outside::Future => {
+                        applied.future_msg_ids += 1;
+                        DeadLetterKind::FutureMsgId
+                    }
+                };
+                dead.push(DeadLetter {
+                    source: *source,
+                    kind,
+                    msg_id: Some(intent.msg_id),
+                    reason,
+                });
+                false
+            }
+        });
+    }
     if !intents.is_empty() {
         let claim = claim_and_charge(&mut tx, &intents, crasher).await?;
         applied.charged = claim.new.len() as u64;

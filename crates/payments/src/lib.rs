@@ -9,6 +9,8 @@
 
 pub mod decode;
 pub mod dup;
+pub mod expiry;
+pub mod horizon;
 pub mod inbox;
 pub mod metrics;
 pub mod unsafe_split;
@@ -39,6 +41,7 @@ use uuid::Uuid;
 
 use effectively::db::{ErrorClass, classify as classify_db_error};
 
+use crate::horizon::Retention;
 use crate::inbox::{Applied, Delivery, Source};
 use crate::metrics::PaymentsMetrics;
 
@@ -95,6 +98,147 @@ pub struct Config {
     /// them. Never use it for real.
     #[arg(long, env = UNSAFE_SPLIT_TXN_ENV, value_enum)]
     pub unsafe_split_txn: Option<SplitTxn>,
+
+    /// How long the inbox remembers a msg_id (`forever`, or e.g. 16d, 36h).
+    #[arg(
+        long,
+        env = "PAYMENTS_INBOX_RETENTION",
+        default_value = "16d",
+        value_parser = Retention::parse,
+        long_help = INBOX_RETENTION_HELP
+    )]
+    pub inbox_retention: Retention,
+
+    /// UNSAFE, for experiment 5 only: run with an inbox retention shorter
+    /// than the redelivery horizon, and expire partitions at that retention.
+    /// A redelivery after expiry is still refused (dead letter "arrived after
+    /// the dedup horizon"), never applied.
+    #[arg(long, env = "PAYMENTS_UNSAFE_INBOX_RETENTION")]
+    pub unsafe_inbox_retention: bool,
+
+    /// The span of msg_ids (by their UUIDv7 mint time) in one inbox
+    /// partition: expiry drops whole partitions, so a msg_id is remembered
+    /// for up to the retention plus one partition. At least 1m.
+    #[arg(long, env = "PAYMENTS_INBOX_PARTITION", default_value = "1d", value_parser = parse_granule)]
+    pub inbox_partition: Duration,
+
+    /// Allowance for clocks and work in flight added to the redelivery
+    /// horizon: msg_ids carry the orders host's clock, expiry the database's.
+    #[arg(long, env = "PAYMENTS_CLOCK_SKEW", default_value = "5m", value_parser = parse_duration)]
+    pub clock_skew: Duration,
+}
+
+/// `payments --help` on `--inbox-retention`: the horizon's derivation.
+const INBOX_RETENTION_HELP: &str = "\
+How long the inbox remembers a msg_id: `forever`, or a duration (16d, 36h, 90m).
+
+It must cover the redelivery horizon, the longest time after a msg_id was minted
+(a UUIDv7, at outbox commit) that a copy of its event can still arrive:
+
+    outbox retention          orders.outbox_policy (7 days by default): until then
+                              a row can be published, or re-marked pending and
+                              published again
+  + producer delivery timeout 5 min, the most the relay allows (--message-timeout-ms)
+  + topic retention.ms        read from the broker; a group reset to earliest
+                              redelivers anything still in the topic
+  + topic segment.ms          read from the broker: Kafka deletes whole segments
+  + clock skew                --clock-skew (5 min)
+
+For the topic as this project creates it (retention.ms 7 days, segment.ms 1 day)
+that is 15 days 10 min, so the default is 16 days. A key the broker does not report
+is taken at Kafka's default (7 days); retention.ms -1 makes the horizon unbounded.
+At start-up payments derives the horizon and refuses to run (exit 2) with a shorter
+retention, unless --unsafe-inbox-retention. Expiry drops whole partitions and never
+before the horizon (re-derived every round). A message older than the oldest
+partition kept is dead-lettered (kind after_horizon) and never applied.";
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?}: {e} (e.g. 5m, 1h, 1d)"))
+}
+
+fn parse_granule(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_secs(60) {
+        return Err(format!("{s:?}: an inbox partition spans at least 1m"));
+    }
+    Ok(d)
+}
+
+/// Payments refused to start: its inbox retention is shorter than the
+/// redelivery horizon. `main` exits with status 2.
+#[derive(Debug)]
+pub struct HorizonRefusal(pub String);
+
+impl std::fmt::Display for HorizonRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for HorizonRefusal {}
+
+impl Config {
+    /// The inbox's lifecycle as configured.
+    pub fn lifecycle(&self) -> expiry::Lifecycle {
+        expiry::Lifecycle {
+            retention: self.inbox_retention,
+            granule: self.inbox_partition,
+            ahead: 2 * self.inbox_partition + self.clock_skew,
+            hold_to_horizon: !self.unsafe_inbox_retention,
+        }
+    }
+}
+
+/// Derives the redelivery horizon and checks the inbox retention against it;
+/// `Err(HorizonRefusal)` when it is shorter (unless unsafe).
+///
+/// The terms are read from the database and the broker; while either is
+/// unreachable it retries with backoff (as the consumer would wait for them),
+/// until `cancel` fires.
+pub async fn check_horizon(
+    pool: &sqlx::PgPool,
+    config: &Config,
+    metrics: &PaymentsMetrics,
+    cancel: &CancellationToken,
+) -> anyhow::Result<()> {
+    let mut backoff = Backoff::new();
+    let sources = loop {
+        match expiry::read_sources(pool, &config.kafka, config.clock_skew).await {
+            Ok(sources) => break sources,
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), "reading the redelivery horizon's terms failed; retrying");
+                if !backoff.wait(cancel).await {
+                    return Err(error.context("derive the redelivery horizon"));
+                }
+            }
+        }
+    };
+    let horizon = sources.horizon();
+    metrics
+        .redelivery_horizon_seconds
+        .set(horizon.map_or(f64::INFINITY, |h| h.as_secs_f64()));
+    metrics
+        .inbox_retention_seconds
+        .set(match config.inbox_retention {
+            Retention::Forever => f64::INFINITY,
+            Retention::For(d) => d.as_secs_f64(),
+        });
+    if config.inbox_retention.covers(horizon) {
+        tracing::info!(retention = %config.inbox_retention, derivation = %sources, "inbox retention covers the redelivery horizon");
+        return Ok(());
+    }
+    let message = format!(
+        "the inbox retention ({}) is shorter than the redelivery horizon of topic {}:\n{sources}\n\
+         A redelivery after the retention could find its dedup record gone. Set \
+         --inbox-retention to at least the horizon (or `forever`), or shorten the terms above \
+         (the topic's retention.ms / segment.ms, orders.outbox_policy).",
+        config.inbox_retention, config.kafka.kafka_topic
+    );
+    if config.unsafe_inbox_retention {
+        tracing::warn!("UNSAFE (--unsafe-inbox-retention): {message}");
+        return Ok(());
+    }
+    Err(HorizonRefusal(message).into())
 }
 
 /// The consumer's callbacks: tracks this member's assignment so that offsets
@@ -214,6 +358,21 @@ pub async fn run(
     };
     let pool = effectively::db::connect(&config.db, limits).await?;
     let metrics = Arc::new(PaymentsMetrics::new().context("register metrics")?);
+    check_horizon(&pool, &config, &metrics, &cancel).await?;
+    // Partitions ahead exist before the first claim; then the maintenance
+    // keeps them (and expires the old ones) while the consumer runs.
+    let lifecycle = config.lifecycle();
+    expiry::extend(&pool, lifecycle.ahead, lifecycle.granule)
+        .await
+        .context("create the inbox partitions ahead")?;
+    let maintenance = tokio::spawn(expiry::maintain(
+        pool.clone(),
+        config.kafka.clone(),
+        config.clock_skew,
+        lifecycle,
+        metrics.clone(),
+        cancel.child_token(),
+    ));
     let cfg = config.clone();
     let fatal = FatalState::new();
     let context = RebalanceContext::new(
@@ -313,6 +472,8 @@ pub async fn run(
     }
     serving.cancel();
     let _ = metrics_task.await;
+    maintenance.abort();
+    let _ = maintenance.await;
     pool.close().await;
     match fatal_reason {
         // Nothing of the batch in hand was committed: it is redelivered to
@@ -578,6 +739,15 @@ fn record(
     metrics
         .msg_id_conflicts_total
         .inc_by(applied.msg_id_conflicts);
+    metrics.after_horizon_total.inc_by(applied.after_horizon);
+    metrics.future_msg_ids_total.inc_by(applied.future_msg_ids);
+    if applied.after_horizon + applied.future_msg_ids > 0 {
+        tracing::warn!(
+            after_horizon = applied.after_horizon,
+            future_msg_ids = applied.future_msg_ids,
+            "deliveries outside the inbox's partitions dead-lettered, not applied"
+        );
+    }
     metrics
         .dead_letters_total
         .inc_by(applied.dead_lettered.len() as u64);

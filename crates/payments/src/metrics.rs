@@ -6,7 +6,9 @@ use effectively::contract::{
     PAYMENTS_INJECTED_DUPLICATES_TOTAL,
 };
 use effectively::metrics::LATENCY_BUCKETS;
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry};
+use prometheus::{
+    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
 
 /// Everything the consumer counts.
 #[derive(Debug, Clone)]
@@ -46,6 +48,23 @@ pub struct PaymentsMetrics {
     /// `reprocess` (applied again after the commit, as if redelivered) and
     /// `redeliver` (the consumer seeks back and the broker delivers again).
     pub injected_duplicates_total: IntCounterVec,
+    /// Deliveries refused because they arrived after the dedup horizon
+    /// (older than the oldest inbox partition kept; dead-lettered).
+    pub after_horizon_total: IntCounter,
+    /// Deliveries refused because their msg_id lies beyond the inbox
+    /// partitions created so far (dead-lettered).
+    pub future_msg_ids_total: IntCounter,
+    /// Inbox partitions kept.
+    pub inbox_partitions: IntGauge,
+    /// Inbox partitions dropped by expiry.
+    pub inbox_partitions_dropped_total: IntCounter,
+    /// How far back the inbox remembers: now minus the oldest partition's
+    /// start, in seconds.
+    pub inbox_floor_age_seconds: Gauge,
+    /// The redelivery horizon derived from the settings (+Inf: unbounded).
+    pub redelivery_horizon_seconds: Gauge,
+    /// The configured inbox retention (+Inf: forever).
+    pub inbox_retention_seconds: Gauge,
 }
 
 impl PaymentsMetrics {
@@ -112,8 +131,48 @@ impl PaymentsMetrics {
                 ),
                 &[INJECTED_DUPLICATE_LABEL],
             )?,
+            after_horizon_total: counter(
+                "payments_after_horizon_total",
+                "Deliveries refused: arrived after the dedup horizon (dead-lettered, not applied)",
+            )?,
+            future_msg_ids_total: counter(
+                "payments_future_msg_ids_total",
+                "Deliveries refused: msg_id beyond the inbox partitions created so far",
+            )?,
+            inbox_partitions: IntGauge::new("payments_inbox_partitions", "Inbox partitions kept")?,
+            inbox_partitions_dropped_total: counter(
+                "payments_inbox_partitions_dropped_total",
+                "Inbox partitions dropped by expiry",
+            )?,
+            inbox_floor_age_seconds: Gauge::new(
+                "payments_inbox_floor_age_seconds",
+                "How far back the inbox remembers msg_ids: now minus the oldest partition's start",
+            )?,
+            redelivery_horizon_seconds: Gauge::new(
+                "payments_redelivery_horizon_seconds",
+                "The redelivery horizon derived from the pipeline's settings (+Inf: unbounded)",
+            )?,
+            inbox_retention_seconds: Gauge::new(
+                "payments_inbox_retention_seconds",
+                "The configured inbox retention (+Inf: forever)",
+            )?,
             registry,
         };
+        for gauge in [
+            &m.inbox_floor_age_seconds,
+            &m.redelivery_horizon_seconds,
+            &m.inbox_retention_seconds,
+        ] {
+            m.registry.register(Box::new(gauge.clone()))?;
+        }
+        for counter in [
+            &m.after_horizon_total,
+            &m.future_msg_ids_total,
+            &m.inbox_partitions_dropped_total,
+        ] {
+            m.registry.register(Box::new(counter.clone()))?;
+        }
+        m.registry.register(Box::new(m.inbox_partitions.clone()))?;
         m.registry.register(Box::new(m.consumed_total.clone()))?;
         m.registry.register(Box::new(m.dedup_hits_total.clone()))?;
         m.registry

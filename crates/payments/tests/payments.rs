@@ -10,6 +10,7 @@ use effectively::db::ServiceRole;
 use effectively::envelope::Envelope;
 use effectively::testing::{TestDb, TestTopic, eventually, series_value};
 use payments::dup::{DupArgs, DupKind};
+use payments::horizon::Retention;
 use payments::{Config, run};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -90,6 +91,10 @@ fn config(db: &TestDb, topic: &TestTopic, group: &str) -> Config {
         unsafe_split_txn: None,
         dup: DupArgs::default(),
         group_instance_id: None,
+        inbox_retention: Retention::parse("16d").expect("retention"),
+        unsafe_inbox_retention: false,
+        inbox_partition: Duration::from_secs(86_400),
+        clock_skew: Duration::from_secs(300),
     }
 }
 
@@ -654,4 +659,223 @@ async fn a_message_the_database_refuses_is_isolated_and_the_rest_applied() {
             >= 2.0
     );
     consumer.stop().await;
+}
+
+/// A UUIDv7 minted `ago` before now (negative: ahead).
+fn minted(ago: chrono::Duration) -> Uuid {
+    let t = chrono::Utc::now() - ago;
+    let ts = uuid::Timestamp::from_unix(
+        uuid::NoContext,
+        u64::try_from(t.timestamp()).expect("after 1970"),
+        t.timestamp_subsec_nanos(),
+    );
+    Uuid::new_v7(ts)
+}
+
+/// Expiry drops whole partitions; a message older than the oldest partition
+/// kept is dead-lettered as after the dedup horizon and never applied, one
+/// minted beyond the partitions too; the rest is charged.
+#[tokio::test]
+async fn after_expiry_a_late_message_is_refused_not_applied() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(2).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    // Minted an hour before the migration made its first partition: in the
+    // legacy partition, which an expiry with retention 0 drops.
+    let mut late = events(3);
+    for e in &mut late {
+        e.msg_id = minted(chrono::Duration::hours(1));
+    }
+    let mut future = events(1);
+    future[0].msg_id = minted(-chrono::Duration::days(30));
+    let fresh = events(5);
+    let dropped: Vec<String> = sqlx::query_scalar("SELECT payments.inbox_expire('0s')")
+        .fetch_all(&pool)
+        .await
+        .expect("expire");
+    assert_eq!(
+        dropped,
+        ["inbox_legacy"],
+        "only the partition wholly in the past"
+    );
+    produce_events(&topic, &late).await;
+    produce_events(&topic, &future).await;
+    produce_events(&topic, &fresh).await;
+
+    let consumer = Running::spawn(config(&db, &topic, "g-late")).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            count(&pool, CHARGES).await == 5
+                && count(&pool, "SELECT count(*) FROM payments.dead_letters").await == 4
+        })
+        .await,
+        "the fresh events charged, the others dead-lettered"
+    );
+    let kinds: Vec<(String, Uuid, String)> = sqlx::query_as(
+        "SELECT kind, msg_id, reason FROM payments.dead_letters ORDER BY kind, msg_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("dead letters");
+    let mut late_ids: Vec<Uuid> = late.iter().map(|e| e.msg_id).collect();
+    late_ids.sort();
+    for ((kind, msg_id, reason), expected) in kinds.iter().zip(&late_ids) {
+        assert_eq!(kind, "after_horizon");
+        assert_eq!(msg_id, expected);
+        assert!(
+            reason.starts_with("arrived after the dedup horizon"),
+            "{reason}"
+        );
+    }
+    assert_eq!(kinds[3].0, "future_msg_id");
+    assert_eq!(kinds[3].1, future[0].msg_id);
+    assert_eq!(consumer.metric("payments_after_horizon_total").await, 3.0);
+    assert_eq!(consumer.metric("payments_future_msg_ids_total").await, 1.0);
+    assert!(consumer.metric("payments_inbox_partitions").await >= 2.0);
+    assert_eq!(
+        consumer.metric("payments_redelivery_horizon_seconds").await,
+        (15 * 86_400 + 600) as f64,
+        "the horizon of the topic as the project creates it"
+    );
+    // Not one of them touched the inbox or the ledger.
+    assert_eq!(count(&pool, INBOX).await, 5);
+    assert_eq!(count(&pool, LEDGER).await, 5);
+    consumer.stop().await;
+}
+
+/// The partitions tile one window without gaps; expiry drops only partitions
+/// wholly older than the retention; and the database itself has no place for
+/// an expired msg_id (no DEFAULT partition), so even a writer that skipped
+/// the window check could not record it.
+#[tokio::test]
+async fn partitions_tile_the_window_and_an_expired_msg_id_has_no_place() {
+    let db = TestDb::create().await;
+    let pool = PgPool::connect(&db.url_as(ServiceRole::Payments))
+        .await
+        .expect("connect as payments");
+    let made = payments::expiry::extend(
+        &pool,
+        Duration::from_secs(3 * 86_400),
+        Duration::from_secs(3600),
+    )
+    .await
+    .expect("extend as the payments role");
+    assert!(
+        made >= 24,
+        "hourly partitions for the third day ahead: {made}"
+    );
+    let bounds: Vec<(Uuid, Uuid)> =
+        sqlx::query_as("SELECT lo, hi FROM payments.inbox_partitions ORDER BY lo")
+            .fetch_all(&pool)
+            .await
+            .expect("bounds");
+    assert_eq!(
+        bounds[0].0,
+        Uuid::nil(),
+        "the legacy partition starts at the bottom"
+    );
+    for pair in bounds.windows(2) {
+        assert_eq!(pair[0].1, pair[1].0, "no gap, no overlap");
+    }
+    let (n, floor) = payments::expiry::partitions(&pool)
+        .await
+        .expect("partitions");
+    assert_eq!(n as usize, bounds.len());
+    assert_eq!(floor, Some(Uuid::nil()));
+
+    // The SQL and the Rust reading of a UUIDv7's time agree.
+    let id = Uuid::now_v7();
+    let sql_ms: f64 =
+        sqlx::query_scalar("SELECT extract(epoch FROM effectively.v7_time($1))::float8 * 1000")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .expect("v7_time");
+    assert_eq!(
+        sql_ms.round() as i64,
+        payments::expiry::mint_time(id).timestamp_millis()
+    );
+
+    let old = minted(chrono::Duration::hours(2));
+    sqlx::query("INSERT INTO payments.inbox (msg_id) VALUES ($1)")
+        .bind(old)
+        .execute(&pool)
+        .await
+        .expect("before expiry the legacy partition takes it");
+    let dropped = payments::expiry::expire(&pool, Duration::ZERO)
+        .await
+        .expect("expire as the payments role");
+    assert_eq!(dropped, ["inbox_legacy"]);
+    let (_, floor) = payments::expiry::partitions(&pool)
+        .await
+        .expect("partitions");
+    assert_eq!(floor, Some(bounds[1].0));
+    let again = sqlx::query("INSERT INTO payments.inbox (msg_id) VALUES ($1)")
+        .bind(old)
+        .execute(&pool)
+        .await;
+    match again {
+        Err(sqlx::Error::Database(e)) => {
+            assert_eq!(e.code().as_deref(), Some("23514"), "{e}");
+            assert!(e.message().contains("no partition"), "{e}");
+        }
+        other => panic!("an expired msg_id must have no partition: {other:?}"),
+    }
+    // The payments role cannot make or drop tables itself.
+    let refused = sqlx::query("DROP TABLE payments.inbox_partitions")
+        .execute(&pool)
+        .await;
+    assert!(refused.is_err());
+}
+
+/// A retention shorter than the redelivery horizon: the binary refuses to
+/// start, with status 2 and the derivation; with the unsafe flag it runs.
+#[tokio::test]
+async fn a_retention_under_the_horizon_is_refused_at_start_up() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(1).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let binary = |retention: &str, unsafe_flag: bool| {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"));
+        child
+            .env("DATABASE_URL", db.url_as(ServiceRole::Payments))
+            .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
+            .env("KAFKA_TOPIC", &topic.name)
+            .env("PAYMENTS_GROUP_ID", "g-horizon")
+            .env("PAYMENTS_METRICS_ADDR", "127.0.0.1:0")
+            .env("PAYMENTS_INBOX_RETENTION", retention)
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if unsafe_flag {
+            child.env("PAYMENTS_UNSAFE_INBOX_RETENTION", "true");
+        }
+        child
+    };
+    let out = tokio::time::timeout(Duration::from_secs(60), binary("15d", false).output())
+        .await
+        .expect("exits in time")
+        .expect("run payments");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("shorter than the redelivery horizon"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("= redelivery horizon"),
+        "the derivation is printed: {stderr}"
+    );
+
+    produce_events(&topic, &events(1)).await;
+    let mut child = binary("15d", true).spawn().expect("spawn");
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            count(&pool, CHARGES).await == 1
+        })
+        .await,
+        "with --unsafe-inbox-retention it runs"
+    );
+    child.kill().await.expect("kill");
 }

@@ -3,6 +3,9 @@
 -- msg_id, charge, ledger entry. For recon's tests and its scale benchmark
 -- (`make bench-recon`); ids are ordered (right-edge index inserts) and
 -- derived from the order number, so every table agrees by construction.
+-- msg_ids are 00000001-…-<n>: above every order id, and inside the inbox's
+-- oldest partition (as UUIDv7 mint times they fall in 1970, before any
+-- migration ran; the inbox has no partition for ids beyond its window).
 -- Replace :n before running (psql: -v n=1000000).
 INSERT INTO orders.orders (order_id, account_id, amount_cents, status)
 SELECT lpad(to_hex(i), 32, '0')::uuid, 1 + i % 1000, 100 + i % 10000, 'created'
@@ -15,22 +18,22 @@ SELECT 'seed-' || i, '\x00'::bytea, lpad(to_hex(i), 32, '0')::uuid, 201, '[]'::j
 FROM generate_series(1, :n) AS i;
 
 INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload, published_at)
-SELECT lpad(to_hex(i), 32, '0')::uuid, ('1' || lpad(to_hex(i), 31, '0'))::uuid, 'order.created',
+SELECT lpad(to_hex(i), 32, '0')::uuid, ('00000001' || lpad(to_hex(i), 24, '0'))::uuid, 'order.created',
        convert_to(format('{"order_id":"%s","account_id":%s,"amount_cents":%s,"status":"created"}',
                          lpad(to_hex(i), 32, '0')::uuid, 1 + i % 1000, 100 + i % 10000), 'UTF8'),
        now()
 FROM generate_series(1, :n) AS i;
 
 INSERT INTO payments.inbox (msg_id)
-SELECT ('1' || lpad(to_hex(i), 31, '0'))::uuid FROM generate_series(1, :n) AS i;
+SELECT ('00000001' || lpad(to_hex(i), 24, '0'))::uuid FROM generate_series(1, :n) AS i;
 
 INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents)
 SELECT ('2' || lpad(to_hex(i), 31, '0'))::uuid, lpad(to_hex(i), 32, '0')::uuid,
-       ('1' || lpad(to_hex(i), 31, '0'))::uuid, 1 + i % 1000, 100 + i % 10000
+       ('00000001' || lpad(to_hex(i), 24, '0'))::uuid, 1 + i % 1000, 100 + i % 10000
 FROM generate_series(1, :n) AS i;
 
 INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents)
-SELECT 1 + i % 1000, lpad(to_hex(i), 32, '0')::uuid, ('1' || lpad(to_hex(i), 31, '0'))::uuid,
+SELECT 1 + i % 1000, lpad(to_hex(i), 32, '0')::uuid, ('00000001' || lpad(to_hex(i), 24, '0'))::uuid,
        100 + i % 10000
 FROM generate_series(1, :n) AS i;
 

@@ -356,7 +356,7 @@ async fn every_per_order_check_catches_its_corruption() {
             "events_not_consumed",
         ),
         (
-            "INSERT INTO payments.inbox (msg_id) VALUES (gen_random_uuid())".to_owned(),
+            "INSERT INTO payments.inbox (msg_id) VALUES (effectively.v7_floor(now()))".to_owned(),
             "inbox_without_event",
         ),
         (
@@ -459,7 +459,8 @@ async fn the_ranges_add_up_to_the_whole() {
          WHERE order_id = '000000000000000000000000000000c8'::uuid",
         "DELETE FROM payments.inbox WHERE msg_id = \
          (SELECT msg_id FROM orders.outbox WHERE aggregate_id = '00000000000000000000000000000064'::uuid)",
-        "INSERT INTO payments.inbox (msg_id) VALUES ('ffffffff-ffff-ffff-ffff-ffffffffffff')",
+        // (above every msg_id, inside the inbox's oldest partition: 2004)
+        "INSERT INTO payments.inbox (msg_id) VALUES ('00ffffff-ffff-ffff-ffff-ffffffffffff')",
         "INSERT INTO payments.dead_letters (topic, partition, \"offset\", reason, kind) \
          VALUES ('t', 0, 1, 'bad', 'undecodable')",
     ] {

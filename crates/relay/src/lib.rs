@@ -23,7 +23,7 @@ use anyhow::Context;
 use chrono::Utc;
 use clap::Parser;
 use effectively::config::{DbArgs, KafkaArgs};
-use effectively::contract::CrashPoint;
+use effectively::contract::{CrashPoint, RELAY_MAX_MESSAGE_TIMEOUT};
 use effectively::crash::{CrashArgs, Crasher};
 use effectively::envelope::{Envelope, HEADER_EVENT_TYPE, HEADER_MSG_ID};
 use effectively::kafka::FatalState;
@@ -94,8 +94,11 @@ pub struct Config {
     pub max_attempts: i32,
 
     /// Broker ack timeout for one message, in milliseconds; an unacked row
-    /// stays pending and is retried.
-    #[arg(long, env = effectively::contract::env::RELAY_MESSAGE_TIMEOUT_MS, default_value_t = 30_000)]
+    /// stays pending and is retried. At most 300000 (5 min): payments adds
+    /// that maximum to its redelivery horizon (a send still being retried can
+    /// land that late).
+    #[arg(long, env = effectively::contract::env::RELAY_MESSAGE_TIMEOUT_MS, default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(1..=RELAY_MAX_MESSAGE_TIMEOUT.as_millis() as u64))]
     pub message_timeout_ms: u64,
 }
 

@@ -74,6 +74,20 @@ struct CreateArgs {
     /// Replicas of each partition (1 on the embedded single broker).
     #[arg(long, env = "KAFKA_TOPIC_REPLICATION", default_value_t = 1)]
     replication: i32,
+
+    /// A topic config of the new topic, `KEY=VALUE`, repeatable. By default
+    /// the pipeline's own: retention.ms 7 days and segment.ms 1 day, which
+    /// payments reads back to derive its redelivery horizon; a key given here
+    /// replaces the default of that key.
+    #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_config)]
+    configs: Vec<(String, String)>,
+}
+
+fn parse_config(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.trim().to_owned())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -222,11 +236,17 @@ fn create(bootstrap: &str, args: &CreateArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("start the runtime")?;
+    let mut configs: Vec<(&str, String)> = effectively::contract::order_events_topic_configs()
+        .into_iter()
+        .filter(|(k, _)| !args.configs.iter().any(|(given, _)| given == k))
+        .collect();
+    configs.extend(args.configs.iter().map(|(k, v)| (k.as_str(), v.clone())));
     match runtime.block_on(ensure_topic(
         bootstrap,
         topic,
         args.partitions,
         args.replication,
+        &configs,
     ))? {
         TopicState::Created => eprintln!(
             "kafka-tool: created {topic} with {} partitions",

@@ -1,0 +1,348 @@
+//! The inbox's lifecycle: partitions of msg_id ranges created ahead and
+//! dropped when expired (migrations/20261124000001_inbox_partitions.sql), the
+//! window a claim may write, and the redelivery horizon's terms read from the
+//! database and the broker.
+//!
+//! Expiry drops whole partitions: no delete storm, no bloat. A message older
+//! than the oldest partition kept is refused ("after the dedup horizon"), one
+//! minted beyond the newest is refused too ("future msg_id"); neither is
+//! applied, both are dead letters with the reason (see [`Window::judge`]).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use effectively::config::KafkaArgs;
+use sqlx::{PgPool, Postgres, Transaction};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::horizon::{Retention, Sources, TopicLifetime};
+use crate::metrics::PaymentsMetrics;
+
+/// Why a msg_id is outside the [`Window`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outside {
+    /// Below the oldest partition kept: after the dedup horizon.
+    AfterHorizon,
+    /// At or beyond the end of the partitions created so far.
+    Future,
+}
+
+/// The mint time a UUIDv7 carries: its first 48 bits, Unix milliseconds. Any
+/// uuid has these bits; for one that is not a UUIDv7 they mean nothing.
+pub fn mint_time(msg_id: Uuid) -> DateTime<Utc> {
+    let b = msg_id.as_bytes();
+    let ms = u64::from_be_bytes([0, 0, b[0], b[1], b[2], b[3], b[4], b[5]]);
+    DateTime::from_timestamp_millis(i64::try_from(ms).unwrap_or(i64::MAX))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// The msg_ids a claim transaction may write: `[floor, ceiling)`, the
+/// partitions that exist. Read under the shared window lock, so no partition
+/// of it is dropped before the transaction ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// The oldest partition's lower bound (`None`: no partitions).
+    pub floor: Option<Uuid>,
+    /// The newest partition's upper bound.
+    pub ceiling: Option<Uuid>,
+}
+
+impl Window {
+    /// Reads the window in `tx` and holds the shared window lock until `tx`
+    /// ends.
+    pub async fn read(tx: &mut Transaction<'_, Postgres>) -> sqlx::Result<Self> {
+        let row = sqlx::query!("SELECT floor, ceiling FROM payments.inbox_window()")
+            .fetch_one(&mut **tx)
+            .await?;
+        Ok(Self {
+            floor: row.floor,
+            ceiling: row.ceiling,
+        })
+    }
+
+    /// `None` when `msg_id` may be claimed; otherwise where it lies and the
+    /// dead-letter reason.
+    pub fn judge(&self, msg_id: Uuid) -> Option<(Outside, String)> {
+        let (Some(floor), Some(ceiling)) = (self.floor, self.ceiling) else {
+            return Some((
+                Outside::Future,
+                format!(
+                    "the inbox has no partitions, so msg_id {msg_id} cannot be recorded; not applied"
+                ),
+            ));
+        };
+        let version = msg_id.get_version_num();
+        let not_v7 = if version == 7 {
+            String::new()
+        } else {
+            format!(
+                " (it is not a UUIDv7 but version {version}: its first 48 bits are no mint time)"
+            )
+        };
+        let minted = mint_time(msg_id).to_rfc3339();
+        if msg_id < floor {
+            return Some((
+                Outside::AfterHorizon,
+                format!(
+                    "arrived after the dedup horizon: msg_id {msg_id} was minted at {minted}{not_v7}, \
+                     before the oldest inbox partition kept (from {}); its dedup record may have \
+                     expired, so it is not applied. If its order has no charge, it is a first \
+                     delivery that came too late: apply it by hand (README, \"After the dedup horizon\")",
+                    mint_time(floor).to_rfc3339()
+                ),
+            ));
+        }
+        if msg_id >= ceiling {
+            return Some((
+                Outside::Future,
+                format!(
+                    "msg_id {msg_id} was minted at {minted}{not_v7}, at or after the end of the inbox \
+                     partitions created so far ({}): a producer clock far ahead, or not a UUIDv7; \
+                     not applied",
+                    mint_time(ceiling).to_rfc3339()
+                ),
+            ));
+        }
+        None
+    }
+}
+
+/// How the inbox's partitions are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lifecycle {
+    /// How long a msg_id is remembered.
+    pub retention: Retention,
+    /// The span of one partition.
+    pub granule: Duration,
+    /// How far ahead of now partitions exist.
+    pub ahead: Duration,
+    /// `false` only with `--unsafe-inbox-retention`: drop partitions at the
+    /// retention even when it is shorter than the horizon.
+    pub hold_to_horizon: bool,
+}
+
+impl Lifecycle {
+    /// The retention that expiry applies given the current `horizon`
+    /// (`None`: unbounded): the configured one, raised to the horizon unless
+    /// unsafe. `None`: drop nothing.
+    pub fn effective(&self, horizon: Option<Option<Duration>>) -> Option<Duration> {
+        let Retention::For(retention) = self.retention else {
+            return None;
+        };
+        if !self.hold_to_horizon {
+            return Some(retention);
+        }
+        match horizon {
+            // The horizon could not be read this time: keep everything.
+            None => None,
+            Some(None) => None,
+            Some(Some(h)) => Some(retention.max(h)),
+        }
+    }
+
+    /// How often the maintenance runs: a quarter of a partition, at most a
+    /// minute.
+    pub fn interval(&self) -> Duration {
+        (self.granule / 4).min(Duration::from_secs(60))
+    }
+}
+
+/// Creates partitions until `ahead` from now; returns how many it created.
+pub async fn extend(pool: &PgPool, ahead: Duration, granule: Duration) -> sqlx::Result<i32> {
+    let made = sqlx::query_scalar!(
+        r#"SELECT payments.inbox_extend(now() + $1 * interval '1 second', $2 * interval '1 second') AS "made!""#,
+        ahead.as_secs_f64(),
+        granule.as_secs_f64()
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(made)
+}
+
+/// Drops the partitions whose msg_ids are all older than `retention`;
+/// returns their names.
+pub async fn expire(pool: &PgPool, retention: Duration) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar!(
+        r#"SELECT payments.inbox_expire($1 * interval '1 second') AS "name!""#,
+        retention.as_secs_f64()
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// The partitions kept: how many, and the mint time the oldest starts at.
+pub async fn partitions(pool: &PgPool) -> sqlx::Result<(i64, Option<Uuid>)> {
+    let row = sqlx::query!(
+        r#"SELECT count(*) AS "n!",
+                  (SELECT lo FROM payments.inbox_partitions ORDER BY lo LIMIT 1) AS floor
+           FROM payments.inbox_partitions"#
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((row.n, row.floor))
+}
+
+/// The outbox's retention (`orders.outbox_policy`).
+pub async fn outbox_retention(pool: &PgPool) -> sqlx::Result<Duration> {
+    let secs = sqlx::query_scalar!(
+        r#"SELECT extract(epoch FROM retention)::float8 AS "secs!" FROM orders.outbox_policy"#
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(Duration::from_secs_f64(secs.max(0.0)))
+}
+
+/// The horizon's terms: the outbox's retention from the database, the
+/// topic's retention and segment span from the broker.
+pub async fn read_sources(
+    pool: &PgPool,
+    kafka: &KafkaArgs,
+    clock_skew: Duration,
+) -> anyhow::Result<Sources> {
+    use anyhow::Context;
+    let outbox = outbox_retention(pool)
+        .await
+        .context("read the outbox retention (orders.outbox_policy)")?;
+    let configs = effectively::kafka::topic_configs(
+        &kafka.kafka_bootstrap_servers,
+        &kafka.kafka_topic,
+        &["retention.ms", "segment.ms"],
+    )
+    .await?;
+    let topic = TopicLifetime::from_configs(&configs).map_err(anyhow::Error::msg)?;
+    Ok(Sources::new(outbox, topic, clock_skew))
+}
+
+/// Keeps the partitions until `cancel` fires: every [`Lifecycle::interval`],
+/// creates the partitions ahead, re-reads the horizon and drops what expired.
+/// Failures are logged and retried at the next round (a lock timeout while
+/// the claims are busy is one).
+pub async fn maintain(
+    pool: PgPool,
+    kafka: KafkaArgs,
+    clock_skew: Duration,
+    lifecycle: Lifecycle,
+    metrics: std::sync::Arc<PaymentsMetrics>,
+    cancel: CancellationToken,
+) {
+    let mut ticker = tokio::time::interval(lifecycle.interval());
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = cancel.cancelled() => return,
+        }
+        if let Err(error) = extend(&pool, lifecycle.ahead, lifecycle.granule).await {
+            tracing::warn!(%error, "creating inbox partitions failed; retrying next round");
+        }
+        let horizon = match read_sources(&pool, &kafka, clock_skew).await {
+            Ok(sources) => {
+                let h = sources.horizon();
+                metrics
+                    .redelivery_horizon_seconds
+                    .set(h.map_or(f64::INFINITY, |h| h.as_secs_f64()));
+                if !lifecycle.retention.covers(h) && lifecycle.hold_to_horizon {
+                    tracing::error!(retention = %lifecycle.retention, derivation = %sources,
+                        "the redelivery horizon grew past the inbox retention; partitions are kept until the horizon");
+                }
+                Some(h)
+            }
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), "reading the redelivery horizon failed; expiring nothing this round");
+                None
+            }
+        };
+        if let Some(retention) = lifecycle.effective(horizon) {
+            match expire(&pool, retention).await {
+                Ok(dropped) if !dropped.is_empty() => {
+                    metrics
+                        .inbox_partitions_dropped_total
+                        .inc_by(dropped.len() as u64);
+                    tracing::info!(?dropped, "inbox partitions expired");
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "expiring inbox partitions failed; retrying next round")
+                }
+            }
+        }
+        match partitions(&pool).await {
+            Ok((n, floor)) => {
+                metrics.inbox_partitions.set(n);
+                if let Some(floor) = floor {
+                    let age = (Utc::now() - mint_time(floor)).num_milliseconds() as f64 / 1e3;
+                    metrics.inbox_floor_age_seconds.set(age.max(0.0));
+                }
+            }
+            Err(error) => tracing::warn!(%error, "reading the inbox partitions failed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at_ms(ms: u64) -> Uuid {
+        let mut b = [0u8; 16];
+        b[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+        b[6] = 0x70;
+        b[8] = 0x80;
+        Uuid::from_bytes(b)
+    }
+
+    #[test]
+    fn mint_time_reads_the_first_48_bits() {
+        let id = Uuid::now_v7();
+        let drift = (Utc::now() - mint_time(id)).num_milliseconds();
+        assert!((0..5_000).contains(&drift), "{drift} ms");
+        assert_eq!(mint_time(at_ms(1_000)).timestamp_millis(), 1_000);
+    }
+
+    #[test]
+    fn the_window_refuses_below_the_floor_and_at_or_above_the_ceiling() {
+        let w = Window {
+            floor: Some(at_ms(1_000)),
+            ceiling: Some(at_ms(2_000)),
+        };
+        assert_eq!(w.judge(at_ms(1_000)), None, "the floor is inside");
+        assert_eq!(w.judge(at_ms(1_999)), None);
+        let (kind, reason) = w.judge(at_ms(999)).expect("below the floor");
+        assert_eq!(kind, Outside::AfterHorizon);
+        assert!(
+            reason.starts_with("arrived after the dedup horizon"),
+            "{reason}"
+        );
+        let (kind, _) = w.judge(at_ms(2_000)).expect("the ceiling is outside");
+        assert_eq!(kind, Outside::Future);
+        let v4 = Uuid::from_u128(0xffff_ffff_ffff_4fff_8fff_ffff_ffff_ffff);
+        let (_, reason) = w.judge(v4).expect("far ahead");
+        assert!(reason.contains("not a UUIDv7 but version 4"), "{reason}");
+        let empty = Window {
+            floor: None,
+            ceiling: None,
+        };
+        assert!(empty.judge(at_ms(1_500)).is_some());
+    }
+
+    #[test]
+    fn expiry_holds_to_the_horizon_unless_unsafe() {
+        let day = Duration::from_secs(86_400);
+        let mut l = Lifecycle {
+            retention: Retention::For(2 * day),
+            granule: day,
+            ahead: 2 * day,
+            hold_to_horizon: true,
+        };
+        assert_eq!(l.effective(Some(Some(3 * day))), Some(3 * day));
+        assert_eq!(l.effective(Some(Some(day))), Some(2 * day));
+        assert_eq!(l.effective(Some(None)), None, "unbounded: keep all");
+        assert_eq!(l.effective(None), None, "unknown: keep all");
+        l.hold_to_horizon = false;
+        assert_eq!(l.effective(Some(Some(3 * day))), Some(2 * day));
+        l.retention = Retention::Forever;
+        assert_eq!(l.effective(Some(Some(day))), None);
+        assert_eq!(l.interval(), Duration::from_secs(60));
+    }
+}

@@ -8,6 +8,8 @@
 //! * [`outbox`]: the transactional outbox writer (the caller's business row and
 //!   the outbox row commit in one transaction, a `NOTIFY` wakes the relay);
 //! * [`text`]: untrusted text made storable in a `text` column;
+//! * [`lifecycle`]: expiry in small batches for the stores that cannot drop
+//!   partitions (the outbox, the idempotency keys);
 //! * [`contract`]: what the pipeline's processes agree on (crash points, the
 //!   event type and payload, header and metric names), as types;
 //! * `kafka` (feature `kafka`): topic creation and a Kafka client's fatal
@@ -28,6 +30,7 @@ pub mod idempotency;
 pub mod inspect;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+pub mod lifecycle;
 pub mod metrics;
 pub mod outbox;
 pub mod retry;

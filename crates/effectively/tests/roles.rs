@@ -117,6 +117,9 @@ async fn orders_writes_only_the_orders_schema() {
              VALUES (gen_random_uuid(), gen_random_uuid(), 'order.created', '{}') RETURNING id",
             // GET /orders/{id}
             "SELECT order_id, account_id, amount_cents, status, created_at FROM orders.orders",
+            // expiry of the keys (as the owner, through the function), its retention
+            "SELECT orders.keys_expire(10)",
+            "SELECT extract(epoch FROM retention)::float8 FROM orders.key_policy",
         ],
     )
     .await;
@@ -134,6 +137,9 @@ async fn orders_writes_only_the_orders_schema() {
             "DELETE FROM orders.orders",
             "UPDATE orders.idempotency_keys SET response_code = 500",
             "DELETE FROM orders.idempotency_keys",
+            // the retention is the owner's to set; the outbox's expiry the relay's
+            "UPDATE orders.key_policy SET retention = interval '1 second'",
+            "SELECT orders.outbox_expire(10)",
             // the payments schema
             "INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
              VALUES (gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, 1)",
@@ -170,6 +176,9 @@ async fn relay_reads_and_marks_only_the_outbox() {
             "SELECT count(*) FILTER (WHERE failed_at IS NULL), min(created_at) \
              FROM orders.outbox WHERE published_at IS NULL",
             "LISTEN orders_outbox",
+            // expiry of published rows (as the owner, through the function), its retention
+            "SELECT orders.outbox_expire(10)",
+            "SELECT extract(epoch FROM retention)::float8 FROM orders.outbox_policy",
         ],
     )
     .await;
@@ -188,6 +197,8 @@ async fn relay_reads_and_marks_only_the_outbox() {
              VALUES (gen_random_uuid(), 1, 1, 'created')",
             "SELECT count(*) FROM orders.orders",
             "SELECT count(*) FROM orders.idempotency_keys",
+            "SELECT orders.keys_expire(10)",
+            "UPDATE orders.outbox_policy SET retention = interval '1 second'",
             // nor the payments schema
             "INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
              VALUES (gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, 1)",
@@ -414,6 +425,9 @@ async fn the_grant_matrix_is_exactly_this() {
         "effectively_payments orders USAGE",
         "effectively_payments orders.outbox_policy SELECT",
         "effectively_relay orders.outbox_policy SELECT",
+        "effectively_relay orders.outbox_expire EXECUTE",
+        "effectively_orders orders.key_policy SELECT",
+        "effectively_orders orders.keys_expire EXECUTE",
         "effectively_recon orders USAGE",
         "effectively_recon payments USAGE",
     ]
@@ -430,6 +444,7 @@ async fn the_grant_matrix_is_exactly_this() {
         "payments.dead_letters",
         "payments.inbox_partitions",
         "orders.outbox_policy",
+        "orders.key_policy",
     ] {
         want.insert(format!("effectively_recon {table} SELECT"));
     }

@@ -144,6 +144,28 @@ pub async fn run(
         max_batch: config.write_batch_max,
         queue: config.write_queue,
     };
+    // Keys older than the key retention go, a batch at a time.
+    match store.key_retention_secs().await {
+        Ok(secs) => tracing::info!(
+            retention_secs = secs,
+            "idempotency keys expire after the key retention (orders.key_policy); a retry after it is a new request"
+        ),
+        Err(error) => tracing::warn!(%error, "reading the key retention failed"),
+    }
+    let expiry = {
+        let store = store.clone();
+        tokio::spawn(effectively::lifecycle::every(
+            "idempotency keys",
+            effectively::lifecycle::INTERVAL,
+            effectively::lifecycle::BATCH,
+            metrics.keys_expired_total.clone(),
+            cancel.child_token(),
+            move |batch| {
+                let store = store.clone();
+                async move { store.expire_keys(batch).await }
+            },
+        ))
+    };
     let (writes, writers) = WriteQueue::start(store.clone(), settings, metrics.clone());
     let api = OrdersApi::new(store, writes, metrics);
 
@@ -199,6 +221,8 @@ pub async fn run(
     if drained.is_err() {
         tracing::warn!("in-flight requests did not finish within the shutdown timeout");
     }
+    expiry.abort();
+    let _ = expiry.await;
     pool.close().await;
     first.context("server task panicked")?
 }

@@ -32,6 +32,9 @@ pub struct OrdersMetrics {
     /// Create requests dropped unwritten because their client went away
     /// before a writer took them.
     pub write_abandoned_total: IntCounter,
+    /// Idempotency keys deleted after the key retention
+    /// (`orders.key_policy`): a retry of one of them is a new request.
+    pub keys_expired_total: IntCounter,
 }
 
 impl OrdersMetrics {
@@ -84,6 +87,11 @@ impl OrdersMetrics {
             "orders_write_abandoned_total",
             "Create requests dropped unwritten because their client went away",
         )?;
+        let keys_expired_total = IntCounter::new(
+            "orders_idempotency_keys_expired_total",
+            "Idempotency keys deleted after the key retention (a retry of one is a new request)",
+        )?;
+        registry.register(Box::new(keys_expired_total.clone()))?;
         registry.register(Box::new(write_batch_size.clone()))?;
         registry.register(Box::new(write_inflight.clone()))?;
         registry.register(Box::new(write_abandoned_total.clone()))?;
@@ -105,6 +113,7 @@ impl OrdersMetrics {
             write_batch_size,
             write_inflight,
             write_abandoned_total,
+            keys_expired_total,
         })
     }
 }

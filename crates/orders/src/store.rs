@@ -107,6 +107,24 @@ pub struct Store {
 }
 
 impl Store {
+    /// Deletes up to `batch` idempotency keys older than the key retention
+    /// (`orders.key_policy`, 24 h unless the owner changed it), oldest
+    /// first; returns how many. A retry of a deleted key is a new request.
+    pub async fn expire_keys(&self, batch: i32) -> sqlx::Result<i32> {
+        sqlx::query_scalar!(r#"SELECT orders.keys_expire($1) AS "n!""#, batch)
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    /// The key retention (`orders.key_policy`), in seconds.
+    pub async fn key_retention_secs(&self) -> sqlx::Result<f64> {
+        sqlx::query_scalar!(
+            r#"SELECT extract(epoch FROM retention)::float8 AS "secs!" FROM orders.key_policy"#
+        )
+        .fetch_one(&self.pool)
+        .await
+    }
+
     /// The tables behind `pool`. `no_idempotency` is the UNSAFE measurement
     /// baseline (`orders --no-idempotency`): no key claim, no stored
     /// response; every request writes a new order and event. `crasher` arms

@@ -1014,3 +1014,49 @@ async fn a_database_going_away_is_unavailable_and_a_bad_statement_is_not() {
     assert!(is_unavailable(&sqlx::Error::PoolTimedOut));
     assert!(!is_unavailable(&sqlx::Error::RowNotFound));
 }
+
+/// A key is kept for the key retention (`orders.key_policy`); once expired,
+/// a retry with it is a new request: a second order. The service deletes
+/// expired keys itself (every minute); here the test calls the same
+/// function as the service's role.
+#[tokio::test]
+async fn a_retry_after_the_key_retention_is_a_new_request() {
+    let db = TestDb::create().await;
+    let app = TestApp::spawn(&db, InjectFault::None).await;
+    let first = app.create("expiring-key", BODY).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let as_orders = PgPool::connect(&db.url_as(ServiceRole::Orders))
+        .await
+        .expect("connect as orders");
+    let expired: i32 = sqlx::query_scalar("SELECT orders.keys_expire(100)")
+        .fetch_one(&as_orders)
+        .await
+        .expect("expire");
+    assert_eq!(expired, 0, "24 h by default: nothing is old enough");
+    assert_eq!(app.create("expiring-key", BODY).await, first, "a replay");
+
+    let owner = PgPool::connect(&db.url).await.expect("connect");
+    sqlx::query("UPDATE orders.key_policy SET retention = interval '1 millisecond'")
+        .execute(&owner)
+        .await
+        .expect("shorten");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let expired: i32 = sqlx::query_scalar("SELECT orders.keys_expire(100)")
+        .fetch_one(&as_orders)
+        .await
+        .expect("expire");
+    assert_eq!(expired, 1);
+    let again = app.create("expiring-key", BODY).await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert_ne!(
+        again.json()["order_id"],
+        first.json()["order_id"],
+        "a new request, a new order"
+    );
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders.orders")
+        .fetch_one(&owner)
+        .await
+        .expect("orders");
+    assert_eq!(orders, 2);
+    app.stop().await;
+}

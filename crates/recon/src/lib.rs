@@ -12,6 +12,11 @@
 //! msg_id for the same account and amount, and one ledger entry, the same
 //! again. Nothing missing, doubled, orphaned or different. Failed outbox rows
 //! and dead letters are reported and count as drift unless allowed.
+//!
+//! Across expiry: keys, published outbox rows and inbox partitions expire
+//! (orders, charges and the ledger never do). Each store's floor says where
+//! what it kept starts ([`Floors`]); an order is checked against the stores
+//! that still cover it, and the report says what range each covers.
 
 pub mod cli;
 
@@ -37,6 +42,10 @@ use uuid::Uuid;
 /// both this constant and the compile-time checked query read.
 pub const PART_SQL: &str = include_str!("sql/part.sql");
 
+/// The floors of the stores that expire ([`Floors`]), read first, in the
+/// diff's snapshot.
+pub const FLOORS_SQL: &str = include_str!("sql/floors.sql");
+
 /// Dead letters: counted once, not per range (a dead letter need not have
 /// a msg_id).
 pub const DEAD_LETTERS_SQL: &str = include_str!("sql/dead_letters.sql");
@@ -57,13 +66,17 @@ pub struct Part {
     pub order_amount: i64,
     /// Keys that point at an order of the range.
     pub keys_matched: i64,
-    /// Orders no key points at.
+    /// Orders minted at or above the keys' floor (their keys are kept).
+    pub orders_since_key_floor: i64,
+    /// Orders minted at or above the outbox's floor (their events are kept).
+    pub orders_since_outbox_floor: i64,
+    /// Orders no key points at (of those since the keys' floor).
     pub orders_without_key: i64,
     /// Orders two or more keys point at.
     pub orders_with_many_keys: i64,
     /// Outbox events of an order of the range.
     pub events_matched: i64,
-    /// Orders with no outbox event.
+    /// Orders with no outbox event (of those since the outbox's floor).
     pub orders_without_event: i64,
     /// Orders with more than one outbox event.
     pub orders_with_many_events: i64,
@@ -95,6 +108,10 @@ pub struct Part {
     pub unpublished: i64,
     /// ... marked failed.
     pub failed: i64,
+    /// ... of an order minted at or above the outbox's floor.
+    pub events_since_outbox_floor: i64,
+    /// Outbox events in the range (of msg_ids) at or above the msg_id floor.
+    pub events_since_msg_floor: i64,
     /// Charges in the range.
     pub charges: i64,
     /// Sum of their amounts.
@@ -103,9 +120,10 @@ pub struct Part {
     pub effects: i64,
     /// Sum of their amounts.
     pub effect_amount: i64,
-    /// Inbox msg_ids in the range (of msg_ids).
+    /// Inbox msg_ids in the range (of msg_ids) at or above the msg_id floor.
     pub inbox: i64,
-    /// Outbox events in the range (of msg_ids) whose msg_id is in the inbox.
+    /// Outbox events in the range (of msg_ids) at or above the msg_id floor
+    /// whose msg_id is in the inbox.
     pub consumed: i64,
 }
 
@@ -114,6 +132,10 @@ impl Part {
         self.orders += o.orders;
         self.order_amount += o.order_amount;
         self.keys_matched += o.keys_matched;
+        self.orders_since_key_floor += o.orders_since_key_floor;
+        self.orders_since_outbox_floor += o.orders_since_outbox_floor;
+        self.events_since_outbox_floor += o.events_since_outbox_floor;
+        self.events_since_msg_floor += o.events_since_msg_floor;
         self.orders_without_key += o.orders_without_key;
         self.orders_with_many_keys += o.orders_with_many_keys;
         self.events_matched += o.events_matched;
@@ -143,9 +165,76 @@ impl Part {
     }
 }
 
+/// Where each store that expires starts: rows below a floor may be gone by
+/// design (keys after the key retention, published outbox rows after the
+/// outbox retention, inbox partitions after the inbox retention); orders,
+/// charges and the ledger never expire. Each floor is a UUIDv7 bound: the
+/// rows minted before its time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Floors {
+    /// Keys of orders minted below it may have expired.
+    pub keys: Uuid,
+    /// Published outbox rows minted below it may have expired.
+    pub outbox: Uuid,
+    /// The inbox's oldest partition starts here.
+    pub inbox: Uuid,
+}
+
+impl Floors {
+    /// Nothing expired: every floor at the bottom of the id space.
+    pub const NONE: Floors = Floors {
+        keys: Uuid::nil(),
+        outbox: Uuid::nil(),
+        inbox: Uuid::nil(),
+    };
+
+    /// The floor of the outbox <-> inbox match: above it, every event must be
+    /// in the inbox and every inbox msg_id must be an event.
+    pub fn msg(&self) -> Uuid {
+        self.outbox.max(self.inbox)
+    }
+
+    /// Reads the floors (`src/sql/floors.sql`) on `conn`, in its snapshot.
+    pub async fn read(conn: &mut PgConnection) -> sqlx::Result<Floors> {
+        let row = sqlx::query_file!("src/sql/floors.sql")
+            .fetch_one(conn)
+            .await?;
+        Ok(Floors {
+            keys: row.keys,
+            outbox: row.outbox,
+            inbox: row.inbox,
+        })
+    }
+
+    /// The time a UUIDv7 floor stands for, `None` for the nil floor (the
+    /// whole history).
+    pub fn time(floor: Uuid) -> Option<chrono::DateTime<chrono::Utc>> {
+        if floor.is_nil() {
+            return None;
+        }
+        let b = floor.as_bytes();
+        let ms = u64::from_be_bytes([0, 0, b[0], b[1], b[2], b[3], b[4], b[5]]);
+        chrono::DateTime::from_timestamp_millis(i64::try_from(ms).ok()?)
+    }
+
+    fn describe(floor: Uuid) -> String {
+        Self::time(floor).map_or_else(|| "all".to_owned(), |t| format!("since {}", t.to_rfc3339()))
+    }
+}
+
 /// Every count of the diff.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Report {
+    /// What the retained stores cover (see [`Floors`]).
+    pub floors: Floors,
+    /// Orders minted since the keys' floor: each must have its key.
+    pub orders_since_key_floor: i64,
+    /// Orders minted since the outbox's floor: each must have its event.
+    pub orders_since_outbox_floor: i64,
+    /// Outbox rows of those orders.
+    pub outbox_rows_since_floor: i64,
+    /// Outbox rows minted since the msg_id floor: each must be in the inbox.
+    pub events_since_msg_floor: i64,
     /// Accepted intents: idempotency keys.
     pub intents: i64,
     /// Orders.
@@ -175,7 +264,7 @@ pub struct Report {
     /// Orders whose published event's payload is not that order (id,
     /// account, amount).
     pub event_payload_mismatches: i64,
-    /// msg_ids in the inbox.
+    /// msg_ids in the inbox (since the msg_id floor).
     pub inbox_msg_ids: i64,
     /// Outbox events whose msg_id is not in the inbox.
     pub events_not_consumed: i64,
@@ -232,9 +321,14 @@ pub struct Policy {
 impl Report {
     /// The whole from the parts of a partition of the id space, and the
     /// dead letters.
-    pub fn from_parts(parts: &[Part], dead_letters: i64) -> Report {
+    pub fn from_parts(parts: &[Part], dead_letters: i64, floors: Floors) -> Report {
         let p = parts.iter().fold(Part::default(), Part::add);
         Report {
+            floors,
+            orders_since_key_floor: p.orders_since_key_floor,
+            orders_since_outbox_floor: p.orders_since_outbox_floor,
+            outbox_rows_since_floor: p.events_since_outbox_floor,
+            events_since_msg_floor: p.events_since_msg_floor,
             intents: p.keys,
             distinct_orders: p.orders,
             intents_without_order: p.keys - p.keys_matched,
@@ -250,7 +344,7 @@ impl Report {
             orders_with_many_events: p.orders_with_many_events,
             event_payload_mismatches: p.event_payload_mismatches,
             inbox_msg_ids: p.inbox,
-            events_not_consumed: p.events - p.consumed,
+            events_not_consumed: p.events_since_msg_floor - p.consumed,
             inbox_without_event: p.inbox - p.consumed,
             distinct_charges: p.charges,
             orders_without_charge: p.orders_without_charge,
@@ -275,7 +369,7 @@ impl Report {
         let mut deltas = vec![
             d(
                 "distinct_orders - intents",
-                self.distinct_orders - self.intents,
+                self.orders_since_key_floor - self.intents,
             ),
             d("intents_without_order", self.intents_without_order),
             d("orders_without_key", self.orders_without_key),
@@ -286,7 +380,7 @@ impl Report {
             ),
             d(
                 "outbox_rows - distinct_orders",
-                self.outbox_rows - self.distinct_orders,
+                self.outbox_rows_since_floor - self.orders_since_outbox_floor,
             ),
             d("orders_without_event", self.orders_without_event),
             d("events_without_order", self.events_without_order),
@@ -297,7 +391,7 @@ impl Report {
             d("inbox_without_event", self.inbox_without_event),
             d(
                 "inbox_msg_ids - outbox_rows",
-                self.inbox_msg_ids - self.outbox_rows,
+                self.inbox_msg_ids - self.events_since_msg_floor,
             ),
             d(
                 "distinct_charges - distinct_orders",
@@ -385,6 +479,13 @@ impl Report {
             ("effect amount (cents)", self.effect_amount_cents),
         ];
         let mut out = String::from("recon: effects vs intents, order by order\n");
+        let f = &self.floors;
+        out.push_str(&format!(
+            "  covers: orders, charges, ledger: all; keys: {}; events: {}; events <-> inbox: {}\n",
+            Floors::describe(f.keys),
+            Floors::describe(f.outbox),
+            Floors::describe(f.msg()),
+        ));
         for (name, value) in rows {
             out.push_str(&format!("  {name:<36} {value:>14}\n"));
         }
@@ -417,11 +518,12 @@ impl Report {
 /// pooled connection, or a transaction: tests corrupt a database inside one
 /// and roll it back).
 pub async fn reconcile(conn: &mut PgConnection) -> sqlx::Result<Report> {
-    let part = run_part(conn, Uuid::nil(), Uuid::max()).await?;
+    let floors = Floors::read(conn).await?;
+    let part = run_part(conn, Uuid::nil(), Uuid::max(), floors).await?;
     let dead_letters = sqlx::query_file_scalar!("src/sql/dead_letters.sql")
         .fetch_one(conn)
         .await?;
-    Ok(Report::from_parts(&[part], dead_letters))
+    Ok(Report::from_parts(&[part], dead_letters, floors))
 }
 
 /// Runs the diff in `jobs` order-id ranges side by side, one connection
@@ -448,6 +550,7 @@ pub async fn reconcile_in_parts(pool: &PgPool, jobs: usize) -> sqlx::Result<Repo
     .fetch_one(&mut *lead)
     .await?;
     let ranges = id_ranges(bounds.lo.zip(bounds.hi), jobs);
+    let floors = Floors::read(&mut lead).await?;
     let mut txs = vec![lead];
     for _ in 1..ranges.len() {
         txs.push(begin_snapshot(pool, Some(&snapshot)).await?);
@@ -455,13 +558,13 @@ pub async fn reconcile_in_parts(pool: &PgPool, jobs: usize) -> sqlx::Result<Repo
     let parts = futures::future::try_join_all(
         txs.iter_mut()
             .zip(&ranges)
-            .map(|(tx, &(lo, hi))| run_part(tx, lo, hi)),
+            .map(|(tx, &(lo, hi))| run_part(tx, lo, hi, floors)),
     )
     .await?;
     let dead_letters = sqlx::query_file_scalar!("src/sql/dead_letters.sql")
         .fetch_one(&mut *txs[0])
         .await?;
-    Ok(Report::from_parts(&parts, dead_letters))
+    Ok(Report::from_parts(&parts, dead_letters, floors))
 }
 
 /// A read-only repeatable-read transaction, on `snapshot` if given, tuned
@@ -496,10 +599,23 @@ async fn begin_snapshot(
     Ok(tx)
 }
 
-async fn run_part(conn: &mut PgConnection, lo: Uuid, hi: Uuid) -> sqlx::Result<Part> {
-    sqlx::query_file_as!(Part, "src/sql/part.sql", lo, hi)
-        .fetch_one(conn)
-        .await
+async fn run_part(
+    conn: &mut PgConnection,
+    lo: Uuid,
+    hi: Uuid,
+    floors: Floors,
+) -> sqlx::Result<Part> {
+    sqlx::query_file_as!(
+        Part,
+        "src/sql/part.sql",
+        lo,
+        hi,
+        floors.keys,
+        floors.outbox,
+        floors.msg()
+    )
+    .fetch_one(conn)
+    .await
 }
 
 /// At most `jobs` inclusive ranges that partition the whole UUID space,

@@ -486,3 +486,76 @@ async fn the_ranges_add_up_to_the_whole() {
         assert_eq!(parts, whole, "--jobs {jobs}");
     }
 }
+
+/// After the keys, the published outbox rows and the inbox's oldest
+/// partition expired, recon checks each order against what still covers it
+/// (orders, charges and the ledger never expire), stays CLEAN, says where
+/// each store starts, and still catches drift in what is covered.
+#[tokio::test]
+async fn recon_checks_what_the_stores_kept_after_expiry() {
+    let (_db, pool) = seeded(40).await;
+    let mut conn = pool.acquire().await.expect("connect");
+    let before = recon::reconcile(&mut conn).await.expect("recon");
+    assert_eq!(before.floors, recon::Floors::NONE);
+    assert!(
+        before
+            .table(Policy::default())
+            .contains("keys: all; events: all")
+    );
+    drop(conn);
+
+    // Expire everything the seed made (its ids are minted in 1970).
+    for sql in [
+        "UPDATE orders.key_policy SET retention = interval '1 millisecond'",
+        "UPDATE orders.outbox_policy SET retention = interval '1 millisecond'",
+        "SELECT orders.keys_expire(1000)",
+        "SELECT orders.outbox_expire(1000)",
+        "SELECT payments.inbox_expire(interval '0')",
+    ] {
+        sqlx::query(sql).execute(&pool).await.expect(sql);
+    }
+    let mut conn = pool.acquire().await.expect("connect");
+    let after = recon::reconcile_in_parts(&pool, 3).await.expect("recon");
+    let table = after.table(Policy::default());
+    assert!(after.is_clean(Policy::default()), "{table}");
+    assert_eq!(
+        (after.intents, after.outbox_rows, after.inbox_msg_ids),
+        (0, 0, 0)
+    );
+    assert_eq!((after.distinct_orders, after.distinct_charges), (40, 40));
+    assert!(after.floors.keys > uuid::Uuid::nil() && after.floors.outbox > uuid::Uuid::nil());
+    assert!(table.contains("keys: since 20"), "{table}");
+    assert_eq!(
+        after,
+        recon::reconcile(&mut conn).await.expect("recon"),
+        "in parts or whole"
+    );
+
+    // Charges and the ledger are still checked for every order...
+    sqlx::query(
+        "INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
+         SELECT account_id, order_id, msg_id, amount_cents FROM payments.ledger \
+         WHERE order_id = '00000000000000000000000000000007'::uuid",
+    )
+    .execute(&mut *conn)
+    .await
+    .expect("double");
+    // ... and an order minted after the floors still needs its key and event.
+    sqlx::query(
+        "INSERT INTO orders.orders (order_id, account_id, amount_cents, status) \
+         VALUES (effectively.v7_floor(now() + interval '1 second'), 1, 100, 'created')",
+    )
+    .execute(&mut *conn)
+    .await
+    .expect("new order");
+    let drift = recon::reconcile(&mut conn).await.expect("recon");
+    let names = drift.drift(Policy::default());
+    for name in [
+        "double_charges",
+        "orders_without_key",
+        "orders_without_event",
+        "orders_without_charge",
+    ] {
+        assert!(names.contains(&name), "{name} in {names:?}");
+    }
+}

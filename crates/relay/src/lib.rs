@@ -176,6 +176,28 @@ pub async fn run(
         Duration::from_millis(config.lag_sample_ms),
         cancel.clone(),
     )));
+    // Published rows older than the outbox retention go, a batch at a time.
+    match outbox::retention_secs(&pool).await {
+        Ok(secs) => tracing::info!(
+            retention = %humantime::format_duration(Duration::from_secs_f64(secs.max(0.0))),
+            "published outbox rows expire after the outbox retention (orders.outbox_policy)"
+        ),
+        Err(error) => tracing::warn!(%error, "reading the outbox retention failed"),
+    }
+    {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(effectively::lifecycle::every(
+            "outbox",
+            effectively::lifecycle::INTERVAL,
+            effectively::lifecycle::BATCH,
+            metrics.relay_outbox_expired_total.clone(),
+            cancel.clone(),
+            move |batch| {
+                let pool = pool.clone();
+                async move { outbox::expire(&pool, batch).await }
+            },
+        )));
+    }
     // A fatal error the producer's error callback does not see as one.
     tasks.push(fatal.watch_producer(producer.clone(), Duration::from_millis(500), cancel.clone()));
     let (wake_tx, wake_rx) = watch::channel(0u64);

@@ -33,6 +33,9 @@ pub struct RelayMetrics {
     /// `rejected` (the row itself: counted against its attempts), `encode`
     /// (payload not JSON: counted too), `listen`.
     pub relay_errors_total: IntCounterVec,
+    /// Published outbox rows deleted after the outbox retention
+    /// (`orders.outbox_policy`).
+    pub relay_outbox_expired_total: IntCounter,
 }
 
 impl RelayMetrics {
@@ -51,6 +54,10 @@ impl RelayMetrics {
             outbox_failed_rows: IntGauge::new(
                 "outbox_failed_rows",
                 "Outbox rows marked failed (never publishable); each holds back its own key",
+            )?,
+            relay_outbox_expired_total: IntCounter::new(
+                "relay_outbox_expired_total",
+                "Published outbox rows deleted after the outbox retention",
             )?,
             relay_rows_failed_total: IntCounter::new(
                 "relay_rows_failed_total",
@@ -102,6 +109,8 @@ impl RelayMetrics {
             .register(Box::new(m.relay_commit_to_publish_seconds.clone()))?;
         m.registry
             .register(Box::new(m.relay_errors_total.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_outbox_expired_total.clone()))?;
         for stage in ["db", "produce", "rejected", "encode", "listen"] {
             m.relay_errors_total.with_label_values(&[stage]);
         }

@@ -2,7 +2,7 @@
 //! published. All of it inside one transaction that holds the shard's lock.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 /// Number of shards; must match the `shard` expression of the outbox table
@@ -139,4 +139,23 @@ pub async fn lag(conn: &mut PgConnection) -> sqlx::Result<(i64, f64, i64)> {
     .fetch_one(conn)
     .await?;
     Ok((row.pending, row.oldest_seconds, row.failed))
+}
+
+/// Deletes up to `batch` published rows older than the outbox retention
+/// (`orders.outbox_policy`), oldest first; returns how many. Pending and
+/// failed rows are never deleted. The retention bounds how long a row can be
+/// re-published, one term of payments' redelivery horizon.
+pub async fn expire(pool: &PgPool, batch: i32) -> sqlx::Result<i32> {
+    sqlx::query_scalar!(r#"SELECT orders.outbox_expire($1) AS "n!""#, batch)
+        .fetch_one(pool)
+        .await
+}
+
+/// The outbox retention (`orders.outbox_policy`), in seconds.
+pub async fn retention_secs(pool: &PgPool) -> sqlx::Result<f64> {
+    sqlx::query_scalar!(
+        r#"SELECT extract(epoch FROM retention)::float8 AS "secs!" FROM orders.outbox_policy"#
+    )
+    .fetch_one(pool)
+    .await
 }

@@ -610,3 +610,76 @@ async fn a_lost_listen_connection_is_reestablished_and_wakes_the_relay_again() {
     cancel.cancel();
     task.await.expect("join").expect("relay");
 }
+
+/// Published rows older than the outbox retention are deleted in batches,
+/// oldest first; a pending or failed row never is (an intent still on its
+/// way); the floor moves up once nothing expired is left.
+#[tokio::test]
+async fn published_rows_expire_after_the_retention_and_unpublished_ones_stay() {
+    let db = TestDb::create().await;
+    let owner = PgPool::connect(&db.url).await.expect("connect");
+    let relay_pool = PgPool::connect(&db.url_as(ServiceRole::Relay))
+        .await
+        .expect("connect as relay");
+    let keys: Vec<Uuid> = (0..5).map(|_| Uuid::now_v7()).collect();
+    fill_outbox(&owner, &keys, 2).await;
+    // 7 published, 2 pending, 1 failed.
+    sqlx::query(
+        "UPDATE orders.outbox SET published_at = now() \
+         WHERE id IN (SELECT id FROM orders.outbox ORDER BY id LIMIT 7)",
+    )
+    .execute(&owner)
+    .await
+    .expect("publish");
+    sqlx::query(
+        "UPDATE orders.outbox SET failed_at = now(), attempts = 5, last_error = 'x' \
+         WHERE id = (SELECT max(id) FROM orders.outbox)",
+    )
+    .execute(&owner)
+    .await
+    .expect("fail one");
+
+    // Under the default retention (7 days) nothing is old enough.
+    assert_eq!(
+        relay::outbox::expire(&relay_pool, 100)
+            .await
+            .expect("expire"),
+        0
+    );
+    sqlx::query("UPDATE orders.outbox_policy SET retention = interval '1 millisecond'")
+        .execute(&owner)
+        .await
+        .expect("shorten");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut batches = Vec::new();
+    loop {
+        let n = relay::outbox::expire(&relay_pool, 3).await.expect("expire");
+        batches.push(n);
+        if n < 3 {
+            break;
+        }
+    }
+    assert_eq!(batches, [3, 3, 1], "the 7 published rows, at most 3 a call");
+    let left: Vec<bool> =
+        sqlx::query_scalar("SELECT published_at IS NULL FROM orders.outbox ORDER BY id")
+            .fetch_all(&owner)
+            .await
+            .expect("left");
+    assert_eq!(
+        left,
+        [true, true, true],
+        "the pending and the failed rows stay"
+    );
+    let floor: Uuid = sqlx::query_scalar("SELECT floor FROM orders.outbox_policy")
+        .fetch_one(&owner)
+        .await
+        .expect("floor");
+    let newest: Uuid = sqlx::query_scalar("SELECT max(msg_id::text)::uuid FROM orders.outbox")
+        .fetch_one(&owner)
+        .await
+        .expect("newest");
+    assert!(
+        floor > newest,
+        "the floor moved past every row minted before the cut"
+    );
+}

@@ -9,6 +9,11 @@ SELECT
                                   AND f.id < o.id))
   AND NOT EXISTS (SELECT 1 FROM orders.outbox x
                   WHERE x.published_at IS NOT NULL
+                    -- an event older than the inbox's oldest partition has no
+                    -- record there to find (expired)
+                    AND x.msg_id >= COALESCE((SELECT p.lo FROM payments.inbox_partitions p
+                                              ORDER BY p.lo LIMIT 1),
+                                             '00000000-0000-0000-0000-000000000000')
                     AND NOT EXISTS (SELECT 1 FROM payments.inbox i WHERE i.msg_id = x.msg_id)
                     AND NOT EXISTS (SELECT 1 FROM payments.dead_letters d WHERE d.msg_id = x.msg_id))
   AS "drained!"

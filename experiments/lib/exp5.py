@@ -1,0 +1,136 @@
+"""Experiment 5's summary and verdict: the inbox at scale, single table vs
+range partitions of msg_id. Reads the bench's documents RES/partitioned.json
+and RES/single.json (crates/payments/examples/inbox_bench.rs), writes
+RES/summary.json, RES/growth.csv and RES/expiry.csv, prints the tables, the
+checks and the verdict line; exit 0 on PASS.
+
+Usage: python3 experiments/lib/exp5.py RES MODE (run.sh passes them; run it
+alone to judge results again).
+"""
+import os
+import sys
+
+from common import exit_code, load_json, print_checks, verdict, write_csv, write_json
+
+LAYOUTS = ("partitioned", "single")
+MB = 1024 * 1024
+
+
+def growth_rows(docs):
+    """One row per layout and checkpoint: the consume transaction and the sizes."""
+    rows = []
+    for layout in LAYOUTS:
+        for p in docs[layout]["points"]:
+            rows.append({
+                "layout": layout,
+                "keys": p["keys"],
+                "txn_p50_ms": round(p["txn_p50_ms"], 2),
+                "txn_p99_ms": round(p["txn_p99_ms"], 2),
+                "txn_max_ms": round(p["txn_max_ms"], 2),
+                "msgs_per_s": round(p["msgs_per_s"]),
+                "wal_bytes_per_msg": round(p["wal_bytes_per_msg"]),
+                "table_mb": round(p["table_bytes"] / MB, 1),
+                "index_mb": round(p["index_bytes"] / MB, 1),
+                "load_seconds": round(p["load_seconds"], 1),
+            })
+    return rows
+
+
+def expiry_rows(docs):
+    """One row per layout and expiry run (the quiet one, then under load)."""
+    rows = []
+    for layout in LAYOUTS:
+        for e in docs[layout]["expiry"]:
+            rows.append({
+                "layout": layout,
+                "op": e["op"],
+                "concurrent": e["concurrent"],
+                "rows_removed": e["rows_removed"],
+                "seconds": round(e["seconds"], 3),
+                "wal_mb": round(e["wal_bytes"] / MB, 2),
+                "vacuum_seconds": round(e["vacuum_seconds"], 3),
+                "vacuum_wal_mb": round(e["vacuum_wal_bytes"] / MB, 2),
+                "table_mb_before": round(e["table_bytes_before"] / MB, 1),
+                "table_mb_after": round(e["table_bytes_after"] / MB, 1),
+                "index_mb_before": round(e["index_bytes_before"] / MB, 1),
+                "index_mb_after": round(e["index_bytes_after"] / MB, 1),
+                "concurrent_p99_ms": round(e["concurrent_p99_ms"], 2) if "concurrent_p99_ms" in e else "",
+                "concurrent_txns": e.get("concurrent_txns", ""),
+            })
+    return rows
+
+
+def judge(docs, mode, checkpoints):
+    """The summary: every measurement there, and expiry by partition drop
+    doing what it is for (less WAL, space back) where the delete does not."""
+    growth, expiry = growth_rows(docs), expiry_rows(docs)
+    checks = {}
+    for layout in LAYOUTS:
+        got = [p["keys"] for p in docs[layout]["points"]]
+        checks[f"{layout}: measured at {checkpoints} keys"] = got == checkpoints
+    quiet = {e["layout"]: e for e in expiry if not e["concurrent"]}
+    loaded = {e["layout"]: e for e in expiry if e["concurrent"]}
+    p, s = quiet.get("partitioned"), quiet.get("single")
+    checks["both layouts expired the same day of keys"] = bool(
+        p and s and p["rows_removed"] > 0 and abs(p["rows_removed"] - s["rows_removed"]) <= max(1, p["rows_removed"] // 100))
+    checks["drop partition wrote less WAL than delete + vacuum"] = bool(
+        p and s and p["wal_mb"] < s["wal_mb"] + s["vacuum_wal_mb"])
+    checks["drop partition gave the space back (the table shrank)"] = bool(p and p["table_mb_after"] < p["table_mb_before"])
+    checks["consumption went on during each expiry"] = all(
+        (loaded.get(layout) or {}).get("concurrent_txns", 0) > 0 for layout in LAYOUTS)
+    return {"experiment": "exp-5-dedup-store", "mode": mode, "checkpoints": checkpoints,
+            "growth": growth, "expiry": expiry, "checks": checks, "verdict": verdict(checks)}
+
+
+def table(rows, columns):
+    """ROWS as an aligned text table of COLUMNS."""
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    lines = ["  ".join(c.rjust(widths[c]) for c in columns)]
+    for r in rows:
+        lines.append("  ".join(str(r[c]).rjust(widths[c]) for c in columns))
+    return "\n".join(lines)
+
+
+def verdict_line(s, res):
+    """The last line: the verdict and the numbers behind it."""
+    big = {g["layout"]: g for g in s["growth"] if g["keys"] == s["checkpoints"][-1]}
+    quiet = {e["layout"]: e for e in s["expiry"] if not e["concurrent"]}
+    parts = [f"exp-5: {s['verdict']} — at {s['checkpoints'][-1]:,} keys"]
+    if len(big) == 2:
+        parts.append(f"consume p99 {big['partitioned']['txn_p99_ms']} ms partitioned vs "
+                     f"{big['single']['txn_p99_ms']} ms single")
+    if len(quiet) == 2:
+        p, q = quiet["partitioned"], quiet["single"]
+        parts.append(f"a day's {p['rows_removed']:,} keys: drop {p['seconds']} s / {p['wal_mb']} MB WAL vs "
+                     f"delete {q['seconds']} s + vacuum {q['vacuum_seconds']} s / {q['wal_mb'] + q['vacuum_wal_mb']:.2f} MB WAL")
+    return "; ".join(parts) + f" ({s['mode']}; {res}/summary.json)"
+
+
+def main(argv):
+    """Judge RES (argv: RES MODE CHECKPOINTS); the exit status."""
+    res, mode = argv[0], argv[1]
+    checkpoints = sorted(int(c) for c in argv[2].split(","))
+    docs = {}
+    for layout in LAYOUTS:
+        d = load_json(os.path.join(res, f"{layout}.json"))
+        if d is None:
+            print(f"exp-5: FAIL no bench results {res}/{layout}.json (see {res}/logs/)")
+            return 1
+        docs[layout] = d
+    s = judge(docs, mode, checkpoints)
+    write_json(os.path.join(res, "summary.json"), s)
+    write_csv(os.path.join(res, "growth.csv"), s["growth"])
+    write_csv(os.path.join(res, "expiry.csv"), s["expiry"])
+    print(table(s["growth"], ["layout", "keys", "txn_p50_ms", "txn_p99_ms", "msgs_per_s",
+                              "wal_bytes_per_msg", "table_mb", "index_mb", "load_seconds"]))
+    print()
+    print(table(s["expiry"], ["layout", "op", "concurrent", "rows_removed", "seconds", "wal_mb",
+                              "vacuum_seconds", "vacuum_wal_mb", "table_mb_before", "table_mb_after",
+                              "concurrent_p99_ms"]))
+    print_checks(s["checks"])
+    print(verdict_line(s, res))
+    return exit_code(s)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -8,6 +8,7 @@
 //! * [`outbox`]: the transactional outbox writer (the caller's business row and
 //!   the outbox row commit in one transaction, a `NOTIFY` wakes the relay);
 //! * [`text`]: untrusted text made storable in a `text` column;
+//! * [`v7`]: the time a UUIDv7 id carries (the stores expire by it);
 //! * [`lifecycle`]: expiry in small batches for the stores that cannot drop
 //!   partitions (the outbox, the idempotency keys);
 //! * [`contract`]: what the pipeline's processes agree on (crash points, the
@@ -39,3 +40,4 @@ pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod text;
+pub mod v7;

@@ -16,6 +16,17 @@ pub const BATCH: i32 = 5_000;
 /// How often a service expires its store.
 pub const INTERVAL: Duration = Duration::from_secs(60);
 
+/// The outbox's retention (`orders.outbox_policy`): the relay deletes
+/// published rows by it, payments adds it to its redelivery horizon.
+pub async fn outbox_retention(pool: &sqlx::PgPool) -> sqlx::Result<Duration> {
+    let secs = sqlx::query_scalar!(
+        r#"SELECT extract(epoch FROM retention)::float8 AS "secs!" FROM orders.outbox_policy"#
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(Duration::from_secs_f64(secs.max(0.0)))
+}
+
 /// Calls `expire(batch)` until it deletes fewer than `batch` rows (or
 /// `cancel` fires); returns the rows deleted.
 pub async fn drain<F, Fut>(

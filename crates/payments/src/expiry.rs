@@ -10,8 +10,9 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use effectively::config::KafkaArgs;
+use effectively::v7::mint_time;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -26,15 +27,6 @@ pub enum Outside {
     AfterHorizon,
     /// At or beyond the end of the partitions created so far.
     Future,
-}
-
-/// The mint time a UUIDv7 carries: its first 48 bits, Unix milliseconds. Any
-/// uuid has these bits; for one that is not a UUIDv7 they mean nothing.
-pub fn mint_time(msg_id: Uuid) -> DateTime<Utc> {
-    let b = msg_id.as_bytes();
-    let ms = u64::from_be_bytes([0, 0, b[0], b[1], b[2], b[3], b[4], b[5]]);
-    DateTime::from_timestamp_millis(i64::try_from(ms).unwrap_or(i64::MAX))
-        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
 /// The msg_ids a claim transaction may write: `[floor, ceiling)`, the
@@ -183,16 +175,6 @@ pub async fn partitions(pool: &PgPool) -> sqlx::Result<(i64, Option<Uuid>)> {
     Ok((row.n, row.floor))
 }
 
-/// The outbox's retention (`orders.outbox_policy`).
-pub async fn outbox_retention(pool: &PgPool) -> sqlx::Result<Duration> {
-    let secs = sqlx::query_scalar!(
-        r#"SELECT extract(epoch FROM retention)::float8 AS "secs!" FROM orders.outbox_policy"#
-    )
-    .fetch_one(pool)
-    .await?;
-    Ok(Duration::from_secs_f64(secs.max(0.0)))
-}
-
 /// The horizon's terms: the outbox's retention from the database, the
 /// topic's retention and segment span from the broker.
 pub async fn read_sources(
@@ -201,7 +183,7 @@ pub async fn read_sources(
     clock_skew: Duration,
 ) -> anyhow::Result<Sources> {
     use anyhow::Context;
-    let outbox = outbox_retention(pool)
+    let outbox = effectively::lifecycle::outbox_retention(pool)
         .await
         .context("read the outbox retention (orders.outbox_policy)")?;
     let configs = effectively::kafka::topic_configs(
@@ -214,44 +196,39 @@ pub async fn read_sources(
     Ok(Sources::new(outbox, topic, clock_skew))
 }
 
+/// Sets the horizon gauge (`None`: unbounded, +Inf).
+pub fn record_horizon(metrics: &PaymentsMetrics, horizon: Option<Duration>) {
+    metrics
+        .redelivery_horizon_seconds
+        .set(horizon.map_or(f64::INFINITY, |h| h.as_secs_f64()));
+}
+
 /// Keeps the partitions until `cancel` fires: every [`Lifecycle::interval`],
 /// creates the partitions ahead, re-reads the horizon and drops what expired.
 /// Failures are logged and retried at the next round (a lock timeout while
-/// the claims are busy is one).
+/// the claims are busy is one). The first round, at once, takes the horizon
+/// start-up derived (`started_with`), which also created the partitions
+/// ahead, and only expires.
 pub async fn maintain(
     pool: PgPool,
     kafka: KafkaArgs,
     clock_skew: Duration,
     lifecycle: Lifecycle,
+    started_with: Option<Duration>,
     metrics: std::sync::Arc<PaymentsMetrics>,
     cancel: CancellationToken,
 ) {
     let mut ticker = tokio::time::interval(lifecycle.interval());
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut from_start_up = Some(started_with);
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
             () = cancel.cancelled() => return,
         }
-        if let Err(error) = extend(&pool, lifecycle.ahead, lifecycle.granule).await {
-            tracing::warn!(%error, "creating inbox partitions failed; retrying next round");
-        }
-        let horizon = match read_sources(&pool, &kafka, clock_skew).await {
-            Ok(sources) => {
-                let h = sources.horizon();
-                metrics
-                    .redelivery_horizon_seconds
-                    .set(h.map_or(f64::INFINITY, |h| h.as_secs_f64()));
-                if !lifecycle.retention.covers(h) && lifecycle.hold_to_horizon {
-                    tracing::error!(retention = %lifecycle.retention, derivation = %sources,
-                        "the redelivery horizon grew past the inbox retention; partitions are kept until the horizon");
-                }
-                Some(h)
-            }
-            Err(error) => {
-                tracing::warn!(error = %format!("{error:#}"), "reading the redelivery horizon failed; expiring nothing this round");
-                None
-            }
+        let horizon = match from_start_up.take() {
+            Some(h) => Some(h),
+            None => next_horizon(&pool, &kafka, clock_skew, &lifecycle, &metrics).await,
         };
         if let Some(retention) = lifecycle.effective(horizon) {
             match expire(&pool, retention).await {
@@ -267,16 +244,50 @@ pub async fn maintain(
                 }
             }
         }
-        match partitions(&pool).await {
-            Ok((n, floor)) => {
-                metrics.inbox_partitions.set(n);
-                if let Some(floor) = floor {
-                    let age = (Utc::now() - mint_time(floor)).num_milliseconds() as f64 / 1e3;
-                    metrics.inbox_floor_age_seconds.set(age.max(0.0));
-                }
+        record_partitions(&pool, &metrics).await;
+    }
+}
+
+/// A round's start: creates the partitions ahead and re-derives the horizon
+/// (`Some(None)`: unbounded; `None`: it could not be read this round).
+async fn next_horizon(
+    pool: &PgPool,
+    kafka: &KafkaArgs,
+    clock_skew: Duration,
+    lifecycle: &Lifecycle,
+    metrics: &PaymentsMetrics,
+) -> Option<Option<Duration>> {
+    if let Err(error) = extend(pool, lifecycle.ahead, lifecycle.granule).await {
+        tracing::warn!(%error, "creating inbox partitions failed; retrying next round");
+    }
+    match read_sources(pool, kafka, clock_skew).await {
+        Ok(sources) => {
+            let h = sources.horizon();
+            record_horizon(metrics, h);
+            if !lifecycle.retention.covers(h) && lifecycle.hold_to_horizon {
+                tracing::error!(retention = %lifecycle.retention, derivation = %sources,
+                    "the redelivery horizon grew past the inbox retention; partitions are kept until the horizon");
             }
-            Err(error) => tracing::warn!(%error, "reading the inbox partitions failed"),
+            Some(h)
         }
+        Err(error) => {
+            tracing::warn!(error = %format!("{error:#}"), "reading the redelivery horizon failed; expiring nothing this round");
+            None
+        }
+    }
+}
+
+/// Sets the partition gauges: how many, and how far back the oldest starts.
+async fn record_partitions(pool: &PgPool, metrics: &PaymentsMetrics) {
+    match partitions(pool).await {
+        Ok((n, floor)) => {
+            metrics.inbox_partitions.set(n);
+            if let Some(floor) = floor {
+                let age = (Utc::now() - mint_time(floor)).num_milliseconds() as f64 / 1e3;
+                metrics.inbox_floor_age_seconds.set(age.max(0.0));
+            }
+        }
+        Err(error) => tracing::warn!(%error, "reading the inbox partitions failed"),
     }
 }
 
@@ -290,14 +301,6 @@ mod tests {
         b[6] = 0x70;
         b[8] = 0x80;
         Uuid::from_bytes(b)
-    }
-
-    #[test]
-    fn mint_time_reads_the_first_48_bits() {
-        let id = Uuid::now_v7();
-        let drift = (Utc::now() - mint_time(id)).num_milliseconds();
-        assert!((0..5_000).contains(&drift), "{drift} ms");
-        assert_eq!(mint_time(at_ms(1_000)).timestamp_millis(), 1_000);
     }
 
     #[test]

@@ -190,7 +190,8 @@ impl Config {
 }
 
 /// Derives the redelivery horizon and checks the inbox retention against it;
-/// `Err(HorizonRefusal)` when it is shorter (unless unsafe).
+/// returns the horizon (`None`: unbounded), `Err(HorizonRefusal)` when the
+/// retention is shorter (unless unsafe).
 ///
 /// The terms are read from the database and the broker; while either is
 /// unreachable it retries with backoff (as the consumer would wait for them),
@@ -200,7 +201,7 @@ pub async fn check_horizon(
     config: &Config,
     metrics: &PaymentsMetrics,
     cancel: &CancellationToken,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<Duration>> {
     let mut backoff = Backoff::new();
     let sources = loop {
         match expiry::read_sources(pool, &config.kafka, config.clock_skew).await {
@@ -214,9 +215,7 @@ pub async fn check_horizon(
         }
     };
     let horizon = sources.horizon();
-    metrics
-        .redelivery_horizon_seconds
-        .set(horizon.map_or(f64::INFINITY, |h| h.as_secs_f64()));
+    expiry::record_horizon(metrics, horizon);
     metrics
         .inbox_retention_seconds
         .set(match config.inbox_retention {
@@ -225,7 +224,7 @@ pub async fn check_horizon(
         });
     if config.inbox_retention.covers(horizon) {
         tracing::info!(retention = %config.inbox_retention, derivation = %sources, "inbox retention covers the redelivery horizon");
-        return Ok(());
+        return Ok(horizon);
     }
     let message = format!(
         "the inbox retention ({}) is shorter than the redelivery horizon of topic {}:\n{sources}\n\
@@ -236,7 +235,7 @@ pub async fn check_horizon(
     );
     if config.unsafe_inbox_retention {
         tracing::warn!("UNSAFE (--unsafe-inbox-retention): {message}");
-        return Ok(());
+        return Ok(horizon);
     }
     Err(HorizonRefusal(message).into())
 }
@@ -358,7 +357,7 @@ pub async fn run(
     };
     let pool = effectively::db::connect(&config.db, limits).await?;
     let metrics = Arc::new(PaymentsMetrics::new().context("register metrics")?);
-    check_horizon(&pool, &config, &metrics, &cancel).await?;
+    let horizon = check_horizon(&pool, &config, &metrics, &cancel).await?;
     // Partitions ahead exist before the first claim; then the maintenance
     // keeps them (and expires the old ones) while the consumer runs.
     let lifecycle = config.lifecycle();
@@ -370,6 +369,7 @@ pub async fn run(
         config.kafka.clone(),
         config.clock_skew,
         lifecycle,
+        horizon,
         metrics.clone(),
         cancel.child_token(),
     ));

@@ -793,7 +793,7 @@ async fn partitions_tile_the_window_and_an_expired_msg_id_has_no_place() {
             .expect("v7_time");
     assert_eq!(
         sql_ms.round() as i64,
-        payments::expiry::mint_time(id).timestamp_millis()
+        effectively::v7::mint_time(id).timestamp_millis()
     );
 
     let old = minted(chrono::Duration::hours(2));

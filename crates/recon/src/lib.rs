@@ -209,12 +209,7 @@ impl Floors {
     /// The time a UUIDv7 floor stands for, `None` for the nil floor (the
     /// whole history).
     pub fn time(floor: Uuid) -> Option<chrono::DateTime<chrono::Utc>> {
-        if floor.is_nil() {
-            return None;
-        }
-        let b = floor.as_bytes();
-        let ms = u64::from_be_bytes([0, 0, b[0], b[1], b[2], b[3], b[4], b[5]]);
-        chrono::DateTime::from_timestamp_millis(i64::try_from(ms).ok()?)
+        (!floor.is_nil()).then(|| effectively::v7::mint_time(floor))
     }
 
     fn describe(floor: Uuid) -> String {

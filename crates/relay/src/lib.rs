@@ -177,9 +177,9 @@ pub async fn run(
         cancel.clone(),
     )));
     // Published rows older than the outbox retention go, a batch at a time.
-    match outbox::retention_secs(&pool).await {
-        Ok(secs) => tracing::info!(
-            retention = %humantime::format_duration(Duration::from_secs_f64(secs.max(0.0))),
+    match effectively::lifecycle::outbox_retention(&pool).await {
+        Ok(retention) => tracing::info!(
+            retention = %humantime::format_duration(retention),
             "published outbox rows expire after the outbox retention (orders.outbox_policy)"
         ),
         Err(error) => tracing::warn!(%error, "reading the outbox retention failed"),

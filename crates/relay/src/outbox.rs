@@ -150,12 +150,3 @@ pub async fn expire(pool: &PgPool, batch: i32) -> sqlx::Result<i32> {
         .fetch_one(pool)
         .await
 }
-
-/// The outbox retention (`orders.outbox_policy`), in seconds.
-pub async fn retention_secs(pool: &PgPool) -> sqlx::Result<f64> {
-    sqlx::query_scalar!(
-        r#"SELECT extract(epoch FROM retention)::float8 AS "secs!" FROM orders.outbox_policy"#
-    )
-    .fetch_one(pool)
-    .await
-}

@@ -235,13 +235,6 @@ pub mod env {
 /// `--message-timeout-ms`) and payments (one term of the horizon).
 pub const RELAY_MAX_MESSAGE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// The allowance payments adds to the horizon for clocks and work in flight:
-/// a msg_id's time is the orders host's clock at mint, the expiry compares it
-/// with the database's clock, and a message fetched just before the broker
-/// deleted it is still being applied. The default of `payments
-/// --clock-skew`.
-pub const DEFAULT_CLOCK_SKEW: std::time::Duration = std::time::Duration::from_secs(300);
-
 /// `retention.ms` of `order.events` when it is created by this project's
 /// tools (stack, tests, compose): 7 days, Kafka's default, set explicitly so
 /// that the broker reports it (payments reads it back at start-up).

@@ -27,7 +27,7 @@ use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use effectively::crash::{CrashArgs, Crasher};
 use hdrhistogram::Histogram;
-use payments::inbox::{ChargeIntent, Delivery, Source, apply_batch};
+use payments::inbox::{AfterHorizon, ChargeIntent, Delivery, Source, apply_batch};
 use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
@@ -340,7 +340,7 @@ async fn consume_one(
         })
         .collect();
     let started = Instant::now();
-    let applied = apply_batch(pool, &deliveries, crasher).await?;
+    let applied = apply_batch(pool, &deliveries, AfterHorizon::Refuse, crasher).await?;
     let took = started.elapsed();
     anyhow::ensure!(
         applied.charged == batch as u64,

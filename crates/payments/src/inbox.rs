@@ -95,6 +95,22 @@ impl DeadLetterKind {
     }
 }
 
+/// What the consume transaction does with a message whose msg_id is older
+/// than the oldest inbox partition kept (its dedup record may have expired).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AfterHorizon {
+    /// Dead-letter it (kind `after_horizon`), never apply it.
+    #[default]
+    Refuse,
+    /// UNSAFE, for experiment 5's resurrection run only: apply it as new, as
+    /// a consumer whose dedup store expired the record would. There is no
+    /// partition to record it in, so no inbox row; the charge row keeps its
+    /// UNIQUE(order_id) guard, the ledger entry (the non-idempotent part of
+    /// the effect, as in the split counter-example) is written again: a
+    /// redelivered duplicate doubles it, and recon counts a double charge.
+    UnsafeApply,
+}
+
 /// A message that is not applied, kept with its raw bytes and the reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetter<'a> {
@@ -104,6 +120,8 @@ pub struct DeadLetter<'a> {
     pub kind: DeadLetterKind,
     /// The event's msg_id, when it could be read.
     pub msg_id: Option<Uuid>,
+    /// The order the event names, when it could be read.
+    pub order_id: Option<Uuid>,
     /// Why, readable; made storable when written.
     pub reason: String,
 }
@@ -129,6 +147,12 @@ pub struct Applied {
     pub new_msg_ids: Vec<Uuid>,
     /// Deliveries refused because they arrived after the dedup horizon.
     pub after_horizon: u64,
+    /// Deliveries after the dedup horizon applied anyway
+    /// ([`AfterHorizon::UnsafeApply`]).
+    pub applied_after_horizon: u64,
+    /// Of those, the ones whose charge row was inserted (first deliveries
+    /// that came too late); the others only wrote a ledger entry.
+    pub charged_after_horizon: u64,
     /// Deliveries refused because their msg_id is beyond the partitions.
     pub future_msg_ids: u64,
 }
@@ -147,6 +171,7 @@ pub fn split<'d, 'a>(
                 source: d.source,
                 kind: DeadLetterKind::Undecodable,
                 msg_id: None,
+                order_id: None,
                 reason: reason.clone(),
             }),
         }
@@ -154,21 +179,28 @@ pub fn split<'d, 'a>(
     (intents, dead)
 }
 
-/// Applies a batch in one transaction; see the module docs.
+/// Applies a batch in one transaction; see the module docs. `after_horizon`
+/// is [`AfterHorizon::Refuse`] but in experiment 5's unsafe run.
 pub async fn apply_batch(
     pool: &PgPool,
     deliveries: &[Delivery<'_>],
+    after_horizon: AfterHorizon,
     crasher: &Crasher,
 ) -> sqlx::Result<Applied> {
     let (mut intents, mut dead) = split(deliveries);
     let mut tx = pool.begin().await?;
     let mut applied = Applied::default();
+    let mut late = Vec::new();
     if !intents.is_empty() {
         // Only msg_ids inside the inbox's partitions can be claimed; the
         // window cannot shrink until this transaction ends.
         let window = Window::read(&mut tx).await?;
         intents.retain(|(intent, source)| match window.judge(intent.msg_id) {
             None => true,
+            Some((Outside::AfterHorizon, _)) if after_horizon == AfterHorizon::UnsafeApply => {
+                late.push((*intent, *source));
+                false
+            }
             Some((outside, reason)) => {
                 let kind = match outside {
                     Outside::AfterHorizon => {
@@ -184,6 +216,7 @@ pub async fn apply_batch(
                     source: *source,
                     kind,
                     msg_id: Some(intent.msg_id),
+                    order_id: Some(intent.order_id),
                     reason,
                 });
                 false
@@ -199,6 +232,11 @@ pub async fn apply_batch(
         applied.new_msg_ids = claim.new;
         dead.extend(claim.msg_id_conflicts);
         dead.extend(claim.order_conflicts);
+    }
+    if !late.is_empty() {
+        let charged = crate::unsafe_split::insert_effects_unguarded(&mut tx, &late).await?;
+        applied.applied_after_horizon = late.len() as u64;
+        applied.charged_after_horizon = charged.len() as u64;
     }
     if !dead.is_empty() {
         applied.dead_lettered = insert_dead_letters(&mut tx, &dead).await?;
@@ -262,6 +300,7 @@ pub(crate) async fn claim_and_charge<'a>(
                     source,
                     kind: DeadLetterKind::MsgIdConflict,
                     msg_id: Some(intent.msg_id),
+                    order_id: Some(intent.order_id),
                     reason: format!(
                         "msg_id {} was already applied with another payload \
                          (first payload hash {first:016x}, this one {:016x}); the first effect stands",
@@ -291,6 +330,7 @@ pub(crate) async fn claim_and_charge<'a>(
                     source,
                     kind: DeadLetterKind::OrderConflict,
                     msg_id: Some(intent.msg_id),
+                    order_id: Some(intent.order_id),
                     reason: format!(
                         "order {} is already charged by msg_id {by}; this new msg_id {} \
                          (account {}, {} cents) is not applied",
@@ -440,8 +480,8 @@ pub(crate) async fn insert_dead_letters(
     for d in dead {
         let inserted = sqlx::query!(
             "INSERT INTO payments.dead_letters \
-               (topic, partition, \"offset\", msg_key, payload, reason, kind, msg_id) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+               (topic, partition, \"offset\", msg_key, payload, reason, kind, msg_id, order_id) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
              ON CONFLICT (topic, partition, \"offset\") DO NOTHING",
             storable(d.source.topic),
             d.source.partition,
@@ -450,7 +490,8 @@ pub(crate) async fn insert_dead_letters(
             d.source.payload,
             storable(&d.reason),
             d.kind.as_str(),
-            d.msg_id
+            d.msg_id,
+            d.order_id
         )
         .execute(&mut **tx)
         .await?
@@ -463,17 +504,19 @@ pub(crate) async fn insert_dead_letters(
 }
 
 /// Dead-letters one message the database refused to apply, in a transaction
-/// of its own. `error` is the database's reason.
+/// of its own. `intent` is what the message says, when it decoded; `error`
+/// is the database's reason.
 pub async fn reject(
     pool: &PgPool,
     source: Source<'_>,
-    msg_id: Option<Uuid>,
+    intent: Option<&ChargeIntent>,
     error: &str,
 ) -> sqlx::Result<bool> {
     let dead = DeadLetter {
         source,
         kind: DeadLetterKind::Rejected,
-        msg_id,
+        msg_id: intent.map(|i| i.msg_id),
+        order_id: intent.map(|i| i.order_id),
         reason: format!("the database refused to apply this message: {error}"),
     };
     let mut tx = pool.begin().await?;

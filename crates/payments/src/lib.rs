@@ -42,7 +42,7 @@ use uuid::Uuid;
 use effectively::db::{ErrorClass, classify as classify_db_error};
 
 use crate::horizon::Retention;
-use crate::inbox::{Applied, Delivery, Source};
+use crate::inbox::{Applied, ChargeIntent, Delivery, Source};
 use crate::metrics::PaymentsMetrics;
 
 /// Payments settings; every flag is also an environment variable.
@@ -116,9 +116,22 @@ pub struct Config {
     #[arg(long, env = "PAYMENTS_UNSAFE_INBOX_RETENTION")]
     pub unsafe_inbox_retention: bool,
 
+    /// UNSAFE, for experiment 5's resurrection run only: apply a message
+    /// older than the oldest inbox partition kept as if it were new, as a
+    /// consumer whose dedup record expired would. A redelivered duplicate is
+    /// then applied twice (its ledger entry doubles; recon reports the double
+    /// charge). Never use it for real.
+    #[arg(
+        long,
+        env = "PAYMENTS_UNSAFE_APPLY_AFTER_HORIZON",
+        conflicts_with = "unsafe_split_txn"
+    )]
+    pub unsafe_apply_after_horizon: bool,
+
     /// The span of msg_ids (by their UUIDv7 mint time) in one inbox
     /// partition: expiry drops whole partitions, so a msg_id is remembered
-    /// for up to the retention plus one partition. At least 1m.
+    /// for up to the retention plus one partition. At least 1s (experiment 5
+    /// uses seconds; keep hours or a day for real).
     #[arg(long, env = "PAYMENTS_INBOX_PARTITION", default_value = "1d", value_parser = parse_granule)]
     pub inbox_partition: Duration,
 
@@ -158,8 +171,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 fn parse_granule(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
-    if d < Duration::from_secs(60) {
-        return Err(format!("{s:?}: an inbox partition spans at least 1m"));
+    if d < Duration::from_secs(1) {
+        return Err(format!("{s:?}: an inbox partition spans at least 1s"));
     }
     Ok(d)
 }
@@ -177,7 +190,28 @@ impl std::fmt::Display for HorizonRefusal {
 
 impl std::error::Error for HorizonRefusal {}
 
+/// How a slice is applied: the consume transaction, or one of the UNSAFE
+/// counter-examples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Apply {
+    /// [`inbox::apply_batch`], with what it does after the dedup horizon.
+    Inbox(inbox::AfterHorizon),
+    /// [`unsafe_split::apply_batch`].
+    Split(SplitTxn),
+}
+
 impl Config {
+    /// How this process applies what it consumes.
+    fn apply(&self) -> Apply {
+        match self.unsafe_split_txn {
+            Some(mode) => Apply::Split(mode),
+            None if self.unsafe_apply_after_horizon => {
+                Apply::Inbox(inbox::AfterHorizon::UnsafeApply)
+            }
+            None => Apply::Inbox(inbox::AfterHorizon::Refuse),
+        }
+    }
+
     /// The inbox's lifecycle as configured.
     pub fn lifecycle(&self) -> expiry::Lifecycle {
         expiry::Lifecycle {
@@ -396,11 +430,16 @@ pub async fn run(
         serving.clone(),
     );
     tracing::info!(group = %config.group_id, topic = %config.kafka.kafka_topic, "payments consuming");
-    if let Some(mode) = config.unsafe_split_txn {
-        tracing::warn!(
+    let apply = config.apply();
+    match apply {
+        Apply::Split(mode) => tracing::warn!(
             ?mode,
             "UNSAFE: inbox and effect in two transactions (--unsafe-split-txn); crashes WILL lose or double effects"
-        );
+        ),
+        Apply::Inbox(inbox::AfterHorizon::UnsafeApply) => tracing::warn!(
+            "UNSAFE: messages after the dedup horizon are applied (--unsafe-apply-after-horizon); a late duplicate WILL be applied twice"
+        ),
+        Apply::Inbox(inbox::AfterHorizon::Refuse) => {}
     }
 
     let mut injector = dup::Injector::new(config.dup.clone());
@@ -426,16 +465,7 @@ pub async fn run(
         if batch.is_empty() {
             continue;
         }
-        if !process(
-            &pool,
-            config.unsafe_split_txn,
-            &batch,
-            &crasher,
-            &metrics,
-            &cancel,
-        )
-        .await
-        {
+        if !process(&pool, apply, &batch, &crasher, &metrics, &cancel).await {
             break; // cancelled while the database was failing; nothing committed
         }
         commit_offsets(&consumer, &batch, &metrics);
@@ -445,16 +475,7 @@ pub async fn run(
         if !plan.reprocess.is_empty() {
             // Applied again in a transaction of its own; offsets are already
             // committed, so nothing to commit for them.
-            if !process(
-                &pool,
-                config.unsafe_split_txn,
-                &plan.reprocess,
-                &crasher,
-                &metrics,
-                &cancel,
-            )
-            .await
-            {
+            if !process(&pool, apply, &plan.reprocess, &crasher, &metrics, &cancel).await {
                 break;
             }
             metrics
@@ -578,7 +599,7 @@ enum Attempt {
 #[tracing::instrument(level = "info", skip_all, fields(messages = batch.len()))]
 async fn process(
     pool: &sqlx::PgPool,
-    split: Option<SplitTxn>,
+    apply: Apply,
     batch: &[OwnedMessage],
     crasher: &Crasher,
     metrics: &PaymentsMetrics,
@@ -588,13 +609,12 @@ async fn process(
     // Slices still to apply, the next one last; halves keep message order.
     let mut work: Vec<&[Delivery<'_>]> = vec![&deliveries];
     while let Some(slice) = work.pop() {
-        match apply_with_retry(pool, split, slice, crasher, metrics, cancel).await {
+        match apply_with_retry(pool, apply, slice, crasher, metrics, cancel).await {
             Attempt::Applied(applied) => record(metrics, &applied, &committed_at),
             Attempt::Cancelled => return false,
             Attempt::Refused(error) if slice.len() == 1 => {
                 let reason = format!("{error}");
                 let intent = slice[0].content.as_ref().ok();
-                let msg_id = intent.map(|i| i.msg_id);
                 let span = tracing::info_span!(
                     "message",
                     msg_id = tracing::field::Empty,
@@ -611,7 +631,7 @@ async fn process(
                         reason = %effectively::text::storable(&reason),
                         "the database refused a message; dead-lettering it alone"
                     );
-                    reject_with_retry(pool, slice[0].source, msg_id, &reason, metrics, cancel).await
+                    reject_with_retry(pool, slice[0].source, intent, &reason, metrics, cancel).await
                 }
                 .instrument(span)
                 .await;
@@ -635,7 +655,7 @@ async fn process(
 /// transient.
 async fn apply_with_retry(
     pool: &sqlx::PgPool,
-    split: Option<SplitTxn>,
+    apply: Apply,
     slice: &[Delivery<'_>],
     crasher: &Crasher,
     metrics: &PaymentsMetrics,
@@ -644,9 +664,11 @@ async fn apply_with_retry(
     let mut backoff = Backoff::new();
     loop {
         let start = Instant::now();
-        let result = match split {
-            None => inbox::apply_batch(pool, slice, crasher).await,
-            Some(mode) => unsafe_split::apply_batch(pool, mode, slice, crasher).await,
+        let result = match apply {
+            Apply::Inbox(after_horizon) => {
+                inbox::apply_batch(pool, slice, after_horizon, crasher).await
+            }
+            Apply::Split(mode) => unsafe_split::apply_batch(pool, mode, slice, crasher).await,
         };
         match result {
             Ok(applied) => {
@@ -683,7 +705,7 @@ async fn apply_with_retry(
 async fn reject_with_retry(
     pool: &sqlx::PgPool,
     source: Source<'_>,
-    msg_id: Option<Uuid>,
+    intent: Option<&ChargeIntent>,
     reason: &str,
     metrics: &PaymentsMetrics,
     cancel: &CancellationToken,
@@ -691,7 +713,7 @@ async fn reject_with_retry(
     let mut source = source;
     let mut backoff = Backoff::new();
     loop {
-        match inbox::reject(pool, source, msg_id, reason).await {
+        match inbox::reject(pool, source, intent, reason).await {
             Ok(written) => {
                 metrics.rejected_total.inc();
                 if written {
@@ -740,6 +762,16 @@ fn record(
         .msg_id_conflicts_total
         .inc_by(applied.msg_id_conflicts);
     metrics.after_horizon_total.inc_by(applied.after_horizon);
+    metrics
+        .applied_after_horizon_total
+        .inc_by(applied.applied_after_horizon);
+    metrics.charges_total.inc_by(applied.charged_after_horizon);
+    if applied.applied_after_horizon > 0 {
+        tracing::warn!(
+            applied = applied.applied_after_horizon,
+            "UNSAFE: deliveries after the dedup horizon applied (--unsafe-apply-after-horizon)"
+        );
+    }
     metrics.future_msg_ids_total.inc_by(applied.future_msg_ids);
     if applied.after_horizon + applied.future_msg_ids > 0 {
         tracing::warn!(

@@ -51,6 +51,9 @@ pub struct PaymentsMetrics {
     /// Deliveries refused because they arrived after the dedup horizon
     /// (older than the oldest inbox partition kept; dead-lettered).
     pub after_horizon_total: IntCounter,
+    /// UNSAFE (`--unsafe-apply-after-horizon`, experiment 5 only): deliveries
+    /// after the dedup horizon applied anyway.
+    pub applied_after_horizon_total: IntCounter,
     /// Deliveries refused because their msg_id lies beyond the inbox
     /// partitions created so far (dead-lettered).
     pub future_msg_ids_total: IntCounter,
@@ -135,6 +138,10 @@ impl PaymentsMetrics {
                 "payments_after_horizon_total",
                 "Deliveries refused: arrived after the dedup horizon (dead-lettered, not applied)",
             )?,
+            applied_after_horizon_total: counter(
+                "payments_applied_after_horizon_total",
+                "UNSAFE (--unsafe-apply-after-horizon): deliveries after the dedup horizon applied anyway",
+            )?,
             future_msg_ids_total: counter(
                 "payments_future_msg_ids_total",
                 "Deliveries refused: msg_id beyond the inbox partitions created so far",
@@ -167,6 +174,7 @@ impl PaymentsMetrics {
         }
         for counter in [
             &m.after_horizon_total,
+            &m.applied_after_horizon_total,
             &m.future_msg_ids_total,
             &m.inbox_partitions_dropped_total,
         ] {

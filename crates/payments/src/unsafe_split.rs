@@ -81,8 +81,9 @@ pub async fn apply_batch(
 }
 
 /// The charge keeps its UNIQUE guard; the ledger entry is written for every
-/// intent regardless: the non-idempotent part of the effect.
-async fn insert_effects_unguarded(
+/// intent regardless: the non-idempotent part of the effect. (Also what
+/// `--unsafe-apply-after-horizon` writes: see `inbox::AfterHorizon`.)
+pub(crate) async fn insert_effects_unguarded(
     tx: &mut Transaction<'_, Postgres>,
     fresh: &[(&ChargeIntent, Source<'_>)],
 ) -> sqlx::Result<Vec<Uuid>> {

@@ -93,6 +93,7 @@ fn config(db: &TestDb, topic: &TestTopic, group: &str) -> Config {
         group_instance_id: None,
         inbox_retention: Retention::parse("16d").expect("retention"),
         unsafe_inbox_retention: false,
+        unsafe_apply_after_horizon: false,
         inbox_partition: Duration::from_secs(86_400),
         clock_skew: Duration::from_secs(300),
     }
@@ -741,6 +742,91 @@ async fn after_expiry_a_late_message_is_refused_not_applied() {
     assert_eq!(count(&pool, INBOX).await, 5);
     assert_eq!(count(&pool, LEDGER).await, 5);
     consumer.stop().await;
+}
+
+/// The resurrection that expiry must never allow, on purpose: an event is
+/// charged, its partition expires, and the group is replayed from the start.
+/// With `--unsafe-apply-after-horizon` the late duplicate is applied again
+/// (a second ledger entry: a double charge; the charge row's own guard holds);
+/// with the refusal on (the default) it is dead-lettered, naming its order
+/// and msg_id, which are the order's charge's: a provable late duplicate.
+#[tokio::test]
+async fn a_late_duplicate_is_applied_twice_only_when_the_refusal_is_off() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(1).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    // In the legacy partition, which an expiry with retention 0 drops.
+    let mut old = events(2);
+    for e in &mut old {
+        e.msg_id = minted(chrono::Duration::hours(1));
+    }
+    produce_events(&topic, &old).await;
+    let first = Running::spawn(config(&db, &topic, "g-first")).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            count(&pool, LEDGER).await == 2
+        })
+        .await,
+        "charged once, before expiry"
+    );
+    first.stop().await;
+    let dropped: Vec<String> = sqlx::query_scalar("SELECT payments.inbox_expire('0s')")
+        .fetch_all(&pool)
+        .await
+        .expect("expire");
+    assert_eq!(dropped, ["inbox_legacy"]);
+
+    // A new group reads the topic from the start: the same two events again.
+    let mut unsafe_config = config(&db, &topic, "g-unsafe");
+    unsafe_config.unsafe_apply_after_horizon = true;
+    let replay = Running::spawn(unsafe_config).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            count(&pool, LEDGER).await == 4
+        })
+        .await,
+        "the refusal off: both duplicates applied again"
+    );
+    assert_eq!(
+        replay.metric("payments_applied_after_horizon_total").await,
+        2.0
+    );
+    replay.stop().await;
+    assert_eq!(
+        count(&pool, CHARGES).await,
+        2,
+        "the charge rows' guard holds"
+    );
+    assert_eq!(
+        count(&pool, INBOX).await,
+        0,
+        "no partition to record them in"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM payments.dead_letters").await,
+        0
+    );
+
+    let refusing = Running::spawn(config(&db, &topic, "g-safe")).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            count(&pool, "SELECT count(*) FROM payments.dead_letters").await == 2
+        })
+        .await,
+        "the refusal on: both dead-lettered"
+    );
+    refusing.stop().await;
+    assert_eq!(count(&pool, LEDGER).await, 4, "nothing more applied");
+    let late_duplicates = count(
+        &pool,
+        "SELECT count(*) FROM payments.dead_letters d JOIN payments.charges c \
+         ON c.order_id = d.order_id AND c.msg_id = d.msg_id WHERE d.kind = 'after_horizon'",
+    )
+    .await;
+    assert_eq!(
+        late_duplicates, 2,
+        "each names its order and the msg_id that charged it"
+    );
 }
 
 /// The partitions tile one window without gaps; expiry drops only partitions

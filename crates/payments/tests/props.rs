@@ -21,7 +21,7 @@ use effectively::envelope::Envelope;
 use effectively::testing::{TestDb, cases_from_env as cases};
 use effectively::text::{MAX_STORED_TEXT, storable};
 use payments::decode::decode;
-use payments::inbox::{DeadLetterKind, Source, apply_batch, reject, split};
+use payments::inbox::{AfterHorizon, DeadLetterKind, Source, apply_batch, reject, split};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rdkafka::Timestamp;
@@ -463,7 +463,7 @@ fn every_dead_letter_is_written_and_read_back_storable() {
         check_decoded(&messages, &db_error, &mut tally)?;
         let (deliveries, _) = payments::classify(&messages);
         rt.block_on(async {
-            let applied = apply_batch(&pool, &deliveries, &crasher)
+            let applied = apply_batch(&pool, &deliveries, AfterHorizon::Refuse, &crasher)
                 .await
                 .map_err(|e| TestCaseError::fail(format!("apply_batch: {e}")))?;
             let undecodable = deliveries.iter().filter(|d| d.content.is_err()).count();

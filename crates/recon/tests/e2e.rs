@@ -368,7 +368,18 @@ async fn every_per_order_check_catches_its_corruption() {
         ),
         (
             "INSERT INTO payments.dead_letters (topic, partition, \"offset\", reason, kind) VALUES ('t', 0, 1, 'bad', 'undecodable')".to_owned(),
-            "dead_letters",
+            "dead_letters - late_duplicates",
+        ),
+        // Refused after the horizon, and its order has no charge by it: a
+        // first delivery that came too late, an effect lost until applied
+        // by hand.
+        (
+            format!(
+                "INSERT INTO payments.dead_letters (topic, partition, \"offset\", reason, kind, msg_id, order_id) \
+                 VALUES ('t', 0, 2, 'late', 'after_horizon', gen_random_uuid(), {})",
+                o(22)
+            ),
+            "dead_letters - late_duplicates",
         ),
     ];
     for (sql, check) in cases {
@@ -381,7 +392,7 @@ async fn every_per_order_check_catches_its_corruption() {
             "{check} not named after `{sql}`; drift: {drift:?}\n{}",
             report.table(Policy::default())
         );
-        if matches!(check, "failed_rows" | "dead_letters") {
+        if matches!(check, "failed_rows" | "dead_letters - late_duplicates") {
             let allowed = Policy {
                 allow_dead_letters: true,
             };
@@ -558,4 +569,43 @@ async fn recon_checks_what_the_stores_kept_after_expiry() {
     ] {
         assert!(names.contains(&name), "{name} in {names:?}");
     }
+}
+
+/// A dead letter refused after the dedup horizon whose msg_id is the one
+/// that charged the order it names is a late duplicate: reported, not drift.
+#[tokio::test]
+async fn a_late_duplicate_dead_letter_is_reported_not_drift() {
+    let (_db, pool) = seeded(10).await;
+    sqlx::query(
+        "INSERT INTO payments.dead_letters (topic, partition, \"offset\", reason, kind, msg_id, order_id) \
+         SELECT 't', 0, row_number() OVER (ORDER BY order_id), 'late', 'after_horizon', msg_id, order_id \
+         FROM payments.charges ORDER BY order_id LIMIT 3",
+    )
+    .execute(&pool)
+    .await
+    .expect("late duplicates");
+    let mut conn = pool.acquire().await.expect("connect");
+    let report = recon::reconcile(&mut conn).await.expect("recon");
+    assert_eq!((report.dead_letters, report.late_duplicates), (3, 3));
+    assert!(
+        report.is_clean(Policy::default()),
+        "{}",
+        report.table(Policy::default())
+    );
+    assert!(report.table(Policy::default()).contains("late duplicates"));
+    // The same kind naming another msg_id than the charge's is drift.
+    sqlx::query(
+        "INSERT INTO payments.dead_letters (topic, partition, \"offset\", reason, kind, msg_id, order_id) \
+         SELECT 't', 0, 4, 'late', 'after_horizon', gen_random_uuid(), order_id FROM payments.charges \
+         ORDER BY order_id LIMIT 1",
+    )
+    .execute(&pool)
+    .await
+    .expect("late first delivery");
+    let report = recon::reconcile(&mut conn).await.expect("recon");
+    assert_eq!((report.dead_letters, report.late_duplicates), (4, 3));
+    assert_eq!(
+        report.drift(Policy::default()),
+        ["dead_letters - late_duplicates"]
+    );
 }

@@ -2,7 +2,8 @@
 # Experiment 5: the inbox at scale, one plain table vs range partitions of
 # msg_id: the consume transaction's latency, throughput, WAL and size as the
 # inbox grows, and a day's keys expired by DELETE + VACUUM vs DROP PARTITION
-# (alone, then while consumption goes on). See README.md beside this file.
+# (alone, then while consumption goes on); then the resurrection a too-short
+# retention allows, through the whole pipeline. See README.md beside this file.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 HERE=$ROOT/experiments/exp-5-dedup-store
@@ -32,6 +33,56 @@ for layout in partitioned single; do
     --transactions "$TRANSACTIONS" --out "$RES/$layout.json" 2> >(tee "$RES/logs/$layout.log" >&2)
   pipeline_drop_db "$db"
 done
+
+# Resurrection through the whole pipeline (chaos: orders, relay, payments,
+# loadgen, recon), three runs on fresh databases and topics. Payments keeps
+# inbox partitions of PART seconds, and the group's offsets are reset to the
+# earliest once during the load (chaos --fault offset-reset): every event is
+# delivered again, the oldest after their partitions could have expired.
+#   unsafe   retention RETAIN (--unsafe-inbox-retention), the late-arrival
+#            refusal off (--unsafe-apply-after-horizon): the redelivered
+#            duplicates whose partitions were dropped are applied again
+#   refused  the same retention, the refusal on: they are dead-lettered
+#            (after_horizon), and recon proves each a late duplicate
+#   tied     the retention at its default, tied to the horizon: nothing
+#            expires, the inbox catches every redelivery
+if [ "$MODE" = quick ]; then
+  R_RATE=${EXP_RATE:-150} R_DURATION=${EXP_DURATION:-24} R_RESET_MS=${EXP_RESET_MS:-18000}
+  PART=${EXP_PARTITION:-3s} RETAIN=${EXP_RETENTION:-8s}
+else
+  R_RATE=${EXP_RATE:-500} R_DURATION=${EXP_DURATION:-60} R_RESET_MS=${EXP_RESET_MS:-45000}
+  PART=${EXP_PARTITION:-5s} RETAIN=${EXP_RETENTION:-15s}
+fi
+# RETAIN must outlast the reset's outage (payments stopped, the offsets
+# reset, payments started again: about 2 s with dynamic membership, over 10 s
+# with static membership, which waits out the session) and the consumer's
+# lag, or first deliveries come after their partition was dropped: the
+# refused run then loses effects (dead letters that are no duplicates).
+# The migration made a day's partitions ahead; this experiment works in
+# seconds, so they go (empty) and payments makes PART-sized ones from the
+# migration's moment on.
+drop_day_partitions() {
+  psql "$DATABASE_URL" -qAt -v ON_ERROR_STOP=1 -c "DO \$\$ DECLARE p record; BEGIN
+    FOR p IN SELECT name FROM payments.inbox_partitions WHERE name <> 'inbox_legacy' LOOP
+      EXECUTE format('DROP TABLE payments.%I', p.name);
+      DELETE FROM payments.inbox_partitions WHERE name = p.name;
+    END LOOP; END \$\$"
+}
+export EXP_PREPARE=drop_day_partitions
+export PAYMENTS_INBOX_PARTITION=$PART PAYMENTS_CLOCK_SKEW=2s
+resurrect=(--rate "$R_RATE" --duration "$R_DURATION" --retry-rate 0.15 --protocol mixed --seed 5
+  --static-membership "${EXP_STATIC_MEMBERSHIP:-false}" --fault offset-reset --fault-interval-ms "$R_RESET_MS..$R_RESET_MS" --fault-count 1)
+for run in unsafe refused tied; do
+  case $run in
+    unsafe) export PAYMENTS_INBOX_RETENTION=$RETAIN PAYMENTS_UNSAFE_INBOX_RETENTION=true PAYMENTS_UNSAFE_APPLY_AFTER_HORIZON=true ;;
+    refused) export PAYMENTS_INBOX_RETENTION=$RETAIN PAYMENTS_UNSAFE_INBOX_RETENTION=true PAYMENTS_UNSAFE_APPLY_AFTER_HORIZON=false ;;
+    tied) unset PAYMENTS_INBOX_RETENTION PAYMENTS_UNSAFE_INBOX_RETENTION PAYMENTS_UNSAFE_APPLY_AFTER_HORIZON ;;
+  esac
+  # The unsafe run's verdict is DRIFT on purpose: read from its summary.
+  exp_chaos "resurrect-$run" "${resurrect[@]}" || true
+done
+unset EXP_PREPARE PAYMENTS_INBOX_PARTITION PAYMENTS_CLOCK_SKEW PAYMENTS_INBOX_RETENTION \
+  PAYMENTS_UNSAFE_INBOX_RETENTION PAYMENTS_UNSAFE_APPLY_AFTER_HORIZON
 
 python3 "$ROOT/experiments/lib/exp5.py" "$RES" "$MODE" "$CHECKPOINTS" && status=0 || status=$?
 

@@ -1,8 +1,10 @@
 """Experiment 5's summary and verdict: the inbox at scale, single table vs
-range partitions of msg_id. Reads the bench's documents RES/partitioned.json
-and RES/single.json (crates/payments/examples/inbox_bench.rs), writes
-RES/summary.json, RES/growth.csv and RES/expiry.csv, prints the tables, the
-checks and the verdict line; exit 0 on PASS.
+range partitions of msg_id, and the resurrection a too-short retention
+allows. Reads the bench's documents RES/partitioned.json and RES/single.json
+(crates/payments/examples/inbox_bench.rs) and chaos's summaries of the three
+resurrection runs RES/resurrect-{unsafe,refused,tied}.json, writes
+RES/summary.json, RES/growth.csv, RES/expiry.csv and RES/resurrection.csv,
+prints the tables, the checks and the verdict line; exit 0 on PASS.
 
 Usage: python3 experiments/lib/exp5.py RES MODE (run.sh passes them; run it
 alone to judge results again).
@@ -10,9 +12,13 @@ alone to judge results again).
 import os
 import sys
 
-from common import exit_code, load_json, print_checks, verdict, write_csv, write_json
+from common import (chaos_report, exit_code, load_json, print_checks, recon_word, verdict,
+                    write_csv, write_json)
 
 LAYOUTS = ("partitioned", "single")
+# The resurrection runs: a retention under the horizon with the late-arrival
+# refusal off, the same with it on, and the retention tied to the horizon.
+RESURRECTION = ("unsafe", "refused", "tied")
 MB = 1024 * 1024
 
 
@@ -60,7 +66,52 @@ def expiry_rows(docs):
     return rows
 
 
-def judge(docs, mode, checkpoints):
+def resurrection_row(run, c):
+    """One resurrection run's numbers from its chaos summary C."""
+    r = chaos_report(c)
+    pay = c["services"]["payments"]["counters"]
+    reset = c["faults"].get("offset-reset") or {}
+    return {
+        "run": run,
+        "recon": recon_word(c["recon_exit"]),
+        "recon_exit": c["recon_exit"],
+        "offset_resets": reset.get("injected", 0),
+        "orders": r.get("distinct_orders"),
+        "charges": r.get("distinct_charges"),
+        "effects": r.get("charge_effects"),
+        "double_charges": r.get("double_charges"),
+        "extra_cents": (r.get("effect_amount_cents") or 0) - (r.get("order_amount_cents") or 0),
+        "inbox_hits": pay.get("inbox_hits", 0),
+        "after_horizon": pay.get("after_horizon", 0),
+        "applied_after_horizon": pay.get("applied_after_horizon", 0),
+        "dead_letters": r.get("dead_letters"),
+        "late_duplicates": r.get("late_duplicates"),
+    }
+
+
+def judge_resurrection(runs):
+    """The checks of the resurrection runs (RUNS: run -> resurrection_row)."""
+    checks = {}
+    for run in RESURRECTION:
+        checks[f"resurrect-{run}: the group's offsets were reset once"] = (runs.get(run) or {}).get("offset_resets", 0) >= 1
+    u = runs.get("unsafe") or {}
+    checks["unsafe (short retention, refusal off): late duplicates applied, recon DRIFT with double charges"] = (
+        u.get("recon_exit") == 1 and (u.get("double_charges") or 0) > 0 and u.get("applied_after_horizon", 0) > 0)
+    checks["unsafe: the charge rows' own guard held (one per order); the ledger doubled"] = (
+        u.get("charges") == u.get("orders") and (u.get("effects") or 0) > (u.get("charges") or 0))
+    f = runs.get("refused") or {}
+    checks["refused (short retention, refusal on): recon CLEAN, no double charge"] = (
+        f.get("recon_exit") == 0 and f.get("double_charges") == 0)
+    checks["refused: every dead letter a proven late duplicate"] = (
+        (f.get("dead_letters") or 0) > 0 and f.get("late_duplicates") == f.get("dead_letters"))
+    t = runs.get("tied") or {}
+    checks["tied (retention = horizon): recon CLEAN, the inbox caught the redelivery, nothing refused"] = (
+        t.get("recon_exit") == 0 and t.get("inbox_hits", 0) > 0 and t.get("dead_letters") == 0
+        and t.get("after_horizon", 0) == 0 and t.get("double_charges") == 0)
+    return checks
+
+
+def judge(docs, mode, checkpoints, resurrection=None):
     """The summary: every measurement there, and expiry by partition drop
     doing what it is for (less WAL, space back) where the delete does not."""
     growth, expiry = growth_rows(docs), expiry_rows(docs)
@@ -78,8 +129,11 @@ def judge(docs, mode, checkpoints):
     checks["drop partition gave the space back (the table shrank)"] = bool(p and p["table_mb_after"] < p["table_mb_before"])
     checks["consumption went on during each expiry"] = all(
         (loaded.get(layout) or {}).get("concurrent_txns", 0) > 0 for layout in LAYOUTS)
+    runs = {row["run"]: row for row in resurrection or []}
+    checks.update(judge_resurrection(runs))
     return {"experiment": "exp-5-dedup-store", "mode": mode, "checkpoints": checkpoints,
-            "growth": growth, "expiry": expiry, "checks": checks, "verdict": verdict(checks)}
+            "growth": growth, "expiry": expiry, "resurrection": list(runs.values()),
+            "checks": checks, "verdict": verdict(checks)}
 
 
 def table(rows, columns):
@@ -103,6 +157,11 @@ def verdict_line(s, res):
         p, q = quiet["partitioned"], quiet["single"]
         parts.append(f"a day's {p['rows_removed']:,} keys: drop {p['seconds']} s / {p['wal_mb']} MB WAL vs "
                      f"delete {q['seconds']} s + vacuum {q['vacuum_seconds']} s / {q['wal_mb'] + q['vacuum_wal_mb']:.2f} MB WAL")
+    runs = {r["run"]: r for r in s.get("resurrection", [])}
+    if "unsafe" in runs and "refused" in runs:
+        parts.append(f"resurrection: {runs['unsafe']['double_charges']} double charges with the refusal off "
+                     f"(recon {runs['unsafe']['recon']}), {runs['refused']['late_duplicates']} late duplicates "
+                     f"refused with it on (recon {runs['refused']['recon']})")
     return "; ".join(parts) + f" ({s['mode']}; {res}/summary.json)"
 
 
@@ -117,16 +176,29 @@ def main(argv):
             print(f"exp-5: FAIL no bench results {res}/{layout}.json (see {res}/logs/)")
             return 1
         docs[layout] = d
-    s = judge(docs, mode, checkpoints)
+    resurrection = []
+    for run in RESURRECTION:
+        c = load_json(os.path.join(res, f"resurrect-{run}.json"))
+        if c is None:
+            print(f"exp-5: no chaos summary {res}/resurrect-{run}.json (see {res}/logs/resurrect-{run}/)")
+            continue
+        resurrection.append(resurrection_row(run, c))
+    s = judge(docs, mode, checkpoints, resurrection)
     write_json(os.path.join(res, "summary.json"), s)
     write_csv(os.path.join(res, "growth.csv"), s["growth"])
     write_csv(os.path.join(res, "expiry.csv"), s["expiry"])
+    write_csv(os.path.join(res, "resurrection.csv"), s["resurrection"])
     print(table(s["growth"], ["layout", "keys", "txn_p50_ms", "txn_p99_ms", "msgs_per_s",
                               "wal_bytes_per_msg", "table_mb", "index_mb", "load_seconds"]))
     print()
     print(table(s["expiry"], ["layout", "op", "concurrent", "rows_removed", "seconds", "wal_mb",
                               "vacuum_seconds", "vacuum_wal_mb", "table_mb_before", "table_mb_after",
                               "concurrent_p99_ms"]))
+    if s["resurrection"]:
+        print()
+        print(table(s["resurrection"], ["run", "offset_resets", "orders", "charges", "effects",
+                                        "double_charges", "extra_cents", "inbox_hits", "after_horizon",
+                                        "applied_after_horizon", "dead_letters", "late_duplicates", "recon"]))
     print_checks(s["checks"])
     print(verdict_line(s, res))
     return exit_code(s)

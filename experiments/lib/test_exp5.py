@@ -2,6 +2,7 @@
 import unittest
 
 import exp5
+from fixtures import chaos, lives, recon
 
 
 def point(keys, p99=5.0):
@@ -33,15 +34,36 @@ def docs(**override):
     return d
 
 
+def resurrect(run, recon_exit=0, doubled=0, dead=0, late=0, hits=50, after=0, applied=0, resets=1):
+    """A resurrection run's row, from a hand-made chaos summary."""
+    rec = recon(orders=100, doubled=doubled, clean=recon_exit == 0)
+    rec["report"].update({"dead_letters": dead, "late_duplicates": late})
+    c = chaos(recon_exit=recon_exit, rec=rec,
+              payments=lives(counters={"inbox_hits": hits, "after_horizon": after,
+                                       "applied_after_horizon": applied}),
+              faults={"offset-reset": {"injected": resets}})
+    return exp5.resurrection_row(run, c)
+
+
+def resurrection(**override):
+    runs = {"unsafe": resurrect("unsafe", recon_exit=1, doubled=40, hits=60, applied=40),
+            "refused": resurrect("refused", dead=40, late=40, hits=60, after=40),
+            "tied": resurrect("tied", hits=100)}
+    runs.update(override)
+    return [r for r in runs.values() if r is not None]
+
+
 class Exp5Test(unittest.TestCase):
-    def failed(self, d, checkpoints=(0, 1000)):
-        s = exp5.judge(d, "quick", list(checkpoints))
+    def failed(self, d, checkpoints=(0, 1000), runs=None):
+        s = exp5.judge(d, "quick", list(checkpoints), resurrection() if runs is None else runs)
         return s["verdict"], [k for k, v in s["checks"].items() if not v]
 
     def test_pass_and_the_numbers_in_the_line(self):
         self.assertEqual(self.failed(docs()), ("PASS", []))
-        s = exp5.judge(docs(), "quick", [0, 1000])
+        s = exp5.judge(docs(), "quick", [0, 1000], resurrection())
         line = exp5.verdict_line(s, "res")
+        self.assertIn("resurrection: 40 double charges with the refusal off (recon DRIFT), "
+                      "40 late duplicates refused with it on (recon CLEAN)", line)
         self.assertIn("consume p99 5.0 ms partitioned vs 7.0 ms single", line)
         self.assertIn("a day's 1,000 keys: drop 0.01 s / 0.0 MB WAL", line)
         self.assertEqual(len(s["growth"]), 4)
@@ -67,6 +89,30 @@ class Exp5Test(unittest.TestCase):
         d = docs()
         d["single"]["expiry"][1]["concurrent_txns"] = 0
         self.assertEqual(self.failed(d)[1], ["consumption went on during each expiry"])
+
+    def test_an_unsafe_run_without_a_double_charge_fails(self):
+        # The reset came before anything expired: nothing to resurrect.
+        runs = resurrection(unsafe=resurrect("unsafe", hits=100))
+        self.assertEqual(self.failed(docs(), runs=runs)[1], [
+            "unsafe (short retention, refusal off): late duplicates applied, recon DRIFT with double charges",
+            "unsafe: the charge rows' own guard held (one per order); the ledger doubled"])
+
+    def test_a_refused_run_with_a_late_first_delivery_fails(self):
+        # One dead letter is no duplicate: an effect lost to a too-short retention.
+        runs = resurrection(refused=resurrect("refused", recon_exit=1, dead=41, late=40, after=41))
+        self.assertEqual(self.failed(docs(), runs=runs)[1], [
+            "refused (short retention, refusal on): recon CLEAN, no double charge",
+            "refused: every dead letter a proven late duplicate"])
+
+    def test_a_tied_run_that_refused_or_never_reset_fails(self):
+        runs = resurrection(tied=resurrect("tied", after=1, dead=1, late=1, resets=0))
+        self.assertEqual(self.failed(docs(), runs=runs)[1], [
+            "resurrect-tied: the group's offsets were reset once",
+            "tied (retention = horizon): recon CLEAN, the inbox caught the redelivery, nothing refused"])
+
+    def test_missing_runs_fail(self):
+        failed = self.failed(docs(), runs=resurrection(tied=None))[1]
+        self.assertIn("resurrect-tied: the group's offsets were reset once", failed)
 
 
 if __name__ == "__main__":

@@ -33,13 +33,16 @@ exp_init() {
 
 # exp_chaos TAG [chaos flags...]: one chaos run on a fresh database and topic
 # (exp_TAG, order.events.exp-TAG-<time>), logs in RES/logs/TAG, summary in
-# RES/TAG.json. Prints chaos's output; returns its exit status (recon's).
+# RES/TAG.json. EXP_PREPARE, when set, names a command run on the fresh
+# database first (DATABASE_URL is the owner's). Prints chaos's output; returns its exit status (recon's).
 exp_chaos() {
   local tag=$1
   shift
   local run
   run=$tag-$(date +%H%M%S)
   pipeline_fresh "exp_${tag//-/_}" "$run"
+  # A step of the experiment's own on the fresh database, before chaos.
+  if [ -n "${EXP_PREPARE:-}" ]; then "$EXP_PREPARE"; fi
   export PAYMENTS_GROUP_ID=payments-$run
   say "chaos $tag: $*"
   local status=0

@@ -12,7 +12,8 @@ use std::time::Duration;
 use anyhow::Context;
 
 use effectively::contract::{
-    INJECTED_DUPLICATE_LABEL, InjectedDuplicate, ORDERS_WRITE_BATCH_SIZE, PAYMENTS_CHARGES_TOTAL,
+    INJECTED_DUPLICATE_LABEL, InjectedDuplicate, ORDERS_WRITE_BATCH_SIZE,
+    PAYMENTS_AFTER_HORIZON_TOTAL, PAYMENTS_APPLIED_AFTER_HORIZON_TOTAL, PAYMENTS_CHARGES_TOTAL,
     PAYMENTS_CONSUMED_TOTAL, PAYMENTS_DEAD_LETTERS_TOTAL, PAYMENTS_DEDUP_HITS_TOTAL,
     PAYMENTS_DEDUP_MISSES_TOTAL, PAYMENTS_INJECTED_DUPLICATES_TOTAL, RELAY_PUBLISHED_TOTAL,
     ServiceName,
@@ -36,6 +37,11 @@ pub static COUNTERS: LazyLock<Vec<(String, &'static str)>> = LazyLock::new(|| {
         (PAYMENTS_DEDUP_MISSES_TOTAL.to_owned(), "inbox_misses"),
         (PAYMENTS_CHARGES_TOTAL.to_owned(), "charges"),
         (PAYMENTS_DEAD_LETTERS_TOTAL.to_owned(), "dead_letters"),
+        (PAYMENTS_AFTER_HORIZON_TOTAL.to_owned(), "after_horizon"),
+        (
+            PAYMENTS_APPLIED_AFTER_HORIZON_TOTAL.to_owned(),
+            "applied_after_horizon",
+        ),
         (injected(InjectedDuplicate::Reprocess), "injected_reprocess"),
         (injected(InjectedDuplicate::Redeliver), "injected_redeliver"),
     ]

@@ -276,6 +276,11 @@ pub const PAYMENTS_DEDUP_MISSES_TOTAL: &str = "payments_dedup_misses_total";
 pub const PAYMENTS_CHARGES_TOTAL: &str = "payments_charges_total";
 /// Payments: messages dead-lettered, every kind.
 pub const PAYMENTS_DEAD_LETTERS_TOTAL: &str = "payments_dead_letters_total";
+/// Payments: deliveries refused as after the dedup horizon (dead-lettered).
+pub const PAYMENTS_AFTER_HORIZON_TOTAL: &str = "payments_after_horizon_total";
+/// Payments, UNSAFE (`--unsafe-apply-after-horizon`): deliveries after the
+/// dedup horizon applied anyway.
+pub const PAYMENTS_APPLIED_AFTER_HORIZON_TOTAL: &str = "payments_applied_after_horizon_total";
 /// Payments: duplicate deliveries injected on purpose (`--dup-rate`), by
 /// the label [`INJECTED_DUPLICATE_LABEL`].
 pub const PAYMENTS_INJECTED_DUPLICATES_TOTAL: &str = "payments_injected_duplicates_total";

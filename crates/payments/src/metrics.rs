@@ -1,7 +1,8 @@
 //! The Payments consumer's Prometheus metrics.
 
 use effectively::contract::{
-    INJECTED_DUPLICATE_LABEL, InjectedDuplicate, PAYMENTS_CHARGES_TOTAL, PAYMENTS_CONSUMED_TOTAL,
+    INJECTED_DUPLICATE_LABEL, InjectedDuplicate, PAYMENTS_AFTER_HORIZON_TOTAL,
+    PAYMENTS_APPLIED_AFTER_HORIZON_TOTAL, PAYMENTS_CHARGES_TOTAL, PAYMENTS_CONSUMED_TOTAL,
     PAYMENTS_DEAD_LETTERS_TOTAL, PAYMENTS_DEDUP_HITS_TOTAL, PAYMENTS_DEDUP_MISSES_TOTAL,
     PAYMENTS_INJECTED_DUPLICATES_TOTAL,
 };
@@ -135,11 +136,11 @@ impl PaymentsMetrics {
                 &[INJECTED_DUPLICATE_LABEL],
             )?,
             after_horizon_total: counter(
-                "payments_after_horizon_total",
+                PAYMENTS_AFTER_HORIZON_TOTAL,
                 "Deliveries refused: arrived after the dedup horizon (dead-lettered, not applied)",
             )?,
             applied_after_horizon_total: counter(
-                "payments_applied_after_horizon_total",
+                PAYMENTS_APPLIED_AFTER_HORIZON_TOTAL,
                 "UNSAFE (--unsafe-apply-after-horizon): deliveries after the dedup horizon applied anyway",
             )?,
             future_msg_ids_total: counter(

@@ -2,7 +2,8 @@
 # Experiment 5: the inbox at scale, one plain table vs range partitions of
 # msg_id: the consume transaction's latency, throughput, WAL and size as the
 # inbox grows, and a day's keys expired by DELETE + VACUUM vs DROP PARTITION
-# (alone, then while consumption goes on); then the resurrection a too-short
+# (alone, then while consumption goes on), what a Bloom filter in front of
+# the inbox would cost; then the resurrection a too-short
 # retention allows, through the whole pipeline. See README.md beside this file.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -29,8 +30,10 @@ for layout in partitioned single; do
   db=exp5_$layout
   pipeline_db "$db"
   say "$layout: grow to $CHECKPOINTS keys, $TRANSACTIONS consume transactions at each, then expire"
+  bloom=()
+  [ "$layout" = partitioned ] && bloom=(--bloom)
   DATABASE_URL=$DB_URL "$BENCH" --layout "$layout" --checkpoints "$CHECKPOINTS" \
-    --transactions "$TRANSACTIONS" --out "$RES/$layout.json" 2> >(tee "$RES/logs/$layout.log" >&2)
+    --transactions "$TRANSACTIONS" "${bloom[@]}" --out "$RES/$layout.json" 2> >(tee "$RES/logs/$layout.log" >&2)
   pipeline_drop_db "$db"
 done
 

@@ -66,6 +66,25 @@ def expiry_rows(docs):
     return rows
 
 
+def bloom_row(doc):
+    """The Bloom filter's measurement (the partitioned run's `--bloom`), or None."""
+    b = doc.get("bloom")
+    if not b:
+        return None
+    return {
+        "keys": b["keys"],
+        "build_seconds": round(b["build_seconds"], 2),
+        "mb": round(b["bytes"] / MB, 1),
+        "bits_per_key": round(b["bits"] / max(1, b["keys"]), 1),
+        "false_positive_rate": round(b["false_positives"] / max(1, b["probes"]), 4),
+        "lookup_ns": round(b["lookup_ns"], 1),
+        "new_txn_p50_ms": b["new_txn_p50_ms"],
+        "new_txn_p99_ms": b["new_txn_p99_ms"],
+        "duplicate_txn_p50_ms": b["duplicate_txn_p50_ms"],
+        "duplicate_txn_p99_ms": b["duplicate_txn_p99_ms"],
+    }
+
+
 def resurrection_row(run, c):
     """One resurrection run's numbers from its chaos summary C."""
     r = chaos_report(c)
@@ -129,10 +148,13 @@ def judge(docs, mode, checkpoints, resurrection=None):
     checks["drop partition gave the space back (the table shrank)"] = bool(p and p["table_mb_after"] < p["table_mb_before"])
     checks["consumption went on during each expiry"] = all(
         (loaded.get(layout) or {}).get("concurrent_txns", 0) > 0 for layout in LAYOUTS)
+    bloom = bloom_row(docs["partitioned"])
+    checks["bloom: a filter built from every key, its false positives near the 1% asked"] = bool(
+        bloom and bloom["keys"] >= checkpoints[-1] and bloom["false_positive_rate"] <= 0.02)
     runs = {row["run"]: row for row in resurrection or []}
     checks.update(judge_resurrection(runs))
     return {"experiment": "exp-5-dedup-store", "mode": mode, "checkpoints": checkpoints,
-            "growth": growth, "expiry": expiry, "resurrection": list(runs.values()),
+            "growth": growth, "expiry": expiry, "bloom": bloom, "resurrection": list(runs.values()),
             "checks": checks, "verdict": verdict(checks)}
 
 
@@ -157,6 +179,10 @@ def verdict_line(s, res):
         p, q = quiet["partitioned"], quiet["single"]
         parts.append(f"a day's {p['rows_removed']:,} keys: drop {p['seconds']} s / {p['wal_mb']} MB WAL vs "
                      f"delete {q['seconds']} s + vacuum {q['vacuum_seconds']} s / {q['wal_mb'] + q['vacuum_wal_mb']:.2f} MB WAL")
+    b = s.get("bloom")
+    if b:
+        parts.append(f"a Bloom filter of {b['keys']:,} keys: {b['mb']} MB, {b['build_seconds']} s to build; "
+                     f"a redelivered batch {b['duplicate_txn_p50_ms']} ms vs new {b['new_txn_p50_ms']} ms (p50)")
     runs = {r["run"]: r for r in s.get("resurrection", [])}
     if "unsafe" in runs and "refused" in runs:
         parts.append(f"resurrection: {runs['unsafe']['double_charges']} double charges with the refusal off "
@@ -194,6 +220,9 @@ def main(argv):
     print(table(s["expiry"], ["layout", "op", "concurrent", "rows_removed", "seconds", "wal_mb",
                               "vacuum_seconds", "vacuum_wal_mb", "table_mb_before", "table_mb_after",
                               "concurrent_p99_ms"]))
+    if s["bloom"]:
+        print()
+        print(table([s["bloom"]], list(s["bloom"])))
     if s["resurrection"]:
         print()
         print(table(s["resurrection"], ["run", "offset_resets", "orders", "charges", "effects",

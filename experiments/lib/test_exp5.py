@@ -22,9 +22,16 @@ def expiry(layout, concurrent, rows=1000, wal=3000, table_after=None):
     return e
 
 
+def bloom(keys=1100, false_positives=9_900):
+    return {"keys": keys, "build_seconds": 0.01, "bits": 9_600 * keys // 1000, "bytes": 1_200 * keys // 1000,
+            "hashes": 7, "target_false_positive_rate": 0.01, "probes": 1_000_000,
+            "false_positives": false_positives, "lookup_ns": 30.0, "transactions": 200,
+            "new_txn_p50_ms": 3.0, "new_txn_p99_ms": 6.0, "duplicate_txn_p50_ms": 1.0, "duplicate_txn_p99_ms": 2.0}
+
+
 def docs(**override):
     d = {
-        "partitioned": {"points": [point(0), point(1000)],
+        "partitioned": {"points": [point(0), point(1000)], "bloom": bloom(),
                         "expiry": [expiry("partitioned", False, table_after=9_000_000),
                                    expiry("partitioned", True, table_after=9_500_000)]},
         "single": {"points": [point(0), point(1000, 7.0)],
@@ -109,6 +116,16 @@ class Exp5Test(unittest.TestCase):
         self.assertEqual(self.failed(docs(), runs=runs)[1], [
             "resurrect-tied: the group's offsets were reset once",
             "tied (retention = horizon): recon CLEAN, the inbox caught the redelivery, nothing refused"])
+
+    def test_a_missing_or_leaky_bloom_filter_fails(self):
+        name = "bloom: a filter built from every key, its false positives near the 1% asked"
+        d = docs()
+        d["partitioned"]["bloom"] = None
+        self.assertEqual(self.failed(d)[1], [name])
+        d["partitioned"]["bloom"] = bloom(false_positives=50_000)
+        self.assertEqual(self.failed(d)[1], [name])
+        s = exp5.judge(docs(), "quick", [0, 1000], resurrection())
+        self.assertIn("a redelivered batch 1.0 ms vs new 3.0 ms (p50)", exp5.verdict_line(s, "res"))
 
     def test_missing_runs_fail(self):
         failed = self.failed(docs(), runs=resurrection(tied=None))[1]

@@ -11,7 +11,11 @@
 //! transaction, messages per second, WAL bytes per message, table and index
 //! size. Then it expires the oldest day's keys (`DROP` of its partition, or
 //! `DELETE` and `VACUUM` of the single table) while a second connection keeps
-//! consuming, and measures both. One JSON document on `--out`.
+//! consuming, and measures both. With `--bloom`, it also measures what a
+//! Bloom filter in front of the inbox would cost and could save: the filter
+//! built from every key (time, memory), its lookups (time, false positives),
+//! and the consume transaction of new msg_ids beside that of redelivered
+//! ones. One JSON document on `--out`.
 //!
 //! ```text
 //! cargo run --release -p payments --example inbox_bench -- \
@@ -27,7 +31,7 @@ use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use effectively::crash::{CrashArgs, Crasher};
 use hdrhistogram::Histogram;
-use payments::inbox::{AfterHorizon, ChargeIntent, Delivery, Source, apply_batch};
+use payments::inbox::{AfterHorizon, Applied, ChargeIntent, Delivery, Source, apply_batch};
 use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
@@ -70,6 +74,10 @@ struct Args {
     /// Where to write the JSON results.
     #[arg(long)]
     out: PathBuf,
+    /// Also measure a Bloom filter in front of the inbox, at the last
+    /// checkpoint.
+    #[arg(long)]
+    bloom: bool,
 }
 
 const DAY_MS: i64 = 86_400_000;
@@ -131,9 +139,16 @@ async fn main() -> anyhow::Result<()> {
             "wal_bytes_per_msg": m.wal_bytes_per_msg,
         }));
     }
+    let minter = Minter::at(start_ms + span_ms);
+    let bloom = if args.bloom {
+        let b = bloom_front(&pool, args.batch, args.transactions, &minter).await?;
+        eprintln!("inbox_bench: {:?} bloom: {b}", args.layout);
+        Some(b)
+    } else {
+        None
+    };
     // The oldest day alone (exact time, WAL and sizes), then the next day
     // while a second connection keeps consuming (its latency meanwhile).
-    let minter = Minter::at(start_ms + span_ms);
     let quiet = expire_day(&pool, args.layout, first_day_ms + DAY_MS, None).await?;
     let loaded = expire_day(
         &pool,
@@ -150,6 +165,7 @@ async fn main() -> anyhow::Result<()> {
         "transactions": args.transactions,
         "points": points,
         "expiry": expiry,
+        "bloom": bloom,
     });
     std::fs::write(&args.out, serde_json::to_vec_pretty(&doc)?)
         .with_context(|| format!("write {}", args.out.display()))?;
@@ -316,7 +332,18 @@ async fn consume_one(
     t: usize,
     minter: &Minter,
 ) -> anyhow::Result<Duration> {
-    let intents: Vec<ChargeIntent> = (0..batch)
+    let intents = new_intents(batch, minter);
+    let (took, applied) = consume(pool, crasher, &intents, t).await?;
+    anyhow::ensure!(
+        applied.charged == batch as u64,
+        "every new msg_id charged: {applied:?}"
+    );
+    Ok(took)
+}
+
+/// `batch` events never delivered before.
+fn new_intents(batch: usize, minter: &Minter) -> Vec<ChargeIntent> {
+    (0..batch)
         .map(|i| ChargeIntent {
             msg_id: minter.next(),
             order_id: Uuid::now_v7(),
@@ -324,7 +351,18 @@ async fn consume_one(
             amount_cents: 100,
             payload_hash: i as i64,
         })
-        .collect();
+        .collect()
+}
+
+/// One consume transaction of `intents` (the `t`-th); how long it took and
+/// what it did.
+async fn consume(
+    pool: &PgPool,
+    crasher: &Crasher,
+    intents: &[ChargeIntent],
+    t: usize,
+) -> anyhow::Result<(Duration, Applied)> {
+    let batch = intents.len();
     let deliveries: Vec<Delivery<'_>> = intents
         .iter()
         .enumerate()
@@ -341,12 +379,80 @@ async fn consume_one(
         .collect();
     let started = Instant::now();
     let applied = apply_batch(pool, &deliveries, AfterHorizon::Refuse, crasher).await?;
-    let took = started.elapsed();
-    anyhow::ensure!(
-        applied.charged == batch as u64,
-        "every new msg_id charged: {applied:?}"
-    );
-    Ok(took)
+    Ok((started.elapsed(), applied))
+}
+
+/// What a Bloom filter in front of the inbox costs and could save.
+///
+/// A filter answers "certainly never seen" or "maybe seen". The consume
+/// transaction writes the inbox row of a new msg_id in the effect's
+/// transaction whatever the filter says (the row is the dedup record), and
+/// for "maybe seen" it must ask the database anyway (a false positive is a
+/// new message). So the filter could only save work if duplicates were
+/// expensive: this measures the filter (built from every key: time, bytes;
+/// lookups: time, false-positive rate on new msg_ids) and, side by side,
+/// `transactions` consume transactions of new msg_ids and the same batches
+/// delivered again.
+async fn bloom_front(
+    pool: &PgPool,
+    batch: usize,
+    transactions: usize,
+    minter: &Minter,
+) -> anyhow::Result<serde_json::Value> {
+    use futures::TryStreamExt;
+    let keys: i64 = sqlx::query_scalar("SELECT count(*) FROM payments.inbox")
+        .fetch_one(pool)
+        .await?;
+    let started = Instant::now();
+    let mut filter = fastbloom::BloomFilter::with_false_pos(0.01)
+        .expected_items(usize::try_from(keys.max(1)).unwrap_or(usize::MAX));
+    let mut rows = sqlx::query_scalar::<_, Uuid>("SELECT msg_id FROM payments.inbox").fetch(pool);
+    let mut inserted = 0u64;
+    while let Some(id) = rows.try_next().await? {
+        filter.insert(&id);
+        inserted += 1;
+    }
+    drop(rows);
+    let build_seconds = started.elapsed().as_secs_f64();
+
+    // Lookups of msg_ids never seen: each "maybe" is a false positive.
+    let probes: Vec<Uuid> = (0..1_000_000).map(|_| minter.next()).collect();
+    let started = Instant::now();
+    let positives = probes.iter().filter(|id| filter.contains(*id)).count();
+    let lookup_ns = started.elapsed().as_nanos() as f64 / probes.len() as f64;
+
+    let crasher = Crasher::new(CrashArgs::default());
+    let mut new_hist = Histogram::<u64>::new(3)?;
+    let mut dup_hist = Histogram::<u64>::new(3)?;
+    for t in 0..transactions {
+        let intents = new_intents(batch, minter);
+        let (took, applied) = consume(pool, &crasher, &intents, 2_000_000 + 2 * t).await?;
+        anyhow::ensure!(applied.charged == batch as u64, "new: {applied:?}");
+        new_hist.record(took.as_micros().try_into().unwrap_or(u64::MAX))?;
+        let (took, applied) = consume(pool, &crasher, &intents, 2_000_000 + 2 * t + 1).await?;
+        anyhow::ensure!(
+            applied.duplicates == batch as u64 && applied.charged == 0,
+            "the redelivery is a no-op: {applied:?}"
+        );
+        dup_hist.record(took.as_micros().try_into().unwrap_or(u64::MAX))?;
+    }
+    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1e3;
+    Ok(json!({
+        "keys": inserted,
+        "build_seconds": build_seconds,
+        "bits": filter.num_bits(),
+        "bytes": filter.num_bits() / 8,
+        "hashes": filter.num_hashes(),
+        "target_false_positive_rate": 0.01,
+        "probes": probes.len(),
+        "false_positives": positives,
+        "lookup_ns": lookup_ns,
+        "transactions": transactions,
+        "new_txn_p50_ms": ms(&new_hist, 0.5),
+        "new_txn_p99_ms": ms(&new_hist, 0.99),
+        "duplicate_txn_p50_ms": ms(&dup_hist, 0.5),
+        "duplicate_txn_p99_ms": ms(&dup_hist, 0.99),
+    }))
 }
 
 /// Removes the keys minted before `cut_ms` (drop the partitions below it,

@@ -10,6 +10,10 @@
 //! `INSERT` waits on the first transaction's row lock, then sees the committed
 //! row (or, if the first rolled back, takes the key itself). No application
 //! lock, no deadlock, no "in progress" state to expire.
+//!
+//! That is [`ClaimStrategy::OnConflict`], the default. Experiment 7 compares
+//! it with [`ClaimStrategy::AdvisoryLock`]: a transaction-scoped advisory lock
+//! on each key's hash first, then read the key, then insert it if absent.
 
 use sqlx::PgConnection;
 use sqlx::types::Json;
@@ -139,10 +143,33 @@ pub enum IdempotencyError {
     Vanished(String),
 }
 
+/// How a batch's keys are claimed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClaimStrategy {
+    /// `INSERT … ON CONFLICT DO NOTHING` first; the keys it did not insert
+    /// are read. A key whose first request is still in flight makes the
+    /// insert wait on that transaction's row lock; a committed key is a read.
+    #[default]
+    OnConflict,
+    /// `pg_advisory_xact_lock` on each key's hash first (in hash order, so
+    /// two batches cannot deadlock), then read the keys, then insert those
+    /// absent. Every request of a key waits for the lock, replays included.
+    AdvisoryLock,
+}
+
+/// The advisory-lock class of idempotency keys: the first half of the
+/// two-int4 lock id `(class, hashtext(key))` that
+/// [`ClaimStrategy::AdvisoryLock`] takes. (The two-int4 ids never collide
+/// with the single-bigint ids the relay and payments take.) Two keys whose
+/// hashes collide share a lock: they serialize, nothing else.
+pub const ADVISORY_LOCK_CLASS: i32 = 0x0e11;
+
 /// The key table `orders.idempotency_keys` (columns in
 /// `migrations/*_orders.sql`): claims keys inside the caller's transaction.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct IdempotencyStore;
+pub struct IdempotencyStore {
+    strategy: ClaimStrategy,
+}
 
 /// Inserts the keys not taken yet, in the order given (the caller sorts them),
 /// and returns those it inserted.
@@ -160,6 +187,16 @@ pub struct NewKey<'a> {
 }
 
 impl IdempotencyStore {
+    /// A store claiming keys by `strategy`.
+    pub fn new(strategy: ClaimStrategy) -> Self {
+        Self { strategy }
+    }
+
+    /// How it claims keys.
+    pub fn strategy(&self) -> ClaimStrategy {
+        self.strategy
+    }
+
     /// Claims many distinct keys in one statement (plus one read for those
     /// already taken), inside the caller's transaction, each for its
     /// request's fingerprint and storing the response the caller is about to
@@ -188,6 +225,28 @@ impl IdempotencyStore {
         );
         let mut claims: Vec<Option<Claim>> = vec![None; items.len()];
         let mut pending = order;
+        if self.strategy == ClaimStrategy::AdvisoryLock {
+            let keys: Vec<&str> = pending.iter().map(|i| items[*i].key.as_str()).collect();
+            // Locks in hash order (the aggregate takes its input sorted), so
+            // two batches sharing keys wait for each other in one order.
+            sqlx::query!(
+                "SELECT count(pg_advisory_xact_lock($1::int4, h)) FROM                    (SELECT DISTINCT hashtext(k) AS h FROM unnest($2::text[]) AS k ORDER BY h) AS s",
+                ADVISORY_LOCK_CLASS,
+                &keys as &[&str],
+            )
+            .fetch_one(&mut *conn)
+            .await?;
+            // READ COMMITTED: this statement's snapshot is taken after the
+            // locks are held, so it sees every key committed under them.
+            let mut rows = read_rows(conn, &keys).await?;
+            pending.retain(|i| match rows.remove(items[*i].key.as_str()) {
+                Some(row) => {
+                    claims[*i] = Some(row.into_claim(items[*i].fingerprint));
+                    false
+                }
+                None => true,
+            });
+        }
         for _ in 0..2 {
             if pending.is_empty() {
                 break;
@@ -246,28 +305,7 @@ impl IdempotencyStore {
             // READ COMMITTED: a fresh snapshot sees rows committed while our
             // insert waited on them.
             let taken_keys: Vec<&str> = taken.iter().map(|i| items[*i].key.as_str()).collect();
-            let rows = sqlx::query!(
-                r#"SELECT idem_key, request_hash, order_id, response_code,
-                          response_headers AS "response_headers: Json<Vec<(String, String)>>",
-                          response_body
-                   FROM orders.idempotency_keys WHERE idem_key = ANY($1)"#,
-                &taken_keys as &[&str],
-            )
-            .fetch_all(&mut *conn)
-            .await?;
-            let mut rows: std::collections::HashMap<String, StoredRow> = rows
-                .into_iter()
-                .map(|r| {
-                    let row = StoredRow {
-                        request_hash: r.request_hash,
-                        order_id: r.order_id,
-                        response_code: r.response_code,
-                        response_headers: r.response_headers,
-                        response_body: r.response_body,
-                    };
-                    (r.idem_key, row)
-                })
-                .collect();
+            let mut rows = read_rows(conn, &taken_keys).await?;
             for i in taken {
                 match rows.remove(items[i].key.as_str()) {
                     Some(row) => claims[i] = Some(row.into_claim(items[i].fingerprint)),
@@ -285,6 +323,35 @@ impl IdempotencyStore {
             .map(|c| c.unwrap_or(Claim::Mismatch))
             .collect())
     }
+}
+
+/// The stored rows of `keys`, by key.
+async fn read_rows(
+    conn: &mut PgConnection,
+    keys: &[&str],
+) -> Result<std::collections::HashMap<String, StoredRow>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"SELECT idem_key, request_hash, order_id, response_code,
+                  response_headers AS "response_headers: Json<Vec<(String, String)>>",
+                  response_body
+           FROM orders.idempotency_keys WHERE idem_key = ANY($1)"#,
+        keys as &[&str],
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let row = StoredRow {
+                request_hash: r.request_hash,
+                order_id: r.order_id,
+                response_code: r.response_code,
+                response_headers: r.response_headers,
+                response_body: r.response_body,
+            };
+            (r.idem_key, row)
+        })
+        .collect())
 }
 
 /// A key's stored row.

@@ -25,6 +25,7 @@ use anyhow::Context;
 use clap::Parser;
 use effectively::config::DbArgs;
 use effectively::crash::{CrashArgs, Crasher};
+use effectively::idempotency::ClaimStrategy;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
@@ -94,6 +95,16 @@ pub struct Config {
     #[arg(long, env = "ORDERS_WRITE_QUEUE", default_value_t = 4096)]
     pub write_queue: usize,
 
+    /// How the write transaction claims idempotency keys. `on-conflict`:
+    /// INSERT … ON CONFLICT DO NOTHING, then read the keys it did not insert
+    /// (a committed key is a plain read; a key whose first request is in
+    /// flight waits for it). `advisory-lock`: a transaction-scoped advisory
+    /// lock on each key's hash, then read, then insert the absent ones (every
+    /// request of a key waits for the lock, replays too). Experiment 7
+    /// compares them.
+    #[arg(long, env = "ORDERS_CLAIM_STRATEGY", value_enum, default_value_t = ClaimStrategy::OnConflict)]
+    pub claim_strategy: ClaimStrategy,
+
     /// Apply the database migrations and exit. Run it with the URL of the
     /// schemas' owner (the stack's DATABASE_URL), not the service's role.
     #[arg(long, env = "ORDERS_MIGRATE_ONLY")]
@@ -133,12 +144,15 @@ pub async fn run(
     }
     let pool = effectively::db::connect(&config.db, SESSION_LIMITS).await?;
     let metrics = Arc::new(OrdersMetrics::new().context("register metrics")?);
-    let store = Arc::new(Store::new(
-        pool.clone(),
-        config.inject_fault,
-        config.no_idempotency,
-        Crasher::new(config.crash.clone()),
-    ));
+    let store = Arc::new(
+        Store::new(
+            pool.clone(),
+            config.inject_fault,
+            config.no_idempotency,
+            Crasher::new(config.crash.clone()),
+        )
+        .with_claim_strategy(config.claim_strategy),
+    );
     let settings = WriterSettings {
         writers: config.writers,
         max_batch: config.write_batch_max,

@@ -32,6 +32,10 @@ pub struct OrdersMetrics {
     /// Create requests dropped unwritten because their client went away
     /// before a writer took them.
     pub write_abandoned_total: IntCounter,
+    /// Write transactions that failed, by kind (`StoreError::kind`:
+    /// unavailable, deadlock, serialization, lock_timeout,
+    /// statement_timeout, db, other).
+    pub write_errors_total: IntCounterVec,
     /// Idempotency keys deleted after the key retention
     /// (`orders.key_policy`): a retry of one of them is a new request.
     pub keys_expired_total: IntCounter,
@@ -87,6 +91,25 @@ impl OrdersMetrics {
             "orders_write_abandoned_total",
             "Create requests dropped unwritten because their client went away",
         )?;
+        let write_errors_total = IntCounterVec::new(
+            Opts::new(
+                "orders_write_errors_total",
+                "Write transactions that failed, by kind (unavailable, deadlock, serialization, lock_timeout, statement_timeout, db, other)",
+            ),
+            &["kind"],
+        )?;
+        for kind in [
+            "unavailable",
+            "deadlock",
+            "serialization",
+            "lock_timeout",
+            "statement_timeout",
+            "db",
+            "other",
+        ] {
+            write_errors_total.with_label_values(&[kind]);
+        }
+        registry.register(Box::new(write_errors_total.clone()))?;
         let keys_expired_total = IntCounter::new(
             "orders_idempotency_keys_expired_total",
             "Idempotency keys deleted after the key retention (a retry of one is a new request)",
@@ -113,6 +136,7 @@ impl OrdersMetrics {
             write_batch_size,
             write_inflight,
             write_abandoned_total,
+            write_errors_total,
             keys_expired_total,
         })
     }

@@ -16,7 +16,8 @@ use chrono::{DateTime, Utc};
 use effectively::contract::CrashPoint;
 use effectively::crash::Crasher;
 use effectively::idempotency::{
-    Claim, Fingerprint, IdempotencyError, IdempotencyKey, IdempotencyStore, NewKey, StoredResponse,
+    Claim, ClaimStrategy, Fingerprint, IdempotencyError, IdempotencyKey, IdempotencyStore, NewKey,
+    StoredResponse,
 };
 use effectively::outbox::Outbox;
 use serde::Serialize;
@@ -69,6 +70,28 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// What kind of failure, for `orders_write_errors_total{kind}`:
+    /// `unavailable`, `deadlock` (SQLSTATE 40P01), `serialization` (40001),
+    /// `lock_timeout` (55P03), `statement_timeout` (57014), `db` (another
+    /// database error) or `other`.
+    pub fn kind(&self) -> &'static str {
+        if self.is_unavailable() {
+            return "unavailable";
+        }
+        match self {
+            Self::Db(error) | Self::Claim(IdempotencyError::Db(error)) => {
+                match error.as_database_error().and_then(|e| e.code()).as_deref() {
+                    Some("40P01") => "deadlock",
+                    Some("40001") => "serialization",
+                    Some("55P03") => "lock_timeout",
+                    Some("57014") => "statement_timeout",
+                    _ => "db",
+                }
+            }
+            _ => "other",
+        }
+    }
+
     /// Whether the database went away or is refusing work for now
     /// ([`effectively::db::is_unavailable`]): retrying later is the answer.
     pub fn is_unavailable(&self) -> bool {
@@ -132,12 +155,19 @@ impl Store {
     pub fn new(pool: PgPool, fault: InjectFault, no_idempotency: bool, crasher: Crasher) -> Self {
         Self {
             pool,
-            keys: IdempotencyStore,
+            keys: IdempotencyStore::default(),
             outbox: Outbox,
             fault,
             no_idempotency,
             crasher,
         }
+    }
+
+    /// Claims keys by `strategy` (`orders --claim-strategy`; the default is
+    /// [`ClaimStrategy::OnConflict`]).
+    pub fn with_claim_strategy(mut self, strategy: ClaimStrategy) -> Self {
+        self.keys = IdempotencyStore::new(strategy);
+        self
     }
 
     /// Whether the key claim is skipped (`--no-idempotency`).

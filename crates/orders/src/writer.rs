@@ -224,6 +224,11 @@ async fn writer(shared: Arc<Shared>) {
                 }
             }
             Err(error) => {
+                shared
+                    .metrics
+                    .write_errors_total
+                    .with_label_values(&[error.kind()])
+                    .inc();
                 // Handled here, so logged here, once for the batch; its
                 // requests only say that it failed. A database that went away
                 // is no one's bug: its clients get 503 and retry.

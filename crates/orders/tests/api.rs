@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use effectively::config::DbArgs;
 use effectively::db::ServiceRole;
+use effectively::idempotency::ClaimStrategy;
 use effectively::testing::{TestDb, eventually};
 use orders::proto::orders_client::OrdersClient;
 use orders::proto::{CreateOrderRequest, GetOrderRequest};
@@ -37,13 +38,25 @@ impl TestApp {
         queue: usize,
         no_idempotency: bool,
     ) -> Self {
+        Self::spawn_tuned(db, fault, writers, queue, no_idempotency, |_| {}).await
+    }
+
+    /// Like `spawn_with`, with `tune` setting more of the config.
+    async fn spawn_tuned(
+        db: &TestDb,
+        fault: InjectFault,
+        writers: usize,
+        queue: usize,
+        no_idempotency: bool,
+        tune: impl FnOnce(&mut Config),
+    ) -> Self {
         let http = TcpListener::bind("127.0.0.1:0").await.expect("bind http");
         let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind grpc");
         let http_addr = http.local_addr().expect("http addr");
         let grpc_addr = grpc.local_addr().expect("grpc addr");
         // The service's own role: the grants are proven by every test here.
         let db_args = DbArgs::for_url(db.url_as(ServiceRole::Orders));
-        let config = Config {
+        let mut config = Config {
             db: db_args,
             crash: effectively::crash::CrashArgs::default(),
             http_addr,
@@ -56,7 +69,9 @@ impl TestApp {
             migrate_only: false,
             inject_fault: fault,
             no_idempotency,
+            claim_strategy: ClaimStrategy::OnConflict,
         };
+        tune(&mut config);
         let cancel = CancellationToken::new();
         let task = tokio::spawn(run(config, http, grpc, cancel.clone()));
         Self {
@@ -616,6 +631,98 @@ async fn metrics_count_requests_and_idempotency_outcomes() {
 async fn coalesced_batches_keep_per_key_semantics() {
     let db = TestDb::create().await;
     let app = TestApp::spawn(&db, InjectFault::None).await;
+    check_per_key_semantics(&app).await;
+    assert_eq!(counts(&db).await, n(15));
+    app.stop().await;
+}
+
+/// Both claim strategies, with and without coalescing (one request per
+/// transaction), keep the per-key semantics: one order per key, every
+/// request with the winning body gets its 201, the other body 409, and 50
+/// concurrent sends of one key make one order.
+#[tokio::test]
+async fn every_claim_strategy_keeps_per_key_semantics_with_and_without_coalescing() {
+    for strategy in [ClaimStrategy::OnConflict, ClaimStrategy::AdvisoryLock] {
+        for batch_max in [128, 1] {
+            let db = TestDb::create().await;
+            let app = TestApp::spawn_tuned(&db, InjectFault::None, 4, 4096, false, |c| {
+                c.claim_strategy = strategy;
+                c.write_batch_max = batch_max;
+            })
+            .await;
+            check_per_key_semantics(&app).await;
+            let replies =
+                futures::future::join_all((0..50).map(|_| app.create("hot-key", BODY))).await;
+            assert_eq!(
+                replies[0].status,
+                StatusCode::CREATED,
+                "{strategy:?} {batch_max}"
+            );
+            assert!(
+                replies.iter().all(|r| r == &replies[0]),
+                "{strategy:?} {batch_max}"
+            );
+            assert_eq!(counts(&db).await, n(16), "{strategy:?} {batch_max}");
+            app.stop().await;
+        }
+    }
+}
+
+/// The advisory-lock strategy really takes the key's lock: while another
+/// session holds it, a create with that key waits; released, it completes.
+/// (The on-conflict strategy does not wait for it.)
+#[tokio::test]
+async fn the_advisory_lock_strategy_waits_for_the_keys_lock() {
+    let db = TestDb::create().await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let mut holder = pool.acquire().await.expect("holder");
+    sqlx::query("SELECT pg_advisory_lock($1, hashtext('held-key'))")
+        .bind(effectively::idempotency::ADVISORY_LOCK_CLASS)
+        .execute(&mut *holder)
+        .await
+        .expect("hold the key's lock");
+
+    let plain = TestApp::spawn(&db, InjectFault::None).await;
+    let reply = tokio::time::timeout(Duration::from_secs(5), plain.create("other-key", BODY))
+        .await
+        .expect("on-conflict does not wait for the advisory lock");
+    assert_eq!(reply.status, StatusCode::CREATED);
+    plain.stop().await;
+
+    let locking = TestApp::spawn_tuned(&db, InjectFault::None, 4, 4096, false, |c| {
+        c.claim_strategy = ClaimStrategy::AdvisoryLock;
+    })
+    .await;
+    // The request runs in a task of its own while the lock is held.
+    let request = locking
+        .client
+        .post(format!("{}/orders", locking.http))
+        .header("Idempotency-Key", "held-key")
+        .header("Content-Type", "application/json")
+        .body(BODY);
+    let waiting =
+        tokio::spawn(async move { Reply::from(request.send().await.expect("send")).await });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the create waits for the key's lock"
+    );
+    sqlx::query("SELECT pg_advisory_unlock($1, hashtext('held-key'))")
+        .bind(effectively::idempotency::ADVISORY_LOCK_CLASS)
+        .execute(&mut *holder)
+        .await
+        .expect("release");
+    let reply = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("completes once released")
+        .expect("join");
+    assert_eq!(reply.status, StatusCode::CREATED);
+    assert_eq!(counts(&db).await, n(2));
+    locking.stop().await;
+}
+
+/// 15 keys, 4 concurrent sends each, two bodies per key.
+async fn check_per_key_semantics(app: &TestApp) {
     let mut sends = Vec::new();
     for k in 0..15 {
         for r in 0..4 {
@@ -660,8 +767,6 @@ async fn coalesced_batches_keep_per_key_semantics() {
             }
         }
     }
-    assert_eq!(counts(&db).await, n(15));
-    app.stop().await;
 }
 
 /// `--no-idempotency` is experiment 1's unsafe measurement baseline; it is

@@ -18,6 +18,11 @@ Subcommands (each writes PNGs; `--help` on each lists its options):
   series FILE.csv -o OUT.png [--x second] [--y sent,ok,errors] [--y2 p99_ms]
       a time series, e.g. loadgen --csv (second,sent,ok,errors,p99_ms): the
       --y columns on the left axis, the --y2 columns on a right axis.
+
+  bars FILE.csv|FILE.json -o OUT.png --category FIELD --y FIELD[,FIELD...]
+       [--points KEY] [--logy]
+      grouped bars: one group per row (labelled by --category), one bar per
+      --y field in each, e.g. a p99 per key class for each configuration.
 """
 
 import argparse
@@ -114,6 +119,25 @@ def series(rows, out, x, ys, y2s, title=None):
     save(fig, out)
 
 
+def bars(rows, out, category, ys, title=None, ylabel=None, logy=False):
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(rows) * len(ys) / 2 + 2), 5))
+    width = 0.8 / max(1, len(ys))
+    for i, y in enumerate(ys):
+        xs = [j + (i - (len(ys) - 1) / 2) * width for j in range(len(rows))]
+        values = [number(r.get(y)) for r in rows]
+        drawn = ax.bar(xs, values, width=width, label=y)
+        ax.bar_label(drawn, fmt="%.3g", fontsize=8)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([str(r.get(category)) for r in rows], rotation=15, ha="right")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_ylabel(ylabel or ", ".join(ys))
+    ax.set_title(title or os.path.basename(out))
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend()
+    save(fig, out)
+
+
 def hline(spec):
     value, _, label = spec.partition(":")
     return float(value), label or f"y = {value}"
@@ -149,6 +173,16 @@ def main():
     s.add_argument("--y2", default="p99_ms", help="right axis, comma-separated ('' for none)")
     s.add_argument("--title")
 
+    b = sub.add_parser("bars", help="grouped bars: one group per row, one bar per y field")
+    b.add_argument("file")
+    b.add_argument("-o", "--out", required=True)
+    b.add_argument("--category", required=True, help="the field that labels each group")
+    b.add_argument("--y", required=True, help="comma-separated fields")
+    b.add_argument("--points", help="JSON key (dotted) of the list of rows")
+    b.add_argument("--title")
+    b.add_argument("--ylabel")
+    b.add_argument("--logy", action="store_true")
+
     args = ap.parse_args()
     if args.cmd == "orders":
         with open(args.summary, encoding="utf-8") as f:
@@ -169,6 +203,10 @@ def main():
         curve(rows, args.out, args.x, args.y.split(","), group=args.group, title=args.title,
               xlabel=args.xlabel, ylabel=args.ylabel, logy=args.logy, identity=args.identity,
               hlines=args.hline)
+    elif args.cmd == "bars":
+        rows = load_rows(args.file, args.points)
+        bars(rows, args.out, args.category, args.y.split(","), title=args.title, ylabel=args.ylabel,
+             logy=args.logy)
     else:
         rows = load_rows(args.file)
         series(rows, args.out, args.x, args.y.split(","), [y for y in args.y2.split(",") if y],

@@ -12,11 +12,11 @@ use std::time::Duration;
 use anyhow::Context;
 
 use effectively::contract::{
-    INJECTED_DUPLICATE_LABEL, InjectedDuplicate, ORDERS_WRITE_BATCH_SIZE,
-    PAYMENTS_AFTER_HORIZON_TOTAL, PAYMENTS_APPLIED_AFTER_HORIZON_TOTAL, PAYMENTS_CHARGES_TOTAL,
-    PAYMENTS_CONSUMED_TOTAL, PAYMENTS_DEAD_LETTERS_TOTAL, PAYMENTS_DEDUP_HITS_TOTAL,
-    PAYMENTS_DEDUP_MISSES_TOTAL, PAYMENTS_INJECTED_DUPLICATES_TOTAL, RELAY_PUBLISHED_TOTAL,
-    ServiceName,
+    INJECTED_DUPLICATE_LABEL, InjectedDuplicate, ORDERS_WRITE_BATCH_SIZE, ORDERS_WRITE_ERROR_LABEL,
+    ORDERS_WRITE_ERRORS_TOTAL, PAYMENTS_AFTER_HORIZON_TOTAL, PAYMENTS_APPLIED_AFTER_HORIZON_TOTAL,
+    PAYMENTS_CHARGES_TOTAL, PAYMENTS_CONSUMED_TOTAL, PAYMENTS_DEAD_LETTERS_TOTAL,
+    PAYMENTS_DEDUP_HITS_TOTAL, PAYMENTS_DEDUP_MISSES_TOTAL, PAYMENTS_INJECTED_DUPLICATES_TOTAL,
+    RELAY_PUBLISHED_TOTAL, ServiceName,
 };
 
 /// The counters chaos reports: (series as exposed, summary name). The names
@@ -29,8 +29,17 @@ pub static COUNTERS: LazyLock<Vec<(String, &'static str)>> = LazyLock::new(|| {
             kind.as_str()
         )
     };
+    let write_errors = |kind: &str| {
+        format!("{ORDERS_WRITE_ERRORS_TOTAL}{{{ORDERS_WRITE_ERROR_LABEL}=\"{kind}\"}}")
+    };
     vec![
         (progress_counter(ServiceName::Orders), "write_batches"),
+        (write_errors("deadlock"), "write_deadlocks"),
+        (
+            write_errors("serialization"),
+            "write_serialization_failures",
+        ),
+        (write_errors("lock_timeout"), "write_lock_timeouts"),
         (progress_counter(ServiceName::Relay), "published"),
         (progress_counter(ServiceName::Payments), "consumed"),
         (PAYMENTS_DEDUP_HITS_TOTAL.to_owned(), "inbox_hits"),

@@ -264,6 +264,11 @@ pub fn order_events_topic_configs() -> [(&'static str, String); 2] {
 /// Orders' histogram of create requests per write transaction; chaos reads its
 /// `_count` series (write transactions committed or failed): orders' progress.
 pub const ORDERS_WRITE_BATCH_SIZE: &str = "orders_write_batch_size";
+/// Orders: write transactions that failed, by the label
+/// [`ORDERS_WRITE_ERROR_LABEL`] (`deadlock`, `serialization`, ...).
+pub const ORDERS_WRITE_ERRORS_TOTAL: &str = "orders_write_errors_total";
+/// The label of [`ORDERS_WRITE_ERRORS_TOTAL`].
+pub const ORDERS_WRITE_ERROR_LABEL: &str = "kind";
 /// Relay: outbox rows published to Kafka and marked published; its progress.
 pub const RELAY_PUBLISHED_TOTAL: &str = "relay_published_total";
 /// Payments: messages consumed from Kafka, redeliveries included; its progress.

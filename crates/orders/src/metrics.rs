@@ -1,6 +1,8 @@
 //! The Orders service's Prometheus metrics.
 
-use effectively::contract::ORDERS_WRITE_BATCH_SIZE;
+use effectively::contract::{
+    ORDERS_WRITE_BATCH_SIZE, ORDERS_WRITE_ERROR_LABEL, ORDERS_WRITE_ERRORS_TOTAL,
+};
 use effectively::metrics::LATENCY_BUCKETS;
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
@@ -93,10 +95,10 @@ impl OrdersMetrics {
         )?;
         let write_errors_total = IntCounterVec::new(
             Opts::new(
-                "orders_write_errors_total",
+                ORDERS_WRITE_ERRORS_TOTAL,
                 "Write transactions that failed, by kind (unavailable, deadlock, serialization, lock_timeout, statement_timeout, db, other)",
             ),
-            &["kind"],
+            &[ORDERS_WRITE_ERROR_LABEL],
         )?;
         for kind in [
             "unavailable",

@@ -113,9 +113,27 @@ pub(crate) struct Config {
     pub(crate) zipf_s: f64,
 
     /// Size of the key space the Zipf draw is over (ignored when --zipf-s is 0).
+    /// With --hot-keys N, the cold draws cover N+1..=N+keys instead.
     #[arg(long, env = "LOADGEN_KEYS", default_value_t = 50_000_000,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000_000_000))]
     pub(crate) keys: u64,
+
+    /// Size of the hot key class: key indexes 1..=N. 0 = no hot class (keys
+    /// are drawn as --zipf-s and --keys say). With N > 0, a share --hot-share
+    /// of the new intents draws its index from 1..=N (Zipf(N, --zipf-s), or
+    /// uniform when --zipf-s is 0): a re-drawn index is the same intent, so
+    /// each hot key gets many sends, concurrently. The other intents are cold:
+    /// drawn as without a hot class but offset by N (fresh indexes N+1, N+2,
+    /// ... when --zipf-s is 0, else N + Zipf(--keys)), so no cold key is ever
+    /// hot. The report splits sends, outcomes and latency by class.
+    #[arg(long, env = "LOADGEN_HOT_KEYS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=1_000_000_000_000))]
+    pub(crate) hot_keys: u64,
+
+    /// Fraction (0 to 1) of new intents drawn from the hot class 1..=--hot-keys;
+    /// the rest are cold. Ignored when --hot-keys is 0.
+    #[arg(long, env = "LOADGEN_HOT_SHARE", default_value_t = 0.5)]
+    pub(crate) hot_share: f64,
 
     /// Key prefix; keys are `{prefix}-{index}`. Default: a random 8-hex-digit
     /// run id, so runs against one database never share keys. Reusing a prefix
@@ -207,6 +225,10 @@ pub(crate) struct Settings {
     pub(crate) zipf_s: f64,
     /// Key space size for the Zipf draw.
     pub(crate) keys: u64,
+    /// Hot class 1..=hot_keys (0 = none).
+    pub(crate) hot_keys: u64,
+    /// Fraction of new intents drawn from the hot class.
+    pub(crate) hot_share: f64,
     /// Resolved key prefix.
     pub(crate) key_prefix: String,
     /// Resolved seed.
@@ -256,6 +278,10 @@ pub(crate) struct Params {
     pub(crate) zipf_s: f64,
     /// Key space size.
     pub(crate) keys: u64,
+    /// Hot class 1..=hot_keys (0 = none).
+    pub(crate) hot_keys: u64,
+    /// Fraction of new intents drawn from the hot class.
+    pub(crate) hot_share: f64,
     /// Key prefix.
     pub(crate) key_prefix: String,
     /// Seed.
@@ -280,6 +306,12 @@ impl Config {
         }
         if !(self.zipf_s.is_finite() && self.zipf_s >= 0.0) {
             bail!("--zipf-s must be a finite number >= 0, got {}", self.zipf_s);
+        }
+        if !(self.hot_share.is_finite() && (0.0..=1.0).contains(&self.hot_share)) {
+            bail!(
+                "--hot-share must be between 0 and 1, got {}",
+                self.hot_share
+            );
         }
         if !(self.retry_rate.is_finite() && (0.0..=1.0).contains(&self.retry_rate)) {
             bail!(
@@ -322,6 +354,8 @@ impl Config {
             drain_timeout: Duration::from_secs(self.drain_timeout),
             zipf_s: self.zipf_s,
             keys: self.keys,
+            hot_keys: self.hot_keys,
+            hot_share: self.hot_share,
             key_prefix,
             seed: self.seed.unwrap_or_else(rand::random),
             retry_rate: self.retry_rate,
@@ -362,6 +396,8 @@ impl Settings {
             drain_timeout_s: self.drain_timeout.as_secs(),
             zipf_s: self.zipf_s,
             keys: self.keys,
+            hot_keys: self.hot_keys,
+            hot_share: self.hot_share,
             key_prefix: self.key_prefix.clone(),
             seed: self.seed,
             retry_rate: self.retry_rate,
@@ -398,6 +434,22 @@ mod tests {
         assert_eq!(s.timeout, Duration::from_millis(2000));
         assert_eq!(s.key_prefix.len(), 8);
         assert!(s.ambiguous.is_none());
+        assert_eq!(s.hot_keys, 0, "no hot class by default");
+        assert!((s.hot_share - 0.5).abs() < f64::EPSILON);
+    }
+
+    #[test]
+    fn hot_keys_flags_resolve_and_reach_the_params() {
+        let s = parse(&["--hot-keys", "100", "--hot-share", "0.9"]).expect("settings");
+        assert_eq!(s.hot_keys, 100);
+        assert!((s.hot_share - 0.9).abs() < f64::EPSILON);
+        let p = s.params();
+        assert_eq!(p.hot_keys, 100);
+        let json = serde_json::to_value(&p).expect("json");
+        assert_eq!(json["hot_keys"], 100);
+        assert_eq!(json["hot_share"], 0.9);
+        assert!(parse(&["--hot-keys", "1", "--hot-share", "0"]).is_ok());
+        assert!(parse(&["--hot-keys", "1", "--hot-share", "1"]).is_ok());
     }
 
     #[test]
@@ -414,6 +466,11 @@ mod tests {
         assert!(parse(&["--rate", "NaN"]).is_err());
         assert!(parse(&["--zipf-s", "-1"]).is_err());
         assert!(parse(&["--retry-rate", "1.5"]).is_err());
+        assert!(parse(&["--hot-share", "1.5"]).is_err());
+        assert!(parse(&["--hot-share", "-0.1"]).is_err());
+        assert!(parse(&["--hot-share", "NaN"]).is_err());
+        assert!(parse(&["--hot-keys", "-1"]).is_err());
+        assert!(parse(&["--hot-keys", "1000000000001"]).is_err());
         assert!(parse(&["--key-prefix", "has space"]).is_err());
         assert!(parse(&["--http-url", "https://x"]).is_err());
         assert!(parse(&["--duration", "0"]).is_err());

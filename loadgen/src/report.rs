@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::config::Params;
 use crate::keys::KeySpace;
-use crate::stats::{Collector, KeyCounts, OutcomeCounts, ReplayCounts, Second};
+use crate::stats::{ClassStats, Collector, KeyCounts, OutcomeCounts, ReplayCounts, Second};
 
 /// Exit code of a run with replay mismatches.
 pub(crate) const EXIT_MISMATCH: u8 = 3;
@@ -80,6 +80,61 @@ pub(crate) struct LatencyReport {
     pub(crate) first_attempts: LatencySummary,
     /// Answered retries.
     pub(crate) retries: LatencySummary,
+}
+
+/// `a / b` as a ratio, 0 when `b` is 0.
+fn ratio(a: u64, b: u64) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let (a, b) = (a as f64, b as f64);
+    if b > 0.0 { a / b } else { 0.0 }
+}
+
+/// The sends of one key class (hot: index <= --hot-keys; cold: the others).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub(crate) struct ClassReport {
+    /// Sends that finished (first attempts, retries, retries of errors).
+    pub(crate) sends: u64,
+    /// ...that succeeded.
+    pub(crate) ok: u64,
+    /// ...that did not (`sends - ok`).
+    pub(crate) errors: u64,
+    /// Extra sends of `--retry-on-error`.
+    pub(crate) error_retries_sent: u64,
+    /// Distinct keys with at least one success.
+    pub(crate) keys_succeeded: u64,
+    /// `sends / keys_succeeded` (0 when no key succeeded).
+    pub(crate) sends_per_key: f64,
+    /// `error_retries_sent / ok` (0 when nothing succeeded).
+    pub(crate) retries_per_success: f64,
+    /// Latency of the answered sends, from each one's scheduled instant.
+    pub(crate) latency_ms: LatencySummary,
+}
+
+impl ClassReport {
+    /// Summarises one class.
+    fn from_stats(stats: &ClassStats) -> Self {
+        Self {
+            sends: stats.sends,
+            ok: stats.ok,
+            errors: stats.errors(),
+            error_retries_sent: stats.error_retries_sent,
+            keys_succeeded: stats.keys_succeeded,
+            sends_per_key: ratio(stats.sends, stats.keys_succeeded),
+            retries_per_success: ratio(stats.error_retries_sent, stats.ok),
+            latency_ms: LatencySummary::from_histogram(&stats.latency),
+        }
+    }
+}
+
+/// The sends by key class. The classes partition every send: their `sends`,
+/// `ok` and `keys_succeeded` add up to the run's totals.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub(crate) struct KeyClassesReport {
+    /// Keys 1..=--hot-keys; only when --hot-keys > 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) hot: Option<ClassReport>,
+    /// Every other key (all of them when --hot-keys is 0).
+    pub(crate) cold: ClassReport,
 }
 
 /// What the scheduler did.
@@ -181,6 +236,8 @@ pub(crate) struct Report {
     pub(crate) bad_response_examples: Vec<String>,
     /// Latency.
     pub(crate) latency_ms: LatencyReport,
+    /// Sends, outcomes and latency by key class (hot / cold).
+    pub(crate) key_classes: KeyClassesReport,
     /// Sends still outstanding when the report was made.
     pub(crate) unfinished: u64,
     /// The process exit code.
@@ -238,6 +295,14 @@ impl Report {
                 first_attempts: LatencySummary::from_histogram(&collector.first_attempts),
                 retries: LatencySummary::from_histogram(&collector.retries),
             },
+            key_classes: KeyClassesReport {
+                hot: collector
+                    .key_classes
+                    .hot
+                    .as_ref()
+                    .map(ClassReport::from_stats),
+                cold: ClassReport::from_stats(&collector.key_classes.cold),
+            },
             unfinished: facts.unfinished,
             exit_code,
         }
@@ -251,11 +316,19 @@ impl Report {
         let k = &self.keys;
         let r = &self.replay;
         let mut out = String::new();
-        let keys = if p.zipf_s == 0.0 {
+        let mut keys = if p.zipf_s == 0.0 {
             "unique (zipf-s 0)".to_owned()
         } else {
             format!("zipf s={} over {}", p.zipf_s, p.keys)
         };
+        if p.hot_keys > 0 {
+            let draw = if p.zipf_s == 0.0 { "uniform" } else { "zipf" };
+            keys = format!(
+                "hot 1..={n} ({draw}) for a share {} of intents, cold {keys} past {n}",
+                p.hot_share,
+                n = p.hot_keys
+            );
+        }
         let _ = writeln!(
             out,
             "loadgen {}: protocol {}, keys {keys}, retry-rate {}, prefix {}, seed {}",
@@ -354,16 +427,33 @@ impl Report {
         for example in &self.bad_response_examples {
             let _ = writeln!(out, "    bad response: {example}");
         }
-        let line = |name: &str, l: &LatencySummary| {
+        let latency = |l: &LatencySummary| {
             format!(
-                "  {name:<11} n={} p50 {:.2} p90 {:.2} p99 {:.2} p99.9 {:.2} max {:.2} mean {:.2}\n",
+                "n={} p50 {:.2} p90 {:.2} p99 {:.2} p99.9 {:.2} max {:.2} mean {:.2}",
                 l.count, l.p50_ms, l.p90_ms, l.p99_ms, l.p999_ms, l.max_ms, l.mean_ms
             )
         };
+        let line = |name: &str, l: &LatencySummary| format!("  {name:<11} {}\n", latency(l));
         out.push_str("  latency ms from the scheduled send instant (answered sends):\n");
         out.push_str(&line("all", &self.latency_ms.all));
         out.push_str(&line("first", &self.latency_ms.first_attempts));
         out.push_str(&line("retries", &self.latency_ms.retries));
+        if let Some(hot) = &self.key_classes.hot {
+            for (name, c) in [("hot", hot), ("cold", &self.key_classes.cold)] {
+                let _ = writeln!(
+                    out,
+                    "  {name:<11} {}; sends {}, ok {}, errors {}, error retries {}, keys {} ({:.2} sends/key, {:.3} error retries/ok)",
+                    latency(&c.latency_ms),
+                    c.sends,
+                    c.ok,
+                    c.errors,
+                    c.error_retries_sent,
+                    c.keys_succeeded,
+                    c.sends_per_key,
+                    c.retries_per_success
+                );
+            }
+        }
         if o.timeouts > 0 {
             let _ = writeln!(
                 out,
@@ -477,6 +567,8 @@ mod tests {
             drain_timeout_s: 10,
             zipf_s: 0.0,
             keys: 5,
+            hot_keys: 0,
+            hot_share: 0.5,
             key_prefix: "pfx".into(),
             seed: 1,
             retry_rate: 0.15,
@@ -569,6 +661,13 @@ mod tests {
         let text = report.summary();
         assert!(text.contains("0 MISMATCHES"), "{text}");
         assert!(text.contains("prefix pfx"), "{text}");
+        // Without --hot-keys every send is cold and there is no hot class.
+        assert!(json["key_classes"].get("hot").is_none(), "{json}");
+        assert_eq!(json["key_classes"]["cold"]["sends"], 3);
+        assert_eq!(json["key_classes"]["cold"]["keys_succeeded"], 1);
+        assert_eq!(json["params"]["hot_keys"], 0);
+        assert!(!text.contains("  hot "), "{text}");
+        assert!(!text.contains("  cold "), "{text}");
 
         assert_eq!(
             Report::assemble(facts(true), &c).exit_code,
@@ -581,6 +680,110 @@ mod tests {
             "mismatches win over interrupt"
         );
         assert!(report.summary().contains("mismatch: key pfx-1"));
+    }
+
+    #[test]
+    fn report_splits_hot_and_cold_keys() {
+        let mut c = Collector::with_hot_keys(10);
+        let (a, b, d) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+        // Hot key 3: four sends of one intent (one a 503, resent), 1..4 ms.
+        c.record(3, "pfx-3", SendKind::First, 0, &ok(a), 1_000);
+        c.record(3, "pfx-3", SendKind::First, 0, &ok(a), 2_000);
+        c.record(
+            3,
+            "pfx-3",
+            SendKind::First,
+            0,
+            &Outcome::Failed(Answer::Http(503)),
+            3_000,
+        );
+        c.record_error_retry(3);
+        c.record(3, "pfx-3", SendKind::Retry, 0, &ok(a), 4_000);
+        // Hot key 10, the last hot one: one success.
+        c.record(10, "pfx-10", SendKind::First, 0, &ok(b), 8_000);
+        // Cold key 11: one success; cold key 12: a timeout, no latency.
+        c.record(11, "pfx-11", SendKind::First, 0, &ok(d), 500);
+        c.record(
+            12,
+            "pfx-12",
+            SendKind::First,
+            0,
+            &Outcome::Timeout,
+            2_000_000,
+        );
+        let mut facts = facts(false);
+        facts.params.hot_keys = 10;
+        facts.params.hot_share = 0.8;
+        let report = Report::assemble(facts, &c);
+
+        let hot = report.key_classes.hot.expect("hot class");
+        assert_eq!((hot.sends, hot.ok, hot.errors), (5, 4, 1));
+        assert_eq!((hot.error_retries_sent, hot.keys_succeeded), (1, 2));
+        assert!((hot.sends_per_key - 2.5).abs() < 1e-9);
+        assert!((hot.retries_per_success - 0.25).abs() < 1e-9);
+        assert_eq!(hot.latency_ms.count, 5);
+        assert!((hot.latency_ms.max_ms - 8.0).abs() < 0.01);
+        let cold = report.key_classes.cold;
+        assert_eq!((cold.sends, cold.ok, cold.errors), (2, 1, 1));
+        assert_eq!((cold.error_retries_sent, cold.keys_succeeded), (0, 1));
+        assert!((cold.sends_per_key - 2.0).abs() < 1e-9);
+        assert!(cold.retries_per_success.abs() < f64::EPSILON);
+        assert_eq!(cold.latency_ms.count, 1);
+        assert_eq!(hot.sends + cold.sends, report.outcomes.completed);
+
+        let json = serde_json::to_value(&report).expect("json");
+        assert_eq!(json["schema"], "loadgen.report.v1");
+        assert_eq!(json["params"]["hot_keys"], 10);
+        assert_eq!(json["params"]["hot_share"], 0.8);
+        let classes = &json["key_classes"];
+        for field in [
+            "sends",
+            "ok",
+            "errors",
+            "error_retries_sent",
+            "keys_succeeded",
+            "sends_per_key",
+            "retries_per_success",
+        ] {
+            assert!(classes["hot"][field].is_number(), "hot {field}: {json}");
+            assert!(classes["cold"][field].is_number(), "cold {field}: {json}");
+        }
+        assert_eq!(classes["hot"]["sends_per_key"], 2.5);
+        assert_eq!(classes["cold"]["retries_per_success"], 0.0);
+        for field in ["count", "p50_ms", "p99_ms", "p999_ms", "max_ms"] {
+            assert!(classes["hot"]["latency_ms"][field].is_number(), "{json}");
+            assert!(classes["cold"]["latency_ms"][field].is_number(), "{json}");
+        }
+        // The same shape as the overall latency summaries.
+        let keys = |v: &serde_json::Value| {
+            v.as_object()
+                .map(|o| o.keys().cloned().collect::<Vec<_>>())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            keys(&classes["hot"]["latency_ms"]),
+            keys(&json["latency_ms"]["all"])
+        );
+
+        let text = report.summary();
+        assert!(
+            text.contains("hot 1..=10 (uniform) for a share 0.8"),
+            "{text}"
+        );
+        let hot_line = text
+            .lines()
+            .find(|l| l.starts_with("  hot "))
+            .expect("a hot line");
+        assert!(hot_line.contains("n=5 "), "{hot_line}");
+        assert!(
+            hot_line.contains("sends 5, ok 4, errors 1, error retries 1, keys 2 (2.50 sends/key, 0.250 error retries/ok)"),
+            "{hot_line}"
+        );
+        let cold_line = text
+            .lines()
+            .find(|l| l.starts_with("  cold "))
+            .expect("a cold line");
+        assert!(cold_line.contains("sends 2, ok 1, errors 1"), "{cold_line}");
     }
 
     #[test]

@@ -115,6 +115,7 @@ async fn send_one(shared: Arc<Shared>, mut spec: SendSpec) {
         errors_retried += 1;
         tokio::time::sleep_until(resend_at).await;
         shared.error_retries.fetch_add(1, Ordering::Relaxed);
+        shared.lock().record_error_retry(spec.key_index);
         spec.kind = SendKind::Retry;
         spec.at_ns = elapsed_ns(shared.start);
     }
@@ -125,7 +126,7 @@ struct Scheduler {
     shared: Arc<Shared>,
     rng: StdRng,
     picker: KeyPicker,
-    /// Indexes drawn so far (only for Zipf: sequential keys are all new).
+    /// Indexes drawn so far (not the fresh sequential ones, which are all new).
     seen: HashSet<u64>,
     protocol: Protocol,
     retry_rate: f64,
@@ -139,7 +140,7 @@ impl Scheduler {
         match due {
             Due::First { at_ns, .. } => {
                 let key_index = self.picker.next(&mut self.rng);
-                if self.picker.is_unique() || self.seen.insert(key_index) {
+                if self.picker.is_fresh(key_index) || self.seen.insert(key_index) {
                     self.counts.new_intents += 1;
                 } else {
                     self.counts.repeat_intents += 1;
@@ -216,7 +217,12 @@ fn watch_interrupt(flag: Arc<AtomicBool>, wake: Arc<Notify>) {
 /// Runs the whole thing and returns the exit code.
 pub(crate) async fn run(settings: Settings) -> anyhow::Result<u8> {
     let (http, grpc) = connect(&settings).await?;
-    let picker = KeyPicker::new(settings.zipf_s, settings.keys)?;
+    let picker = KeyPicker::new(
+        settings.zipf_s,
+        settings.keys,
+        settings.hot_keys,
+        settings.hot_share,
+    )?;
     let mut schedule = Schedule::new(settings.rate, settings.duration);
     let total = schedule.total_first_attempts();
 
@@ -241,7 +247,7 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<u8> {
         retry_on_error: settings.retry_on_error,
         retry_on_error_delay: settings.retry_on_error_delay,
         error_retries: AtomicU64::new(0),
-        collector: Mutex::new(Collector::new()),
+        collector: Mutex::new(Collector::with_hot_keys(settings.hot_keys)),
     });
     let interrupted = Arc::new(AtomicBool::new(false));
     let wake = Arc::new(Notify::new());

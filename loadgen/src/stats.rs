@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::keys::KeyClass;
 use crate::outcome::{Answer, Outcome, grpc_code_name};
 use crate::verify::{KeyState, Verdict};
 
@@ -118,6 +119,71 @@ pub(crate) struct KeyCounts {
     pub(crate) failed: u64,
 }
 
+/// The sends of one key class (see [`KeyClass`]).
+#[derive(Debug, Clone)]
+pub(crate) struct ClassStats {
+    /// Sends of the class that finished one way or another (first attempts,
+    /// retries and retries of errors).
+    pub(crate) sends: u64,
+    /// ...that succeeded.
+    pub(crate) ok: u64,
+    /// Extra sends of `--retry-on-error` (counted when sent, like
+    /// `error_retries_sent` in the scheduler counts).
+    pub(crate) error_retries_sent: u64,
+    /// Distinct keys of the class with at least one success.
+    pub(crate) keys_succeeded: u64,
+    /// Latency of the answered sends, µs from their scheduled instant.
+    pub(crate) latency: Histogram<u64>,
+}
+
+impl ClassStats {
+    /// Nothing recorded yet.
+    pub(crate) fn new() -> Self {
+        Self {
+            sends: 0,
+            ok: 0,
+            error_retries_sent: 0,
+            keys_succeeded: 0,
+            latency: new_histogram(),
+        }
+    }
+
+    /// Sends that did not end in `ok`.
+    pub(crate) fn errors(&self) -> u64 {
+        self.sends - self.ok
+    }
+}
+
+/// The sends split by key class.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyClassStats {
+    /// `--hot-keys`: indexes 1..=this are hot (0: no hot class).
+    pub(crate) hot_keys: u64,
+    /// The hot class; present exactly when `hot_keys` > 0.
+    pub(crate) hot: Option<ClassStats>,
+    /// The cold class (every send when there is no hot class).
+    pub(crate) cold: ClassStats,
+}
+
+impl KeyClassStats {
+    /// Empty classes for a hot class of 1..=`hot_keys` (none when 0).
+    pub(crate) fn new(hot_keys: u64) -> Self {
+        Self {
+            hot_keys,
+            hot: (hot_keys > 0).then(ClassStats::new),
+            cold: ClassStats::new(),
+        }
+    }
+
+    /// The class of key index `index`.
+    pub(crate) fn of_mut(&mut self, index: u64) -> &mut ClassStats {
+        match (&mut self.hot, KeyClass::of(index, self.hot_keys)) {
+            (Some(hot), KeyClass::Hot) => hot,
+            _ => &mut self.cold,
+        }
+    }
+}
+
 /// Live numbers for the progress display.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Live {
@@ -156,6 +222,8 @@ pub(crate) struct Collector {
     pub(crate) replay: ReplayCounts,
     /// The first few bad responses, described.
     pub(crate) bad_examples: Vec<String>,
+    /// Sends, outcomes and latency by key class (hot / cold).
+    pub(crate) key_classes: KeyClassStats,
 }
 
 impl Default for Collector {
@@ -165,8 +233,13 @@ impl Default for Collector {
 }
 
 impl Collector {
-    /// An empty collector.
+    /// An empty collector without a hot key class.
     pub(crate) fn new() -> Self {
+        Self::with_hot_keys(0)
+    }
+
+    /// An empty collector whose hot key class is 1..=`hot_keys` (none when 0).
+    pub(crate) fn with_hot_keys(hot_keys: u64) -> Self {
         Self {
             counts: OutcomeCounts::default(),
             classes: BTreeMap::new(),
@@ -179,7 +252,14 @@ impl Collector {
             keys: HashMap::new(),
             replay: ReplayCounts::default(),
             bad_examples: Vec::new(),
+            key_classes: KeyClassStats::new(hot_keys),
         }
+    }
+
+    /// Counts one `--retry-on-error` resend of key index `key_index`, when it
+    /// is sent (its outcome is recorded later, like any send's).
+    pub(crate) fn record_error_retry(&mut self, key_index: u64) {
+        self.key_classes.of_mut(key_index).error_retries_sent += 1;
     }
 
     /// Records one finished send of `key` (index `key_index`), scheduled
@@ -196,6 +276,8 @@ impl Collector {
     ) {
         let c = &mut self.counts;
         c.completed += 1;
+        let class = self.key_classes.of_mut(key_index);
+        class.sends += 1;
         let answer = outcome.answer();
         if let Some(answer) = answer {
             c.responses += 1;
@@ -207,6 +289,7 @@ impl Collector {
                 }
             }
             self.all.saturating_record(latency_us);
+            class.latency.saturating_record(latency_us);
             match kind {
                 SendKind::First => self.first_attempts.saturating_record(latency_us),
                 SendKind::Retry => self.retries.saturating_record(latency_us),
@@ -217,12 +300,13 @@ impl Collector {
         match outcome {
             Outcome::Ok(success) => {
                 c.ok += 1;
+                class.ok += 1;
                 match kind {
                     SendKind::First => c.ok_first_attempts += 1,
                     SendKind::Retry => c.ok_retries += 1,
                 }
                 match state.check(success) {
-                    Verdict::First => {}
+                    Verdict::First => class.keys_succeeded += 1,
                     Verdict::Match { cross_protocol } => {
                         self.replay.compared += 1;
                         self.replay.cross_protocol += u64::from(cross_protocol);
@@ -443,6 +527,56 @@ mod tests {
             (c.seconds[1].sent, c.seconds[1].ok, c.seconds[1].errors),
             (5, 0, 5)
         );
+    }
+
+    #[test]
+    fn sends_are_split_by_key_class() {
+        let mut c = Collector::with_hot_keys(2);
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        // Hot key 1: four sends of one intent: two answers, a 503 and its resend.
+        c.record(1, "p-1", SendKind::First, 0, &ok_http(a), 1_000);
+        c.record(1, "p-1", SendKind::First, 0, &ok_grpc(a), 3_000);
+        c.record(
+            1,
+            "p-1",
+            SendKind::First,
+            0,
+            &Outcome::Failed(Answer::Http(503)),
+            5_000,
+        );
+        c.record_error_retry(1);
+        c.record(1, "p-1", SendKind::Retry, 0, &ok_http(a), 7_000);
+        // Hot key 2: no success, and no latency for the timeout.
+        c.record(2, "p-2", SendKind::First, 0, &Outcome::Timeout, 2_000_000);
+        // Cold keys 3 and 4.
+        c.record(3, "p-3", SendKind::First, 0, &ok_http(b), 2_000);
+        c.record(4, "p-4", SendKind::First, 0, &Outcome::ConnectError, 1);
+        c.record_error_retry(4);
+        c.record(4, "p-4", SendKind::Retry, 0, &Outcome::ConnectError, 1);
+
+        let hot = c.key_classes.hot.as_ref().expect("hot class");
+        let cold = &c.key_classes.cold;
+        assert_eq!((hot.sends, hot.ok, hot.errors()), (5, 3, 2));
+        assert_eq!((hot.error_retries_sent, hot.keys_succeeded), (1, 1));
+        assert_eq!(hot.latency.len(), 4, "the timeout has no latency");
+        assert_eq!((cold.sends, cold.ok, cold.errors()), (3, 1, 2));
+        assert_eq!((cold.error_retries_sent, cold.keys_succeeded), (1, 1));
+        assert_eq!(cold.latency.len(), 1);
+        // The classes partition the totals.
+        assert_eq!(hot.sends + cold.sends, c.counts.completed);
+        assert_eq!(hot.ok + cold.ok, c.counts.ok);
+        assert_eq!(
+            hot.keys_succeeded + cold.keys_succeeded,
+            c.key_counts().succeeded
+        );
+        assert_eq!(hot.latency.len() + cold.latency.len(), c.all.len());
+
+        // Without a hot class everything is cold.
+        let mut c = Collector::new();
+        c.record(1, "p-1", SendKind::First, 0, &ok_http(a), 1_000);
+        assert!(c.key_classes.hot.is_none());
+        assert_eq!(c.key_classes.cold.sends, 1);
+        assert_eq!(c.key_classes.cold.keys_succeeded, 1);
     }
 
     #[test]

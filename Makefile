@@ -8,7 +8,7 @@ CARGO ?= cargo
 -include .stack/env
 
 .PHONY: help up down status migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep demo \
-        check-config check-dashboards plot-deps plot-orders chaos exp-1 exp-2 exp-3 exp-4 exp-5 exp-7 exp-8
+        check-config check-dashboards plot-deps plot-orders chaos exp-1 exp-2 exp-3 exp-4 exp-5 exp-7 exp-8 accept
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -88,6 +88,9 @@ exp-5: ## the inbox at scale: single table vs msg_id partitions, growth to 100M 
 
 exp-7: ## hot keys: half the intents on 10 keys; ON CONFLICT vs advisory-lock claims, with and without coalescing
 	@QUICK=$(QUICK) experiments/exp-7-hot-keys/run.sh
+
+accept: ## the lab's acceptance run: 20 min at 5,000 req/s, orders == keys (recon, SQL attached), p99 < 25 ms, per-minute CSV
+	@QUICK=$(QUICK) experiments/accept/run.sh
 
 exp-8: ## infrastructure faults under load (PostgreSQL crash, broker kill -9, relay hung, offsets reset), mixed with kill -9 and duplicates
 	@QUICK=$(QUICK) experiments/exp-8-infra-faults/run.sh

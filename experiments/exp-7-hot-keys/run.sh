@@ -16,7 +16,7 @@ exp_init "$HERE"
 if [ "$MODE" = quick ]; then
   RATE=${EXP_RATE:-400} DURATION=${EXP_DURATION:-10}
 else
-  RATE=${EXP_RATE:-1000} DURATION=${EXP_DURATION:-60}
+  RATE=${EXP_RATE:-600} DURATION=${EXP_DURATION:-60}
 fi
 HOT_KEYS=${EXP_HOT_KEYS:-10} HOT_SHARE=${EXP_HOT_SHARE:-0.5}
 common=(--rate "$RATE" --duration "$DURATION" --retry-rate 0.15 --protocol mixed --seed 7

@@ -186,6 +186,13 @@ pub(crate) struct Config {
     #[arg(long, env = "LOADGEN_CSV")]
     pub(crate) csv: Option<PathBuf>,
 
+    /// Write a per-minute CSV `minute,sent,ok,errors,sent_per_s,p50_ms,p99_ms,p999_ms,max_ms`
+    /// to this file: the per-second rows merged by minute (scheduled time),
+    /// the percentiles from the merged latency histograms (2 significant
+    /// digits) of the answered sends.
+    #[arg(long, env = "LOADGEN_MINUTE_CSV")]
+    pub(crate) minute_csv: Option<PathBuf>,
+
     /// Write the client-side ground truth: one line `{key}\t{order_id}` per
     /// distinct key that got a success, sorted by key (byte order).
     #[arg(long, env = "LOADGEN_INTENTS")]
@@ -247,6 +254,8 @@ pub(crate) struct Settings {
     pub(crate) json: Option<PathBuf>,
     /// Per-second CSV.
     pub(crate) csv: Option<PathBuf>,
+    /// Per-minute CSV.
+    pub(crate) minute_csv: Option<PathBuf>,
     /// Successful keys file.
     pub(crate) intents: Option<PathBuf>,
     /// Ambiguous keys file (resolved default).
@@ -365,6 +374,7 @@ impl Config {
             threads: usize::try_from(self.threads).unwrap_or(1),
             json: self.json,
             csv: self.csv,
+            minute_csv: self.minute_csv,
             intents: self.intents,
             ambiguous,
             progress: self.progress,

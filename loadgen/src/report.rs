@@ -515,6 +515,59 @@ pub(crate) fn write_csv(path: &Path, seconds: &[Second]) -> anyhow::Result<()> {
     std::fs::write(path, csv_text(seconds)).with_context(|| format!("write {}", path.display()))
 }
 
+/// The per-minute CSV rows: `minute,sent,ok,errors,sent_per_s,p50_ms,p99_ms,p999_ms,max_ms`,
+/// the per-second rows of each minute merged (percentiles empty when nothing
+/// in that minute was answered). The last minute's rate is over the seconds
+/// it has.
+pub(crate) fn minute_csv_text(seconds: &[Second]) -> String {
+    let mut out = String::from("minute,sent,ok,errors,sent_per_s,p50_ms,p99_ms,p999_ms,max_ms\n");
+    for (minute, chunk) in seconds.chunks(60).enumerate() {
+        let (mut sent, mut ok, mut errors) = (0, 0, 0);
+        let mut merged: Option<Histogram<u64>> = None;
+        for s in chunk {
+            sent += s.sent;
+            ok += s.ok;
+            errors += s.errors;
+            if let Some(h) = &s.latency {
+                match &mut merged {
+                    Some(m) => {
+                        // Same bounds and precision: adding cannot fail.
+                        let _ = m.add(h);
+                    }
+                    None => merged = Some(h.clone()),
+                }
+            }
+        }
+        let q = |p: f64| {
+            merged
+                .as_ref()
+                .filter(|h| !h.is_empty())
+                .map(|h| format!("{:.3}", ms(h.value_at_quantile(p))))
+                .unwrap_or_default()
+        };
+        let max = merged
+            .as_ref()
+            .filter(|h| !h.is_empty())
+            .map(|h| format!("{:.3}", ms(h.max())))
+            .unwrap_or_default();
+        let rate = sent as f64 / chunk.len().max(1) as f64;
+        let _ = writeln!(
+            out,
+            "{minute},{sent},{ok},{errors},{rate:.1},{},{},{},{max}",
+            q(0.5),
+            q(0.99),
+            q(0.999)
+        );
+    }
+    out
+}
+
+/// Writes the per-minute CSV.
+pub(crate) fn write_minute_csv(path: &Path, seconds: &[Second]) -> anyhow::Result<()> {
+    std::fs::write(path, minute_csv_text(seconds))
+        .with_context(|| format!("write {}", path.display()))
+}
+
 /// The ground truth: `key\torder_id` for every key that got a success, and
 /// the ambiguous keys, each sorted by key (byte order, like `LC_ALL=C sort`).
 pub(crate) fn key_lines(collector: &Collector, keys: &KeySpace) -> (Vec<String>, Vec<String>) {
@@ -809,6 +862,54 @@ mod tests {
         assert_eq!(lines[2], "1,0,0,0,", "an empty second has no p99");
         assert_eq!(lines[3], "2,1,0,1,", "a timeout has no latency");
         assert_eq!(lines.len(), 4);
+    }
+
+    #[test]
+    fn minute_csv_merges_the_seconds_of_each_minute() {
+        let mut c = Collector::new();
+        // Minute 0: 4 ms at second 0, 40 ms at second 59; minute 1: a
+        // timeout at second 61 and 1 ms at second 62.
+        c.record(1, "p-1", SendKind::First, 0, &ok(Uuid::now_v7()), 4_000);
+        c.record(
+            2,
+            "p-2",
+            SendKind::First,
+            59_000_000_000,
+            &ok(Uuid::now_v7()),
+            40_000,
+        );
+        c.record(
+            3,
+            "p-3",
+            SendKind::First,
+            61_000_000_000,
+            &Outcome::Timeout,
+            2_000_000,
+        );
+        c.record(
+            4,
+            "p-4",
+            SendKind::First,
+            62_000_000_000,
+            &ok(Uuid::now_v7()),
+            1_000,
+        );
+        let text = minute_csv_text(&c.seconds);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "minute,sent,ok,errors,sent_per_s,p50_ms,p99_ms,p999_ms,max_ms"
+        );
+        let row0: Vec<&str> = lines[1].split(',').collect();
+        assert_eq!(row0[..5], ["0", "2", "2", "0", "0.0"]);
+        let num = |v: &str| v.parse::<f64>().expect("a number");
+        assert!((num(row0[5]) - 4.0).abs() <= 0.04, "{}", lines[1]);
+        assert!((num(row0[6]) - 40.0).abs() <= 0.4, "{}", lines[1]);
+        let row1: Vec<&str> = lines[2].split(',').collect();
+        // Seconds 60..=62 exist: 2 sends over 3 seconds.
+        assert_eq!(row1[..5], ["1", "2", "1", "1", "0.7"]);
+        assert!((num(row1[6]) - 1.0).abs() <= 0.01, "{}", lines[2]);
+        assert_eq!(lines.len(), 3);
     }
 
     #[test]

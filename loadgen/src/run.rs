@@ -381,6 +381,9 @@ fn write_outputs(
     if let Some(path) = &settings.csv {
         failure = failure.or(report::write_csv(path, &collector.seconds).err());
     }
+    if let Some(path) = &settings.minute_csv {
+        failure = failure.or(report::write_minute_csv(path, &collector.seconds).err());
+    }
     if settings.intents.is_some() || settings.ambiguous.is_some() {
         let (intents, ambiguous) = report::key_lines(collector, keys);
         if let Some(path) = &settings.intents {

@@ -40,10 +40,16 @@ class AcceptTest(unittest.TestCase):
             "synchronous p99 < 25 ms over the run"])
         self.assertEqual(self.failed(slow, minute_rows(1, p99="60.0"), mode="quick", duration=60), ("PASS", []))
 
+    def test_committed_ambiguous_keys_count_as_keys(self):
+        c = summary(keys=990)
+        c["recon"]["intents"].update({"client_succeeded": 990, "matched": 990, "client_ambiguous": 10,
+                                      "ambiguous_committed": 10})
+        self.assertEqual(self.failed(c, minute_rows(20)), ("PASS", []))
+
     def test_a_missing_order_or_drift_fails(self):
         self.assertEqual(self.failed(summary(recon_exit=1, keys=1001), minute_rows(20))[1], [
             "recon CLEAN (distinct effects == distinct intents, the SQL diff in recon.sql)",
-            "distinct orders == distinct keys, exactly"])
+            "distinct orders == distinct keys, exactly (client successes + committed ambiguous keys)"])
         self.assertEqual(self.failed(summary(), minute_rows(3))[1], ["a row per minute of the run"])
 
 

@@ -100,16 +100,8 @@ impl OrdersMetrics {
             ),
             &[ORDERS_WRITE_ERROR_LABEL],
         )?;
-        for kind in [
-            "unavailable",
-            "deadlock",
-            "serialization",
-            "lock_timeout",
-            "statement_timeout",
-            "db",
-            "other",
-        ] {
-            write_errors_total.with_label_values(&[kind]);
+        for kind in crate::store::WriteErrorKind::ALL {
+            write_errors_total.with_label_values(&[kind.label()]);
         }
         registry.register(Box::new(write_errors_total.clone()))?;
         let keys_expired_total = IntCounter::new(

@@ -69,26 +69,69 @@ pub enum StoreError {
     Injected,
 }
 
+/// What kind of failure ended a write transaction: the label of
+/// `orders_write_errors_total{kind}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteErrorKind {
+    /// The database went away or refuses work for now.
+    Unavailable,
+    /// SQLSTATE 40P01.
+    Deadlock,
+    /// SQLSTATE 40001.
+    Serialization,
+    /// SQLSTATE 55P03.
+    LockTimeout,
+    /// SQLSTATE 57014.
+    StatementTimeout,
+    /// Another database error.
+    Db,
+    /// Anything else (encoding, an injected fault).
+    Other,
+}
+
+impl WriteErrorKind {
+    /// Every kind, so the metric's series exist before the first failure.
+    pub const ALL: [Self; 7] = [
+        Self::Unavailable,
+        Self::Deadlock,
+        Self::Serialization,
+        Self::LockTimeout,
+        Self::StatementTimeout,
+        Self::Db,
+        Self::Other,
+    ];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Unavailable => "unavailable",
+            Self::Deadlock => "deadlock",
+            Self::Serialization => "serialization",
+            Self::LockTimeout => "lock_timeout",
+            Self::StatementTimeout => "statement_timeout",
+            Self::Db => "db",
+            Self::Other => "other",
+        }
+    }
+}
+
 impl StoreError {
-    /// What kind of failure, for `orders_write_errors_total{kind}`:
-    /// `unavailable`, `deadlock` (SQLSTATE 40P01), `serialization` (40001),
-    /// `lock_timeout` (55P03), `statement_timeout` (57014), `db` (another
-    /// database error) or `other`.
-    pub fn kind(&self) -> &'static str {
+    /// What kind of failure, for `orders_write_errors_total{kind}`.
+    pub fn kind(&self) -> WriteErrorKind {
         if self.is_unavailable() {
-            return "unavailable";
+            return WriteErrorKind::Unavailable;
         }
         match self {
             Self::Db(error) | Self::Claim(IdempotencyError::Db(error)) => {
                 match error.as_database_error().and_then(|e| e.code()).as_deref() {
-                    Some("40P01") => "deadlock",
-                    Some("40001") => "serialization",
-                    Some("55P03") => "lock_timeout",
-                    Some("57014") => "statement_timeout",
-                    _ => "db",
+                    Some("40P01") => WriteErrorKind::Deadlock,
+                    Some("40001") => WriteErrorKind::Serialization,
+                    Some("55P03") => WriteErrorKind::LockTimeout,
+                    Some("57014") => WriteErrorKind::StatementTimeout,
+                    _ => WriteErrorKind::Db,
                 }
             }
-            _ => "other",
+            _ => WriteErrorKind::Other,
         }
     }
 

@@ -227,7 +227,7 @@ async fn writer(shared: Arc<Shared>) {
                 shared
                     .metrics
                     .write_errors_total
-                    .with_label_values(&[error.kind()])
+                    .with_label_values(&[error.kind().label()])
                     .inc();
                 // Handled here, so logged here, once for the batch; its
                 // requests only say that it failed. A database that went away

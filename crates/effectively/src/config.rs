@@ -50,6 +50,13 @@ pub struct SessionLimits {
     pub statement_timeout: Duration,
     /// `idle_in_transaction_session_timeout`.
     pub idle_in_transaction_timeout: Duration,
+    /// `plan_cache_mode = force_custom_plan`: plan every execution of a
+    /// prepared statement for its parameters and the table's current
+    /// statistics. For a service that reads a queue table whose size swings
+    /// from empty to a backlog: PostgreSQL switches a prepared statement to a
+    /// generic plan after five executions, and a generic plan made while the
+    /// table was empty stays in use until the next ANALYZE (FINDINGS §16).
+    pub custom_plans: bool,
 }
 
 impl DbArgs {
@@ -74,6 +81,7 @@ impl DbArgs {
             idle_in_transaction_timeout: self
                 .db_idle_in_transaction_timeout_ms
                 .map_or(defaults.idle_in_transaction_timeout, Duration::from_millis),
+            custom_plans: defaults.custom_plans,
         }
     }
 

@@ -66,7 +66,9 @@ impl ServiceRole {
 /// READ COMMITTED (the isolation the transactions of this crate are written
 /// for), `statement_timeout` and `idle_in_transaction_session_timeout` from
 /// `args` or the service's `defaults`, and TCP keepalives (30 s idle, 10 s
-/// interval, 3 probes) so the server notices a client that vanished.
+/// interval, 3 probes) so the server notices a client that vanished; and,
+/// when the service asks for it, a custom plan for every statement
+/// ([`SessionLimits::custom_plans`]).
 pub async fn connect(args: &DbArgs, defaults: SessionLimits) -> anyhow::Result<PgPool> {
     let base = PgConnectOptions::from_str(&args.database_url).context("parse DATABASE_URL")?;
     if args.db_migrate {
@@ -82,7 +84,7 @@ pub async fn connect(args: &DbArgs, defaults: SessionLimits) -> anyhow::Result<P
     let limits = args.limits(defaults);
     let statement = limits.statement_timeout.as_millis().to_string();
     let idle = limits.idle_in_transaction_timeout.as_millis().to_string();
-    let options = base.options([
+    let mut options = base.options([
         // sqlx writes these as `-c key=value` into the startup `options`
         // unescaped; the server splits that on spaces unless escaped.
         ("default_transaction_isolation", r"read\ committed"),
@@ -92,6 +94,9 @@ pub async fn connect(args: &DbArgs, defaults: SessionLimits) -> anyhow::Result<P
         ("tcp_keepalives_interval", "10"),
         ("tcp_keepalives_count", "3"),
     ]);
+    if limits.custom_plans {
+        options = options.options([("plan_cache_mode", "force_custom_plan")]);
+    }
     PgPoolOptions::new()
         .max_connections(args.db_max_connections)
         .acquire_timeout(args.acquire_timeout())

@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 pub const SESSION_LIMITS: effectively::config::SessionLimits = effectively::config::SessionLimits {
     statement_timeout: Duration::from_secs(10),
     idle_in_transaction_timeout: Duration::from_secs(10),
+    custom_plans: false,
 };
 
 use crate::api::OrdersApi;

@@ -388,6 +388,7 @@ pub async fn run(
     let limits = effectively::config::SessionLimits {
         statement_timeout: Duration::from_secs(30),
         idle_in_transaction_timeout: Duration::from_secs(30),
+        custom_plans: false,
     };
     let pool = effectively::db::connect(&config.db, limits).await?;
     let metrics = Arc::new(PaymentsMetrics::new().context("register metrics")?);

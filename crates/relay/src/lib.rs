@@ -135,6 +135,27 @@ pub fn producer(config: &Config, context: RelayContext) -> anyhow::Result<RelayP
         .context("create kafka producer")
 }
 
+/// The relay's database session settings (flags override the timeouts).
+///
+/// A shard's transaction stays open while the batch is produced and its
+/// acks awaited (up to `--message-timeout-ms`), so its idle-in-transaction
+/// limit must exceed that; it is also the bound on how long a hung relay
+/// (SIGSTOP) keeps its shard locked.
+///
+/// Every statement is planned for its parameters: the outbox is a queue, its
+/// pending rows swing from none to a backlog, and the claim's generic plan,
+/// made while the outbox was empty, scans every pending row once per claimed
+/// row (3.4 s a claim at 40,000 pending rows; the acceptance run's first
+/// minute, FINDINGS §16).
+pub fn session_limits(config: &Config) -> effectively::config::SessionLimits {
+    effectively::config::SessionLimits {
+        statement_timeout: Duration::from_secs(30),
+        idle_in_transaction_timeout: Duration::from_millis(config.message_timeout_ms)
+            + Duration::from_secs(10),
+        custom_plans: true,
+    }
+}
+
 /// Runs the relay until `cancel` fires.
 pub async fn run(
     config: Config,
@@ -143,16 +164,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let mut db = config.db.clone();
     db.db_max_connections = db.db_max_connections.max(config.workers as u32 + 3);
-    // A shard's transaction stays open while the batch is produced and its
-    // acks awaited (up to --message-timeout-ms), so its idle-in-transaction
-    // limit must exceed that; it is also the bound on how long a hung relay
-    // (SIGSTOP) keeps its shard locked.
-    let limits = effectively::config::SessionLimits {
-        statement_timeout: Duration::from_secs(30),
-        idle_in_transaction_timeout: Duration::from_millis(config.message_timeout_ms)
-            + Duration::from_secs(10),
-    };
-    let pool = effectively::db::connect(&db, limits).await?;
+    let pool = effectively::db::connect(&db, session_limits(&config)).await?;
     let metrics = Arc::new(RelayMetrics::new().context("register metrics")?);
     let cfg = config.clone();
     let context = RelayContext::default();

@@ -512,26 +512,26 @@ async fn a_hung_relay_loses_its_shard_within_the_idle_in_transaction_limit() {
     assert_first_occurrences_in_order(&seqs, 2);
 }
 
-/// Every pooled session sets its own limits, whatever the server's
-/// defaults: READ COMMITTED, the statement and idle-in-transaction timeouts
-/// (flags over the service's defaults), TCP keepalives.
+/// Every pooled session of the relay sets its own limits, whatever the
+/// server's defaults: READ COMMITTED, the statement and idle-in-transaction
+/// timeouts (flags over the relay's defaults), TCP keepalives, and a custom
+/// plan for every statement (a generic claim plan made on an empty outbox is
+/// quadratic in the backlog).
 #[tokio::test]
 async fn database_sessions_set_their_own_limits() {
     let db = TestDb::create().await;
-    let mut args = DbArgs::for_url(db.url_as(ServiceRole::Relay));
-    args.db_idle_in_transaction_timeout_ms = Some(4_000);
-    let defaults = effectively::config::SessionLimits {
-        statement_timeout: Duration::from_secs(7),
-        idle_in_transaction_timeout: Duration::from_secs(99),
-    };
-    let pool = effectively::db::connect(&args, defaults)
+    let topic = TestTopic::create(1).await;
+    let mut cfg = config(&db, &topic, 1, 10);
+    cfg.db.db_idle_in_transaction_timeout_ms = Some(4_000);
+    let pool = effectively::db::connect(&cfg.db, relay::session_limits(&cfg))
         .await
         .expect("connect");
     for (setting, want) in [
         ("default_transaction_isolation", "read committed"),
-        ("statement_timeout", "7s"),
+        ("statement_timeout", "30s"),
         ("idle_in_transaction_session_timeout", "4s"),
         ("tcp_keepalives_idle", "30"),
+        ("plan_cache_mode", "force_custom_plan"),
     ] {
         let got: String = sqlx::query_scalar(&format!("SHOW {setting}"))
             .fetch_one(&pool)

@@ -25,7 +25,7 @@ LOGS=$RES/logs/accept
 # and counts from the moment both answer /metrics (as loadgen starts).
 start_sampler() {
   python3 "$ROOT/experiments/lib/sampler.py" --database-url "$DATABASE_URL" \
-    --relay "$RELAY_METRICS" --payments "$PAYMENTS_METRICS" --duration "$((DURATION + 30))" \
+    --relay "$RELAY_METRICS" --payments "$PAYMENTS_METRICS" --duration "$((DURATION + 30))" --interval 2 \
     --out "$RES/samples.csv" --minutes "$RES/pipeline-minutes.csv" 2>"$RES/logs/sampler.log" &
   SAMPLER=$!
 }

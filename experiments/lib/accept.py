@@ -3,7 +3,9 @@ RES/accept.json (loadgen's report and recon's inside), loadgen's per-minute
 CSV RES/logs/accept/loadgen-minutes.csv and the sampler's
 RES/pipeline-minutes.csv; writes RES/minutes.csv (one row per minute: rate,
 p50/p99/p999, outbox backlog, commit->publish and commit->effect p50/p99)
-and RES/summary.json; prints the minutes, the checks and the verdict line;
+and RES/summary.json; lays the client's per-second p99 beside the sampler's
+RES/samples.csv (spikes.py: what goes with the seconds over the SLO, where
+the CPU went); prints the minutes, that, the checks and the verdict line;
 exit 0 on PASS.
 
 The SLO (p99 < 25 ms over the run) and the rate (5,000 sends/s for 20
@@ -15,6 +17,7 @@ Usage: python3 experiments/lib/accept.py RES MODE DURATION (run.sh passes them).
 import os
 import sys
 
+import spikes
 from common import (chaos_intents, chaos_report, exit_code, load_json, print_checks, read_csv,
                     recon_word, verdict, write_csv, write_json)
 
@@ -122,6 +125,10 @@ def main(argv):
         pipeline_rows = []
     rows = minutes(load_rows, pipeline_rows)
     s = judge(c, rows, mode, duration)
+    started = (c.get("load") or {}).get("started_at_unix_ms")
+    if started is not None:
+        s["spikes"] = spikes.from_files(os.path.join(res, "logs", "accept", "loadgen.csv"),
+                                        os.path.join(res, "samples.csv"), started / 1000.0, SLO_P99_MS)
     write_json(os.path.join(res, "summary.json"), s)
     write_csv(os.path.join(res, "minutes.csv"), rows)
     cols = ["minute", "sent_per_s", "p50_ms", "p99_ms", "p999_ms", "pending_rows_max", "oldest_pending_s_max",
@@ -129,6 +136,7 @@ def main(argv):
     print("  ".join(f"{c_:>14}" for c_ in cols))
     for x in rows:
         print("  ".join(f"{str(x.get(c_, '')):>14}" for c_ in cols))
+    spikes.print_report(s.get("spikes"))
     print_checks(s["checks"])
     print(verdict_line(s, res))
     return exit_code(s)

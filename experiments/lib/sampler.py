@@ -5,6 +5,14 @@ GET /metrics). Writes one CSV row per sample, and per minute (`--minutes`)
 the backlog's worst and the two latencies' p50/p99 over that minute, from
 the histograms' bucket deltas (as Prometheus' histogram_quantile does).
 
+Each sample also records what could slow the pipeline down, to be laid
+beside the client's per-second latency (accept.py does): the CPU each
+process group used since the previous sample (in cores, from /proc: every
+process of the machine with that name), the machine's busy, iowait and
+steal share, PostgreSQL's checkpoint buffers written and WAL bytes since the
+previous sample, and the tables an autovacuum worker was vacuuming or
+analyzing at the sample.
+
 Usage: python3 experiments/lib/sampler.py --database-url URL --relay HOST:PORT
        --payments HOST:PORT --duration SECONDS --out samples.csv --minutes minutes.csv
        [--interval 5]
@@ -16,6 +24,7 @@ writing what it has.
 import argparse
 import csv
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -23,8 +32,18 @@ import time
 import urllib.request
 
 HISTOGRAMS = {"publish": "relay_commit_to_publish_seconds", "effect": "payments_commit_to_effect_seconds"}
-BACKLOG_SQL = ("SELECT count(*), COALESCE(extract(epoch FROM now() - min(created_at)), 0) "
-               "FROM orders.outbox WHERE published_at IS NULL AND failed_at IS NULL")
+# One row: the backlog, then the server's cumulative counters and what its
+# autovacuum workers are doing ('+'-joined table names, '' when idle).
+SAMPLE_SQL = """
+SELECT b.n, b.age, w.buffers_checkpoint, w.checkpoints_timed + w.checkpoints_req,
+       pg_current_wal_lsn() - '0/0'::pg_lsn,
+       COALESCE((SELECT string_agg(relid::regclass::text, '+' ORDER BY relid) FROM pg_stat_progress_vacuum), ''),
+       COALESCE((SELECT string_agg(relid::regclass::text, '+' ORDER BY relid) FROM pg_stat_progress_analyze), '')
+FROM (SELECT count(*) AS n, COALESCE(extract(epoch FROM now() - min(created_at)), 0) AS age
+      FROM orders.outbox WHERE published_at IS NULL AND failed_at IS NULL) AS b, pg_stat_bgwriter AS w
+"""
+# The process groups whose CPU is recorded, by the name in /proc/PID/comm.
+PROCESSES = ("orders", "relay", "payments", "loadgen", "chaos", "postgres", "nisshi", "python3")
 
 
 def scrape(addr, name):
@@ -48,15 +67,59 @@ def scrape(addr, name):
     return buckets
 
 
-def backlog(url):
-    """(pending rows, age of the oldest in seconds), or (None, None)."""
+def pg_sample(url):
+    """The database's row of SAMPLE_SQL as a dict, or {} when the query failed."""
     try:
-        out = subprocess.run(["psql", url, "-qAt", "-F", ",", "-c", BACKLOG_SQL], capture_output=True,
+        out = subprocess.run(["psql", url, "-qAt", "-F", "|", "-c", SAMPLE_SQL], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()
-        n, age = out.split(",")
-        return int(n), float(age)
+        n, age, ckpt_buffers, ckpts, wal, vacuum, analyze = out.split("|")
+        return {"pending": int(n), "oldest_s": float(age), "ckpt_buffers": int(ckpt_buffers),
+                "checkpoints": int(ckpts), "wal_bytes": int(float(wal)), "vacuum": vacuum, "analyze": analyze}
     except (OSError, subprocess.SubprocessError, ValueError):
-        return None, None
+        return {}
+
+
+def cpu_ticks(proc="/proc"):
+    """({process group: utime+stime clock ticks summed over its processes},
+    {busy, iowait, steal, total: the machine's ticks}) from PROC."""
+    groups = dict.fromkeys(PROCESSES, 0)
+    for pid in os.listdir(proc):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, pid, "stat"), encoding="utf-8", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.find("(") + 1:stat.rfind(")")]
+        fields = stat[stat.rfind(")") + 2:].split()
+        if name in groups and len(fields) > 12:
+            groups[name] += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    machine = {}
+    try:
+        with open(os.path.join(proc, "stat"), encoding="utf-8") as f:
+            cpu = [int(x) for x in f.readline().split()[1:]]
+        # user nice system idle iowait irq softirq steal ...
+        machine = {"total": sum(cpu[:8]), "idle": cpu[3], "iowait": cpu[4], "steal": cpu[7]}
+        machine["busy"] = machine["total"] - cpu[3] - cpu[4] - cpu[7]
+    except (OSError, ValueError, IndexError):
+        pass
+    return groups, machine
+
+
+def cpu_columns(before, after, seconds, hz):
+    """The CPU columns of a sample from two cpu_ticks() readings SECONDS apart:
+    cores used per process group, and the machine's busy/iowait/steal shares."""
+    row = {}
+    if before is None or seconds <= 0:
+        return row
+    (g0, m0), (g1, m1) = before, after
+    for name in PROCESSES:
+        row[f"cpu_{name}"] = round(max(0, g1[name] - g0[name]) / hz / seconds, 3)
+    total = m1.get("total", 0) - m0.get("total", 0)
+    for k in ("busy", "iowait", "steal"):
+        row[f"machine_{k}"] = round((m1.get(k, 0) - m0.get(k, 0)) / total, 3) if total > 0 else ""
+    return row
 
 
 def quantile(q, before, after):
@@ -134,20 +197,34 @@ def main(argv):
     else:
         print("sampler: the relay's and payments' /metrics never answered", file=sys.stderr)
     t0 = time.monotonic()
-    samples = []
+    hz = os.sysconf("SC_CLK_TCK")
+    samples, previous, ticks_before = [], {}, None
     while not stop and time.monotonic() - t0 <= args.duration:
         t = time.monotonic() - t0
-        pending, oldest = backlog(args.database_url)
-        samples.append({"t": t, "pending": pending, "oldest_s": oldest,
-                        "publish": scrape(args.relay, HISTOGRAMS["publish"]),
-                        "effect": scrape(args.payments, HISTOGRAMS["effect"])})
+        ticks = (cpu_ticks(), time.monotonic())
+        db = pg_sample(args.database_url)
+        sample = {"t": t, "unix_s": time.time(), "pending": db.get("pending"), "oldest_s": db.get("oldest_s"),
+                  "publish": scrape(args.relay, HISTOGRAMS["publish"]),
+                  "effect": scrape(args.payments, HISTOGRAMS["effect"]),
+                  "vacuum": db.get("vacuum", ""), "analyze": db.get("analyze", "")}
+        for key in ("ckpt_buffers", "checkpoints", "wal_bytes"):
+            if key in db and key in previous:
+                sample[key] = db[key] - previous[key]
+        if ticks_before is not None:
+            sample.update(cpu_columns(ticks_before[0], ticks[0], ticks[1] - ticks_before[1], hz))
+        previous, ticks_before = db or previous, ticks
+        samples.append(sample)
         time.sleep(max(0.0, args.interval - (time.monotonic() - t0 - t)))
+    columns = ["t_s", "unix_s", "pending_rows", "oldest_pending_s", "published", "effects", "ckpt_buffers",
+               "checkpoints", "wal_bytes", "vacuum", "analyze"]
+    columns += [f"cpu_{n}" for n in PROCESSES] + ["machine_busy", "machine_iowait", "machine_steal"]
     with open(args.out, "w", encoding="utf-8", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["t_s", "pending_rows", "oldest_pending_s", "published", "effects"])
+        w.writerow(columns)
         for s in samples:
-            w.writerow([round(s["t"], 1), s["pending"], s["oldest_s"],
-                        (s["publish"] or {}).get(math.inf, ""), (s["effect"] or {}).get(math.inf, "")])
+            w.writerow([round(s["t"], 1), round(s["unix_s"], 3), s["pending"], s["oldest_s"],
+                        (s["publish"] or {}).get(math.inf, ""), (s["effect"] or {}).get(math.inf, "")]
+                       + [s.get(c, "") for c in columns[6:]])
     rows = per_minute(samples)
     with open(args.minutes, "w", encoding="utf-8", newline="") as f:
         if rows:

@@ -1,5 +1,6 @@
 """Tests of the pipeline sampler's arithmetic (no services needed)."""
 import math
+import time
 import unittest
 
 import sampler
@@ -31,6 +32,25 @@ class SamplerTest(unittest.TestCase):
         # Minute 0 runs to the sample at 60 s (200 published), minute 1 from it.
         self.assertEqual(rows[0]["effect_p99_ms"], 9.9)
         self.assertEqual(rows[1]["effect_p50_ms"], 5.0)
+
+    def test_cpu_columns_from_two_readings(self):
+        before = ({n: 0 for n in sampler.PROCESSES}, {"total": 0, "busy": 0, "iowait": 0, "steal": 0})
+        groups = {n: 0 for n in sampler.PROCESSES}
+        groups["orders"], groups["postgres"] = 150, 50
+        after = (groups, {"total": 400, "busy": 300, "iowait": 20, "steal": 40})
+        row = sampler.cpu_columns(before, after, 2.0, 100)
+        self.assertEqual(row["cpu_orders"], 0.75)  # 150 ticks of 1/100 s in 2 s
+        self.assertEqual(row["cpu_postgres"], 0.25)
+        self.assertEqual((row["machine_busy"], row["machine_iowait"], row["machine_steal"]), (0.75, 0.05, 0.1))
+        self.assertEqual(sampler.cpu_columns(None, after, 2.0, 100), {})
+
+    def test_cpu_ticks_reads_this_machine(self):
+        deadline = time.process_time() + 0.05
+        while time.process_time() < deadline:  # at least 5 clock ticks of CPU
+            pass
+        groups, machine = sampler.cpu_ticks()
+        self.assertGreater(groups["python3"], 0, "this test runs in python3")
+        self.assertGreater(machine["total"], machine["busy"])
 
 
 if __name__ == "__main__":

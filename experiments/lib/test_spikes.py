@@ -1,0 +1,51 @@
+"""Tests of the spike analysis (no services needed)."""
+import unittest
+
+import spikes
+
+
+def sample(unix_s, vacuum="", busy=0.5, ckpt=0):
+    return {"unix_s": unix_s, "vacuum": [t for t in vacuum.split("+") if t], "analyze": [],
+            "machine_busy": busy, "ckpt_buffers": ckpt, "cpu_orders": 0.4, "cpu_postgres": 0.6}
+
+
+class SpikesTest(unittest.TestCase):
+    def test_seconds_under_a_condition_are_told_from_the_others(self):
+        start = 1000.0
+        # Samples every 10 s; an autovacuum of orders.outbox is seen at 1030
+        # and 1040 (so it covers the intervals (1020, 1030], (1030, 1040],
+        # (1040, 1050]); a checkpoint writes in (1060, 1070].
+        samples = [sample(start + t) for t in range(0, 100, 10)]
+        samples[3] = sample(start + 30, vacuum="orders.outbox")
+        samples[4] = sample(start + 40, vacuum="orders.outbox")
+        samples[7] = sample(start + 70, ckpt=120)
+        seconds = [{"second": str(i), "p99_ms": "40" if 22 <= i < 48 else "10"} for i in range(90)]
+        a = spikes.analyse(seconds, start, samples, 25.0, from_s=10)
+        self.assertEqual(a["seconds"], 80)
+        self.assertEqual(a["seconds_over_slo"], 26)
+        by = {c["condition"]: c for c in a["conditions"]}
+        vac = by["vacuum orders.outbox"]
+        self.assertEqual(vac["seconds"], 30)
+        self.assertAlmostEqual(vac["over_slo_share"], 26 / 30, places=3)
+        self.assertEqual(vac["over_slo_share_without"], 0.0)
+        self.assertEqual(by["checkpoint writing"]["seconds"], 10)
+        self.assertEqual(by["checkpoint writing"]["over_slo_share"], 0.0)
+        self.assertNotIn("machine CPU >= 95% busy", by)
+        # The most suspicious condition first.
+        self.assertIn(a["conditions"][0]["condition"], ("vacuum orders.outbox", "autovacuum (any table)"))
+
+    def test_cpu_means_from_the_steady_part(self):
+        start = 0.0
+        samples = [sample(t) for t in range(0, 120, 10)]
+        samples[0]["cpu_orders"] = 9.0  # start-up, before from_s
+        c = spikes.cpu(samples, start, from_s=60)
+        self.assertEqual(c["cpu_orders"], 0.4)
+        self.assertEqual(c["machine_busy"], 0.5)
+        self.assertIn("cpu_other", c)
+
+    def test_missing_files_give_none(self):
+        self.assertIsNone(spikes.from_files("/nonexistent/a.csv", "/nonexistent/b.csv", 0.0, 25.0))
+
+
+if __name__ == "__main__":
+    unittest.main()

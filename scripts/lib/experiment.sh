@@ -8,6 +8,8 @@
 #
 #   QUICK=1         quick mode (CI: each experiment in about 2 minutes once built)
 #   EXP_PROFILE     cargo profile of the binaries (release)
+#   EXP_RES_NAME    the results folder's name under results/ (the mode: quick|full),
+#                   to keep a run at other settings beside the committed one
 #   STACK_ENV_FILE  use the PostgreSQL and Kafka this file names (e.g. compose.env)
 
 # shellcheck source=scripts/lib/pipeline.sh
@@ -15,12 +17,12 @@
 
 say() { printf '\n== %s\n' "$*" >&2; }
 
-# exp_init DIR: sets MODE (quick|full), RES (DIR/results/MODE, emptied), brings
+# exp_init DIR: sets MODE (quick|full), RES (DIR/results/MODE or EXP_RES_NAME, emptied), brings
 # the stack up and builds the binaries (BIN).
 exp_init() {
   EXP_DIR=$1
   if [ "${QUICK:-0}" = 1 ]; then MODE=quick; else MODE=full; fi
-  RES=$EXP_DIR/results/$MODE
+  RES=$EXP_DIR/results/${EXP_RES_NAME:-$MODE}
   rm -rf "$RES"
   mkdir -p "$RES/logs"
   pipeline_stack

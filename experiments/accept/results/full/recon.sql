@@ -153,39 +153,39 @@ SELECT
   AS "drained!";
 
 recon: effects vs intents, order by order
-  covers: orders, charges, ledger: all; keys: since 2026-11-22T09:52:04.052+00:00; events: since 2026-11-16T09:52:04.050+00:00; events <-> inbox: since 2026-11-16T09:52:04.050+00:00
-  intents (idempotency keys)                   762522
-  distinct orders                              762522
+  covers: orders, charges, ledger: all; keys: since 2026-11-22T11:56:48.192+00:00; events: since 2026-11-16T11:56:48.205+00:00; events <-> inbox: since 2026-11-16T11:56:48.205+00:00
+  intents (idempotency keys)                   766839
+  distinct orders                              766839
   intents without order                             0
   orders without key                                0
   orders with many keys                             0
   responses naming another order                    0
-  outbox rows                                  762522
-  published rows                               762522
+  outbox rows                                  766839
+  published rows                               766839
   pending rows                                      0
   failed outbox rows                                0
   orders without event                              0
   events without order                              0
   orders with many events                           0
   event payload mismatches                          0
-  inbox msg_ids                                762522
+  inbox msg_ids                                766839
   events not consumed                               0
   inbox msg_ids without event                       0
-  distinct charges                             762522
+  distinct charges                             766839
   orders without charge                             0
   charges without order                             0
   charge mismatches                                 0
   charges by another event                          0
-  charge effects (ledger)                      762522
+  charge effects (ledger)                      766839
   double charges                                    0
   charges without effect                            0
   effects without order                             0
   effect mismatches                                 0
   dead letters                                      0
   late duplicates (dead letters)                    0
-  order amount (cents)                    38130647043
-  charge amount (cents)                   38130647043
-  effect amount (cents)                   38130647043
+  order amount (cents)                    38345188079
+  charge amount (cents)                   38345188079
+  effect amount (cents)                   38345188079
 deltas (all must be 0):
   distinct_orders - intents                         0  ok
   intents_without_order                             0  ok
@@ -216,4 +216,4 @@ deltas (all must be 0):
   failed_rows                                       0  ok
   dead_letters - late_duplicates                    0  ok
 result: CLEAN — distinct effects == distinct intents
-(the diff took 4.08 s; --jobs 2)
+(the diff took 3.54 s; --jobs 2)

@@ -12,10 +12,15 @@
 //! instead of piling up in memory or on the connection pool. A request whose
 //! client went away before a writer took it is dropped unwritten.
 //!
-//! Two requests with one key never share a batch (one statement cannot both
-//! insert and see a key): the second is deferred to the next batch, and
-//! answered as soon as a committed batch settled its key
-//! ([`settle_deferred`]).
+//! Two requests with one key are never written at once: the writers share a
+//! registry of the keys in their batches, and a request whose key is in one
+//! (this writer's or another's) is parked behind that batch. When the batch
+//! ends, its writer takes the parked requests as deferred ones: answered at
+//! once if the committed batch settled their key ([`settle_deferred`]),
+//! else written in its next batch. Within a batch this is required (one
+//! statement cannot both insert and see a key); across writers it keeps a
+//! retry from waiting in PostgreSQL on the row its original's batch has not
+//! committed yet, with its whole batch behind it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -96,6 +101,76 @@ struct Shared {
     max_batch: usize,
     metrics: Arc<OrdersMetrics>,
     queue: Mutex<mpsc::Receiver<Job>>,
+    /// The keys in the writers' batches, with the jobs parked behind them.
+    in_flight: InFlight,
+}
+
+/// The keys in the writers' batches, each with the jobs parked behind it.
+#[derive(Default)]
+struct InFlight(std::sync::Mutex<HashMap<IdempotencyKey, Vec<Job>>>);
+
+impl InFlight {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<IdempotencyKey, Vec<Job>>> {
+        // A panic elsewhere cannot leave the map half-updated: every change
+        // is one insert, push or remove.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Gives `job` back with its key now held by `held`'s batch, or parks
+    /// it behind the batch that holds its key (`None`).
+    fn hold_or_park(&self, job: Job, held: &mut Held<'_>) -> Option<Job> {
+        let mut map = self.map();
+        if let Some(parked) = map.get_mut(&job.create.key) {
+            parked.push(job);
+            return None;
+        }
+        map.insert(job.create.key.clone(), Vec::new());
+        held.keys.push(job.create.key.clone());
+        Some(job)
+    }
+}
+
+/// The keys a writer's batch holds in [`InFlight`]. Released when the batch
+/// ends ([`Held::release`]); if the writer panics instead, dropping this
+/// releases them and drops their parked jobs (their clients get
+/// [`WriteError::Dropped`]) rather than leaving them parked forever.
+struct Held<'a> {
+    in_flight: &'a InFlight,
+    keys: Vec<IdempotencyKey>,
+}
+
+impl<'a> Held<'a> {
+    fn new(in_flight: &'a InFlight) -> Self {
+        Self {
+            in_flight,
+            keys: Vec::new(),
+        }
+    }
+
+    /// Frees the keys; returns the jobs parked behind them, in arrival order
+    /// per key.
+    fn release(mut self) -> Vec<Job> {
+        let keys = std::mem::take(&mut self.keys);
+        let mut map = self.in_flight.map();
+        keys.iter()
+            .filter_map(|key| map.remove(key))
+            .flatten()
+            .collect()
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if self.keys.is_empty() {
+            return;
+        }
+        let mut map = self.in_flight.map();
+        for key in &self.keys {
+            map.remove(key);
+        }
+    }
 }
 
 /// The queue in front of the writers: the handle the front ends create
@@ -125,6 +200,7 @@ impl WriteQueue {
             max_batch: settings.max_batch.max(1),
             metrics,
             queue: Mutex::new(queue),
+            in_flight: InFlight::default(),
         });
         let handles = (0..settings.writers.max(1))
             .map(|_| tokio::spawn(writer(shared.clone())))
@@ -165,32 +241,35 @@ impl WriteQueue {
     }
 }
 
-/// A writer: take a batch of distinct keys, write it, answer every job.
+/// A writer: take a batch of keys no other batch holds, write it, answer
+/// every job.
 async fn writer(shared: Arc<Shared>) {
-    // Jobs whose key was already in the batch being built: they go first in
-    // the next batch, so they see the first one's committed row.
+    // Jobs that were parked behind a batch with their key: they go first in
+    // the next batch, so they see that batch's committed row.
     let mut deferred: VecDeque<Job> = VecDeque::new();
     loop {
         let mut batch: Vec<Job> = Vec::with_capacity(shared.max_batch);
-        let mut keys: HashSet<IdempotencyKey> = HashSet::new();
-        let mut take = |job: Job, batch: &mut Vec<Job>, deferred: &mut VecDeque<Job>| {
+        let mut held = Held::new(&shared.in_flight);
+        let mut take = |job: Job, batch: &mut Vec<Job>| {
             // Nobody waits for the answer: drop it unwritten (and free its
             // slot). Once in a batch a job is written whatever the client does.
             if job.reply.is_closed() {
                 shared.metrics.write_abandoned_total.inc();
                 return;
             }
-            // Deferring exists for the key claim only (one statement cannot
-            // both insert and see a key); without the claim, nothing waits.
-            if shared.store.no_idempotency() || keys.insert(job.create.key.clone()) {
+            // Parking exists for the key claim only; without the claim,
+            // nothing waits.
+            if shared.store.no_idempotency() {
                 batch.push(job);
-            } else {
-                deferred.push_back(job);
+                return;
+            }
+            if let Some(job) = shared.in_flight.hold_or_park(job, &mut held) {
+                batch.push(job);
             }
         };
         let carried = std::mem::take(&mut deferred);
         for job in carried {
-            take(job, &mut batch, &mut deferred);
+            take(job, &mut batch);
         }
         // An idle writer waits for work holding the queue lock; a writer that
         // already has work (deferred jobs) must not wait for that lock, or it
@@ -199,7 +278,7 @@ async fn writer(shared: Arc<Shared>) {
         let queue = if batch.is_empty() {
             let mut queue = shared.queue.lock().await;
             match queue.recv().await {
-                Some(job) => take(job, &mut batch, &mut deferred),
+                Some(job) => take(job, &mut batch),
                 None => return, // every sender dropped: shutting down
             }
             Some(queue)
@@ -209,14 +288,20 @@ async fn writer(shared: Arc<Shared>) {
         if let Some(mut queue) = queue {
             while batch.len() < shared.max_batch {
                 match queue.try_recv() {
-                    Ok(job) => take(job, &mut batch, &mut deferred),
+                    Ok(job) => take(job, &mut batch),
                     Err(_) => break,
                 }
             }
         }
+        if batch.is_empty() {
+            // Everything taken was parked behind other batches, or abandoned.
+            continue;
+        }
         shared.metrics.write_batch_size.observe(batch.len() as f64);
         let creates: Vec<&Create> = batch.iter().map(|job| &job.create).collect();
-        match shared.store.write_batch(&creates).await {
+        let written = shared.store.write_batch(&creates).await;
+        deferred.extend(held.release());
+        match written {
             Ok(claims) => {
                 settle_deferred(&mut deferred, &batch, &claims);
                 for (job, claim) in batch.into_iter().zip(claims) {
@@ -353,6 +438,54 @@ mod tests {
 
     fn answered(rx: &mut oneshot::Receiver<Result<Claim, WriteError>>) -> Option<Claim> {
         rx.try_recv().ok().map(|r| r.expect("no error"))
+    }
+
+    #[test]
+    fn a_key_in_one_batch_parks_its_other_requests_until_that_batch_ends() {
+        let in_flight = InFlight::default();
+        let mut a = Held::new(&in_flight);
+        let mut b = Held::new(&in_flight);
+        let (first, _) = job("k1", "A");
+        let (retry, _) = job("k1", "A");
+        let (same_batch, _) = job("k1", "A");
+        let (other, _) = job("k2", "B");
+        assert!(in_flight.hold_or_park(first, &mut a).is_some());
+        // Another writer's request with the key: parked, not written.
+        assert!(in_flight.hold_or_park(retry, &mut b).is_none());
+        // The holder's own duplicate: parked too (one statement cannot both
+        // insert and see a key).
+        assert!(in_flight.hold_or_park(same_batch, &mut a).is_none());
+        assert!(in_flight.hold_or_park(other, &mut b).is_some());
+        let parked = a.release();
+        let keys: Vec<&str> = parked.iter().map(|j| j.create.key.as_str()).collect();
+        assert_eq!(keys, vec!["k1", "k1"]);
+        // Released: the key can be held again; k2 is still b's.
+        let mut c = Held::new(&in_flight);
+        let (again, _) = job("k1", "A");
+        let (k2_again, _) = job("k2", "B");
+        assert!(in_flight.hold_or_park(again, &mut c).is_some());
+        assert!(in_flight.hold_or_park(k2_again, &mut c).is_none());
+        assert_eq!(b.release().len(), 1);
+    }
+
+    #[test]
+    fn a_batch_dropped_without_release_frees_its_keys_and_its_parked_jobs() {
+        let in_flight = InFlight::default();
+        let mut a = Held::new(&in_flight);
+        let (first, _) = job("k1", "A");
+        let (parked, mut parked_rx) = job("k1", "A");
+        assert!(in_flight.hold_or_park(first, &mut a).is_some());
+        let mut b = Held::new(&in_flight);
+        assert!(in_flight.hold_or_park(parked, &mut b).is_none());
+        drop(a); // the writer panicked mid-batch
+        assert!(
+            matches!(
+                parked_rx.try_recv(),
+                Err(oneshot::error::TryRecvError::Closed)
+            ),
+            "the parked job's client is answered (Dropped), not left waiting"
+        );
+        assert!(in_flight.map().is_empty());
     }
 
     #[test]

@@ -1,0 +1,24 @@
+-- The Orders write transaction as the service runs it when it coalesces 64
+-- requests (crates/orders/src/store.rs, write_batch): one BEGIN, the 64 key
+-- claims in one statement, the 64 orders in one, the 64 outbox rows in one
+-- (its statement trigger NOTIFYs once), one COMMIT. Used by
+-- scripts/bench-orders.sh as the batched ceiling: pgbench's TPS x 64 is the
+-- most orders a second this database commits in the service's batches.
+\set r1 random(0, 9223372036854775806)
+\set aid random(1, 100000)
+BEGIN;
+INSERT INTO orders.idempotency_keys (idem_key, request_hash, order_id, response_code, response_headers, response_body)
+  SELECT 'pgb-' || :r1 || '-' || g, decode(md5(:r1 || '-' || g) || md5(g || '-' || :r1), 'hex'),
+         md5('o' || :r1 || '-' || g)::uuid, 201,
+         '[["content-type","application/json"],["location","/orders/x"],["etag","\"x\""]]',
+         '\x7b226f726465725f6964223a2230313233343536372d383961622d636465662d303132332d343536373839616263646566222c22737461747573223a2263726561746564227d'
+  FROM generate_series(1, 64) AS g ORDER BY 1
+  ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key;
+INSERT INTO orders.orders (order_id, account_id, amount_cents, status)
+  SELECT md5('o' || :r1 || '-' || g)::uuid, :aid + g, 1999, 'created' FROM generate_series(1, 64) AS g;
+INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload)
+  SELECT md5('o' || :r1 || '-' || g)::uuid, md5('m' || :r1 || '-' || g)::uuid, 'order.created',
+         '\x7b226f726465725f6964223a2230313233343536372d383961622d636465662d303132332d343536373839616263646566222c226163636f756e745f6964223a34322c22616d6f756e745f63656e7473223a313939392c22737461747573223a2263726561746564227d'
+  FROM generate_series(1, 64) AS g
+  RETURNING id;
+COMMIT;

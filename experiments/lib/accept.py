@@ -18,7 +18,7 @@ import os
 import sys
 
 import spikes
-from common import (chaos_intents, chaos_report, exit_code, load_json, print_checks, read_csv,
+from common import (chaos_intents, chaos_report, exit_code, load_json, number, print_checks, read_csv,
                     recon_word, verdict, write_csv, write_json)
 
 SLO_P99_MS = 25.0
@@ -40,13 +40,6 @@ def minutes(load_rows, pipeline_rows):
             row[k] = p.get(k, "")
         out.append(row)
     return out
-
-
-def number(v):
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
 
 
 def judge(c, rows, mode, duration):

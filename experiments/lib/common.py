@@ -27,6 +27,14 @@ def read_text(path, default=None):
         return default
 
 
+def number(v):
+    """V as a float (a CSV cell, a JSON value), or None when it is empty or not a number."""
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
 def write_json(path, value):
     """VALUE as indented JSON in PATH, with a final newline."""
     with open(path, "w", encoding="utf-8") as f:

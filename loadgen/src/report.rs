@@ -494,17 +494,20 @@ fn create(path: &Path) -> anyhow::Result<File> {
     File::create(path).with_context(|| format!("create {}", path.display()))
 }
 
+/// A CSV cell in milliseconds: `value` of the histogram, empty when there is
+/// no histogram or nothing in it.
+fn ms_cell(h: Option<&Histogram<u64>>, value: impl Fn(&Histogram<u64>) -> u64) -> String {
+    h.filter(|h| !h.is_empty())
+        .map(|h| format!("{:.3}", ms(value(h))))
+        .unwrap_or_default()
+}
+
 /// The per-second CSV rows: `second,sent,ok,errors,p99_ms` (p99 empty when
 /// nothing in that second was answered).
 pub(crate) fn csv_text(seconds: &[Second]) -> String {
     let mut out = String::from("second,sent,ok,errors,p99_ms\n");
     for (i, s) in seconds.iter().enumerate() {
-        let p99 = s
-            .latency
-            .as_ref()
-            .filter(|h| !h.is_empty())
-            .map(|h| format!("{:.3}", ms(h.value_at_quantile(0.99))))
-            .unwrap_or_default();
+        let p99 = ms_cell(s.latency.as_ref(), |h| h.value_at_quantile(0.99));
         let _ = writeln!(out, "{i},{},{},{},{p99}", s.sent, s.ok, s.errors);
     }
     out
@@ -538,18 +541,8 @@ pub(crate) fn minute_csv_text(seconds: &[Second]) -> String {
                 }
             }
         }
-        let q = |p: f64| {
-            merged
-                .as_ref()
-                .filter(|h| !h.is_empty())
-                .map(|h| format!("{:.3}", ms(h.value_at_quantile(p))))
-                .unwrap_or_default()
-        };
-        let max = merged
-            .as_ref()
-            .filter(|h| !h.is_empty())
-            .map(|h| format!("{:.3}", ms(h.max())))
-            .unwrap_or_default();
+        let q = |p: f64| ms_cell(merged.as_ref(), |h| h.value_at_quantile(p));
+        let max = ms_cell(merged.as_ref(), Histogram::max);
         let rate = sent as f64 / chunk.len().max(1) as f64;
         let _ = writeln!(
             out,

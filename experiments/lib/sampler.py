@@ -107,18 +107,19 @@ def cpu_ticks(proc="/proc"):
     return groups, machine
 
 
-def cpu_columns(before, after, seconds, hz):
+def cpu_columns(before, after, seconds, hz, digits=3):
     """The CPU columns of a sample from two cpu_ticks() readings SECONDS apart:
-    cores used per process group, and the machine's busy/iowait/steal shares."""
+    cores used per process group, and the machine's busy/iowait/steal shares,
+    rounded to DIGITS decimals."""
     row = {}
     if before is None or seconds <= 0:
         return row
     (g0, m0), (g1, m1) = before, after
     for name in PROCESSES:
-        row[f"cpu_{name}"] = round(max(0, g1[name] - g0[name]) / hz / seconds, 3)
+        row[f"cpu_{name}"] = round(max(0, g1[name] - g0[name]) / hz / seconds, digits)
     total = m1.get("total", 0) - m0.get("total", 0)
     for k in ("busy", "iowait", "steal"):
-        row[f"machine_{k}"] = round((m1.get(k, 0) - m0.get(k, 0)) / total, 3) if total > 0 else ""
+        row[f"machine_{k}"] = round((m1.get(k, 0) - m0.get(k, 0)) / total, digits) if total > 0 else ""
     return row
 
 

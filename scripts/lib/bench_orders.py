@@ -1,0 +1,125 @@
+"""The verdicts of scripts/bench-orders.sh: whether a point passed, and the
+run's table, knees, ratios and summary.json.
+
+Usage: python3 scripts/lib/bench_orders.py cpu                (a CPU snapshot, JSON, to stdout)
+       python3 scripts/lib/bench_orders.py passed POINT.json  (exit 0 when the point passed)
+       python3 scripts/lib/bench_orders.py summary OUT        (the results folder OUT)
+
+Standard library only; the CPU accounting is the experiments' sampler's.
+"""
+import glob
+import json
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "experiments", "lib"))
+import sampler  # noqa: E402
+
+SLO_P99_MS = 25
+MIN_ACHIEVED = 0.95
+
+
+def errors(r):
+    """The answers of loadgen report R that were not successes, and its unfinished sends."""
+    o = r["outcomes"]
+    return o["server_errors"] + o["client_errors"] + o["connect_errors"] + o["other_status"] + r.get("unfinished", 0)
+
+
+def passed(r):
+    """A point passes: ≥ 95% of the offered sends achieved, p99 < 25 ms, no errors, none dropped."""
+    return (r["rates"]["achieved"] >= MIN_ACHIEVED * r["rates"]["offered_sends"]
+            and r["latency_ms"]["all"]["p99_ms"] < SLO_P99_MS and errors(r) == 0 and r["sends"]["dropped"] == 0)
+
+
+def cores(out, tag):
+    """Cores used per process group between the point's two CPU snapshots, and the machine's busy share."""
+    try:
+        before, after = (json.load(open(os.path.join(out, f"{tag}.cpu{i}"))) for i in (0, 1))
+    except (OSError, ValueError):
+        return {}
+    # The snapshots carry no clock: the machine's ticks over its CPUs are the wall time, in ticks.
+    wall = (after[1]["total"] - before[1]["total"]) / (os.cpu_count() or 1)
+    row = sampler.cpu_columns(before, after, wall, 1, digits=2)
+    if not row:
+        return {}
+    c = {k: row[f"cpu_{k}"] for k in ("orders", "loadgen", "postgres")}
+    c["machine_busy"] = row["machine_busy"]
+    return c
+
+
+def waits(out, tag):
+    """The share of the orders backends' non-idle samples per wait event."""
+    counts = {}
+    try:
+        for line in open(os.path.join(out, f"{tag}.waits")):
+            parts = line.strip().split("|")
+            if len(parts) == 2 and parts[1].isdigit():
+                counts[parts[0]] = counts.get(parts[0], 0) + int(parts[1])
+    except OSError:
+        return {}
+    total = sum(counts.values())
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:6]
+    return {k: round(v / total, 3) for k, v in top} if total else {}
+
+
+def summary(out):
+    def tps(name):
+        return float(re.search(r"tps = ([0-9.]+)", open(os.path.join(out, name)).read()).group(1))
+    single, batched = tps("pgbench.txt"), tps("pgbench-batch64.txt") * 64
+    rows = []
+    for path in glob.glob(os.path.join(out, "*-*.json")):
+        tag = os.path.basename(path)[:-5]
+        r = json.load(open(path))
+        rows.append({
+            "intents": round(r["rates"]["offered"]), "mode": tag.split("-")[1], "again": tag.endswith("-again"),
+            "offered_sends": round(r["rates"]["offered_sends"]), "achieved": round(r["rates"]["achieved"]),
+            "p50_ms": r["latency_ms"]["all"]["p50_ms"], "p99_ms": r["latency_ms"]["all"]["p99_ms"],
+            "errors": errors(r), "dropped": r["sends"]["dropped"], "replay_mismatches": r["replay"]["mismatches"],
+            "cores": cores(out, tag), "waits": waits(out, tag), "passed": passed(r),
+        })
+    rows.sort(key=lambda x: (x["mode"] != "unique", x["intents"], x["again"]))
+    print(f"{'intents':>8} {'mode':>8} {'sends':>7} {'achieved':>9} {'p50 ms':>8} {'p99 ms':>8} {'err':>5} {'drop':>6} "
+          f"{'pass':>5} {'orders':>7} {'loadgen':>8} {'postgres':>9} {'busy':>5}")
+    for x in rows:
+        c = x["cores"]
+        print(f"{x['intents']:>8} {x['mode']:>8} {x['offered_sends']:>7} {x['achieved']:>9} {x['p50_ms']:>8.2f} "
+              f"{x['p99_ms']:>8.2f} {x['errors']:>5} {x['dropped']:>6} {'yes' if x['passed'] else 'no':>5} "
+              f"{c.get('orders', ''):>7} {c.get('loadgen', ''):>8} {c.get('postgres', ''):>9} {c.get('machine_busy', ''):>5}")
+    print("what the orders backends wait on (share of non-idle samples, 5 a second):")
+    for x in rows:
+        print(f"{x['intents']:>8} {x['mode']:>8}  " + ", ".join(f"{k} {v}" for k, v in x["waits"].items()))
+
+    def knee(mode):
+        return max((x["achieved"] for x in rows if x["mode"] == mode and x["passed"]), default=0)
+    unique, retry = knee("unique"), knee("retry15")
+    s = {"command": "make bench-orders", "pgbench_tps": round(single),
+         "pgbench_batch64_orders_per_sec": round(batched),
+         "best_sustained_req_per_sec": unique, "best_sustained_retry15_sends_per_sec": retry,
+         "ratio": round(unique / single, 2) if single else 0,
+         "batched_ratio": round(unique / batched, 2) if batched else 0, "points": rows}
+    json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=2)
+    print(f"pgbench ceiling, one transaction per request: {single:.0f} tps")
+    print(f"pgbench ceiling, 64 requests per transaction: {batched:.0f} orders/s")
+    print(f"knee, unique keys (p99 < 25 ms, >= 95% achieved, 0 errors): {unique} req/s")
+    print(f"knee, 15% retries: {retry} sends/s")
+    print(f"results: {out}/summary.json")
+    print(f"ratio: {unique / single:.2f}" if single else "ratio: 0.00")
+    print(f"batched ratio: {unique / batched:.2f}" if batched else "batched ratio: 0.00")
+
+
+def main(argv):
+    if argv[:1] == ["cpu"]:
+        print(json.dumps(sampler.cpu_ticks()))
+        return 0
+    if argv[:1] == ["passed"] and len(argv) == 2:
+        return 0 if passed(json.load(open(argv[1]))) else 1
+    if argv[:1] == ["summary"] and len(argv) == 2:
+        summary(argv[1])
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

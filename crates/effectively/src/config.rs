@@ -57,6 +57,10 @@ pub struct SessionLimits {
     /// generic plan after five executions, and a generic plan made while the
     /// table was empty stays in use until the next ANALYZE (FINDINGS §16).
     pub custom_plans: bool,
+    /// The outbox trigger's `NOTIFY` is off for this session's inserts
+    /// ([`crate::outbox::NOTIFY_SETTING`]): the service wakes the relay
+    /// itself, outside its write transactions ([`crate::outbox::Notifier`]).
+    pub defer_outbox_notify: bool,
 }
 
 impl DbArgs {
@@ -82,6 +86,7 @@ impl DbArgs {
                 .db_idle_in_transaction_timeout_ms
                 .map_or(defaults.idle_in_transaction_timeout, Duration::from_millis),
             custom_plans: defaults.custom_plans,
+            defer_outbox_notify: defaults.defer_outbox_notify,
         }
     }
 

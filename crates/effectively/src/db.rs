@@ -67,8 +67,9 @@ impl ServiceRole {
 /// for), `statement_timeout` and `idle_in_transaction_session_timeout` from
 /// `args` or the service's `defaults`, and TCP keepalives (30 s idle, 10 s
 /// interval, 3 probes) so the server notices a client that vanished; and,
-/// when the service asks for it, a custom plan for every statement
-/// ([`SessionLimits::custom_plans`]).
+/// when the service asks for them, a custom plan for every statement
+/// ([`SessionLimits::custom_plans`]) and the outbox trigger's `NOTIFY` off
+/// ([`SessionLimits::defer_outbox_notify`]).
 pub async fn connect(args: &DbArgs, defaults: SessionLimits) -> anyhow::Result<PgPool> {
     let base = PgConnectOptions::from_str(&args.database_url).context("parse DATABASE_URL")?;
     if args.db_migrate {
@@ -96,6 +97,9 @@ pub async fn connect(args: &DbArgs, defaults: SessionLimits) -> anyhow::Result<P
     ]);
     if limits.custom_plans {
         options = options.options([("plan_cache_mode", "force_custom_plan")]);
+    }
+    if limits.defer_outbox_notify {
+        options = options.options([(crate::outbox::NOTIFY_SETTING, "off")]);
     }
     PgPoolOptions::new()
         .max_connections(args.db_max_connections)

@@ -1,10 +1,12 @@
 //! Idempotency keys for the synchronous edge.
 //!
 //! A client sends a key with each request; the first request with that key
-//! claims it (an `INSERT … ON CONFLICT DO NOTHING` inside the caller's
-//! transaction, together with the response it will get). Every later request
-//! with the same key and the same request gets that stored response back,
-//! verbatim; the same key with a different request is a [`Claim::Mismatch`].
+//! claims it: an `INSERT … ON CONFLICT DO NOTHING` of the key's row, with the
+//! response it will get, in the same statement or transaction as the work
+//! (Orders' write statement, `crates/orders/src/store.rs`). Every later
+//! request with the same key and the same request gets that stored response
+//! back, verbatim ([`StoredKey::into_claim`]); the same key with a different
+//! request is a [`Claim::Mismatch`].
 //!
 //! Concurrent requests with one key serialize in the database: the second
 //! `INSERT` waits on the first transaction's row lock, then sees the committed
@@ -13,7 +15,7 @@
 //!
 //! That is [`ClaimStrategy::OnConflict`], the default. Experiment 7 compares
 //! it with [`ClaimStrategy::AdvisoryLock`]: a transaction-scoped advisory lock
-//! on each key's hash first, then read the key, then insert it if absent.
+//! on each key's hash first ([`lock_keys`]), then the same claim.
 
 use sqlx::PgConnection;
 use sqlx::types::Json;
@@ -131,29 +133,18 @@ pub enum Claim {
     Mismatch,
 }
 
-/// Errors from the idempotency store.
-#[derive(Debug, thiserror::Error)]
-pub enum IdempotencyError {
-    /// The database failed.
-    #[error("idempotency store: {0}")]
-    Db(#[from] sqlx::Error),
-    /// The key's row kept vanishing between the conflicting insert and the read
-    /// (only possible if rows are deleted concurrently, e.g. by expiry).
-    #[error("idempotency key {0:?} conflicted but its row could not be read")]
-    Vanished(String),
-}
-
 /// How a batch's keys are claimed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum ClaimStrategy {
-    /// `INSERT … ON CONFLICT DO NOTHING` first; the keys it did not insert
-    /// are read. A key whose first request is still in flight makes the
-    /// insert wait on that transaction's row lock; a committed key is a read.
+    /// `INSERT … ON CONFLICT DO NOTHING`; the keys it did not insert are
+    /// read. A key whose first request is still in flight makes the insert
+    /// wait on that transaction's row lock; a committed key is a read.
     #[default]
     OnConflict,
     /// `pg_advisory_xact_lock` on each key's hash first (in hash order, so
-    /// two batches cannot deadlock), then read the keys, then insert those
-    /// absent. Every request of a key waits for the lock, replays included.
+    /// two batches cannot deadlock), then the same claim, which then never
+    /// waits on a row. Every request of a key waits for the lock, replays
+    /// included.
     AdvisoryLock,
 }
 
@@ -164,207 +155,43 @@ pub enum ClaimStrategy {
 /// hashes collide share a lock: they serialize, nothing else.
 pub const ADVISORY_LOCK_CLASS: i32 = 0x0e11;
 
-/// The key table `orders.idempotency_keys` (columns in
-/// `migrations/*_orders.sql`): claims keys inside the caller's transaction.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct IdempotencyStore {
-    strategy: ClaimStrategy,
-}
-
-/// Inserts the keys not taken yet, in the order given (the caller sorts them),
-/// and returns those it inserted.
-/// One key to claim in a batch: see [`IdempotencyStore::claim_batch`].
-#[derive(Debug, Clone, Copy)]
-pub struct NewKey<'a> {
-    /// The key.
-    pub key: &'a IdempotencyKey,
-    /// Its request's fingerprint.
-    pub fingerprint: &'a Fingerprint,
-    /// The resource the request creates if the key is new.
-    pub order_id: Uuid,
-    /// The response it answers if the key is new.
-    pub response: &'a StoredResponse,
-}
-
-impl IdempotencyStore {
-    /// A store claiming keys by `strategy`.
-    pub fn new(strategy: ClaimStrategy) -> Self {
-        Self { strategy }
-    }
-
-    /// How it claims keys.
-    pub fn strategy(&self) -> ClaimStrategy {
-        self.strategy
-    }
-
-    /// Claims many distinct keys in one statement (plus one read for those
-    /// already taken), inside the caller's transaction, each for its
-    /// request's fingerprint and storing the response the caller is about to
-    /// give; one [`Claim`] per item, in order.
-    ///
-    /// Must run inside a transaction that also does the work: the key rows
-    /// and the effects commit or roll back together, so a failed request
-    /// leaves no key behind and its retry can succeed.
-    ///
-    /// Rows are inserted in key order, so two batches that share keys lock
-    /// them in the same order and cannot deadlock.
-    ///
-    /// # Panics
-    /// In debug builds, if two items carry the same key (the caller
-    /// coalesces duplicates: one statement cannot both insert and see a key).
-    pub async fn claim_batch(
-        &self,
-        conn: &mut PgConnection,
-        items: &[NewKey<'_>],
-    ) -> Result<Vec<Claim>, IdempotencyError> {
-        let mut order: Vec<usize> = (0..items.len()).collect();
-        order.sort_by(|a, b| items[*a].key.as_str().cmp(items[*b].key.as_str()));
-        debug_assert!(
-            order.windows(2).all(|w| items[w[0]].key != items[w[1]].key),
-            "duplicate keys in a batch"
-        );
-        let mut claims: Vec<Option<Claim>> = vec![None; items.len()];
-        let mut pending = order;
-        if self.strategy == ClaimStrategy::AdvisoryLock {
-            let keys: Vec<&str> = pending.iter().map(|i| items[*i].key.as_str()).collect();
-            // Locks in hash order (the aggregate takes its input sorted), so
-            // two batches sharing keys wait for each other in one order.
-            sqlx::query!(
-                "SELECT count(pg_advisory_xact_lock($1::int4, h)) FROM                    (SELECT DISTINCT hashtext(k) AS h FROM unnest($2::text[]) AS k ORDER BY h) AS s",
-                ADVISORY_LOCK_CLASS,
-                &keys as &[&str],
-            )
-            .fetch_one(&mut *conn)
-            .await?;
-            // READ COMMITTED: this statement's snapshot is taken after the
-            // locks are held, so it sees every key committed under them.
-            let mut rows = read_rows(conn, &keys).await?;
-            pending.retain(|i| match rows.remove(items[*i].key.as_str()) {
-                Some(row) => {
-                    claims[*i] = Some(row.into_claim(items[*i].fingerprint));
-                    false
-                }
-                None => true,
-            });
-        }
-        for _ in 0..2 {
-            if pending.is_empty() {
-                break;
-            }
-            let mut headers = Vec::with_capacity(pending.len());
-            for i in &pending {
-                headers.push(
-                    serde_json::to_string(&items[*i].response.headers)
-                        .map_err(|e| IdempotencyError::Db(sqlx::Error::Encode(Box::new(e))))?,
-                );
-            }
-            let keys: Vec<&str> = pending.iter().map(|i| items[*i].key.as_str()).collect();
-            let hashes: Vec<&[u8]> = pending
-                .iter()
-                .map(|i| items[*i].fingerprint.as_bytes().as_slice())
-                .collect();
-            let order_ids: Vec<Uuid> = pending.iter().map(|i| items[*i].order_id).collect();
-            let codes: Vec<i32> = pending
-                .iter()
-                .map(|i| i32::from(items[*i].response.status))
-                .collect();
-            let bodies: Vec<&[u8]> = pending
-                .iter()
-                .map(|i| items[*i].response.body.as_slice())
-                .collect();
-            // The `as` casts name the element types the arrays are bound as
-            // (the macro would otherwise ask for owned `String`s and `Vec<u8>`s).
-            let inserted: Vec<String> = sqlx::query_scalar!(
-                "INSERT INTO orders.idempotency_keys \
-                   (idem_key, request_hash, order_id, response_code, response_headers, response_body) \
-                 SELECT k, h, o, c, hd::jsonb, b \
-                 FROM unnest($1::text[], $2::bytea[], $3::uuid[], $4::int4[], $5::text[], $6::bytea[]) \
-                   AS u(k, h, o, c, hd, b) \
-                 ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key",
-                &keys as &[&str],
-                &hashes as &[&[u8]],
-                &order_ids,
-                &codes,
-                &headers,
-                &bodies as &[&[u8]],
-            )
-            .fetch_all(&mut *conn)
-            .await?;
-            let inserted: std::collections::HashSet<String> = inserted.into_iter().collect();
-            let mut taken = Vec::new();
-            for i in pending.drain(..) {
-                if inserted.contains(items[i].key.as_str()) {
-                    claims[i] = Some(Claim::New);
-                } else {
-                    taken.push(i);
-                }
-            }
-            if taken.is_empty() {
-                break;
-            }
-            // READ COMMITTED: a fresh snapshot sees rows committed while our
-            // insert waited on them.
-            let taken_keys: Vec<&str> = taken.iter().map(|i| items[*i].key.as_str()).collect();
-            let mut rows = read_rows(conn, &taken_keys).await?;
-            for i in taken {
-                match rows.remove(items[i].key.as_str()) {
-                    Some(row) => claims[i] = Some(row.into_claim(items[i].fingerprint)),
-                    None => pending.push(i), // vanished meanwhile: try to take it
-                }
-            }
-        }
-        if let Some(i) = pending.first() {
-            return Err(IdempotencyError::Vanished(
-                items[*i].key.as_str().to_owned(),
-            ));
-        }
-        Ok(claims
-            .into_iter()
-            .map(|c| c.unwrap_or(Claim::Mismatch))
-            .collect())
-    }
-}
-
-/// The stored rows of `keys`, by key.
-async fn read_rows(
-    conn: &mut PgConnection,
-    keys: &[&str],
-) -> Result<std::collections::HashMap<String, StoredRow>, sqlx::Error> {
-    let rows = sqlx::query!(
-        r#"SELECT idem_key, request_hash, order_id, response_code,
-                  response_headers AS "response_headers: Json<Vec<(String, String)>>",
-                  response_body
-           FROM orders.idempotency_keys WHERE idem_key = ANY($1)"#,
+/// Takes the advisory locks of `keys` ([`ClaimStrategy::AdvisoryLock`]) for
+/// the rest of the caller's transaction, in hash order (the aggregate takes its
+/// input sorted), so two batches sharing keys wait for each other in one order.
+/// In READ COMMITTED, the caller's next statement takes its snapshot after the
+/// locks are held, so it sees every key committed under them.
+pub async fn lock_keys(conn: &mut PgConnection, keys: &[&str]) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "SELECT count(pg_advisory_xact_lock($1::int4, h)) FROM \
+           (SELECT DISTINCT hashtext(k) AS h FROM unnest($2::text[]) AS k ORDER BY h) AS s",
+        ADVISORY_LOCK_CLASS,
         keys as &[&str],
     )
-    .fetch_all(&mut *conn)
+    .fetch_one(conn)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| {
-            let row = StoredRow {
-                request_hash: r.request_hash,
-                order_id: r.order_id,
-                response_code: r.response_code,
-                response_headers: r.response_headers,
-                response_body: r.response_body,
-            };
-            (r.idem_key, row)
-        })
-        .collect())
+    Ok(())
 }
 
-/// A key's stored row.
-struct StoredRow {
-    request_hash: Vec<u8>,
-    order_id: Uuid,
-    response_code: i32,
-    response_headers: Json<Vec<(String, String)>>,
-    response_body: Vec<u8>,
+/// A key's row in `orders.idempotency_keys` (columns in
+/// `migrations/*_orders.sql`), as a later request with that key finds it.
+#[derive(Debug, Clone)]
+pub struct StoredKey {
+    /// The first request's fingerprint.
+    pub request_hash: Vec<u8>,
+    /// The resource the first request created.
+    pub order_id: Uuid,
+    /// The first request's response status.
+    pub response_code: i32,
+    /// Its headers, in order.
+    pub response_headers: Json<Vec<(String, String)>>,
+    /// Its body.
+    pub response_body: Vec<u8>,
 }
 
-impl StoredRow {
-    fn into_claim(self, fingerprint: &Fingerprint) -> Claim {
+impl StoredKey {
+    /// What a request with `fingerprint` gets: the stored response if it is
+    /// the first request again, [`Claim::Mismatch`] if it is another one.
+    pub fn into_claim(self, fingerprint: &Fingerprint) -> Claim {
         if self.request_hash.as_slice() != fingerprint.as_bytes().as_slice() {
             return Claim::Mismatch;
         }

@@ -26,6 +26,7 @@ use clap::Parser;
 use effectively::config::DbArgs;
 use effectively::crash::{CrashArgs, Crasher};
 use effectively::idempotency::ClaimStrategy;
+use effectively::outbox::Notifier;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
@@ -37,6 +38,9 @@ pub const SESSION_LIMITS: effectively::config::SessionLimits = effectively::conf
     statement_timeout: Duration::from_secs(10),
     idle_in_transaction_timeout: Duration::from_secs(10),
     custom_plans: false,
+    // Four writers commit outbox rows back to back; a NOTIFY in each commit
+    // would make them commit one at a time (effectively::outbox).
+    defer_outbox_notify: true,
 };
 
 use crate::api::OrdersApi;
@@ -96,13 +100,13 @@ pub struct Config {
     #[arg(long, env = "ORDERS_WRITE_QUEUE", default_value_t = 4096)]
     pub write_queue: usize,
 
-    /// How the write transaction claims idempotency keys. `on-conflict`:
-    /// INSERT … ON CONFLICT DO NOTHING, then read the keys it did not insert
-    /// (a committed key is a plain read; a key whose first request is in
-    /// flight waits for it). `advisory-lock`: a transaction-scoped advisory
-    /// lock on each key's hash, then read, then insert the absent ones (every
-    /// request of a key waits for the lock, replays too). Experiment 7
-    /// compares them.
+    /// How the write claims idempotency keys. `on-conflict`: one statement
+    /// inserts the keys not taken yet with INSERT … ON CONFLICT DO NOTHING,
+    /// the orders and outbox rows of those, and reads the others (a
+    /// committed key is a plain read; a key whose first request is in flight
+    /// waits for it). `advisory-lock`: a transaction takes an advisory lock
+    /// on each key's hash, then runs the same statement (every request of a
+    /// key waits for the lock, replays too). Experiment 7 compares them.
     #[arg(long, env = "ORDERS_CLAIM_STRATEGY", value_enum, default_value_t = ClaimStrategy::OnConflict)]
     pub claim_strategy: ClaimStrategy,
 
@@ -145,6 +149,10 @@ pub async fn run(
     }
     let pool = effectively::db::connect(&config.db, SESSION_LIMITS).await?;
     let metrics = Arc::new(OrdersMetrics::new().context("register metrics")?);
+    // Its own token: it sends the wake-up of the writers' last batches after
+    // they finish, then stops.
+    let notify_cancel = CancellationToken::new();
+    let (notifier, notify_task) = Notifier::start(pool.clone(), notify_cancel.clone());
     let store = Arc::new(
         Store::new(
             pool.clone(),
@@ -152,7 +160,8 @@ pub async fn run(
             config.no_idempotency,
             Crasher::new(config.crash.clone()),
         )
-        .with_claim_strategy(config.claim_strategy),
+        .with_claim_strategy(config.claim_strategy)
+        .with_notifier(notifier),
     );
     let settings = WriterSettings {
         writers: config.writers,
@@ -236,6 +245,8 @@ pub async fn run(
     if drained.is_err() {
         tracing::warn!("in-flight requests did not finish within the shutdown timeout");
     }
+    notify_cancel.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(1), notify_task).await;
     expiry.abort();
     let _ = expiry.await;
     pool.close().await;

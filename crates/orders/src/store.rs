@@ -1,26 +1,26 @@
-//! The Orders tables: THE write transaction (idempotency key, order and
-//! outbox row) and the reads.
+//! The Orders tables: THE write (idempotency key, order and outbox row) and
+//! the reads.
 //!
 //! This is one of the two places where correctness lives (the other is the
-//! Payments inbox). One `begin`, one `commit` ([`Store::write_batch`]): the
-//! keys, the orders and the events commit together or not at all. So
+//! Payments inbox). One statement, so one transaction ([`Store::write_batch`]):
+//! the keys, the orders and the events commit together or not at all. So
 //! * a committed order always has its event in the outbox (no lost publish:
 //!   nothing is published here, the relay reads the outbox after commit);
 //! * a failed request leaves no key behind, and its retry can succeed;
 //! * a retry finds the key and gets the first response, with nothing written.
 //!
-//! The transaction takes a batch of requests with distinct keys; putting
+//! The statement takes a batch of requests with distinct keys; putting
 //! concurrent requests into batches is the writer's job (`writer.rs`).
 
 use chrono::{DateTime, Utc};
 use effectively::contract::CrashPoint;
 use effectively::crash::Crasher;
 use effectively::idempotency::{
-    Claim, ClaimStrategy, Fingerprint, IdempotencyError, IdempotencyKey, IdempotencyStore, NewKey,
-    StoredResponse,
+    self, Claim, ClaimStrategy, Fingerprint, IdempotencyKey, StoredKey, StoredResponse,
 };
-use effectively::outbox::Outbox;
+use effectively::outbox::Notifier;
 use serde::Serialize;
+use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -32,7 +32,8 @@ pub enum InjectFault {
     /// No fault.
     #[default]
     None,
-    /// Fail after the order insert, before the outbox insert and the commit.
+    /// Fail after the write statement (key claims, orders and outbox rows),
+    /// before the commit.
     AfterOrderInsert,
 }
 
@@ -58,9 +59,10 @@ pub enum StoreError {
     /// A statement or the connection failed.
     #[error("database: {0}")]
     Db(#[from] sqlx::Error),
-    /// The idempotency-key claim failed.
-    #[error(transparent)]
-    Claim(#[from] IdempotencyError),
+    /// A key conflicted, but its row was gone when read, on every attempt
+    /// (only possible if rows are deleted concurrently, e.g. by expiry).
+    #[error("idempotency key {0:?} conflicted but its row could not be read")]
+    Vanished(String),
     /// An event payload could not be encoded.
     #[error("encode an order.created payload: {0}")]
     Encode(#[from] serde_json::Error),
@@ -122,15 +124,13 @@ impl StoreError {
             return WriteErrorKind::Unavailable;
         }
         match self {
-            Self::Db(error) | Self::Claim(IdempotencyError::Db(error)) => {
-                match error.as_database_error().and_then(|e| e.code()).as_deref() {
-                    Some("40P01") => WriteErrorKind::Deadlock,
-                    Some("40001") => WriteErrorKind::Serialization,
-                    Some("55P03") => WriteErrorKind::LockTimeout,
-                    Some("57014") => WriteErrorKind::StatementTimeout,
-                    _ => WriteErrorKind::Db,
-                }
-            }
+            Self::Db(error) => match error.as_database_error().and_then(|e| e.code()).as_deref() {
+                Some("40P01") => WriteErrorKind::Deadlock,
+                Some("40001") => WriteErrorKind::Serialization,
+                Some("55P03") => WriteErrorKind::LockTimeout,
+                Some("57014") => WriteErrorKind::StatementTimeout,
+                _ => WriteErrorKind::Db,
+            },
             _ => WriteErrorKind::Other,
         }
     }
@@ -139,9 +139,7 @@ impl StoreError {
     /// ([`effectively::db::is_unavailable`]): retrying later is the answer.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            Self::Db(error) | Self::Claim(IdempotencyError::Db(error)) => {
-                effectively::db::is_unavailable(error)
-            }
+            Self::Db(error) => effectively::db::is_unavailable(error),
             _ => false,
         }
     }
@@ -165,11 +163,11 @@ pub struct Create {
 #[derive(Debug)]
 pub struct Store {
     pool: PgPool,
-    keys: IdempotencyStore,
-    outbox: Outbox,
+    strategy: ClaimStrategy,
     fault: InjectFault,
     no_idempotency: bool,
     crasher: Crasher,
+    notifier: Option<Notifier>,
 }
 
 impl Store {
@@ -198,8 +196,8 @@ impl Store {
     pub fn new(pool: PgPool, fault: InjectFault, no_idempotency: bool, crasher: Crasher) -> Self {
         Self {
             pool,
-            keys: IdempotencyStore::default(),
-            outbox: Outbox,
+            strategy: ClaimStrategy::default(),
+            notifier: None,
             fault,
             no_idempotency,
             crasher,
@@ -209,7 +207,15 @@ impl Store {
     /// Claims keys by `strategy` (`orders --claim-strategy`; the default is
     /// [`ClaimStrategy::OnConflict`]).
     pub fn with_claim_strategy(mut self, strategy: ClaimStrategy) -> Self {
-        self.keys = IdempotencyStore::new(strategy);
+        self.strategy = strategy;
+        self
+    }
+
+    /// Wakes the relay through `notifier` after each write that committed
+    /// outbox rows (the pool's sessions have the trigger's NOTIFY off:
+    /// `SessionLimits::defer_outbox_notify`).
+    pub fn with_notifier(mut self, notifier: Notifier) -> Self {
+        self.notifier = Some(notifier);
         self
     }
 
@@ -218,58 +224,83 @@ impl Store {
         self.no_idempotency
     }
 
-    /// THE transaction: claim every key, insert the orders and the outbox
-    /// events of the new ones, commit. Keys must be distinct within a batch
-    /// (one statement cannot both insert and see a key). One [`Claim`] per
-    /// request, in order.
+    /// THE write: claim every key, insert the orders and the outbox events
+    /// of the new ones, commit, in one statement ([`write_statement`]). Keys
+    /// must be distinct within a batch (one statement cannot both insert and
+    /// see a key). One [`Claim`] per request, in order.
     ///
-    /// The claim inserts the batch's key rows in key order, so two
-    /// overlapping batches wait for each other's key rows in one order and
-    /// cannot deadlock.
+    /// One statement is one transaction and one round trip to PostgreSQL:
+    /// the session is never idle inside a transaction, waiting for the
+    /// service's next statement. With [`ClaimStrategy::AdvisoryLock`] the
+    /// statement runs in a transaction after the keys' locks; with an
+    /// injected fault, in a transaction that fails before its commit.
+    ///
+    /// A key that conflicted with a row committed after the statement's
+    /// snapshot is neither claimed nor read; it goes into another statement,
+    /// whose snapshot sees the row (up to [`ATTEMPTS`] in all).
     ///
     /// With `no_idempotency` (the unsafe measurement baseline) the claim is
-    /// skipped and every request counts as new: the rest of the transaction is
-    /// the same code, so the two modes differ by exactly the idempotency check.
+    /// skipped and every request counts as new: the rest of the statement is
+    /// the same, so the two modes differ by exactly the idempotency check.
     pub async fn write_batch(&self, batch: &[&Create]) -> Result<Vec<Claim>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let claims = if self.no_idempotency {
-            vec![Claim::New; batch.len()]
+        let locked = self.strategy == ClaimStrategy::AdvisoryLock && !self.no_idempotency;
+        let claims = if locked || self.fault != InjectFault::None {
+            let mut tx = self.pool.begin().await?;
+            if locked {
+                let keys: Vec<&str> = batch.iter().map(|c| c.key.as_str()).collect();
+                idempotency::lock_keys(&mut tx, &keys).await?;
+            }
+            let claims = self.write(&mut tx, batch).await?;
+            if self.fault == InjectFault::AfterOrderInsert {
+                return Err(StoreError::Injected);
+            }
+            tx.commit().await?;
+            claims
         } else {
-            let items: Vec<NewKey<'_>> = batch
-                .iter()
-                .map(|c| NewKey {
-                    key: &c.key,
-                    fingerprint: &c.fingerprint,
-                    order_id: c.order.order_id(),
-                    response: &c.response,
+            let mut conn = self.pool.acquire().await?;
+            self.write(&mut conn, batch).await?
+        };
+        if claims.contains(&Claim::New) {
+            if let Some(notifier) = &self.notifier {
+                notifier.wake();
+            }
+            // Committed, nobody answered yet: a crash here leaves orders whose
+            // clients saw an error. Their retries must get the stored responses.
+            self.crasher.point(CrashPoint::Commit);
+        }
+        Ok(claims)
+    }
+
+    /// Runs [`write_statement`] until every request of `batch` has its claim.
+    async fn write(
+        &self,
+        conn: &mut PgConnection,
+        batch: &[&Create],
+    ) -> Result<Vec<Claim>, StoreError> {
+        let mut claims: Vec<Option<Claim>> = vec![None; batch.len()];
+        let mut pending: Vec<usize> = (0..batch.len()).collect();
+        for _ in 0..ATTEMPTS {
+            if pending.is_empty() {
+                break;
+            }
+            let creates: Vec<&Create> = pending.iter().map(|i| batch[*i]).collect();
+            let found = write_statement(conn, &creates, self.no_idempotency).await?;
+            pending = pending
+                .into_iter()
+                .zip(found)
+                .filter_map(|(i, found)| match found {
+                    Some(claim) => {
+                        claims[i] = Some(claim);
+                        None
+                    }
+                    None => Some(i),
                 })
                 .collect();
-            self.keys.claim_batch(&mut tx, &items).await?
-        };
-        let new: Vec<&NewOrder> = batch
-            .iter()
-            .zip(&claims)
-            .filter(|(_, claim)| **claim == Claim::New)
-            .map(|(create, _)| &create.order)
-            .collect();
-        if new.is_empty() {
-            // Only replays and mismatches: nothing written, nothing to commit.
-            return Ok(claims);
         }
-        insert_orders(&mut tx, &new).await?;
-        if self.fault == InjectFault::AfterOrderInsert {
-            return Err(StoreError::Injected);
+        match pending.first() {
+            Some(i) => Err(StoreError::Vanished(batch[*i].key.as_str().to_owned())),
+            None => Ok(claims.into_iter().flatten().collect()),
         }
-        let events = new
-            .iter()
-            .map(|order| order.created_event())
-            .collect::<Result<Vec<_>, _>>()?;
-        self.outbox.enqueue_batch(&mut tx, &events).await?;
-        tx.commit().await?;
-        // Committed, nobody answered yet: a crash here leaves orders whose
-        // clients saw an error. Their retries must get the stored responses.
-        self.crasher.point(CrashPoint::Commit);
-        Ok(claims)
     }
 
     /// Reads one order.
@@ -285,19 +316,130 @@ impl Store {
     }
 }
 
-async fn insert_orders(conn: &mut PgConnection, orders: &[&NewOrder]) -> Result<(), sqlx::Error> {
-    let ids: Vec<Uuid> = orders.iter().map(|o| o.order_id()).collect();
-    let accounts: Vec<i64> = orders.iter().map(|o| o.account_id()).collect();
-    let amounts: Vec<i64> = orders.iter().map(|o| o.amount_cents()).collect();
-    sqlx::query!(
-        "INSERT INTO orders.orders (order_id, account_id, amount_cents, status) \
-         SELECT o, a, m, $4 FROM unnest($1::uuid[], $2::int8[], $3::int8[]) AS u(o, a, m)",
-        &ids,
+/// How many statements [`Store::write_batch`] runs at most for one batch.
+const ATTEMPTS: usize = 3;
+
+/// The write statement: in one statement, insert the key rows not taken yet
+/// (in key order, so two overlapping batches wait for each other's rows in
+/// one order and cannot deadlock), then the orders and the outbox events of
+/// exactly the keys it inserted; read the rows of the keys it did not. One
+/// answer per create, in order: `Some(New)` (claimed and written),
+/// `Some(Replay | Mismatch)` (taken before; nothing written), or `None`: the
+/// key conflicted with a row committed after this statement's snapshot, so
+/// its row was not visible here; a later statement reads it.
+///
+/// Every sub-statement sees the same snapshot, so the read of taken keys does
+/// not see the rows this statement inserts. The outbox rows go in request
+/// order, so their ids (the publish order) follow it.
+///
+/// The read is a `LATERAL … LIMIT 1` per key, which PostgreSQL cannot turn
+/// into a join: its plan is an index lookup per key whatever the table's
+/// statistics. A plain `LEFT JOIN` got a generic plan, made after five
+/// executions on a near-empty table, that hashed the batch and scanned the
+/// whole key table for every batch (FINDINGS §17).
+async fn write_statement(
+    conn: &mut PgConnection,
+    batch: &[&Create],
+    no_idempotency: bool,
+) -> Result<Vec<Option<Claim>>, StoreError> {
+    let mut keys = Vec::with_capacity(batch.len());
+    let mut hashes = Vec::with_capacity(batch.len());
+    let mut order_ids = Vec::with_capacity(batch.len());
+    let mut codes = Vec::with_capacity(batch.len());
+    let mut headers = Vec::with_capacity(batch.len());
+    let mut bodies = Vec::with_capacity(batch.len());
+    let mut accounts = Vec::with_capacity(batch.len());
+    let mut amounts = Vec::with_capacity(batch.len());
+    let mut msg_ids = Vec::with_capacity(batch.len());
+    let mut types = Vec::with_capacity(batch.len());
+    let mut payloads = Vec::with_capacity(batch.len());
+    for create in batch {
+        let event = create.order.created_event()?;
+        keys.push(create.key.as_str());
+        hashes.push(create.fingerprint.as_bytes().as_slice());
+        order_ids.push(create.order.order_id());
+        codes.push(i32::from(create.response.status));
+        headers.push(serde_json::to_string(&create.response.headers)?);
+        bodies.push(create.response.body.as_slice());
+        accounts.push(create.order.account_id());
+        amounts.push(create.order.amount_cents());
+        msg_ids.push(event.msg_id);
+        types.push(event.event_type);
+        payloads.push(event.payload);
+    }
+    // The `as` casts name the element types the arrays are bound as (the
+    // macro would otherwise ask for owned `String`s and `Vec<u8>`s).
+    let rows = sqlx::query!(
+        r#"WITH input AS (
+               SELECT * FROM unnest($1::text[], $2::bytea[], $3::uuid[], $4::int4[], $5::text[],
+                                    $6::bytea[], $7::int8[], $8::int8[], $9::uuid[], $10::text[],
+                                    $11::bytea[])
+                   WITH ORDINALITY AS u(k, h, o, c, hd, b, a, m, msg, typ, p, n)
+           ), claimed AS (
+               INSERT INTO orders.idempotency_keys
+                   (idem_key, request_hash, order_id, response_code, response_headers, response_body)
+               SELECT k, h, o, c, hd::jsonb, b FROM input WHERE NOT $12 ORDER BY k
+               ON CONFLICT (idem_key) DO NOTHING
+               RETURNING idem_key
+           ), fresh AS (
+               SELECT * FROM input WHERE $12 OR k IN (SELECT idem_key FROM claimed)
+           ), placed AS (
+               INSERT INTO orders.orders (order_id, account_id, amount_cents, status)
+               SELECT o, a, m, $13 FROM fresh
+           ), queued AS (
+               INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload)
+               SELECT o, msg, typ, p FROM fresh ORDER BY n
+           )
+           SELECT i.n AS "n!", i.n IN (SELECT n FROM fresh) AS "new!",
+                  s.request_hash AS "request_hash?", s.order_id AS "order_id?",
+                  s.response_code AS "response_code?",
+                  s.response_headers AS "response_headers?: Json<Vec<(String, String)>>",
+                  s.response_body AS "response_body?"
+           FROM input AS i
+           LEFT JOIN LATERAL (
+               SELECT * FROM orders.idempotency_keys AS t
+               WHERE NOT $12 AND i.k NOT IN (SELECT idem_key FROM claimed) AND t.idem_key = i.k
+               LIMIT 1
+           ) AS s ON true
+           ORDER BY i.n"#,
+        &keys as &[&str],
+        &hashes as &[&[u8]],
+        &order_ids,
+        &codes,
+        &headers,
+        &bodies as &[&[u8]],
         &accounts,
         &amounts,
-        ORDER_STATUS_CREATED
+        &msg_ids,
+        &types,
+        &payloads,
+        no_idempotency,
+        ORDER_STATUS_CREATED,
     )
-    .execute(conn)
+    .fetch_all(&mut *conn)
     .await?;
-    Ok(())
+    if rows.len() != batch.len() {
+        return Err(StoreError::Db(sqlx::Error::Protocol(format!(
+            "the write statement answered {} rows for {} requests",
+            rows.len(),
+            batch.len()
+        ))));
+    }
+    Ok(rows
+        .into_iter()
+        .zip(batch)
+        .map(|(row, create)| {
+            if row.new {
+                return Some(Claim::New);
+            }
+            let stored = StoredKey {
+                request_hash: row.request_hash?,
+                order_id: row.order_id?,
+                response_code: row.response_code?,
+                response_headers: row.response_headers?,
+                response_body: row.response_body?,
+            };
+            Some(stored.into_claim(&create.fingerprint))
+        })
+        .collect())
 }

@@ -265,6 +265,83 @@ async fn sequential_retries_return_one_order_and_identical_responses() {
     app.stop().await;
 }
 
+/// The outbox's NOTIFY wakes the relay when a write inserts events, and only
+/// then: a batch of replays inserts no outbox row, so it notifies no one.
+#[tokio::test]
+async fn a_new_order_notifies_the_relay_and_a_replay_does_not() {
+    let db = TestDb::create().await;
+    let app = TestApp::spawn(&db, InjectFault::None).await;
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url)
+        .await
+        .expect("listener");
+    listener.listen("orders_outbox").await.expect("listen");
+    let quiet = Duration::from_millis(500);
+
+    assert_eq!(
+        app.create("notify-1", BODY).await.status,
+        StatusCode::CREATED
+    );
+    let woken = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await;
+    assert!(
+        matches!(woken, Ok(Ok(_))),
+        "a new order notifies: {woken:?}"
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            app.create("notify-1", BODY).await.status,
+            StatusCode::CREATED
+        );
+    }
+    let after_replays = tokio::time::timeout(quiet, listener.recv()).await;
+    assert!(
+        after_replays.is_err(),
+        "replays notify nobody: {after_replays:?}"
+    );
+    assert_eq!(counts(&db).await, n(1));
+    app.stop().await;
+}
+
+/// The outbox trigger wakes the relay on the commit of any session that
+/// inserts outbox rows, except a session that turned it off
+/// (`effectively.outbox_notify = off`, as Orders' sessions do: its
+/// `Notifier` wakes the relay instead, outside the write transactions).
+#[tokio::test]
+async fn the_outbox_trigger_notifies_unless_the_session_turned_it_off() {
+    use sqlx::ConnectOptions;
+    let db = TestDb::create().await;
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url)
+        .await
+        .expect("listener");
+    listener
+        .listen(effectively::outbox::NOTIFY_CHANNEL)
+        .await
+        .expect("listen");
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse().expect("url");
+    let insert = "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload) \
+                  VALUES (gen_random_uuid(), gen_random_uuid(), 'order.created', '\\x7b7d')";
+
+    let mut quiet = options
+        .clone()
+        .options([(effectively::outbox::NOTIFY_SETTING, "off")])
+        .connect()
+        .await
+        .expect("connect with the NOTIFY off");
+    sqlx::query(insert)
+        .execute(&mut quiet)
+        .await
+        .expect("insert");
+    let heard = tokio::time::timeout(Duration::from_millis(500), listener.recv()).await;
+    assert!(heard.is_err(), "a session with the NOTIFY off: {heard:?}");
+
+    let mut plain = options.connect().await.expect("connect");
+    sqlx::query(insert)
+        .execute(&mut plain)
+        .await
+        .expect("insert");
+    let heard = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await;
+    assert!(matches!(heard, Ok(Ok(_))), "any other session: {heard:?}");
+}
+
 #[tokio::test]
 async fn fifty_concurrent_requests_with_one_key_make_one_order() {
     let db = TestDb::create().await;

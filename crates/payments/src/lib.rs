@@ -389,6 +389,7 @@ pub async fn run(
         statement_timeout: Duration::from_secs(30),
         idle_in_transaction_timeout: Duration::from_secs(30),
         custom_plans: false,
+        defer_outbox_notify: false,
     };
     let pool = effectively::db::connect(&config.db, limits).await?;
     let metrics = Arc::new(PaymentsMetrics::new().context("register metrics")?);

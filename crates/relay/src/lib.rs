@@ -153,6 +153,7 @@ pub fn session_limits(config: &Config) -> effectively::config::SessionLimits {
         idle_in_transaction_timeout: Duration::from_millis(config.message_timeout_ms)
             + Duration::from_secs(10),
         custom_plans: true,
+        defer_outbox_notify: false,
     }
 }
 

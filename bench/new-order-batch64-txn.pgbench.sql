@@ -1,9 +1,9 @@
--- The Orders write transaction as the service runs it when it coalesces 64
--- requests (crates/orders/src/store.rs, write_batch): one BEGIN, the 64 key
--- claims in one statement, the 64 orders in one, the 64 outbox rows in one
--- (its statement trigger NOTIFYs once), one COMMIT. Used by
--- scripts/bench-orders.sh as the batched ceiling: pgbench's TPS x 64 is the
--- most orders a second this database commits in the service's batches.
+-- The Orders write of 64 coalesced requests as the service ran it before it
+-- became one statement: one BEGIN, the 64 key claims in one statement, the 64
+-- orders in one, the 64 outbox rows in one (its statement trigger NOTIFYs
+-- once), one COMMIT: five round trips. scripts/bench-orders.sh runs it beside
+-- new-order-batch64.pgbench.sql (the same rows in one statement) to measure
+-- what the round trips cost the database.
 \set r1 random(0, 9223372036854775806)
 \set aid random(1, 100000)
 BEGIN;

@@ -65,6 +65,12 @@ for _ in $(seq 1 100); do curl -fs http://127.0.0.1:18280/metrics >/dev/null 2>&
 WAITS_SQL="SELECT COALESCE(wait_event_type, 'CPU') || ':' || COALESCE(wait_event, 'running'), count(*) \
 FROM pg_stat_activity WHERE usename = 'effectively_orders' AND state <> 'idle' GROUP BY 1;"
 
+# The writers' batches so far: a line "unix-time batches requests" from orders' histogram.
+batches() {
+  curl -fs http://127.0.0.1:18280/metrics | awk -v t="$(date +%s.%N)" \
+    '/^orders_write_batch_size_count /{c=$2} /^orders_write_batch_size_sum /{s=$2} END{print t, c, s}'
+}
+
 # point RATE MODE: one loadgen run; exit status 0 when it passed (scripts/lib/bench_orders.py judges).
 point() {
   local rate=$1 mode=$2 retry=0 tag perf_pid=""
@@ -84,9 +90,11 @@ point() {
       >/dev/null 2>&1 &
     perf_pid=$!
   fi
+  batches >"$OUT/$tag.batches"
   "$BIN/loadgen" --http-url http://127.0.0.1:18280 --grpc-url http://127.0.0.1:15251 --progress off \
     --rate "$rate" --duration "$SECS" --zipf-s 0 --retry-rate "$retry" --seed "$rate" \
     --json "$OUT/$tag.json" >/dev/null || log "loadgen exited $? at $rate $mode"
+  batches >>"$OUT/$tag.batches"
   wait "$cpu_pid" || true
   kill "$waits_pid" 2>/dev/null || true
   if [ -n "$perf_pid" ]; then
@@ -142,6 +150,9 @@ pgbench -n -M prepared -f bench/new-order.pgbench.sql -c "$CLIENTS" -j 2 -T "$SE
 log "pgbench ceiling, 64 requests per transaction: $BATCH_CLIENTS clients, $SECS s"
 pgbench -n -M prepared -f bench/new-order-batch64.pgbench.sql -c "$BATCH_CLIENTS" -j 2 -T "$SECS" "$URL" \
   >"$OUT/pgbench-batch64.txt" 2>&1
-grep -h "tps =" "$OUT/pgbench.txt" "$OUT/pgbench-batch64.txt" >&2 || true
+log "pgbench, 64 requests per transaction of three statements (the write before it was one): $BATCH_CLIENTS clients, $SECS s"
+pgbench -n -M prepared -f bench/new-order-batch64-txn.pgbench.sql -c "$BATCH_CLIENTS" -j 2 -T "$SECS" "$URL" \
+  >"$OUT/pgbench-batch64-txn.txt" 2>&1
+grep -h "tps =" "$OUT/pgbench.txt" "$OUT/pgbench-batch64.txt" "$OUT/pgbench-batch64-txn.txt" >&2 || true
 
 python3 scripts/lib/bench_orders.py summary "$OUT"

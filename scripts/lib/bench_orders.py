@@ -63,10 +63,24 @@ def waits(out, tag):
     return {k: round(v / total, 3) for k, v in top} if total else {}
 
 
+def batches(out, tag):
+    """The writers' batches during point TAG: batches a second and requests per batch (the
+    coalescing), from orders' orders_write_batch_size histogram before and after the load."""
+    try:
+        (t0, c0, s0), (t1, c1, s1) = (map(float, line.split()) for line in open(os.path.join(out, f"{tag}.batches")))
+    except (OSError, ValueError):
+        return {}
+    n = c1 - c0
+    return {"per_sec": round(n / (t1 - t0)), "requests_per_batch": round((s1 - s0) / n, 1)} if n > 0 and t1 > t0 else {}
+
+
 def summary(out):
     def tps(name):
         return float(re.search(r"tps = ([0-9.]+)", open(os.path.join(out, name)).read()).group(1))
     single, batched = tps("pgbench.txt"), tps("pgbench-batch64.txt") * 64
+    # Runs before the write became one statement have no transaction variant.
+    has_txn = os.path.exists(os.path.join(out, "pgbench-batch64-txn.txt"))
+    batched_txn = tps("pgbench-batch64-txn.txt") * 64 if has_txn else None
     rows = []
     for path in glob.glob(os.path.join(out, "*-*.json")):
         tag = os.path.basename(path)[:-5]
@@ -76,7 +90,7 @@ def summary(out):
             "offered_sends": round(r["rates"]["offered_sends"]), "achieved": round(r["rates"]["achieved"]),
             "p50_ms": r["latency_ms"]["all"]["p50_ms"], "p99_ms": r["latency_ms"]["all"]["p99_ms"],
             "errors": errors(r), "dropped": r["sends"]["dropped"], "replay_mismatches": r["replay"]["mismatches"],
-            "cores": cores(out, tag), "waits": waits(out, tag), "passed": passed(r),
+            "cores": cores(out, tag), "waits": waits(out, tag), "batches": batches(out, tag), "passed": passed(r),
         })
     rows.sort(key=lambda x: (x["mode"] != "unique", x["intents"], x["again"]))
     print(f"{'intents':>8} {'mode':>8} {'sends':>7} {'achieved':>9} {'p50 ms':>8} {'p99 ms':>8} {'err':>5} {'drop':>6} "
@@ -86,21 +100,27 @@ def summary(out):
         print(f"{x['intents']:>8} {x['mode']:>8} {x['offered_sends']:>7} {x['achieved']:>9} {x['p50_ms']:>8.2f} "
               f"{x['p99_ms']:>8.2f} {x['errors']:>5} {x['dropped']:>6} {'yes' if x['passed'] else 'no':>5} "
               f"{c.get('orders', ''):>7} {c.get('loadgen', ''):>8} {c.get('postgres', ''):>9} {c.get('machine_busy', ''):>5}")
-    print("what the orders backends wait on (share of non-idle samples, 5 a second):")
+    print("the writers' batches (a second; requests per batch) and what the orders backends wait on "
+          "(share of non-idle samples, 5 a second):")
     for x in rows:
-        print(f"{x['intents']:>8} {x['mode']:>8}  " + ", ".join(f"{k} {v}" for k, v in x["waits"].items()))
+        b = x["batches"]
+        print(f"{x['intents']:>8} {x['mode']:>8} {b.get('per_sec', ''):>6} {b.get('requests_per_batch', ''):>6}  "
+              + ", ".join(f"{k} {v}" for k, v in x["waits"].items()))
 
     def knee(mode):
         return max((x["achieved"] for x in rows if x["mode"] == mode and x["passed"]), default=0)
     unique, retry = knee("unique"), knee("retry15")
     s = {"command": "make bench-orders", "pgbench_tps": round(single),
          "pgbench_batch64_orders_per_sec": round(batched),
+         "pgbench_batch64_txn_orders_per_sec": round(batched_txn) if has_txn else None,
          "best_sustained_req_per_sec": unique, "best_sustained_retry15_sends_per_sec": retry,
          "ratio": round(unique / single, 2) if single else 0,
          "batched_ratio": round(unique / batched, 2) if batched else 0, "points": rows}
     json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=2)
     print(f"pgbench ceiling, one transaction per request: {single:.0f} tps")
-    print(f"pgbench ceiling, 64 requests per transaction: {batched:.0f} orders/s")
+    print(f"pgbench ceiling, 64 requests per statement: {batched:.0f} orders/s")
+    if has_txn:
+        print(f"pgbench, 64 requests per transaction of 3 statements: {batched_txn:.0f} orders/s")
     print(f"knee, unique keys (p99 < 25 ms, >= 95% achieved, 0 errors): {unique} req/s")
     print(f"knee, 15% retries: {retry} sends/s")
     print(f"results: {out}/summary.json")

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # make bench-orders: POST /orders alone (no broker), swept upwards until it
-# finds the knee, for unique keys and with 15% same-key retries; then two
-# ceilings of the same transaction by pgbench on the same PostgreSQL, in the
-# same run: one transaction per request (bench/new-order.pgbench.sql) and
-# the service's coalesced transaction of 64 requests
-# (bench/new-order-batch64.pgbench.sql).
+# finds the knee, for unique keys and with 15% same-key retries; then the
+# ceilings of the same write by pgbench on the same PostgreSQL, in the same
+# run: one transaction per request (bench/new-order.pgbench.sql), the
+# service's one statement of 64 coalesced requests
+# (bench/new-order-batch64.pgbench.sql), and the same 64 in a transaction of
+# three statements, as the service wrote them before
+# (bench/new-order-batch64-txn.pgbench.sql).
 #
 # A point passes when ≥ 95% of the offered sends were achieved, p99 < 25 ms,
 # no errors and none dropped. Each mode starts at BENCH_START intents/s and
@@ -13,7 +15,9 @@
 # last pass and that failure BENCH_REFINE times. The knee is the highest
 # passing rate, in sends/s. Each point also records the CPU each process
 # group used (orders, loadgen, postgres; cores, from /proc) and what the
-# service's database sessions wait on (pg_stat_activity, 5 times a second).
+# service's database sessions wait on (pg_stat_activity, 5 times a second),
+# and the writers' batches (a second, and requests per batch, from orders'
+# orders_write_batch_size histogram).
 #
 # Prints a table and, last, `ratio: N.NN` (the unique knee over the
 # one-transaction-per-request TPS) and `batched ratio: 0.NN` (over the

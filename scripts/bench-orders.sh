@@ -151,7 +151,7 @@ kill $ORDERS; wait $ORDERS 2>/dev/null || true
 psql "$URL" -qAt -c "VACUUM ANALYZE" >/dev/null
 log "pgbench ceiling, one transaction per request: $CLIENTS clients, $SECS s"
 pgbench -n -M prepared -f bench/new-order.pgbench.sql -c "$CLIENTS" -j 2 -T "$SECS" "$URL" >"$OUT/pgbench.txt" 2>&1
-log "pgbench ceiling, 64 requests per transaction: $BATCH_CLIENTS clients, $SECS s"
+log "pgbench ceiling, 64 requests in one statement: $BATCH_CLIENTS clients, $SECS s"
 pgbench -n -M prepared -f bench/new-order-batch64.pgbench.sql -c "$BATCH_CLIENTS" -j 2 -T "$SECS" "$URL" \
   >"$OUT/pgbench-batch64.txt" 2>&1
 log "pgbench, 64 requests per transaction of three statements (the write before it was one): $BATCH_CLIENTS clients, $SECS s"

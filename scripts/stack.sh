@@ -184,7 +184,10 @@ kafka_up() {
     done
     port_open "$KAFKA_PORT" || die "nisshi did not listen within 10 s, see $LOGS/nisshi.log"
   fi
-  KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT "$(kafka_tool_bin)" create --topic "$TOPIC" --partitions "$PARTITIONS" \
+  # Its own line: a build failure inside $(…) exits only the subshell.
+  local tool
+  tool=$(kafka_tool_bin) || exit 1
+  KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT "$tool" create --topic "$TOPIC" --partitions "$PARTITIONS" \
     || die "could not create topic $TOPIC"
 }
 

@@ -390,7 +390,7 @@ async fn write_statement(
                INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload)
                SELECT o, msg, typ, p FROM fresh ORDER BY n
            )
-           SELECT i.n AS "n!", i.n IN (SELECT n FROM fresh) AS "new!",
+           SELECT i.n IN (SELECT n FROM fresh) AS "new!",
                   s.request_hash AS "request_hash?", s.order_id AS "order_id?",
                   s.response_code AS "response_code?",
                   s.response_headers AS "response_headers?: Json<Vec<(String, String)>>",

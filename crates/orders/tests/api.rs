@@ -265,16 +265,25 @@ async fn sequential_retries_return_one_order_and_identical_responses() {
     app.stop().await;
 }
 
+/// A connection listening on the channel the relay is woken on.
+async fn outbox_listener(db: &TestDb) -> sqlx::postgres::PgListener {
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url)
+        .await
+        .expect("listener");
+    listener
+        .listen(effectively::outbox::NOTIFY_CHANNEL)
+        .await
+        .expect("listen");
+    listener
+}
+
 /// The outbox's NOTIFY wakes the relay when a write inserts events, and only
 /// then: a batch of replays inserts no outbox row, so it notifies no one.
 #[tokio::test]
 async fn a_new_order_notifies_the_relay_and_a_replay_does_not() {
     let db = TestDb::create().await;
     let app = TestApp::spawn(&db, InjectFault::None).await;
-    let mut listener = sqlx::postgres::PgListener::connect(&db.url)
-        .await
-        .expect("listener");
-    listener.listen("orders_outbox").await.expect("listen");
+    let mut listener = outbox_listener(&db).await;
     let quiet = Duration::from_millis(500);
 
     assert_eq!(
@@ -309,13 +318,7 @@ async fn a_new_order_notifies_the_relay_and_a_replay_does_not() {
 async fn the_outbox_trigger_notifies_unless_the_session_turned_it_off() {
     use sqlx::ConnectOptions;
     let db = TestDb::create().await;
-    let mut listener = sqlx::postgres::PgListener::connect(&db.url)
-        .await
-        .expect("listener");
-    listener
-        .listen(effectively::outbox::NOTIFY_CHANNEL)
-        .await
-        .expect("listen");
+    let mut listener = outbox_listener(&db).await;
     let options: sqlx::postgres::PgConnectOptions = db.url.parse().expect("url");
     let insert = "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload) \
                   VALUES (gen_random_uuid(), gen_random_uuid(), 'order.created', '\\x7b7d')";

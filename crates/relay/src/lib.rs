@@ -11,6 +11,11 @@
 //! while its transaction holds the shard's advisory lock, awaits every
 //! delivery report, marks the delivered rows and commits, and only then can
 //! another worker take the shard. See ARCHITECTURE.md.
+//!
+//! Pipelining: every shard has a loop of its own in each process, and up to
+//! `--workers` of them hold a shard transaction at once, so one shard's
+//! claim, mark and commit overlap the others' broker acks. A key lives in one
+//! shard, so its events are still never in flight from two places.
 
 pub mod metrics;
 pub mod outbox;
@@ -38,7 +43,7 @@ use rdkafka::{ClientConfig, ClientContext};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::RelayMetrics;
@@ -65,9 +70,13 @@ pub struct Config {
     #[arg(long, env = "RELAY_BATCH_SIZE", default_value_t = 500)]
     pub batch_size: i64,
 
-    /// Concurrent workers in this process (each takes one shard at a time).
-    #[arg(long, env = "RELAY_WORKERS", default_value_t = 2)]
-    pub workers: usize,
+    /// Shard transactions this process keeps open at once, each publishing
+    /// one shard's batch (claim, produce, await acks, mark, commit). One
+    /// shard's acks overlap the others' database work; more than the shards
+    /// (16) adds nothing.
+    #[arg(long, env = "RELAY_WORKERS", default_value_t = 8,
+          value_parser = clap::value_parser!(u16).range(1..=SHARDS as i64))]
+    pub workers: u16,
 
     /// Fallback poll interval in milliseconds when no NOTIFY arrives.
     #[arg(long, env = "RELAY_POLL_INTERVAL_MS", default_value_t = 500)]
@@ -164,7 +173,7 @@ pub async fn run(
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut db = config.db.clone();
-    db.db_max_connections = db.db_max_connections.max(config.workers as u32 + 3);
+    db.db_max_connections = db.db_max_connections.max(u32::from(config.workers) + 3);
     let pool = effectively::db::connect(&db, session_limits(&config)).await?;
     let metrics = Arc::new(RelayMetrics::new().context("register metrics")?);
     let cfg = config.clone();
@@ -221,7 +230,7 @@ pub async fn run(
         cancel.clone(),
     )));
 
-    let workers = config.workers.max(1);
+    let workers = usize::from(config.workers.max(1));
     let worker = Arc::new(Worker {
         pool: pool.clone(),
         producer: producer.clone(),
@@ -230,14 +239,13 @@ pub async fn run(
         max_attempts: config.max_attempts.max(1),
         metrics: metrics.clone(),
         crasher,
+        permits: Semaphore::new(workers),
     });
     let poll = Duration::from_millis(config.poll_interval_ms);
     let mut worker_tasks = Vec::new();
-    for w in 0..workers {
-        let worker = worker.clone();
-        let first_shard = (w * SHARDS as usize / workers) as i16;
-        worker_tasks.push(tokio::spawn(worker.run(
-            first_shard,
+    for shard in 0..SHARDS {
+        worker_tasks.push(tokio::spawn(worker.clone().run_shard(
+            shard,
             poll,
             wake_rx.clone(),
             cancel.clone(),
@@ -269,6 +277,8 @@ pub async fn run(
     }
 }
 
+/// What the shard loops share: the clients, the settings, and the permits
+/// that bound the shard transactions open at once (`--workers`).
 struct Worker {
     pool: PgPool,
     producer: RelayProducer,
@@ -277,6 +287,7 @@ struct Worker {
     max_attempts: i32,
     metrics: Arc<RelayMetrics>,
     crasher: Arc<Crasher>,
+    permits: Semaphore,
 }
 
 /// How publishing one row ended.
@@ -292,53 +303,61 @@ enum Publish {
 }
 
 impl Worker {
-    async fn run(
+    /// One shard's loop: publish a batch while there is one, then wait for
+    /// a NOTIFY or the poll. A batch holds one of the `--workers` permits
+    /// from its claim to its commit; the semaphore is fair, so a busy shard
+    /// queues behind the others between batches instead of starving them.
+    async fn run_shard(
         self: Arc<Self>,
-        first_shard: i16,
+        shard: i16,
         poll: Duration,
         mut wake: watch::Receiver<u64>,
         cancel: CancellationToken,
     ) {
         let mut backoff = Backoff::new();
         while !cancel.is_cancelled() {
-            // Mark notifications seen *before* the pass: one arriving during
-            // the pass makes `changed()` below return at once.
+            // Mark notifications seen *before* the batch: one arriving
+            // meanwhile makes `changed()` below return at once.
             wake.borrow_and_update();
-            let mut published = 0usize;
-            let mut failed = false;
-            for i in 0..SHARDS {
-                if cancel.is_cancelled() {
-                    return;
-                }
-                let shard = (first_shard + i) % SHARDS;
-                match self.relay_shard(shard).await {
-                    Ok(n) => published += n,
-                    Err(error) => {
-                        failed = true;
-                        self.metrics
-                            .relay_errors_total
-                            .with_label_values(&["db"])
-                            .inc();
-                        tracing::warn!(
-                            shard,
-                            error = format!("{error:#}"),
-                            "relay batch failed; will retry"
-                        );
+            let permit = tokio::select! {
+                p = self.permits.acquire() => match p {
+                    Ok(p) => p,
+                    Err(_) => return, // closed: shutting down
+                },
+                () = cancel.cancelled() => return,
+            };
+            self.metrics.relay_shards_in_flight.inc();
+            // Not cut short by a shutdown: a batch handed to the producer is
+            // awaited and marked, so a clean stop re-publishes nothing.
+            let result = self.relay_shard(shard).await;
+            self.metrics.relay_shards_in_flight.dec();
+            drop(permit);
+            match result {
+                // A full or partial batch: there may be more right away.
+                Ok(n) if n > 0 => backoff.reset(),
+                // Nothing claimable, or another relay holds the shard.
+                Ok(_) => {
+                    backoff.reset();
+                    tokio::select! {
+                        _ = wake.changed() => {}
+                        () = tokio::time::sleep(poll) => {}
+                        () = cancel.cancelled() => return,
                     }
                 }
-            }
-            if failed {
-                if !backoff.wait(&cancel).await {
-                    return;
-                }
-                continue;
-            }
-            backoff.reset();
-            if published == 0 {
-                tokio::select! {
-                    _ = wake.changed() => {}
-                    () = tokio::time::sleep(poll) => {}
-                    () = cancel.cancelled() => return,
+                Err(error) => {
+                    self.metrics
+                        .relay_errors_total
+                        .with_label_values(&["db"])
+                        .inc();
+                    tracing::warn!(
+                        shard,
+                        error = format!("{error:#}"),
+                        retry_in_ms = backoff.next().as_millis() as u64,
+                        "relay batch failed; will retry"
+                    );
+                    if !backoff.wait(&cancel).await {
+                        return;
+                    }
                 }
             }
         }

@@ -36,6 +36,9 @@ pub struct RelayMetrics {
     /// Published outbox rows deleted after the outbox retention
     /// (`orders.outbox_policy`).
     pub relay_outbox_expired_total: IntCounter,
+    /// Shard transactions open now (claimed, publishing or marking), at most
+    /// `--workers`.
+    pub relay_shards_in_flight: IntGauge,
 }
 
 impl RelayMetrics {
@@ -90,6 +93,10 @@ impl RelayMetrics {
                 Opts::new("relay_errors_total", "Relay errors by stage"),
                 &["stage"],
             )?,
+            relay_shards_in_flight: IntGauge::new(
+                "relay_shards_in_flight",
+                "Shard transactions open now (claim to commit), at most --workers",
+            )?,
             registry,
         };
         m.registry
@@ -111,6 +118,8 @@ impl RelayMetrics {
             .register(Box::new(m.relay_errors_total.clone()))?;
         m.registry
             .register(Box::new(m.relay_outbox_expired_total.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_shards_in_flight.clone()))?;
         for stage in ["db", "produce", "rejected", "encode", "listen"] {
             m.relay_errors_total.with_label_values(&[stage]);
         }

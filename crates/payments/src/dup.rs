@@ -17,7 +17,7 @@
 //! `payments_injected_duplicates_total` counter is a lower bound for
 //! `payments_dedup_hits_total`, and recon proves that no effect doubled.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -155,9 +155,16 @@ impl Injector {
     }
 }
 
-/// Seeks back for the planned redeliveries and counts what was injected.
-/// A failed seek injects nothing (logged); it never affects correctness.
-pub fn seek_back(consumer: &PaymentsConsumer, plan: &Plan, metrics: &PaymentsMetrics) {
+/// Seeks back for the planned redeliveries and counts what was injected;
+/// returns the partitions it rewound (their messages fetched before the seek
+/// arrive again after it). A failed seek injects nothing (logged); it never
+/// affects correctness.
+pub fn seek_back(
+    consumer: &PaymentsConsumer,
+    plan: &Plan,
+    metrics: &PaymentsMetrics,
+) -> HashSet<(String, i32)> {
+    let mut rewound = HashSet::new();
     for (topic, partition, offset, count) in &plan.redeliver {
         match consumer.seek(
             topic,
@@ -165,15 +172,19 @@ pub fn seek_back(consumer: &PaymentsConsumer, plan: &Plan, metrics: &PaymentsMet
             Offset::Offset(*offset),
             Duration::from_secs(1),
         ) {
-            Ok(()) => metrics
-                .injected_duplicates_total
-                .with_label_values(&[InjectedDuplicate::Redeliver.as_str()])
-                .inc_by(*count as u64),
+            Ok(()) => {
+                rewound.insert((topic.clone(), *partition));
+                metrics
+                    .injected_duplicates_total
+                    .with_label_values(&[InjectedDuplicate::Redeliver.as_str()])
+                    .inc_by(*count as u64);
+            }
             Err(error) => {
                 tracing::debug!(%error, topic, partition, offset, "dup-rate: seek back failed")
             }
         }
     }
+    rewound
 }
 
 #[cfg(test)]

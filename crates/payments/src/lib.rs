@@ -88,6 +88,13 @@ pub struct Config {
     #[arg(long, env = effectively::contract::env::PAYMENTS_GROUP_INSTANCE_ID)]
     pub group_instance_id: Option<String>,
 
+    /// How often the consumer lag per partition (`payments_consumer_lag`:
+    /// high watermark minus committed offset, both asked of the broker) is
+    /// refreshed, in milliseconds.
+    #[arg(long, env = "PAYMENTS_LAG_SAMPLE_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(10..=86_400_000))]
+    pub lag_sample_ms: u64,
+
     /// Address serving GET /metrics.
     #[arg(long, env = effectively::contract::env::PAYMENTS_METRICS_ADDR, default_value = "127.0.0.1:9102")]
     pub metrics_addr: SocketAddr,
@@ -276,24 +283,31 @@ pub async fn check_horizon(
 
 /// The consumer's callbacks: tracks this member's assignment so that offsets
 /// of revoked partitions are never committed (a late commit could move the
-/// new owner's offset back), counts failed offset commits, and turns a fatal
-/// client error into the end of the process.
+/// new owner's offset back) and their lag series go, counts failed offset
+/// commits, and turns a fatal client error into the end of the process.
 pub struct RebalanceContext {
     assigned: Mutex<HashSet<(String, i32)>>,
     /// Fired by a fatal client error (e.g. this static member was fenced by
     /// another process with the same `group.instance.id`): see [`FatalState`].
     fatal: FatalState,
     commit_failures: prometheus::IntCounter,
+    lag: prometheus::IntGaugeVec,
 }
 
 impl RebalanceContext {
-    /// A context that fires `fatal` on a fatal client error and counts failed
-    /// asynchronous offset commits in `commit_failures`.
-    pub fn new(fatal: FatalState, commit_failures: prometheus::IntCounter) -> Self {
+    /// A context that fires `fatal` on a fatal client error, counts failed
+    /// asynchronous offset commits in `commit_failures` and removes a revoked
+    /// partition's series from `lag` (labels `topic`, `partition`).
+    pub fn new(
+        fatal: FatalState,
+        commit_failures: prometheus::IntCounter,
+        lag: prometheus::IntGaugeVec,
+    ) -> Self {
         Self {
             assigned: Mutex::default(),
             fatal,
             commit_failures,
+            lag,
         }
     }
 
@@ -319,6 +333,82 @@ impl ClientContext for RebalanceContext {
     }
 }
 
+/// Every `every`: the lag of each partition this member owns, as the
+/// partition's high watermark minus the group's committed offset, both asked
+/// of the broker (a blocking client call, so off the runtime's threads). It
+/// runs beside the consumer loop, so a consumer stuck on its database still
+/// shows its lag growing. A revoked partition loses its series in
+/// `pre_rebalance`; a partition whose offsets could not be read keeps its
+/// last value.
+async fn sample_lag(
+    consumer: Arc<PaymentsConsumer>,
+    lag: prometheus::IntGaugeVec,
+    every: Duration,
+    cancel: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = cancel.cancelled() => return,
+        }
+        let c = consumer.clone();
+        match tokio::task::spawn_blocking(move || read_lag(&c)).await {
+            Ok(Ok(lags)) => {
+                for ((topic, partition), value) in lags {
+                    // Re-checked: a revoke may have come meanwhile.
+                    if consumer.context().owns(&topic, partition) {
+                        lag.with_label_values(&[topic.as_str(), &partition.to_string()])
+                            .set(value);
+                    }
+                }
+            }
+            Ok(Err(error)) => tracing::debug!(%error, "reading the consumer lag failed"),
+            Err(error) => tracing::debug!(%error, "consumer lag task"),
+        }
+    }
+}
+
+/// The lag of every partition this member owns (see [`partition_lag`]).
+fn read_lag(consumer: &PaymentsConsumer) -> KafkaResult<Vec<((String, i32), i64)>> {
+    const TIMEOUT: Duration = Duration::from_secs(5);
+    let owned = consumer.context().assignment();
+    let mut out = Vec::with_capacity(owned.len());
+    if owned.is_empty() {
+        return Ok(out);
+    }
+    let mut tpl = TopicPartitionList::new();
+    for (topic, partition) in &owned {
+        tpl.add_partition(topic, *partition);
+    }
+    let committed = consumer.committed_offsets(tpl, TIMEOUT)?;
+    for e in committed.elements() {
+        let offset = match e.offset() {
+            Offset::Offset(o) => o,
+            _ => -1, // nothing committed yet
+        };
+        let (low, high) = consumer.fetch_watermarks(e.topic(), e.partition(), TIMEOUT)?;
+        if let Some(lag) = partition_lag(high, offset, low) {
+            out.push(((e.topic().to_owned(), e.partition()), lag));
+        }
+    }
+    Ok(out)
+}
+
+/// A partition's lag: its high watermark minus the committed offset. Before
+/// the group has committed anything there, the consumer starts from the
+/// earliest offset (`auto.offset.reset`), so the lag is the watermark minus
+/// the partition's low watermark. `None` while the offsets it needs are
+/// unknown (negative). Never negative:
+/// a watermark older than the commit counts as zero lag.
+pub fn partition_lag(high_watermark: i64, committed: i64, low_watermark: i64) -> Option<i64> {
+    let from = if committed >= 0 {
+        committed
+    } else {
+        low_watermark
+    };
+    (high_watermark >= 0 && from >= 0).then(|| (high_watermark - from).max(0))
+}
+
 impl ConsumerContext for RebalanceContext {
     fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
         if let Err(error) = result {
@@ -336,6 +426,9 @@ impl ConsumerContext for RebalanceContext {
         {
             for e in tpl.elements() {
                 assigned.remove(&(e.topic().to_owned(), e.partition()));
+                let _ = self
+                    .lag
+                    .remove_label_values(&[e.topic(), &e.partition().to_string()]);
             }
             tracing::info!(revoked = tpl.count(), "partitions revoked");
         }
@@ -416,6 +509,7 @@ pub async fn run(
         metrics
             .consumer_errors_total
             .with_label_values(&["commit_callback"]),
+        metrics.consumer_lag.clone(),
     );
     let consumer = Arc::new(
         tokio::task::spawn_blocking(move || consumer(&cfg, context))
@@ -431,6 +525,12 @@ pub async fn run(
         metrics.registry.clone(),
         serving.clone(),
     );
+    let lag_task = tokio::spawn(sample_lag(
+        consumer.clone(),
+        metrics.consumer_lag.clone(),
+        Duration::from_millis(config.lag_sample_ms),
+        serving.clone(),
+    ));
     tracing::info!(group = %config.group_id, topic = %config.kafka.kafka_topic, "payments consuming");
     let apply = config.apply();
     match apply {
@@ -453,11 +553,17 @@ pub async fn run(
         );
     }
     let linger = Duration::from_millis(config.batch_linger_ms);
+    let max = config.batch_size.max(1);
+    // The batch fetched while the previous one's transaction ran.
+    let mut ready: Option<Vec<OwnedMessage>> = None;
     loop {
-        let batch = tokio::select! {
-            b = next_batch(&consumer, config.batch_size.max(1), linger, &metrics) => b,
-            () = cancel.cancelled() => break,
-            () = fatal.fired() => break,
+        let batch = match ready.take() {
+            Some(batch) => batch,
+            None => tokio::select! {
+                b = next_batch(&consumer, max, linger, &metrics) => b,
+                () = cancel.cancelled() => break,
+                () = fatal.fired() => break,
+            },
         };
         // A fatal error reaches the error callback as its underlying code
         // (e.g. FencedInstanceId), and the receive as an error: ask the client.
@@ -467,13 +573,41 @@ pub async fn run(
         if batch.is_empty() {
             continue;
         }
-        if !process(&pool, apply, &batch, &crasher, &metrics, &cancel).await {
+        // Pipelined: the next batch is fetched while this one's transaction
+        // runs. Its offsets are committed only after its own transaction, in
+        // a later turn; a fetch in progress is never dropped (its messages
+        // would be lost to this life while later offsets get committed), only
+        // abandoned with the whole loop.
+        let fetch = next_batch(&consumer, max, linger, &metrics);
+        tokio::pin!(fetch);
+        let mut fetched = None;
+        let applied = {
+            let work = process(&pool, apply, &batch, &crasher, &metrics, &cancel);
+            tokio::pin!(work);
+            loop {
+                tokio::select! {
+                    biased;
+                    applied = &mut work => break applied,
+                    b = &mut fetch, if fetched.is_none() => fetched = Some(b),
+                }
+            }
+        };
+        if !applied {
             break; // cancelled while the database was failing; nothing committed
         }
         commit_offsets(&consumer, &batch, &metrics);
         // Injected duplicates come only now, after the originals committed.
         let plan = injector.plan(&batch);
-        dup::seek_back(&consumer, &plan, &metrics);
+        if !plan.redeliver.is_empty() && fetched.is_none() {
+            // A seek must not race the fetch in progress: finish it first,
+            // so every message it holds predates the seek.
+            fetched = Some(tokio::select! {
+                b = &mut fetch => b,
+                () = cancel.cancelled() => break,
+                () = fatal.fired() => break,
+            });
+        }
+        let rewound = dup::seek_back(&consumer, &plan, &metrics);
         if !plan.reprocess.is_empty() {
             // Applied again in a transaction of its own; offsets are already
             // committed, so nothing to commit for them.
@@ -485,6 +619,19 @@ pub async fn run(
                 .with_label_values(&[InjectedDuplicate::Reprocess.as_str()])
                 .inc_by(plan.reprocess.len() as u64);
         }
+        ready = Some(match fetched {
+            Some(mut next) => {
+                // A rewound partition's fetched messages come again after
+                // the seek, in order: drop these copies.
+                next.retain(|m| !rewound.contains(&(m.topic().to_owned(), m.partition())));
+                next
+            }
+            None => tokio::select! {
+                b = &mut fetch => b,
+                () = cancel.cancelled() => break,
+                () = fatal.fired() => break,
+            },
+        });
     }
     let fatal_reason = fatal.reason();
     if fatal_reason.is_none() {
@@ -495,6 +642,7 @@ pub async fn run(
     }
     serving.cancel();
     let _ = metrics_task.await;
+    let _ = lag_task.await;
     maintenance.abort();
     let _ = maintenance.await;
     pool.close().await;
@@ -836,6 +984,20 @@ mod tests {
     use super::*;
     use rdkafka::types::RDKafkaErrorCode;
 
+    #[test]
+    fn lag_is_the_watermark_minus_the_committed_offset_or_the_earliest() {
+        assert_eq!(partition_lag(120, 100, 0), Some(20));
+        assert_eq!(partition_lag(100, 100, 0), Some(0));
+        assert_eq!(partition_lag(99, 100, 0), Some(0), "never negative");
+        assert_eq!(
+            partition_lag(120, -1001, 20),
+            Some(100),
+            "nothing committed yet: from the earliest offset"
+        );
+        assert_eq!(partition_lag(120, -1001, -1), None, "neither known");
+        assert_eq!(partition_lag(-1, 100, 0), None, "no watermark fetched yet");
+    }
+
     // The broker side of fencing (a second process with the same
     // group.instance.id) is not reproducible on the embedded broker: nisshi
     // does not fence the older static member. The mapping of a fatal error to
@@ -845,7 +1007,10 @@ mod tests {
     fn a_fatal_error_fires_the_state_and_failed_commits_are_counted() {
         let fatal = FatalState::new();
         let commits = prometheus::IntCounter::new("c", "c").expect("counter");
-        let context = RebalanceContext::new(fatal.clone(), commits.clone());
+        let lag =
+            prometheus::IntGaugeVec::new(prometheus::Opts::new("l", "l"), &["topic", "partition"])
+                .expect("gauge");
+        let context = RebalanceContext::new(fatal.clone(), commits.clone(), lag);
         context.error(
             KafkaError::Global(RDKafkaErrorCode::Fatal),
             "static consumer fenced by other consumer with same group.instance.id",

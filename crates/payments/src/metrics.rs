@@ -8,7 +8,8 @@ use effectively::contract::{
 };
 use effectively::metrics::LATENCY_BUCKETS;
 use prometheus::{
-    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 /// Everything the consumer counts.
@@ -69,6 +70,11 @@ pub struct PaymentsMetrics {
     pub redelivery_horizon_seconds: Gauge,
     /// The configured inbox retention (+Inf: forever).
     pub inbox_retention_seconds: Gauge,
+    /// Per assigned partition (`topic`, `partition`): the partition's high
+    /// watermark minus this group's committed offset, asked of the broker
+    /// every `--lag-sample-ms`. Messages in the partition that no committed
+    /// batch covers yet.
+    pub consumer_lag: IntGaugeVec,
 }
 
 impl PaymentsMetrics {
@@ -164,8 +170,16 @@ impl PaymentsMetrics {
                 "payments_inbox_retention_seconds",
                 "The configured inbox retention (+Inf: forever)",
             )?,
+            consumer_lag: IntGaugeVec::new(
+                Opts::new(
+                    "payments_consumer_lag",
+                    "Per assigned partition: high watermark minus the group's committed offset",
+                ),
+                &["topic", "partition"],
+            )?,
             registry,
         };
+        m.registry.register(Box::new(m.consumer_lag.clone()))?;
         for gauge in [
             &m.inbox_floor_age_seconds,
             &m.redelivery_horizon_seconds,

@@ -88,6 +88,7 @@ fn config(db: &TestDb, topic: &TestTopic, group: &str) -> Config {
         batch_linger_ms: 5,
         session_timeout_ms: 6_000,
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
+        lag_sample_ms: 100,
         unsafe_split_txn: None,
         dup: DupArgs::default(),
         group_instance_id: None,
@@ -182,6 +183,72 @@ async fn charges_each_event_once_and_a_republish_is_a_noop() {
         .await
         .expect("sum");
     assert_eq!(sum, events.iter().map(|e| e.amount_cents).sum::<i64>());
+    consumer.stop().await;
+}
+
+/// The series of `payments_consumer_lag` (one per owned partition): how
+/// many there are and their sum.
+async fn consumer_lag(consumer: &Running) -> (usize, f64) {
+    let text = reqwest::get(&consumer.metrics_url)
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .filter(|l| l.starts_with("payments_consumer_lag{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .fold((0, 0.0), |(n, sum), v| (n + 1, sum + v))
+}
+
+/// `payments_consumer_lag` is, per owned partition, the high watermark minus
+/// the group's committed offset: events the consumer cannot apply (its role
+/// lost INSERT on the inbox, a transient error it retries) are lag, and the
+/// lag goes back to 0 once they are applied and their offsets committed.
+#[tokio::test]
+async fn consumer_lag_per_partition_is_what_no_commit_covers() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(3).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let consumer = Running::spawn(config(&db, &topic, "g-lag")).await;
+    produce_events(&topic, &events(6)).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            count(&pool, CHARGES).await == 6 && consumer_lag(&consumer).await == (3, 0.0)
+        })
+        .await,
+        "applied and committed: a series per partition, each 0 ({:?})",
+        consumer_lag(&consumer).await
+    );
+
+    let role = ServiceRole::Payments.name();
+    sqlx::query(&format!("REVOKE INSERT ON payments.inbox FROM {role}"))
+        .execute(&pool)
+        .await
+        .expect("revoke");
+    produce_events(&topic, &events(40)).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            consumer_lag(&consumer).await == (3, 40.0)
+        })
+        .await,
+        "the 40 events it cannot apply are its lag ({:?})",
+        consumer_lag(&consumer).await
+    );
+    assert_eq!(count(&pool, CHARGES).await, 6, "nothing applied meanwhile");
+
+    sqlx::query(&format!("GRANT INSERT ON payments.inbox TO {role}"))
+        .execute(&pool)
+        .await
+        .expect("grant");
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            count(&pool, CHARGES).await == 46 && consumer_lag(&consumer).await == (3, 0.0)
+        })
+        .await,
+        "applied once the grant is back, and the lag is 0 again ({:?})",
+        consumer_lag(&consumer).await
+    );
     consumer.stop().await;
 }
 

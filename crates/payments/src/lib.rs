@@ -287,6 +287,10 @@ pub async fn check_horizon(
 /// commits, and turns a fatal client error into the end of the process.
 pub struct RebalanceContext {
     assigned: Mutex<HashSet<(String, i32)>>,
+    /// The group's committed offset of each owned partition, as far as this
+    /// member knows: read once from the broker after the assignment, then
+    /// from its own commits.
+    committed: Mutex<HashMap<(String, i32), i64>>,
     /// Fired by a fatal client error (e.g. this static member was fenced by
     /// another process with the same `group.instance.id`): see [`FatalState`].
     fatal: FatalState,
@@ -305,6 +309,7 @@ impl RebalanceContext {
     ) -> Self {
         Self {
             assigned: Mutex::default(),
+            committed: Mutex::default(),
             fatal,
             commit_failures,
             lag,
@@ -316,6 +321,22 @@ impl RebalanceContext {
             .lock()
             .map(|a| a.contains(&(topic.to_owned(), partition)))
             .unwrap_or(false)
+    }
+
+    /// Records the offsets this member committed, for the lag of the
+    /// partitions it still owns. Taken when the asynchronous commit is handed
+    /// to the client: a commit the broker then refuses is counted
+    /// (`commit_callback`) and the lag reads low until the next one.
+    fn record_commit(&self, tpl: &TopicPartitionList) {
+        if let Ok(mut committed) = self.committed.lock() {
+            for e in tpl.elements() {
+                if let Offset::Offset(o) = e.offset()
+                    && self.owns(e.topic(), e.partition())
+                {
+                    committed.insert((e.topic().to_owned(), e.partition()), o);
+                }
+            }
+        }
     }
 
     /// Partitions currently assigned to this member.
@@ -334,12 +355,16 @@ impl ClientContext for RebalanceContext {
 }
 
 /// Every `every`: the lag of each partition this member owns, as the
-/// partition's high watermark minus the group's committed offset, both asked
-/// of the broker (a blocking client call, so off the runtime's threads). It
-/// runs beside the consumer loop, so a consumer stuck on its database still
-/// shows its lag growing. A revoked partition loses its series in
-/// `pre_rebalance`; a partition whose offsets could not be read keeps its
-/// last value.
+/// partition's high watermark minus the group's committed offset. It runs
+/// beside the consumer loop, so a consumer stuck on its database still shows
+/// its lag growing. The watermarks are asked of the partition's leader; the
+/// committed offset is the one this member last committed, and
+/// only a partition new to this member has its committed offset read from
+/// the group coordinator, once: no request of the sampler's queues ahead of
+/// the group's heartbeats on the coordinator's connection in the steady
+/// state (a bench run saw sessions time out on an overloaded broker while
+/// an earlier version asked the coordinator every second). A revoked
+/// partition loses its series in `pre_rebalance`.
 async fn sample_lag(
     consumer: Arc<PaymentsConsumer>,
     lag: prometheus::IntGaugeVec,
@@ -353,7 +378,7 @@ async fn sample_lag(
         }
         let c = consumer.clone();
         match tokio::task::spawn_blocking(move || read_lag(&c)).await {
-            Ok(Ok(lags)) => {
+            Ok(lags) => {
                 for ((topic, partition), value) in lags {
                     // Re-checked: a revoke may have come meanwhile.
                     if consumer.context().owns(&topic, partition) {
@@ -362,36 +387,65 @@ async fn sample_lag(
                     }
                 }
             }
-            Ok(Err(error)) => tracing::debug!(%error, "reading the consumer lag failed"),
             Err(error) => tracing::debug!(%error, "consumer lag task"),
         }
     }
 }
 
-/// The lag of every partition this member owns (see [`partition_lag`]).
-fn read_lag(consumer: &PaymentsConsumer) -> KafkaResult<Vec<((String, i32), i64)>> {
-    const TIMEOUT: Duration = Duration::from_secs(5);
-    let owned = consumer.context().assignment();
-    let mut out = Vec::with_capacity(owned.len());
-    if owned.is_empty() {
-        return Ok(out);
-    }
-    let mut tpl = TopicPartitionList::new();
-    for (topic, partition) in &owned {
-        tpl.add_partition(topic, *partition);
-    }
-    let committed = consumer.committed_offsets(tpl, TIMEOUT)?;
-    for e in committed.elements() {
-        let offset = match e.offset() {
-            Offset::Offset(o) => o,
-            _ => -1, // nothing committed yet
-        };
-        let (low, high) = consumer.fetch_watermarks(e.topic(), e.partition(), TIMEOUT)?;
-        if let Some(lag) = partition_lag(high, offset, low) {
-            out.push(((e.topic().to_owned(), e.partition()), lag));
+/// The lag of every partition this member owns whose offsets are known (see
+/// [`partition_lag`]).
+fn read_lag(consumer: &PaymentsConsumer) -> Vec<((String, i32), i64)> {
+    let context = consumer.context();
+    let owned = context.assignment();
+    let unknown: Vec<&(String, i32)> = {
+        let committed = context
+            .committed
+            .lock()
+            .map(|c| c.clone())
+            .unwrap_or_default();
+        owned
+            .iter()
+            .filter(|k| !committed.contains_key(*k))
+            .collect()
+    };
+    if !unknown.is_empty() {
+        let mut tpl = TopicPartitionList::new();
+        for (topic, partition) in &unknown {
+            tpl.add_partition(topic, *partition);
+        }
+        match consumer.committed_offsets(tpl, Duration::from_secs(5)) {
+            Ok(read) => {
+                if let Ok(mut committed) = context.committed.lock() {
+                    for e in read.elements() {
+                        let offset = match e.offset() {
+                            Offset::Offset(o) => o,
+                            _ => -1, // nothing committed yet
+                        };
+                        // A commit of this member's may have landed meanwhile.
+                        committed
+                            .entry((e.topic().to_owned(), e.partition()))
+                            .or_insert(offset);
+                    }
+                }
+            }
+            Err(error) => tracing::debug!(%error, "reading committed offsets for the lag"),
         }
     }
-    Ok(out)
+    let committed = context
+        .committed
+        .lock()
+        .map(|c| c.clone())
+        .unwrap_or_default();
+    owned
+        .into_iter()
+        .filter_map(|key| {
+            let offset = *committed.get(&key)?;
+            let (low, high) = consumer
+                .fetch_watermarks(&key.0, key.1, Duration::from_secs(5))
+                .ok()?;
+            partition_lag(high, offset, low).map(|lag| (key, lag))
+        })
+        .collect()
 }
 
 /// A partition's lag: its high watermark minus the committed offset. Before
@@ -426,6 +480,9 @@ impl ConsumerContext for RebalanceContext {
         {
             for e in tpl.elements() {
                 assigned.remove(&(e.topic().to_owned(), e.partition()));
+                if let Ok(mut committed) = self.committed.lock() {
+                    committed.remove(&(e.topic().to_owned(), e.partition()));
+                }
                 let _ = self
                     .lag
                     .remove_label_values(&[e.topic(), &e.partition().to_string()]);
@@ -554,17 +611,17 @@ pub async fn run(
     }
     let linger = Duration::from_millis(config.batch_linger_ms);
     let max = config.batch_size.max(1);
-    // The batch fetched while the previous one's transaction ran.
-    let mut ready: Option<Vec<OwnedMessage>> = None;
+    // The batch in hand: filled here, or fetched while the previous one's
+    // transaction ran.
+    let mut batch: Vec<OwnedMessage> = Vec::with_capacity(max);
     loop {
-        let batch = match ready.take() {
-            Some(batch) => batch,
-            None => tokio::select! {
-                b = next_batch(&consumer, max, linger, &metrics) => b,
+        if batch.is_empty() {
+            tokio::select! {
+                () = fill_batch(&consumer, &mut batch, max, linger, &metrics) => {}
                 () = cancel.cancelled() => break,
                 () = fatal.fired() => break,
-            },
-        };
+            }
+        }
         // A fatal error reaches the error callback as its underlying code
         // (e.g. FencedInstanceId), and the receive as an error: ask the client.
         if fatal.check("consumer", consumer.client()) {
@@ -574,21 +631,21 @@ pub async fn run(
             continue;
         }
         // Pipelined: the next batch is fetched while this one's transaction
-        // runs. Its offsets are committed only after its own transaction, in
-        // a later turn; a fetch in progress is never dropped (its messages
-        // would be lost to this life while later offsets get committed), only
-        // abandoned with the whole loop.
-        let fetch = next_batch(&consumer, max, linger, &metrics);
-        tokio::pin!(fetch);
-        let mut fetched = None;
+        // runs. The fetch stops when the transaction ends (a receive is
+        // cancel-safe, and what it received is in `next`); its messages'
+        // offsets are committed only after their own transaction, next turn.
+        let mut next = Vec::with_capacity(max);
         let applied = {
+            let fetch = fill_batch(&consumer, &mut next, max, linger, &metrics);
+            tokio::pin!(fetch);
             let work = process(&pool, apply, &batch, &crasher, &metrics, &cancel);
             tokio::pin!(work);
+            let mut fetching = true;
             loop {
                 tokio::select! {
                     biased;
                     applied = &mut work => break applied,
-                    b = &mut fetch, if fetched.is_none() => fetched = Some(b),
+                    () = &mut fetch, if fetching => fetching = false,
                 }
             }
         };
@@ -598,16 +655,10 @@ pub async fn run(
         commit_offsets(&consumer, &batch, &metrics);
         // Injected duplicates come only now, after the originals committed.
         let plan = injector.plan(&batch);
-        if !plan.redeliver.is_empty() && fetched.is_none() {
-            // A seek must not race the fetch in progress: finish it first,
-            // so every message it holds predates the seek.
-            fetched = Some(tokio::select! {
-                b = &mut fetch => b,
-                () = cancel.cancelled() => break,
-                () = fatal.fired() => break,
-            });
-        }
         let rewound = dup::seek_back(&consumer, &plan, &metrics);
+        // A rewound partition's messages fetched before the seek come again
+        // after it, in order: drop these copies.
+        next.retain(|m| !rewound.contains(&(m.topic().to_owned(), m.partition())));
         if !plan.reprocess.is_empty() {
             // Applied again in a transaction of its own; offsets are already
             // committed, so nothing to commit for them.
@@ -619,19 +670,7 @@ pub async fn run(
                 .with_label_values(&[InjectedDuplicate::Reprocess.as_str()])
                 .inc_by(plan.reprocess.len() as u64);
         }
-        ready = Some(match fetched {
-            Some(mut next) => {
-                // A rewound partition's fetched messages come again after
-                // the seek, in order: drop these copies.
-                next.retain(|m| !rewound.contains(&(m.topic().to_owned(), m.partition())));
-                next
-            }
-            None => tokio::select! {
-                b = &mut fetch => b,
-                () = cancel.cancelled() => break,
-                () = fatal.fired() => break,
-            },
-        });
+        batch = next;
     }
     let fatal_reason = fatal.reason();
     if fatal_reason.is_none() {
@@ -654,30 +693,41 @@ pub async fn run(
     }
 }
 
-/// Waits for one message, then takes whatever else arrives within `linger`.
-async fn next_batch(
+/// Fills `batch` up to `max`: waits for a first message if it has none,
+/// then takes whatever else arrives within `linger`. Cancel-safe: dropped at
+/// any point, `batch` holds every message received (a receive hands over a
+/// message only when it completes).
+async fn fill_batch(
     consumer: &PaymentsConsumer,
+    batch: &mut Vec<OwnedMessage>,
     max: usize,
     linger: Duration,
     metrics: &PaymentsMetrics,
-) -> Vec<OwnedMessage> {
-    let mut batch = Vec::with_capacity(max);
-    match consumer.recv().await {
-        Ok(m) => batch.push(m.detach()),
-        Err(error) => {
-            metrics
-                .consumer_errors_total
-                .with_label_values(&["kafka"])
-                .inc();
-            tracing::warn!(%error, "kafka receive failed");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            return batch;
+) {
+    if batch.is_empty() {
+        match consumer.recv().await {
+            Ok(m) => {
+                batch.push(m.detach());
+                metrics.consumed_total.inc();
+            }
+            Err(error) => {
+                metrics
+                    .consumer_errors_total
+                    .with_label_values(&["kafka"])
+                    .inc();
+                tracing::warn!(%error, "kafka receive failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                return;
+            }
         }
     }
     let deadline = tokio::time::Instant::now() + linger;
     while batch.len() < max {
         match tokio::time::timeout_at(deadline, consumer.recv()).await {
-            Ok(Ok(m)) => batch.push(m.detach()),
+            Ok(Ok(m)) => {
+                batch.push(m.detach());
+                metrics.consumed_total.inc();
+            }
             Ok(Err(error)) => {
                 metrics
                     .consumer_errors_total
@@ -689,8 +739,6 @@ async fn next_batch(
             Err(_) => break,
         }
     }
-    metrics.consumed_total.inc_by(batch.len() as u64);
-    batch
 }
 
 /// Decodes a batch: each message with its intent or its dead-letter reason.
@@ -970,12 +1018,15 @@ fn commit_offsets(consumer: &PaymentsConsumer, batch: &[OwnedMessage], metrics: 
     if tpl.count() == 0 {
         return;
     }
-    if let Err(error) = consumer.commit(&tpl, CommitMode::Async) {
-        metrics
-            .consumer_errors_total
-            .with_label_values(&["commit"])
-            .inc();
-        tracing::warn!(%error, "offset commit failed; the batch will be redelivered (no-op)");
+    match consumer.commit(&tpl, CommitMode::Async) {
+        Ok(()) => context.record_commit(&tpl),
+        Err(error) => {
+            metrics
+                .consumer_errors_total
+                .with_label_values(&["commit"])
+                .inc();
+            tracing::warn!(%error, "offset commit failed; the batch will be redelivered (no-op)");
+        }
     }
 }
 

@@ -1,24 +1,45 @@
 #!/usr/bin/env bash
 # make bench-pipeline: relay drain rate and consumer throughput, each next to
 # a raw rdkafka producer/consumer on the same broker in the same run, plus
-# commit→effect latency at a steady offered rate. Results: bench/results/.
+# commit→effect latency at steady offered rates. Results: bench/results/
+# pipeline-RUN.json; the last two lines printed are the ratios
+# (`relay ratio: …`, `consumer ratio: …`).
 #
-# Settings (env): BENCH_ROWS (outbox backlog, 1000000), BENCH_STEADY_RATE
-# (orders/s for the latency run, 1000), BENCH_STEADY_SECONDS (30).
+# 1. The relay drains a backlog of BENCH_ROWS outbox rows (timed from its
+#    start to the last row marked); the raw producer (relay/examples/
+#    raw_producer.rs) sends as many messages of the same size with the same
+#    producer settings (idempotent, acks=all, lz4, linger) and no database.
+# 2. Payments reads that topic twice in fresh groups: first every msg_id new,
+#    then every msg_id a duplicate; the raw consumer (payments/examples/
+#    raw_consumer.rs) reads it once more, doing nothing. Each is timed the
+#    same way: from its first message handled to its last (payments by
+#    polling payments_consumed_total; the new pass also from the first to the
+#    last charge transaction in SQL, exp-2's clock, and per segment of the
+#    inbox's growth, to see whether a bigger inbox is slower).
+# 3. Commit→effect at each of BENCH_STEADY_RATES new orders/s (15% retried,
+#    unique keys), the whole pipeline co-located: per order in SQL from the
+#    outbox row's commit to the charge's.
+#
+# Settings (env): BENCH_ROWS (1000000), BENCH_STEADY_RATES ("1000 3850"),
+# BENCH_STEADY_SECONDS (30), BENCH_BASE_BIN (a directory with another build's
+# relay and payments: each drain and the new pass run again with them, side
+# by side, e.g. the build before a change), BENCH_SKIP_STEADY=1.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 ROWS=${BENCH_ROWS:-1000000}
-STEADY_RATE=${BENCH_STEADY_RATE:-1000}
+STEADY_RATES=${BENCH_STEADY_RATES:-1000 3850}
 STEADY_SECONDS=${BENCH_STEADY_SECONDS:-30}
+BASE_BIN=${BENCH_BASE_BIN:-}
 RUN=$(date +%Y%m%d-%H%M%S)
 OUT=$ROOT/bench/results
 mkdir -p "$OUT" "$ROOT/.stack/bench-$RUN"
 LOGS=$ROOT/.stack/bench-$RUN
-BIN=$ROOT/target/release
+RAW=$LOGS/raw.jsonl # one JSON object per measurement; the summary reads it
 
 log() { printf 'bench: %s\n' "$*" >&2; }
 now() { date +%s.%N; }
+record() { printf '%s\n' "$1" >>"$RAW"; }
 
 scripts/stack.sh up >/dev/null
 . .stack/env
@@ -28,8 +49,15 @@ log "building (release)"
 pipeline_build release
 cargo build -q --release -p relay --example raw_producer
 cargo build -q --release -p payments --example raw_consumer
+if [ -n "$BASE_BIN" ]; then
+  for b in relay payments; do [ -x "$BASE_BIN/$b" ] || { log "BENCH_BASE_BIN=$BASE_BIN has no $b"; exit 2; }; done
+fi
 
 q() { psql "$1" -qAt -v ON_ERROR_STOP=1 -c "$2"; }
+# A UUIDv7 of the current time in SQL: 48 bits of Unix milliseconds, the
+# version, random bits, the variant, random bits.
+V7="(lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::int8), 12, '0') || '7'
+     || substr(md5(random()::text), 1, 3) || '8' || substr(md5(random()::text), 1, 15))::uuid"
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; pipeline_stop; }
 trap cleanup EXIT
@@ -39,94 +67,121 @@ export RUST_LOG=warn
 pipeline_fresh bench_pipeline "relay.$RUN" 2>/dev/null
 URL=$DATABASE_URL TOPIC=$KAFKA_TOPIC
 log "filling the outbox with $ROWS rows"
+# msg_ids are UUIDv7 minted now, as orders mints them: payments' inbox takes
+# only msg_ids inside its partitions' window, and the outbox's expiry reads a
+# msg_id's mint time (a random v4 would look years old or ahead).
 q "$URL" "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload)
-  SELECT id, gen_random_uuid(), 'order.created',
+  SELECT id, $V7, 'order.created',
          convert_to(json_build_object('order_id', id, 'account_id', i % 100000 + 1,
                     'amount_cents', i % 100000 + 1, 'status', 'created')::text, 'UTF8')
   FROM (SELECT gen_random_uuid() AS id, i FROM generate_series(1, $ROWS) i) s"
 q "$URL" "VACUUM ANALYZE orders.outbox"
-log "relay draining $ROWS rows"
-t0=$(now)
-DATABASE_URL=$RELAY_DATABASE_URL KAFKA_TOPIC=$TOPIC RELAY_METRICS_ADDR=127.0.0.1:0 "$BIN/relay" >"$LOGS/relay.log" 2>&1 & PIDS+=($!)
-RELAY_PID=$!
-while [ "$(q "$URL" "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL")" != 0 ]; do sleep 0.5; done
-t1=$(now)
-kill "$RELAY_PID"; wait "$RELAY_PID" 2>/dev/null || true
-RELAY_RATE=$(python3 -c "print(round($ROWS/($t1-$t0)))")
-log "relay: $RELAY_RATE rows/s"
+BYTES=$(q "$URL" "SELECT round(avg(length(payload)))::int + 160 FROM orders.outbox") # + the envelope
 
-log "raw producer: $ROWS messages of 330 bytes"
-RAW_P=$(KAFKA_BOOTSTRAP_SERVERS=$KAFKA_BOOTSTRAP_SERVERS "$ROOT/target/release/examples/raw_producer" "bench.raw.$RUN" "$ROWS" 330)
+drain() { # NAME BIN TOPIC → records relay_drain
+  local name=$1 bin=$2 topic=$3 t0 t1 pid
+  log "relay ($name) draining $ROWS rows to $topic"
+  t0=$(now)
+  DATABASE_URL=$RELAY_DATABASE_URL KAFKA_TOPIC=$topic RELAY_METRICS_ADDR=127.0.0.1:0 "$bin/relay" >"$LOGS/relay-$name.log" 2>&1 &
+  pid=$!
+  PIDS+=("$pid")
+  while [ "$(q "$URL" "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL")" != 0 ]; do sleep 0.25; done
+  t1=$(now)
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  record "{\"what\": \"relay_drain\", \"build\": \"$name\", \"rows\": $ROWS, \"seconds\": $(python3 -c "print(round($t1-$t0, 3))")}"
+  log "relay ($name): $(python3 -c "print(round($ROWS/($t1-$t0)))") rows/s"
+}
+drain new "$BIN" "$TOPIC"
+if [ -n "$BASE_BIN" ]; then
+  q "$URL" "UPDATE orders.outbox SET published_at = NULL" >/dev/null
+  q "$URL" "VACUUM ANALYZE orders.outbox" >/dev/null
+  "$BIN/kafka-tool" create --topic "$TOPIC.base" --partitions 6 2>/dev/null
+  drain base "$BASE_BIN" "$TOPIC.base"
+fi
+
+log "raw producer: $ROWS messages of $BYTES bytes"
+RAW_P=$(KAFKA_BOOTSTRAP_SERVERS=$KAFKA_BOOTSTRAP_SERVERS "$ROOT/target/release/examples/raw_producer" "bench.raw.$RUN" "$ROWS" "$BYTES")
+record "{\"what\": \"raw_producer\", \"result\": $RAW_P}"
 log "raw producer: $RAW_P"
 
-# --- 2. consumer throughput: first pass (all new), second pass (all duplicates) --
-consume_pass() { # group → rows/s measured from the first inbox/dedup effect
-  local group=$1 metric=$2 port=$3
-  DATABASE_URL=$PAYMENTS_DATABASE_URL KAFKA_TOPIC=$TOPIC PAYMENTS_GROUP_ID=$group PAYMENTS_METRICS_ADDR=127.0.0.1:$port \
-    "$BIN/payments" >"$LOGS/payments-$group.log" 2>&1 &
-  local pid=$!
+# --- 2. consumer throughput ------------------------------------------------------
+consume_pass() { # NAME BIN GROUP PORT DB → records consume
+  local name=$1 bin=$2 group=$3 port=$4 db=$5 pid start="" n0=0 n=0 t
+  DATABASE_URL=${PAYMENTS_DATABASE_URL%/*}/$db KAFKA_TOPIC=$TOPIC PAYMENTS_GROUP_ID=$group PAYMENTS_METRICS_ADDR=127.0.0.1:$port \
+    "$bin/payments" >"$LOGS/payments-$name.log" 2>&1 &
+  pid=$!
   PIDS+=("$pid")
-  local start="" n=0 t
   while :; do
-    n=$(curl -fs "http://127.0.0.1:$port/metrics" 2>/dev/null | awk -v m="$metric" '$1==m{print $2}')
+    n=$(curl -fs "http://127.0.0.1:$port/metrics" 2>/dev/null | awk '$1=="payments_consumed_total"{print $2}')
     n=${n:-0}
     t=$(now)
     if [ -z "$start" ] && [ "${n%.*}" -gt 0 ]; then start=$t; n0=${n%.*}; fi
     [ "${n%.*}" -ge "$ROWS" ] && break
-    sleep 0.2
+    kill -0 "$pid" 2>/dev/null || { log "payments ($name) exited, see $LOGS/payments-$name.log"; exit 1; }
+    sleep 0.1
   done
+  # Consumed is not yet applied: wait for the last transaction.
+  local m=payments_dedup_misses_total
+  [ "$name" = dup ] && m=payments_dedup_hits_total
+  while [ "$(curl -fs "http://127.0.0.1:$port/metrics" | awk -v m=$m '$1==m{print int($2)}')" -lt "$ROWS" ]; do sleep 0.05; done
+  t=$(now)
   kill "$pid"; wait "$pid" 2>/dev/null || true
-  python3 -c "print(round(($ROWS-$n0)/($t-$start)))"
+  record "{\"what\": \"consume\", \"pass\": \"$name\", \"messages\": $((ROWS - n0)), \"seconds\": $(python3 -c "print(round($t-$start, 3))")}"
+  log "payments ($name): $(python3 -c "print(round(($ROWS-$n0)/($t-$start)))") msgs/s"
+}
+# The new pass's clock in SQL: first to last charge transaction, and per
+# tenth of the charges (is the 10th tenth, with the inbox 9x bigger, slower?).
+charge_clock() { # NAME DB
+  local db_url=${STACK_ADMIN_DATABASE_URL%/*}/$2
+  record "$(q "$db_url" "WITH c AS (SELECT created_at, ntile(10) OVER (ORDER BY created_at) AS tenth FROM payments.charges),
+      t AS (SELECT tenth, count(*) AS n, min(created_at) AS t0, max(created_at) AS t1 FROM c GROUP BY tenth)
+    SELECT json_build_object('what', 'charge_clock', 'pass', '$1', 'charges', (SELECT count(*) FROM c),
+      'seconds', EXTRACT(EPOCH FROM (SELECT max(created_at) - min(created_at) FROM c)),
+      'tenths', (SELECT json_agg(json_build_object('tenth', tenth, 'n', n,
+                   'seconds', EXTRACT(EPOCH FROM t1 - t0)) ORDER BY tenth) FROM t))")"
 }
 log "payments: first pass (every msg_id new)"
-CONSUME_NEW=$(consume_pass "bench-new-$RUN" payments_dedup_misses_total 19202)
-log "payments new: $CONSUME_NEW msgs/s"
+consume_pass new "$BIN" "bench-new-$RUN" 19202 bench_pipeline
+charge_clock new bench_pipeline
 log "payments: second pass, fresh group (every msg_id a duplicate)"
-CONSUME_DUP=$(consume_pass "bench-dup-$RUN" payments_dedup_hits_total 19203)
-log "payments duplicates: $CONSUME_DUP msgs/s"
+consume_pass dup "$BIN" "bench-dup-$RUN" 19203 bench_pipeline
+if [ -n "$BASE_BIN" ]; then
+  log "payments (base build): first pass into a fresh database"
+  pipeline_db bench_pipeline_base >/dev/null
+  consume_pass base "$BASE_BIN" "bench-base-$RUN" 19204 bench_pipeline_base
+  charge_clock base bench_pipeline_base
+  pipeline_drop_db bench_pipeline_base
+  pipeline_roles bench_pipeline
+fi
 log "raw consumer on the same topic"
 RAW_C=$(KAFKA_BOOTSTRAP_SERVERS=$KAFKA_BOOTSTRAP_SERVERS "$ROOT/target/release/examples/raw_consumer" "$TOPIC" "$ROWS")
+record "{\"what\": \"raw_consumer\", \"result\": $RAW_C}"
 log "raw consumer: $RAW_C"
 
-# --- 3. commit→effect at a steady offered rate ----------------------------------
-pipeline_fresh bench_steady "steady.$RUN" 2>/dev/null
-URL=$DATABASE_URL
-mkdir -p "$LOGS/steady"
-pipeline_start "$LOGS/steady" 127.0.0.1:18180 127.0.0.1:15151 127.0.0.1:19181 127.0.0.1:19182 "steady-$RUN"
-sleep 5 # the consumer group's first assignment, so it is not in the latency
-log "steady load: $STEADY_RATE orders/s for $STEADY_SECONDS s"
-"$BIN/loadgen" --http-url http://127.0.0.1:18180 --grpc-url http://127.0.0.1:15151 --rate "$STEADY_RATE" \
-  --duration "$STEADY_SECONDS" --retry-rate 0.15 --zipf-s 0 --json "$LOGS/steady-loadgen.json" >/dev/null
-DATABASE_URL=$RECON_DATABASE_URL "$BIN/recon" --wait-drained 120 >"$LOGS/steady-recon.txt" || true
-LAT=$(q "$URL" "SELECT json_build_object(
-    'effects', count(*),
-    'p50_ms', round((percentile_cont(0.50) WITHIN GROUP (ORDER BY ms))::numeric, 1),
-    'p99_ms', round((percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1),
-    'max_ms', round(max(ms)::numeric, 1))
-  FROM (SELECT EXTRACT(EPOCH FROM c.created_at - x.created_at) * 1000 AS ms
-        FROM payments.charges c JOIN orders.outbox x ON x.msg_id = c.msg_id) l")
-log "commit→effect: $LAT"
+# --- 3. commit→effect at steady offered rates -------------------------------------
+if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
+  for rate in $STEADY_RATES; do
+    pipeline_fresh bench_steady "steady.$rate.$RUN" 2>/dev/null
+    URL=$DATABASE_URL
+    mkdir -p "$LOGS/steady-$rate"
+    pipeline_start "$LOGS/steady-$rate" 127.0.0.1:18180 127.0.0.1:15151 127.0.0.1:19181 127.0.0.1:19182 "steady-$rate-$RUN"
+    sleep 5 # the consumer group's first assignment, so it is not in the latency
+    log "steady load: $rate new orders/s (15% retried, unique keys) for $STEADY_SECONDS s"
+    "$BIN/loadgen" --http-url http://127.0.0.1:18180 --grpc-url http://127.0.0.1:15151 --rate "$rate" \
+      --duration "$STEADY_SECONDS" --retry-rate 0.15 --zipf-s 0 --json "$LOGS/steady-$rate-loadgen.json" >/dev/null
+    DATABASE_URL=$RECON_DATABASE_URL "$BIN/recon" --wait-drained 180 >"$LOGS/steady-$rate-recon.txt" \
+      && clean=true || clean=false
+    pipeline_stop
+    record "$(q "$URL" "SELECT json_build_object('what', 'steady', 'rate', $rate, 'seconds', $STEADY_SECONDS,
+        'recon_clean', $clean, 'effects', count(*),
+        'p50_ms', round((percentile_cont(0.50) WITHIN GROUP (ORDER BY ms))::numeric, 1),
+        'p99_ms', round((percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1),
+        'max_ms', round(max(ms)::numeric, 1))
+      FROM (SELECT EXTRACT(EPOCH FROM c.created_at - x.created_at) * 1000 AS ms
+            FROM payments.charges c JOIN orders.outbox x ON x.msg_id = c.msg_id) l")"
+    log "commit→effect at $rate/s: $(tail -1 "$RAW")"
+  done
+fi
 
 RESULT=$OUT/pipeline-$RUN.json
-python3 - "$RESULT" <<PY
-import json, sys
-raw_p = json.loads('''$RAW_P''')
-raw_c = json.loads('''$RAW_C''')
-lat = json.loads('''$LAT''')
-r = {
-  "command": "make bench-pipeline",
-  "rows": $ROWS,
-  "relay_rows_per_sec": $RELAY_RATE,
-  "raw_producer_msgs_per_sec": raw_p["msgs_per_sec"],
-  "relay_vs_raw_producer": round($RELAY_RATE / raw_p["msgs_per_sec"], 2),
-  "consumer_new_msgs_per_sec": $CONSUME_NEW,
-  "consumer_duplicate_msgs_per_sec": $CONSUME_DUP,
-  "raw_consumer_msgs_per_sec": raw_c["msgs_per_sec"],
-  "consumer_vs_raw_consumer": round($CONSUME_NEW / raw_c["msgs_per_sec"], 2),
-  "steady_rate": $STEADY_RATE, "steady_seconds": $STEADY_SECONDS,
-  "commit_to_effect": lat,
-}
-json.dump(r, open(sys.argv[1], "w"), indent=2)
-print(json.dumps(r, indent=2))
-PY
-log "written $RESULT"
+python3 "$ROOT/scripts/lib/bench_pipeline.py" "$RAW" "$RESULT"

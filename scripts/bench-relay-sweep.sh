@@ -3,12 +3,15 @@
 # backlog, same run. Needs the database left by `make bench-pipeline`
 # (bench_pipeline, 1M published outbox rows): each point marks the first
 # SWEEP_ROWS rows pending again (as a relay crash would) and times the drain
-# to a fresh topic. Settings: SWEEP_ROWS (200000), SWEEP_POINTS ("2:500 4:500 8:500 4:2000 2:2000").
+# to a fresh topic. Settings: SWEEP_ROWS (200000), SWEEP_POINTS
+# ("2:500 8:500 8:1000 16:1000": workers:batch), SWEEP_RELAY_BIN (the relay
+# binary, target/release/relay; another build's for an A/B on the same backlog).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 ROWS=${SWEEP_ROWS:-200000}
-POINTS=${SWEEP_POINTS:-2:500 4:500 8:500 4:2000 2:2000}
+POINTS=${SWEEP_POINTS:-2:500 8:500 8:1000 16:1000}
+RELAY_BIN=${SWEEP_RELAY_BIN:-target/release/relay}
 scripts/stack.sh up >/dev/null
 . .stack/env
 cargo build -q --release -p relay
@@ -25,10 +28,10 @@ for point in $POINTS; do
   target/debug/kafka-tool create --topic "$topic" --partitions 6 2>/dev/null
   t0=$(date +%s.%N)
   DATABASE_URL=$RELAY_URL KAFKA_TOPIC=$topic RELAY_WORKERS=$workers RELAY_BATCH_SIZE=$batch \
-    RELAY_METRICS_ADDR=127.0.0.1:0 RUST_LOG=warn target/release/relay &
+    RELAY_METRICS_ADDR=127.0.0.1:0 RUST_LOG=warn "$RELAY_BIN" &
   pid=$!
   while [ "$(q "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL")" != 0 ]; do sleep 0.3; done
   t1=$(date +%s.%N)
   kill "$pid"; wait "$pid" 2>/dev/null || true
-  echo "workers=$workers batch=$batch rows=$ROWS rows_per_sec=$(python3 -c "print(round($ROWS/($t1-$t0)))")"
+  echo "relay=$RELAY_BIN workers=$workers batch=$batch rows=$ROWS rows_per_sec=$(python3 -c "print(round($ROWS/($t1-$t0)))")"
 done

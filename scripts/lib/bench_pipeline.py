@@ -1,0 +1,69 @@
+"""make bench-pipeline's summary: reads the measurements the script recorded
+(one JSON object a line), writes bench/results/pipeline-RUN.json and prints
+it, ending with the two ratio lines. A partial run (stopped early) gives
+None for what it did not measure.
+
+    python3 scripts/lib/bench_pipeline.py RAW.jsonl RESULT.json
+"""
+
+import json
+import sys
+
+
+def rate(n, seconds):
+    return round(n / seconds) if seconds > 0 else None
+
+
+def ratio(a, b):
+    return round(a / b, 2) if a and b else None
+
+
+def summarize(records):
+    by = {}
+    for r in records:
+        by.setdefault(r["what"], []).append(r)
+    out = {"command": "make bench-pipeline"}
+    drains = {d["build"]: d for d in by.get("relay_drain", [])}
+    raw_p = by.get("raw_producer", [{}])[0].get("result", {})
+    out["rows"] = drains["new"]["rows"]
+    out["relay_rows_per_sec"] = rate(drains["new"]["rows"], drains["new"]["seconds"])
+    if "base" in drains:
+        out["base_relay_rows_per_sec"] = rate(drains["base"]["rows"], drains["base"]["seconds"])
+    out["raw_producer"] = raw_p
+    out["raw_producer_msgs_per_sec"] = raw_p.get("msgs_per_sec")
+    out["relay_vs_raw_producer"] = ratio(out["relay_rows_per_sec"], raw_p.get("msgs_per_sec"))
+
+    passes = {c["pass"]: c for c in by.get("consume", [])}
+    clocks = {c["pass"]: c for c in by.get("charge_clock", [])}
+    raw_c = by.get("raw_consumer", [{}])[0].get("result", {})
+    for name, p in passes.items():
+        out[f"consumer_{name}_msgs_per_sec"] = rate(p["messages"], p["seconds"])
+    for name, c in clocks.items():
+        out[f"consumer_{name}_charges_per_sec_sql"] = rate(c["charges"], c["seconds"])
+        out[f"consumer_{name}_charges_per_sec_by_tenth"] = [
+            rate(t["n"], t["seconds"]) for t in c["tenths"] or []
+        ]
+    out["raw_consumer"] = raw_c
+    out["raw_consumer_msgs_per_sec"] = raw_c.get("msgs_per_sec")
+    out["consumer_vs_raw_consumer"] = ratio(out.get("consumer_new_msgs_per_sec"), raw_c.get("msgs_per_sec"))
+    out["duplicates_vs_new"] = ratio(out.get("consumer_dup_msgs_per_sec"), out.get("consumer_new_msgs_per_sec"))
+    out["steady"] = by.get("steady", [])
+    return out
+
+
+def main(argv):
+    raw, result = argv[1], argv[2]
+    with open(raw) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    out = summarize(records)
+    with open(result, "w") as f:
+        json.dump(out, f, indent=2)
+        f.write("\n")
+    print(json.dumps(out, indent=2))
+    print(f"written {result}")
+    print(f"relay ratio: {out['relay_vs_raw_producer']}")
+    print(f"consumer ratio: {out['consumer_vs_raw_consumer']}")
+
+
+if __name__ == "__main__":
+    main(sys.argv)

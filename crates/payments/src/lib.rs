@@ -89,7 +89,7 @@ pub struct Config {
     pub group_instance_id: Option<String>,
 
     /// How often the consumer lag per partition (`payments_consumer_lag`:
-    /// high watermark minus committed offset, both asked of the broker) is
+    /// the partition's high watermark minus the group's committed offset) is
     /// refreshed, in milliseconds.
     #[arg(long, env = "PAYMENTS_LAG_SAMPLE_MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(10..=86_400_000))]

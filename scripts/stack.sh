@@ -187,8 +187,14 @@ kafka_up() {
   # Its own line: a build failure inside $(…) exits only the subshell.
   local tool
   tool=$(kafka_tool_bin) || exit 1
-  KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT "$tool" create --topic "$TOPIC" --partitions "$PARTITIONS" \
-    || die "could not create topic $TOPIC"
+  # A broker restarted on a big store listens before it serves (seen after a
+  # kill -9 with a 5.8 GB store: "Unknown broker error"): try for 20 s.
+  local tries=0
+  until KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT "$tool" create --topic "$TOPIC" --partitions "$PARTITIONS"; do
+    tries=$((tries + 1))
+    [ "$tries" -lt 40 ] || die "could not create topic $TOPIC within 20 s"
+    sleep 0.5
+  done
 }
 
 # The project's own Kafka tool (rdkafka), built on first use (debug profile:

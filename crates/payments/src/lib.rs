@@ -300,8 +300,9 @@ pub struct RebalanceContext {
 
 impl RebalanceContext {
     /// A context that fires `fatal` on a fatal client error, counts failed
-    /// asynchronous offset commits in `commit_failures` and removes a revoked
-    /// partition's series from `lag` (labels `topic`, `partition`).
+    /// asynchronous offset commits in `commit_failures`, and holds `lag`
+    /// (labels `topic`, `partition`): set by the lag sampler for the
+    /// partitions this member owns, a revoked partition's series removed.
     pub fn new(
         fatal: FatalState,
         commit_failures: prometheus::IntCounter,
@@ -339,6 +340,12 @@ impl RebalanceContext {
         }
     }
 
+    /// The committed offset of each owned partition, as far as this member
+    /// knows (a copy).
+    fn known_commits(&self) -> HashMap<(String, i32), i64> {
+        self.committed.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
     /// Partitions currently assigned to this member.
     pub fn assignment(&self) -> Vec<(String, i32)> {
         self.assigned
@@ -365,12 +372,7 @@ impl ClientContext for RebalanceContext {
 /// state (a bench run saw sessions time out on an overloaded broker while
 /// an earlier version asked the coordinator every second). A revoked
 /// partition loses its series in `pre_rebalance`.
-async fn sample_lag(
-    consumer: Arc<PaymentsConsumer>,
-    lag: prometheus::IntGaugeVec,
-    every: Duration,
-    cancel: CancellationToken,
-) {
+async fn sample_lag(consumer: Arc<PaymentsConsumer>, every: Duration, cancel: CancellationToken) {
     loop {
         tokio::select! {
             () = tokio::time::sleep(every) => {}
@@ -379,10 +381,13 @@ async fn sample_lag(
         let c = consumer.clone();
         match tokio::task::spawn_blocking(move || read_lag(&c)).await {
             Ok(lags) => {
+                let context = consumer.context();
                 for ((topic, partition), value) in lags {
                     // Re-checked: a revoke may have come meanwhile.
-                    if consumer.context().owns(&topic, partition) {
-                        lag.with_label_values(&[topic.as_str(), &partition.to_string()])
+                    if context.owns(&topic, partition) {
+                        context
+                            .lag
+                            .with_label_values(&[topic.as_str(), &partition.to_string()])
                             .set(value);
                     }
                 }
@@ -398,11 +403,7 @@ fn read_lag(consumer: &PaymentsConsumer) -> Vec<((String, i32), i64)> {
     let context = consumer.context();
     let owned = context.assignment();
     let unknown: Vec<&(String, i32)> = {
-        let committed = context
-            .committed
-            .lock()
-            .map(|c| c.clone())
-            .unwrap_or_default();
+        let committed = context.known_commits();
         owned
             .iter()
             .filter(|k| !committed.contains_key(*k))
@@ -431,11 +432,7 @@ fn read_lag(consumer: &PaymentsConsumer) -> Vec<((String, i32), i64)> {
             Err(error) => tracing::debug!(%error, "reading committed offsets for the lag"),
         }
     }
-    let committed = context
-        .committed
-        .lock()
-        .map(|c| c.clone())
-        .unwrap_or_default();
+    let committed = context.known_commits();
     owned
         .into_iter()
         .filter_map(|key| {
@@ -584,7 +581,6 @@ pub async fn run(
     );
     let lag_task = tokio::spawn(sample_lag(
         consumer.clone(),
-        metrics.consumer_lag.clone(),
         Duration::from_millis(config.lag_sample_ms),
         serving.clone(),
     ));

@@ -105,6 +105,9 @@ record "{\"what\": \"raw_producer\", \"result\": $RAW_P}"
 log "raw producer: $RAW_P"
 
 # --- 2. consumer throughput ------------------------------------------------------
+metric() { # PORT NAME → the value of NAME at 127.0.0.1:PORT/metrics as an integer (0 when absent)
+  curl -fs "http://127.0.0.1:$1/metrics" 2>/dev/null | awk -v m="$2" '$1==m{v=int($2)} END{print v+0}'
+}
 consume_pass() { # NAME BIN GROUP PORT DB → records consume
   local name=$1 bin=$2 group=$3 port=$4 db=$5 pid start="" n0=0 n=0 t
   DATABASE_URL=${PAYMENTS_DATABASE_URL%/*}/$db KAFKA_TOPIC=$TOPIC PAYMENTS_GROUP_ID=$group PAYMENTS_METRICS_ADDR=127.0.0.1:$port \
@@ -112,18 +115,17 @@ consume_pass() { # NAME BIN GROUP PORT DB → records consume
   pid=$!
   PIDS+=("$pid")
   while :; do
-    n=$(curl -fs "http://127.0.0.1:$port/metrics" 2>/dev/null | awk '$1=="payments_consumed_total"{print $2}')
-    n=${n:-0}
+    n=$(metric "$port" payments_consumed_total)
     t=$(now)
-    if [ -z "$start" ] && [ "${n%.*}" -gt 0 ]; then start=$t; n0=${n%.*}; fi
-    [ "${n%.*}" -ge "$ROWS" ] && break
+    if [ -z "$start" ] && [ "$n" -gt 0 ]; then start=$t; n0=$n; fi
+    [ "$n" -ge "$ROWS" ] && break
     kill -0 "$pid" 2>/dev/null || { log "payments ($name) exited, see $LOGS/payments-$name.log"; exit 1; }
     sleep 0.1
   done
   # Consumed is not yet applied: wait for the last transaction.
   local m=payments_dedup_misses_total
   [ "$name" = dup ] && m=payments_dedup_hits_total
-  while [ "$(curl -fs "http://127.0.0.1:$port/metrics" | awk -v m=$m '$1==m{print int($2)}')" -lt "$ROWS" ]; do sleep 0.05; done
+  while [ "$(metric "$port" $m)" -lt "$ROWS" ]; do sleep 0.05; done
   t=$(now)
   kill "$pid"; wait "$pid" 2>/dev/null || true
   record "{\"what\": \"consume\", \"pass\": \"$name\", \"messages\": $((ROWS - n0)), \"seconds\": $(python3 -c "print(round($t-$start, 3))")}"

@@ -82,6 +82,17 @@ pub struct Config {
     #[arg(long, env = "PAYMENTS_SESSION_TIMEOUT_MS", default_value_t = 10_000)]
     pub session_timeout_ms: u64,
 
+    /// Offsets are committed at most this often, in milliseconds: the latest
+    /// offset of every partition whose batches have committed in the database
+    /// since. 0 commits after every batch. Each commit is a request to the
+    /// group coordinator; one per batch (a dozen a second) made the embedded
+    /// broker answer heartbeats late enough to time the session out
+    /// (FINDINGS §19). A crash redelivers what was applied after the last
+    /// commit, up to this long's worth: inbox hits, no effect.
+    #[arg(long, env = "PAYMENTS_COMMIT_INTERVAL_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub commit_interval_ms: u64,
+
     /// Static group membership (Kafka `group.instance.id`): a restarted
     /// process with the same id gets its partitions back without waiting for
     /// its dead predecessor's session to time out. Unique per process.
@@ -607,6 +618,7 @@ pub async fn run(
     }
     let linger = Duration::from_millis(config.batch_linger_ms);
     let max = config.batch_size.max(1);
+    let mut commits = Commits::new(Duration::from_millis(config.commit_interval_ms));
     // The batch in hand: filled here, or fetched while the previous one's
     // transaction ran.
     let mut batch: Vec<OwnedMessage> = Vec::with_capacity(max);
@@ -614,6 +626,10 @@ pub async fn run(
         if batch.is_empty() {
             tokio::select! {
                 () = fill_batch(&consumer, &mut batch, max, linger, &metrics) => {}
+                // Idle with offsets not yet committed: commit them when due.
+                () = commits.due_in(), if commits.any() => {
+                    commits.flush(&consumer, &metrics, CommitMode::Async);
+                }
                 () = cancel.cancelled() => break,
                 () = fatal.fired() => break,
             }
@@ -648,7 +664,10 @@ pub async fn run(
         if !applied {
             break; // cancelled while the database was failing; nothing committed
         }
-        commit_offsets(&consumer, &batch, &metrics);
+        commits.add(&batch);
+        if commits.due() {
+            commits.flush(&consumer, &metrics, CommitMode::Async);
+        }
         // Injected duplicates come only now, after the originals committed.
         let plan = injector.plan(&batch);
         let rewound = dup::seek_back(&consumer, &plan, &metrics);
@@ -670,10 +689,15 @@ pub async fn run(
     }
     let fatal_reason = fatal.reason();
     if fatal_reason.is_none() {
-        // Leaving the group hands the partitions over at once instead of
-        // after the session timeout.
-        let c = consumer.clone();
-        let _ = tokio::task::spawn_blocking(move || c.unsubscribe()).await;
+        // What was applied since the last commit, so the next owner does
+        // not redeliver it; then leaving the group hands the partitions over
+        // at once instead of after the session timeout.
+        let (c, m) = (consumer.clone(), metrics.clone());
+        let _ = tokio::task::spawn_blocking(move || {
+            commits.flush(&c, &m, CommitMode::Sync);
+            c.unsubscribe();
+        })
+        .await;
     }
     serving.cancel();
     let _ = metrics_task.await;
@@ -993,35 +1017,99 @@ fn record(
     }
 }
 
-/// Commits, per partition still owned, the offset after the batch's last
-/// message. Only called after the batch's transaction committed.
-fn commit_offsets(consumer: &PaymentsConsumer, batch: &[OwnedMessage], metrics: &PaymentsMetrics) {
-    let mut next: BTreeMap<(&str, i32), i64> = BTreeMap::new();
-    for m in batch {
-        let e = next.entry((m.topic(), m.partition())).or_insert(0);
-        *e = (*e).max(m.offset() + 1);
-    }
-    let context = consumer.context();
-    let mut tpl = TopicPartitionList::new();
-    for ((topic, partition), offset) in next {
-        if !context.owns(topic, partition) {
-            continue; // revoked meanwhile: the new owner redelivers, the inbox absorbs
+/// The offsets to commit: after each batch's transaction its partitions'
+/// next offsets are added, and they go to the broker in one commit at most
+/// every `interval` (every batch when it is zero). Offsets never go back: a
+/// partition rewound by an injected redelivery re-adds offsets at or below
+/// what was committed, which are left out.
+struct Commits {
+    interval: Duration,
+    pending: BTreeMap<(String, i32), i64>,
+    committed: HashMap<(String, i32), i64>,
+    last: tokio::time::Instant,
+}
+
+impl Commits {
+    /// The first batch's offsets are due at once: a life killed within
+    /// the interval still moves its partitions on by a batch (a consumer
+    /// killed every few batches would otherwise commit nothing, ever).
+    fn new(interval: Duration) -> Self {
+        let now = tokio::time::Instant::now();
+        Self {
+            interval,
+            pending: BTreeMap::new(),
+            committed: HashMap::new(),
+            last: now.checked_sub(interval).unwrap_or(now),
         }
-        if let Err(error) = tpl.add_partition_offset(topic, partition, Offset::Offset(offset)) {
-            tracing::warn!(%error, "build offset list");
+    }
+
+    /// Adds a batch whose transaction committed.
+    fn add(&mut self, batch: &[OwnedMessage]) {
+        for m in batch {
+            let key = (m.topic().to_owned(), m.partition());
+            let next = m.offset() + 1;
+            if self.committed.get(&key).is_some_and(|&c| next <= c) {
+                continue;
+            }
+            let e = self.pending.entry(key).or_insert(next);
+            *e = (*e).max(next);
         }
     }
-    if tpl.count() == 0 {
-        return;
+
+    fn any(&self) -> bool {
+        !self.pending.is_empty()
     }
-    match consumer.commit(&tpl, CommitMode::Async) {
-        Ok(()) => context.record_commit(&tpl),
-        Err(error) => {
-            metrics
-                .consumer_errors_total
-                .with_label_values(&["commit"])
-                .inc();
-            tracing::warn!(%error, "offset commit failed; the batch will be redelivered (no-op)");
+
+    /// Whether the pending offsets are due.
+    fn due(&self) -> bool {
+        self.any() && self.last.elapsed() >= self.interval
+    }
+
+    /// Completes when the pending offsets are due.
+    async fn due_in(&self) {
+        tokio::time::sleep_until(self.last + self.interval).await;
+    }
+
+    /// Takes the pending offsets of the partitions `owns` says this member
+    /// still owns, as committed from now on; restarts the interval.
+    fn take(&mut self, owns: impl Fn(&str, i32) -> bool) -> Vec<((String, i32), i64)> {
+        self.last = tokio::time::Instant::now();
+        // A partition that comes back later starts from the group's offset.
+        self.committed.retain(|(t, p), _| owns(t, *p));
+        let taken: Vec<_> = std::mem::take(&mut self.pending)
+            .into_iter()
+            .filter(|((t, p), _)| owns(t, *p))
+            .collect();
+        for (key, offset) in &taken {
+            self.committed.insert(key.clone(), *offset);
+        }
+        taken
+    }
+
+    /// Commits the pending offsets of the partitions this member still
+    /// owns; a revoked partition's are dropped (a late commit could move the
+    /// new owner's offset back; it redelivers them instead, as no-ops).
+    fn flush(&mut self, consumer: &PaymentsConsumer, metrics: &PaymentsMetrics, mode: CommitMode) {
+        let context = consumer.context();
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, partition), offset) in self.take(|t, p| context.owns(t, p)) {
+            if let Err(error) = tpl.add_partition_offset(&topic, partition, Offset::Offset(offset))
+            {
+                tracing::warn!(%error, "build offset list");
+            }
+        }
+        if tpl.count() == 0 {
+            return;
+        }
+        match consumer.commit(&tpl, mode) {
+            Ok(()) => context.record_commit(&tpl),
+            Err(error) => {
+                metrics
+                    .consumer_errors_total
+                    .with_label_values(&["commit"])
+                    .inc();
+                tracing::warn!(%error, "offset commit failed; the batches will be redelivered (no-ops)");
+            }
         }
     }
 }
@@ -1029,7 +1117,63 @@ fn commit_offsets(consumer: &PaymentsConsumer, batch: &[OwnedMessage], metrics: 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdkafka::message::Timestamp;
     use rdkafka::types::RDKafkaErrorCode;
+
+    fn msg(partition: i32, offset: i64) -> OwnedMessage {
+        OwnedMessage::new(
+            None,
+            None,
+            "t".into(),
+            Timestamp::NotAvailable,
+            partition,
+            offset,
+            None,
+        )
+    }
+
+    #[tokio::test]
+    async fn commits_coalesce_to_each_partitions_latest_offset_and_never_go_back() {
+        let mut c = Commits::new(Duration::from_secs(3600));
+        assert!(!c.any() && !c.due());
+        let all = |_: &str, _: i32| true;
+        c.add(&[msg(2, 0)]);
+        assert!(c.due(), "a life's first batch is due at once");
+        assert_eq!(c.take(all), vec![(("t".to_owned(), 2), 1)]);
+        c.add(&[msg(0, 10), msg(1, 5), msg(0, 11)]);
+        c.add(&[msg(0, 12), msg(1, 4)]);
+        assert!(c.any());
+        assert!(!c.due(), "then not before the interval");
+        assert_eq!(
+            c.take(all),
+            vec![(("t".to_owned(), 0), 13), (("t".to_owned(), 1), 6)]
+        );
+        assert!(!c.any());
+        // An injected redelivery of partition 0 re-adds offsets already
+        // committed: nothing to commit for them.
+        c.add(&[msg(0, 10), msg(0, 12)]);
+        assert!(
+            !c.any(),
+            "an offset at or below the committed one is left out"
+        );
+        c.add(&[msg(0, 13)]);
+        assert_eq!(c.take(all), vec![(("t".to_owned(), 0), 14)]);
+    }
+
+    #[tokio::test]
+    async fn a_revoked_partitions_offsets_are_dropped_and_it_comes_back_clean() {
+        let mut c = Commits::new(Duration::ZERO);
+        c.add(&[msg(0, 100), msg(1, 100)]);
+        assert!(c.due(), "an interval of 0 commits after every batch");
+        assert_eq!(c.take(|_, p| p == 1), vec![(("t".to_owned(), 1), 101)]);
+        c.add(&[msg(1, 200)]);
+        c.take(|_, _| true);
+        // Partition 1 revoked, then assigned again with the group's offset
+        // moved back (another member's reset): its offsets count again.
+        c.take(|_, p| p != 1);
+        c.add(&[msg(1, 50)]);
+        assert_eq!(c.take(|_, _| true), vec![(("t".to_owned(), 1), 51)]);
+    }
 
     #[test]
     fn lag_is_the_watermark_minus_the_committed_offset_or_the_earliest() {

@@ -18,7 +18,8 @@
 #    inbox's growth, to see whether a bigger inbox is slower).
 # 3. Commit→effect at each of BENCH_STEADY_RATES new orders/s (15% retried,
 #    unique keys), the whole pipeline co-located: per order in SQL from the
-#    outbox row's commit to the charge's.
+#    outbox row's commit to the charge's, and its first part, commit→publish
+#    (to the relay's mark, after the broker's ack).
 #
 # Settings (env): BENCH_ROWS (1000000), BENCH_STEADY_RATES ("1000 3850"),
 # BENCH_STEADY_SECONDS (30), BENCH_BASE_BIN (a directory with another build's
@@ -178,8 +179,11 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
         'recon_clean', $clean, 'effects', count(*),
         'p50_ms', round((percentile_cont(0.50) WITHIN GROUP (ORDER BY ms))::numeric, 1),
         'p99_ms', round((percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1),
-        'max_ms', round(max(ms)::numeric, 1))
-      FROM (SELECT EXTRACT(EPOCH FROM c.created_at - x.created_at) * 1000 AS ms
+        'max_ms', round(max(ms)::numeric, 1),
+        'publish_p50_ms', round((percentile_cont(0.50) WITHIN GROUP (ORDER BY pub_ms))::numeric, 1),
+        'publish_p99_ms', round((percentile_cont(0.99) WITHIN GROUP (ORDER BY pub_ms))::numeric, 1))
+      FROM (SELECT EXTRACT(EPOCH FROM c.created_at - x.created_at) * 1000 AS ms,
+                   EXTRACT(EPOCH FROM x.published_at - x.created_at) * 1000 AS pub_ms
             FROM payments.charges c JOIN orders.outbox x ON x.msg_id = c.msg_id) l")"
     log "commit→effect at $rate/s: $(tail -1 "$RAW")"
   done

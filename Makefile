@@ -8,7 +8,7 @@ CARGO ?= cargo
 -include .stack/env
 
 .PHONY: help up down status migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep demo \
-        check-config check-dashboards plot-deps plot-orders chaos exp-1 exp-2 exp-3 exp-4 exp-5 exp-7 exp-8 accept
+        check-config check-dashboards plot-deps plot-orders chaos exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 accept
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -85,6 +85,9 @@ exp-4: ## kill -9 payments at effect and claim (clean), then the split-transacti
 
 exp-5: ## the inbox at scale: single table vs msg_id partitions, growth to 100M keys, DELETE vs DROP expiry
 	@QUICK=$(QUICK) experiments/exp-5-dedup-store/run.sh
+
+exp-6: ## outbox lag under steady load and 2x/3x bursts, per relay workers x batch size: backlog, oldest row, commit→publish, CPU
+	@QUICK=$(QUICK) experiments/exp-6-outbox-lag/run.sh
 
 exp-7: ## hot keys: half the intents on 10 keys; ON CONFLICT vs advisory-lock claims, with and without coalescing
 	@QUICK=$(QUICK) experiments/exp-7-hot-keys/run.sh

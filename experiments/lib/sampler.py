@@ -14,11 +14,14 @@ previous sample, and the tables an autovacuum worker was vacuuming or
 analyzing at the sample.
 
 Usage: python3 experiments/lib/sampler.py --database-url URL --relay HOST:PORT
-       --payments HOST:PORT --duration SECONDS --out samples.csv --minutes minutes.csv
+       [--payments HOST:PORT] --duration SECONDS --out samples.csv --minutes minutes.csv
        [--interval 5]
 
-Standard library only (psql for the SQL). It starts counting when both
-services answer /metrics, and stops after --duration seconds or on SIGTERM,
+Without --payments (a run of the relay alone, e.g. experiment 6) the
+commit->effect columns stay empty.
+
+Standard library only (psql for the SQL). It starts counting when the
+services it was given answer /metrics, and stops after --duration seconds or on SIGTERM,
 writing what it has.
 """
 import argparse
@@ -43,7 +46,7 @@ FROM (SELECT count(*) AS n, COALESCE(extract(epoch FROM now() - min(created_at))
       FROM orders.outbox WHERE published_at IS NULL AND failed_at IS NULL) AS b, pg_stat_bgwriter AS w
 """
 # The process groups whose CPU is recorded, by the name in /proc/PID/comm.
-PROCESSES = ("orders", "relay", "payments", "loadgen", "chaos", "postgres", "nisshi", "python3")
+PROCESSES = ("orders", "relay", "payments", "loadgen", "chaos", "postgres", "nisshi", "pgbench", "python3")
 
 
 def scrape(addr, name):
@@ -180,8 +183,8 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--database-url", required=True)
     ap.add_argument("--relay", required=True, help="HOST:PORT of the relay's /metrics")
-    ap.add_argument("--payments", required=True, help="HOST:PORT of payments' /metrics")
-    ap.add_argument("--duration", type=float, required=True, help="seconds to sample once both answer")
+    ap.add_argument("--payments", help="HOST:PORT of payments' /metrics (none: the relay runs alone)")
+    ap.add_argument("--duration", type=float, required=True, help="seconds to sample once the services answer")
     ap.add_argument("--interval", type=float, default=5.0)
     ap.add_argument("--ready-timeout", type=float, default=120.0)
     ap.add_argument("--out", required=True)
@@ -192,11 +195,11 @@ def main(argv):
     deadline = time.monotonic() + args.ready_timeout
     while not stop and time.monotonic() < deadline:
         if scrape(args.relay, HISTOGRAMS["publish"]) is not None and \
-                scrape(args.payments, HISTOGRAMS["effect"]) is not None:
+                (args.payments is None or scrape(args.payments, HISTOGRAMS["effect"]) is not None):
             break
         time.sleep(0.2)
     else:
-        print("sampler: the relay's and payments' /metrics never answered", file=sys.stderr)
+        print("sampler: the services' /metrics never answered", file=sys.stderr)
     t0 = time.monotonic()
     hz = os.sysconf("SC_CLK_TCK")
     samples, previous, ticks_before = [], {}, None
@@ -206,7 +209,7 @@ def main(argv):
         db = pg_sample(args.database_url)
         sample = {"t": t, "unix_s": time.time(), "pending": db.get("pending"), "oldest_s": db.get("oldest_s"),
                   "publish": scrape(args.relay, HISTOGRAMS["publish"]),
-                  "effect": scrape(args.payments, HISTOGRAMS["effect"]),
+                  "effect": scrape(args.payments, HISTOGRAMS["effect"]) if args.payments else None,
                   "vacuum": db.get("vacuum", ""), "analyze": db.get("analyze", "")}
         for key in ("ckpt_buffers", "checkpoints", "wal_bytes"):
             if key in db and key in previous:

@@ -55,10 +55,6 @@ if [ -n "$BASE_BIN" ]; then
 fi
 
 q() { psql "$1" -qAt -v ON_ERROR_STOP=1 -c "$2"; }
-# A UUIDv7 of the current time in SQL: 48 bits of Unix milliseconds, the
-# version, random bits, the variant, random bits.
-V7="(lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::int8), 12, '0') || '7'
-     || substr(md5(random()::text), 1, 3) || '8' || substr(md5(random()::text), 1, 15))::uuid"
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; pipeline_stop; }
 trap cleanup EXIT
@@ -68,14 +64,7 @@ export RUST_LOG=warn
 pipeline_fresh bench_pipeline "relay.$RUN" 2>/dev/null
 URL=$DATABASE_URL TOPIC=$KAFKA_TOPIC
 log "filling the outbox with $ROWS rows"
-# msg_ids are UUIDv7 minted now, as orders mints them: payments' inbox takes
-# only msg_ids inside its partitions' window, and the outbox's expiry reads a
-# msg_id's mint time (a random v4 would look years old or ahead).
-q "$URL" "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload)
-  SELECT id, $V7, 'order.created',
-         convert_to(json_build_object('order_id', id, 'account_id', i % 100000 + 1,
-                    'amount_cents', i % 100000 + 1, 'status', 'created')::text, 'UTF8')
-  FROM (SELECT gen_random_uuid() AS id, i FROM generate_series(1, $ROWS) i) s"
+q "$URL" "$(pipeline_outbox_rows_sql "$ROWS")"
 q "$URL" "VACUUM ANALYZE orders.outbox"
 BYTES=$(q "$URL" "SELECT round(avg(length(payload)))::int + 160 FROM orders.outbox") # + the envelope
 

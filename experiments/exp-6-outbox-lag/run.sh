@@ -30,24 +30,11 @@ export RUST_LOG=${RUST_LOG:-warn}
 
 q() { psql "$DATABASE_URL" -qAt -v ON_ERROR_STOP=1 "$@"; }
 now() { date +%s.%N; }
-# The outbox rows as orders writes them: a fresh aggregate per row, a UUIDv7
-# msg_id minted now (the outbox's expiry and payments' window read its time),
-# a JSON order.created payload.
-V7="(lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::int8), 12, '0') || '7'
-     || substr(md5(random()::text), 1, 3) || '8' || substr(md5(random()::text), 1, 15))::uuid"
-insert_rows() { # N (an SQL expression, e.g. 1000 or :rows)
-  printf '%s\n' "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload)
-  SELECT id, $V7, 'order.created',
-         convert_to(json_build_object('order_id', id, 'account_id', i % 100000 + 1,
-                    'amount_cents', i % 100000 + 1, 'status', 'created')::text, 'UTF8')
-  FROM (SELECT gen_random_uuid() AS id, i FROM generate_series(1, $1) i) s;" | tr '\n' ' '
-  echo
-}
 # pgbench's transaction: the insert, without the trigger's NOTIFY, then a
 # NOTIFY of its own, as orders does (a NOTIFY holds a database-wide lock
 # through its transaction's commit and WAL flush: inserts that notify commit
 # one at a time, about 300/s here; migrations/*_outbox_notify_when_rows.sql).
-{ insert_rows :rows; echo "SELECT pg_notify('orders_outbox', '');"; } >"$RES/logs/insert.pgbench.sql"
+{ pipeline_outbox_rows_sql :rows; echo "SELECT pg_notify('orders_outbox', '');"; } >"$RES/logs/insert.pgbench.sql"
 pending() { q -c "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL AND failed_at IS NULL"; }
 
 PIDS=()
@@ -79,7 +66,7 @@ for config in $CONFIGS; do
   pipeline_fresh "exp_6_${workers}_${batch}" "exp-6-$tag-$(date +%H%M%S)" 2>/dev/null
 
   say "$tag: capacity: the relay drains $DRAIN_ROWS rows"
-  q -c "$(insert_rows "$DRAIN_ROWS")" -c "VACUUM ANALYZE orders.outbox" >/dev/null
+  q -c "$(pipeline_outbox_rows_sql "$DRAIN_ROWS")" -c "VACUUM ANALYZE orders.outbox" >/dev/null
   cpu0=$(python3 "$ROOT/experiments/lib/exp6.py" --cpu-ticks)
   t0=$(now)
   DATABASE_URL=$RELAY_DATABASE_URL RELAY_METRICS_ADDR=$RELAY_METRICS RELAY_WORKERS=$workers \

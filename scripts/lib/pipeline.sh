@@ -79,6 +79,24 @@ pipeline_fresh() {
   "$BIN/kafka-tool" create --topic "$KAFKA_TOPIC" --partitions "${PIPELINE_PARTITIONS:-6}"
 }
 
+# pipeline_outbox_rows_sql N: an INSERT of N outbox rows (N an SQL
+# expression: 1000, or pgbench's :rows) as orders writes them, on one line: a
+# fresh aggregate per row, a JSON order.created, and a msg_id that is a
+# UUIDv7 minted now (48 bits of Unix milliseconds, the version, random bits,
+# the variant, random bits), as orders mints them: payments' inbox takes only
+# msg_ids inside its partitions' window, and the outbox's expiry reads a
+# msg_id's mint time (a random v4 would look years old or ahead).
+pipeline_outbox_rows_sql() {
+  local v7="(lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::int8), 12, '0') || '7'
+     || substr(md5(random()::text), 1, 3) || '8' || substr(md5(random()::text), 1, 15))::uuid"
+  printf '%s\n' "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload)
+  SELECT id, $v7, 'order.created',
+         convert_to(json_build_object('order_id', id, 'account_id', i % 100000 + 1,
+                    'amount_cents', i % 100000 + 1, 'status', 'created')::text, 'UTF8')
+  FROM (SELECT gen_random_uuid() AS id, i FROM generate_series(1, $1) i) s;" | tr '\n' ' '
+  echo
+}
+
 # wait_http URL NAME PID LOGDIR: up to 30 s for a 200, failing at once if PID died.
 wait_http() {
   for _ in $(seq 1 300); do

@@ -188,11 +188,12 @@ pub fn seek_back(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use rdkafka::Timestamp;
 
-    fn msg(partition: i32, offset: i64) -> OwnedMessage {
+    /// A message of topic `t` (payload `{}`), for the crate's tests.
+    pub(crate) fn msg(partition: i32, offset: i64) -> OwnedMessage {
         OwnedMessage::new(
             Some(b"{}".to_vec()),
             None,

@@ -32,7 +32,7 @@ use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
 use rdkafka::error::{KafkaError, KafkaResult};
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -724,39 +724,41 @@ async fn fill_batch(
     linger: Duration,
     metrics: &PaymentsMetrics,
 ) {
-    if batch.is_empty() {
-        match consumer.recv().await {
-            Ok(m) => {
-                batch.push(m.detach());
-                metrics.consumed_total.inc();
-            }
-            Err(error) => {
-                metrics
-                    .consumer_errors_total
-                    .with_label_values(&["kafka"])
-                    .inc();
-                tracing::warn!(%error, "kafka receive failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                return;
-            }
-        }
+    if batch.is_empty() && !keep(batch, consumer.recv().await, metrics) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        return;
     }
     let deadline = tokio::time::Instant::now() + linger;
     while batch.len() < max {
-        match tokio::time::timeout_at(deadline, consumer.recv()).await {
-            Ok(Ok(m)) => {
-                batch.push(m.detach());
-                metrics.consumed_total.inc();
-            }
-            Ok(Err(error)) => {
-                metrics
-                    .consumer_errors_total
-                    .with_label_values(&["kafka"])
-                    .inc();
-                tracing::warn!(%error, "kafka receive failed");
-                break;
-            }
-            Err(_) => break,
+        let Ok(received) = tokio::time::timeout_at(deadline, consumer.recv()).await else {
+            break; // lingered long enough
+        };
+        if !keep(batch, received, metrics) {
+            break;
+        }
+    }
+}
+
+/// Adds a received message to `batch` (true), or counts and logs the
+/// receive's error (false).
+fn keep(
+    batch: &mut Vec<OwnedMessage>,
+    received: KafkaResult<BorrowedMessage<'_>>,
+    metrics: &PaymentsMetrics,
+) -> bool {
+    match received {
+        Ok(m) => {
+            batch.push(m.detach());
+            metrics.consumed_total.inc();
+            true
+        }
+        Err(error) => {
+            metrics
+                .consumer_errors_total
+                .with_label_values(&["kafka"])
+                .inc();
+            tracing::warn!(%error, "kafka receive failed");
+            false
         }
     }
 }
@@ -1019,13 +1021,13 @@ fn record(
 
 /// The offsets to commit: after each batch's transaction its partitions'
 /// next offsets are added, and they go to the broker in one commit at most
-/// every `interval` (every batch when it is zero). Offsets never go back: a
-/// partition rewound by an injected redelivery re-adds offsets at or below
-/// what was committed, which are left out.
+/// every `interval` (every batch when it is zero). Offsets never go back: an
+/// offset at or below the partition's committed one as the consumer context
+/// knows it (e.g. re-added after an injected redelivery rewound the
+/// partition) is left out.
 struct Commits {
     interval: Duration,
     pending: BTreeMap<(String, i32), i64>,
-    committed: HashMap<(String, i32), i64>,
     last: tokio::time::Instant,
 }
 
@@ -1038,7 +1040,6 @@ impl Commits {
         Self {
             interval,
             pending: BTreeMap::new(),
-            committed: HashMap::new(),
             last: now.checked_sub(interval).unwrap_or(now),
         }
     }
@@ -1046,12 +1047,11 @@ impl Commits {
     /// Adds a batch whose transaction committed.
     fn add(&mut self, batch: &[OwnedMessage]) {
         for m in batch {
-            let key = (m.topic().to_owned(), m.partition());
             let next = m.offset() + 1;
-            if self.committed.get(&key).is_some_and(|&c| next <= c) {
-                continue;
-            }
-            let e = self.pending.entry(key).or_insert(next);
+            let e = self
+                .pending
+                .entry((m.topic().to_owned(), m.partition()))
+                .or_insert(next);
             *e = (*e).max(next);
         }
     }
@@ -1070,29 +1070,33 @@ impl Commits {
         tokio::time::sleep_until(self.last + self.interval).await;
     }
 
-    /// Takes the pending offsets of the partitions `owns` says this member
-    /// still owns, as committed from now on; restarts the interval.
-    fn take(&mut self, owns: impl Fn(&str, i32) -> bool) -> Vec<((String, i32), i64)> {
+    /// Takes the pending offsets to commit: of the partitions `owns` says
+    /// this member still owns, above what `committed` says each has (a
+    /// revoked partition's are dropped: a late commit could move the new
+    /// owner's offset back; it redelivers them instead, as no-ops). Restarts
+    /// the interval.
+    fn take(
+        &mut self,
+        owns: impl Fn(&str, i32) -> bool,
+        committed: &HashMap<(String, i32), i64>,
+    ) -> Vec<((String, i32), i64)> {
         self.last = tokio::time::Instant::now();
-        // A partition that comes back later starts from the group's offset.
-        self.committed.retain(|(t, p), _| owns(t, *p));
-        let taken: Vec<_> = std::mem::take(&mut self.pending)
+        std::mem::take(&mut self.pending)
             .into_iter()
-            .filter(|((t, p), _)| owns(t, *p))
-            .collect();
-        for (key, offset) in &taken {
-            self.committed.insert(key.clone(), *offset);
-        }
-        taken
+            .filter(|(key, offset)| {
+                owns(&key.0, key.1) && committed.get(key).is_none_or(|c| offset > c)
+            })
+            .collect()
     }
 
-    /// Commits the pending offsets of the partitions this member still
-    /// owns; a revoked partition's are dropped (a late commit could move the
-    /// new owner's offset back; it redelivers them instead, as no-ops).
+    /// Commits what [`Commits::take`] takes, against the consumer context's
+    /// assignment and known commits, and records it there.
     fn flush(&mut self, consumer: &PaymentsConsumer, metrics: &PaymentsMetrics, mode: CommitMode) {
         let context = consumer.context();
         let mut tpl = TopicPartitionList::new();
-        for ((topic, partition), offset) in self.take(|t, p| context.owns(t, p)) {
+        for ((topic, partition), offset) in
+            self.take(|t, p| context.owns(t, p), &context.known_commits())
+        {
             if let Err(error) = tpl.add_partition_offset(&topic, partition, Offset::Offset(offset))
             {
                 tracing::warn!(%error, "build offset list");
@@ -1117,62 +1121,61 @@ impl Commits {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdkafka::message::Timestamp;
+    use crate::dup::tests::msg;
     use rdkafka::types::RDKafkaErrorCode;
-
-    fn msg(partition: i32, offset: i64) -> OwnedMessage {
-        OwnedMessage::new(
-            None,
-            None,
-            "t".into(),
-            Timestamp::NotAvailable,
-            partition,
-            offset,
-            None,
-        )
-    }
 
     #[tokio::test]
     async fn commits_coalesce_to_each_partitions_latest_offset_and_never_go_back() {
         let mut c = Commits::new(Duration::from_secs(3600));
         assert!(!c.any() && !c.due());
         let all = |_: &str, _: i32| true;
+        let mut known = HashMap::new();
         c.add(&[msg(2, 0)]);
         assert!(c.due(), "a life's first batch is due at once");
-        assert_eq!(c.take(all), vec![(("t".to_owned(), 2), 1)]);
+        assert_eq!(c.take(all, &known), vec![(("t".to_owned(), 2), 1)]);
         c.add(&[msg(0, 10), msg(1, 5), msg(0, 11)]);
         c.add(&[msg(0, 12), msg(1, 4)]);
         assert!(c.any());
         assert!(!c.due(), "then not before the interval");
         assert_eq!(
-            c.take(all),
+            c.take(all, &known),
             vec![(("t".to_owned(), 0), 13), (("t".to_owned(), 1), 6)]
         );
         assert!(!c.any());
+        // What the flush records in the consumer context.
+        known.insert(("t".to_owned(), 0), 13);
+        known.insert(("t".to_owned(), 1), 6);
         // An injected redelivery of partition 0 re-adds offsets already
         // committed: nothing to commit for them.
         c.add(&[msg(0, 10), msg(0, 12)]);
         assert!(
-            !c.any(),
+            c.take(all, &known).is_empty(),
             "an offset at or below the committed one is left out"
         );
         c.add(&[msg(0, 13)]);
-        assert_eq!(c.take(all), vec![(("t".to_owned(), 0), 14)]);
+        assert_eq!(c.take(all, &known), vec![(("t".to_owned(), 0), 14)]);
     }
 
     #[tokio::test]
     async fn a_revoked_partitions_offsets_are_dropped_and_it_comes_back_clean() {
         let mut c = Commits::new(Duration::ZERO);
+        let all = |_: &str, _: i32| true;
+        let mut known = HashMap::new();
         c.add(&[msg(0, 100), msg(1, 100)]);
         assert!(c.due(), "an interval of 0 commits after every batch");
-        assert_eq!(c.take(|_, p| p == 1), vec![(("t".to_owned(), 1), 101)]);
+        assert_eq!(
+            c.take(|_, p| p == 1, &known),
+            vec![(("t".to_owned(), 1), 101)]
+        );
         c.add(&[msg(1, 200)]);
-        c.take(|_, _| true);
-        // Partition 1 revoked, then assigned again with the group's offset
-        // moved back (another member's reset): its offsets count again.
-        c.take(|_, p| p != 1);
+        assert_eq!(c.take(all, &known), vec![(("t".to_owned(), 1), 201)]);
+        known.insert(("t".to_owned(), 1), 201);
+        // Partition 1 revoked (the context forgets its committed offset),
+        // then assigned again with the group's offset moved back (another
+        // member's reset): its offsets count again.
+        known.remove(&("t".to_owned(), 1));
         c.add(&[msg(1, 50)]);
-        assert_eq!(c.take(|_, _| true), vec![(("t".to_owned(), 1), 51)]);
+        assert_eq!(c.take(all, &known), vec![(("t".to_owned(), 1), 51)]);
     }
 
     #[test]

@@ -166,7 +166,7 @@ async fn relay_reads_and_marks_only_the_outbox() {
              FROM orders.outbox o \
              WHERE o.shard = 0 AND o.published_at IS NULL AND o.failed_at IS NULL \
                AND NOT EXISTS (SELECT 1 FROM orders.outbox e WHERE e.aggregate_id = o.aggregate_id \
-                               AND e.published_at IS NULL AND e.id < o.id) \
+                               AND e.published_at IS NULL AND e.id < o.id OFFSET 0) \
              ORDER BY o.id LIMIT 10 FOR UPDATE OF o SKIP LOCKED",
             "UPDATE orders.outbox SET published_at = now() WHERE id = ANY('{1}')",
             "UPDATE orders.outbox o SET attempts = o.attempts + 1, last_error = f.error, \

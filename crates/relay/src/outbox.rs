@@ -60,6 +60,15 @@ pub async fn try_lock_shard(tx: &mut Transaction<'_, Postgres>, shard: i16) -> s
 ///
 /// `FOR UPDATE SKIP LOCKED`: rows locked by anyone else (a manual fix-up, a
 /// relay of an older version) are skipped rather than waited for.
+///
+/// The plan must not depend on the statistics: a queue's statistics are
+/// often taken while it is empty, and a burst arrives before the next
+/// analyze. `OFFSET 0` keeps the `NOT EXISTS` a subquery run per candidate
+/// (PostgreSQL does not flatten a sublink with an OFFSET into a join), so
+/// each candidate costs one probe of `outbox_pending_by_aggregate`. As an
+/// anti-join, with statistics that said "no row pending", it scanned every
+/// pending row per candidate: a 1,000-row claim took minutes over a large
+/// backlog (FINDINGS.md §20; test `a_claim_after_an_empty_outbox_was_analyzed_…`).
 pub async fn claim(
     conn: &mut PgConnection,
     shard: i16,
@@ -72,7 +81,8 @@ pub async fn claim(
          WHERE o.shard = $1 AND o.published_at IS NULL AND o.failed_at IS NULL \
            AND NOT EXISTS (SELECT 1 FROM orders.outbox e \
                            WHERE e.aggregate_id = o.aggregate_id \
-                             AND e.published_at IS NULL AND e.id < o.id) \
+                             AND e.published_at IS NULL AND e.id < o.id \
+                           OFFSET 0) \
          ORDER BY o.id LIMIT $2 \
          FOR UPDATE OF o SKIP LOCKED",
         shard,

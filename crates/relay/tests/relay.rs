@@ -474,6 +474,54 @@ async fn a_hot_key_backlog_does_not_starve_its_shard() {
     task.await.expect("join").expect("relay ok");
 }
 
+/// The claim's plan holds when the statistics were taken while nothing was
+/// pending (a drained queue, analyzed) and a backlog arrived before the next
+/// analyze: the claims read about one row of the table per row they return.
+/// The anti-join the planner chose under such statistics read every pending
+/// row per row returned (FINDINGS.md §20). The count is this transaction's
+/// own reads (pg_stat_xact_user_tables), not a time.
+#[tokio::test]
+async fn a_claim_after_an_empty_outbox_was_analyzed_reads_each_row_once() {
+    let db = TestDb::create().await;
+    let owner = PgPool::connect(&db.url).await.expect("connect");
+    const BACKLOG: usize = 4000;
+    for sql in [
+        "ALTER TABLE orders.outbox SET (autovacuum_enabled = off)",
+        // 5,000 rows, every one published, then analyzed: "nothing is pending".
+        "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload, published_at) \
+         SELECT gen_random_uuid(), gen_random_uuid(), 'test.event', '{}', now() \
+         FROM generate_series(1, 5000)",
+        "ANALYZE orders.outbox",
+        // The burst: one pending row per aggregate.
+        "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload) \
+         SELECT gen_random_uuid(), gen_random_uuid(), 'test.event', '{}' \
+         FROM generate_series(1, 4000)",
+    ] {
+        sqlx::query(sql).execute(&owner).await.expect(sql);
+    }
+    let mut tx = owner.begin().await.expect("begin");
+    let mut claimed = 0;
+    for shard in 0..relay::outbox::SHARDS {
+        claimed += relay::outbox::claim(&mut tx, shard, 1000)
+            .await
+            .expect("claim")
+            .len();
+    }
+    let (fetched, scanned): (i64, i64) = sqlx::query_as(
+        "SELECT idx_tup_fetch, seq_tup_read FROM pg_stat_xact_user_tables \
+         WHERE relid = 'orders.outbox'::regclass",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .expect("this transaction's reads");
+    assert_eq!(claimed, BACKLOG, "every aggregate's only row, once");
+    let read = usize::try_from(fetched + scanned).expect("a count");
+    assert!(
+        read <= 3 * BACKLOG,
+        "the claims read {read} rows of the table to return {claimed}: a plan per row, not per claim"
+    );
+}
+
 /// A relay that hangs (SIGSTOP at crash point `publish`, inside the shard's
 /// transaction, holding its lock) loses the shard within its
 /// idle-in-transaction limit: the server ends the session, the lock goes

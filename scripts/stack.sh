@@ -94,6 +94,9 @@ pg_up() {
   if [ "$(id -u)" = 0 ]; then chown postgres "$SOCK" "$LOGS"; fi
   if pg_running; then
     log "postgres already running on 127.0.0.1:$PG_PORT"
+    if [ "$(psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qAt -c 'SHOW wal_level' 2>/dev/null)" != logical ]; then
+      log "postgres runs with wal_level other than logical (started by an older stack.sh): relay --mode wal needs it; restart the stack (scripts/stack.sh down; scripts/stack.sh up)"
+    fi
   else
     # A kill -9 leaves postmaster.pid behind; pg_ctl said nothing runs, so it is stale.
     rm -f "$PGDATA/postmaster.pid"
@@ -103,9 +106,15 @@ pg_up() {
     # 73 s for the ~46,000 files of a CI run's test databases while the disk
     # was busy, past pg_ctl's 60 s; one syncfs() per file system does not
     # grow with the file count.
+    # wal_level=logical: the WAL relay (relay --mode wal) streams the outbox
+    # from a logical replication slot; max_slot_wal_keep_size bounds the WAL
+    # a slot whose relay is down can hold (past it the server invalidates
+    # the slot and the relay says what to do: ARCHITECTURE.md §6).
     as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -l "$LOGS/postgres.log" -w -t 60 -o \
       "-c port=$PG_PORT -c listen_addresses=127.0.0.1 -c unix_socket_directories=$SOCK \
        -c max_connections=400 -c shared_buffers=512MB -c max_wal_size=4GB \
+       -c wal_level=logical -c max_replication_slots=64 -c max_wal_senders=64 \
+       -c max_slot_wal_keep_size=2GB \
        -c checkpoint_timeout=15min -c recovery_init_sync_method=syncfs -c log_min_messages=warning" start >/dev/null \
       || die "postgres did not start, see $LOGS/postgres.log"
   fi

@@ -19,6 +19,7 @@
 
 pub mod metrics;
 pub mod outbox;
+pub mod wal;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -113,6 +114,39 @@ pub struct Config {
     #[arg(long, env = effectively::contract::env::RELAY_MESSAGE_TIMEOUT_MS, default_value_t = 30_000,
           value_parser = clap::value_parser!(u64).range(1..=RELAY_MAX_MESSAGE_TIMEOUT.as_millis() as u64))]
     pub message_timeout_ms: u64,
+
+    /// Where the outbox is read from. `poll`: each shard's pending rows are
+    /// claimed in id order, woken by NOTIFY. `wal`: the rows arrive from
+    /// PostgreSQL's logical replication (publication `effectively_outbox`,
+    /// plugin pgoutput) in commit order; it needs `wal_level = logical` and
+    /// the REPLICATION attribute for the relay's role (the migrations grant
+    /// it when run as a superuser). Both mark rows published after the
+    /// broker's ack and keep each key in order (ARCHITECTURE.md §6).
+    #[arg(long, env = "RELAY_MODE", value_enum, default_value_t = Mode::Poll)]
+    pub mode: Mode,
+
+    /// `--mode wal`: the logical replication slot, made on first start.
+    /// Default `effectively_outbox_<database>`. While the relay is down the
+    /// slot keeps the server's WAL (up to `max_slot_wal_keep_size`, then the
+    /// server invalidates it and the relay says what to do).
+    #[arg(long, env = "RELAY_WAL_SLOT")]
+    pub wal_slot: Option<String>,
+
+    /// `--mode wal`: milliseconds between heartbeats, a logical message
+    /// whose commit lets the slot's confirmed position follow the server's
+    /// WAL when no outbox row is written.
+    #[arg(long, env = "RELAY_WAL_HEARTBEAT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(100..))]
+    pub wal_heartbeat_ms: u64,
+}
+
+/// Where the relay reads the outbox from (`--mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Claim pending rows shard by shard (NOTIFY and a poll wake it).
+    Poll,
+    /// Read inserted rows from the logical replication stream.
+    Wal,
 }
 
 /// The producer's callbacks: a fatal client error ends the relay with an
@@ -226,13 +260,6 @@ pub async fn run(
     }
     // A fatal error the producer's error callback does not see as one.
     tasks.push(fatal.watch_producer(producer.clone(), Duration::from_millis(500), cancel.clone()));
-    let (wake_tx, wake_rx) = watch::channel(0u64);
-    tasks.push(tokio::spawn(listen(
-        pool.clone(),
-        wake_tx,
-        metrics.clone(),
-        cancel.clone(),
-    )));
 
     let workers = usize::from(config.workers.max(1));
     let worker = Arc::new(Worker {
@@ -245,25 +272,65 @@ pub async fn run(
         crasher,
         permits: Semaphore::new(workers),
     });
-    let poll = Duration::from_millis(config.poll_interval_ms);
     let mut worker_tasks = Vec::new();
-    for shard in 0..SHARDS {
-        worker_tasks.push(tokio::spawn(worker.clone().run_shard(
-            shard,
-            poll,
-            wake_rx.clone(),
-            cancel.clone(),
-        )));
+    // The WAL relay's end, when it ends by itself (a lost slot).
+    let (wal_end_tx, mut wal_end) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
+    match config.mode {
+        Mode::Poll => {
+            let (wake_tx, wake_rx) = watch::channel(0u64);
+            tasks.push(tokio::spawn(listen(
+                pool.clone(),
+                wake_tx,
+                metrics.clone(),
+                cancel.clone(),
+            )));
+            let poll = Duration::from_millis(config.poll_interval_ms);
+            for shard in 0..SHARDS {
+                worker_tasks.push(tokio::spawn(worker.clone().run_shard(
+                    shard,
+                    poll,
+                    wake_rx.clone(),
+                    cancel.clone(),
+                )));
+            }
+            drop(wal_end_tx);
+        }
+        Mode::Wal => {
+            let slot = wal::slot_name(&pool, config.wal_slot.as_deref()).await?;
+            tasks.push(tokio::spawn(sample_slot(
+                pool.clone(),
+                slot.clone(),
+                metrics.clone(),
+                Duration::from_millis(config.lag_sample_ms),
+                cancel.clone(),
+            )));
+            let wal_config = wal::WalConfig {
+                database_url: config.db.database_url.clone(),
+                slot: Some(slot),
+                max_in_flight: workers * usize::try_from(config.batch_size.max(1)).unwrap_or(1),
+                mark_batch: usize::try_from(config.batch_size.max(1)).unwrap_or(1),
+                heartbeat: Duration::from_millis(config.wal_heartbeat_ms),
+            };
+            let (worker, cancel) = (worker.clone(), cancel.clone());
+            worker_tasks.push(tokio::spawn(async move {
+                let _ = wal_end_tx.send(wal::run(worker, wal_config, cancel).await);
+            }));
+        }
     }
-    tracing::info!(workers, batch_size = config.batch_size, topic = %config.kafka.kafka_topic, "relay running");
+    tracing::info!(mode = ?config.mode, workers, batch_size = config.batch_size, topic = %config.kafka.kafka_topic, "relay running");
 
+    let mut wal_result = Ok(());
     tokio::select! {
         () = outer.cancelled() => {}
         () = fatal.fired() => {}
+        Ok(result) = &mut wal_end => wal_result = result,
     }
     cancel.cancel();
     for t in worker_tasks {
         let _ = t.await;
+    }
+    if let Ok(result) = wal_end.try_recv() {
+        wal_result = result;
     }
     for t in tasks {
         let _ = t.await;
@@ -277,7 +344,7 @@ pub async fn run(
         // The rows in flight stay pending (unmarked) and are published by
         // the next life.
         Some(reason) => anyhow::bail!("kafka producer in a fatal state: {reason}"),
-        None => Ok(()),
+        None => wal_result,
     }
 }
 
@@ -591,6 +658,29 @@ async fn listen_once(
                 Err(error) => return Err((error, true)),
             },
             () = cancel.cancelled() => return Ok(()),
+        }
+    }
+}
+
+/// `--mode wal`: samples the WAL the slot retains.
+async fn sample_slot(
+    pool: PgPool,
+    slot: String,
+    metrics: Arc<RelayMetrics>,
+    every: Duration,
+    cancel: CancellationToken,
+) {
+    loop {
+        match wal::slot_state(&pool, &slot).await {
+            Ok(Some(state)) => metrics
+                .relay_wal_slot_retained_bytes
+                .set(state.retained_bytes),
+            Ok(None) => metrics.relay_wal_slot_retained_bytes.set(0),
+            Err(error) => tracing::debug!(%error, "sample the replication slot"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = cancel.cancelled() => return,
         }
     }
 }

@@ -31,7 +31,8 @@ pub struct RelayMetrics {
     pub relay_commit_to_publish_seconds: Histogram,
     /// Errors by stage: `db`, `produce` (the broker, transient: retried),
     /// `rejected` (the row itself: counted against its attempts), `encode`
-    /// (payload not JSON: counted too), `listen`.
+    /// (payload not JSON: counted too), `listen`, `wal` (`--mode wal`: the
+    /// stream ended and restarts from the slot's confirmed position).
     pub relay_errors_total: IntCounterVec,
     /// Published outbox rows deleted after the outbox retention
     /// (`orders.outbox_policy`).
@@ -39,6 +40,14 @@ pub struct RelayMetrics {
     /// Shard transactions open now (claimed, publishing or marking), at most
     /// `--workers`.
     pub relay_shards_in_flight: IntGauge,
+    /// `--mode wal`: WAL the slot holds back from removal, in bytes (the
+    /// server's WAL position minus the slot's restart position). It grows
+    /// while the relay is down or behind; past `max_slot_wal_keep_size` the
+    /// server invalidates the slot.
+    pub relay_wal_slot_retained_bytes: IntGauge,
+    /// `--mode wal`: outbox rows read from the stream and not published
+    /// because an earlier row of their key failed (left pending).
+    pub relay_wal_held_back_total: IntCounter,
 }
 
 impl RelayMetrics {
@@ -97,6 +106,14 @@ impl RelayMetrics {
                 "relay_shards_in_flight",
                 "Shard transactions open now (claim to commit), at most --workers",
             )?,
+            relay_wal_slot_retained_bytes: IntGauge::new(
+                "relay_wal_slot_retained_bytes",
+                "--mode wal: bytes of WAL the replication slot retains (0 in poll mode)",
+            )?,
+            relay_wal_held_back_total: IntCounter::new(
+                "relay_wal_held_back_total",
+                "--mode wal: outbox rows not published because an earlier row of their key failed",
+            )?,
             registry,
         };
         m.registry
@@ -120,7 +137,11 @@ impl RelayMetrics {
             .register(Box::new(m.relay_outbox_expired_total.clone()))?;
         m.registry
             .register(Box::new(m.relay_shards_in_flight.clone()))?;
-        for stage in ["db", "produce", "rejected", "encode", "listen"] {
+        m.registry
+            .register(Box::new(m.relay_wal_slot_retained_bytes.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_wal_held_back_total.clone()))?;
+        for stage in ["db", "produce", "rejected", "encode", "listen", "wal"] {
             m.relay_errors_total.with_label_values(&[stage]);
         }
         Ok(m)

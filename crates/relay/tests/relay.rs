@@ -11,7 +11,7 @@ use effectively::db::ServiceRole;
 use effectively::envelope::Envelope;
 use effectively::outbox::{Outbox, OutboxMessage};
 use effectively::testing::{TestDb, TestTopic, TopicMessage, eventually, series_value};
-use relay::{Config, run};
+use relay::{Config, Mode, run};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -31,6 +31,9 @@ fn config(db: &TestDb, topic: &TestTopic, workers: u16, batch_size: i64) -> Conf
         linger_ms: 2,
         message_timeout_ms: 10_000,
         max_attempts: 5,
+        mode: Mode::Poll,
+        wal_slot: None,
+        wal_heartbeat_ms: 10_000,
     }
 }
 
@@ -68,8 +71,13 @@ fn relay_child(db: &TestDb, topic: &TestTopic, extra: &[(&str, &str)]) -> tokio:
 /// Appends `events_per_key` events for each of `keys` aggregates, one
 /// transaction per event, interleaving the keys; event payloads carry `seq`.
 async fn fill_outbox(pool: &PgPool, keys: &[Uuid], events_per_key: usize) {
+    fill_outbox_seqs(pool, keys, 0..events_per_key).await;
+}
+
+/// As [`fill_outbox`], the events numbered `seqs`.
+async fn fill_outbox_seqs(pool: &PgPool, keys: &[Uuid], seqs: std::ops::Range<usize>) {
     let outbox = Outbox;
-    for seq in 0..events_per_key {
+    for seq in seqs {
         for key in keys {
             let mut tx = pool.begin().await.expect("begin");
             outbox
@@ -253,26 +261,52 @@ async fn shards_in_flight_at_once_keep_every_key_in_order() {
 /// it loses nothing, re-publishes the unmarked batch, and keeps key order.
 #[tokio::test]
 async fn relay_killed_between_publish_and_mark_loses_nothing() {
+    killed_between_publish_and_mark(Mode::Poll).await;
+}
+
+/// The WAL relay killed after the broker's acks, before its marks and the
+/// slot's confirmation: the next life re-reads the stream from the confirmed
+/// position (and drains what is pending): nothing lost, every key in order.
+#[tokio::test]
+async fn wal_relay_killed_between_publish_and_mark_loses_nothing() {
+    killed_between_publish_and_mark(Mode::Wal).await;
+}
+
+async fn killed_between_publish_and_mark(mode: Mode) {
     let db = TestDb::create().await;
     let topic = TestTopic::create(3).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let keys: Vec<Uuid> = (0..30).map(|_| Uuid::now_v7()).collect();
-    fill_outbox(&pool, &keys, 4).await;
+    let mode_env = match mode {
+        Mode::Poll => "poll",
+        Mode::Wal => "wal",
+    };
+    let crashing = [
+        ("CRASH_POINT", "publish"),
+        ("CRASH_EVERY", "3"),
+        ("RUST_LOG", "warn"),
+        ("RELAY_MODE", mode_env),
+    ];
+    let mut first = None;
+    match mode {
+        Mode::Poll => fill_outbox(&pool, &keys, 4).await,
+        // The rows arrive while the first life streams, so they come from
+        // the WAL (later lives also drain what is pending at their start).
+        Mode::Wal => {
+            first = Some(relay_child(&db, &topic, &crashing));
+            wait_for_slot(&pool, &db, true).await;
+            fill_outbox(&pool, &keys, 4).await;
+        }
+    }
 
     let mut kills = 0;
     for _ in 0..40 {
         if pending(&pool).await == 0 {
             break;
         }
-        let mut child = relay_child(
-            &db,
-            &topic,
-            &[
-                ("CRASH_POINT", "publish"),
-                ("CRASH_EVERY", "3"),
-                ("RUST_LOG", "warn"),
-            ],
-        );
+        let mut child = first
+            .take()
+            .unwrap_or_else(|| relay_child(&db, &topic, &crashing));
         // It dies at its crash point, or (fewer than 3 batches left) drains
         // and idles: then stop it.
         let drained = eventually(Duration::from_secs(60), || async {
@@ -291,7 +325,9 @@ async fn relay_killed_between_publish_and_mark_loses_nothing() {
         }
     }
     // A final life without the crash point, in-process, finishes any rest.
-    let (cancel, task) = spawn_relay(config(&db, &topic, 1, 10)).await;
+    let mut cfg = config(&db, &topic, 1, 10);
+    cfg.mode = mode;
+    let (cancel, task) = spawn_relay(cfg).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
             pending(&pool).await == 0
@@ -300,6 +336,9 @@ async fn relay_killed_between_publish_and_mark_loses_nothing() {
     );
     cancel.cancel();
     task.await.expect("join").expect("relay ok");
+    if mode == Mode::Wal {
+        drop_slot(&pool, &db).await;
+    }
     assert!(
         kills >= 3,
         "the relay was killed mid-stream ({kills} times)"
@@ -316,6 +355,37 @@ async fn relay_killed_between_publish_and_mark_loses_nothing() {
         distinct.len()
     );
     assert_first_occurrences_in_order(&seqs, 4);
+}
+
+/// Waits (up to 30 s) until the test database's WAL relay slot exists and
+/// is streaming (`active`), or is idle.
+async fn wait_for_slot(pool: &PgPool, db: &TestDb, active: bool) {
+    let slot = relay::wal::default_slot_name(&db.name);
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+            )
+            .bind(&slot)
+            .fetch_optional(pool)
+            .await
+            .expect("slot")
+                == Some(active)
+        })
+        .await,
+        "slot {slot} active = {active} within 30 s"
+    );
+}
+
+/// Drops the test database's WAL relay slot once its relay has let go (a
+/// slot left behind would hold the server's WAL).
+async fn drop_slot(pool: &PgPool, db: &TestDb) {
+    wait_for_slot(pool, db, false).await;
+    sqlx::query("SELECT pg_drop_replication_slot($1)")
+        .bind(relay::wal::default_slot_name(&db.name))
+        .execute(pool)
+        .await
+        .expect("drop slot");
 }
 
 async fn insert_raw(pool: &PgPool, aggregate: Uuid, payload: &[u8]) -> Uuid {
@@ -421,6 +491,156 @@ async fn a_row_that_cannot_be_published_fails_alone_and_holds_back_only_its_key(
     assert_first_occurrences_in_order(&seqs, 2);
     cancel.cancel();
     task.await.expect("join").expect("relay ok");
+}
+
+/// `--mode wal`: rows committed before the slot existed are published by
+/// the start-up drain, rows committed after it from the stream; every key in
+/// order, every row marked. A row that cannot be published is marked failed
+/// at once and holds back the later events of its key only. The slot's
+/// confirmed position moves past the last commit (heartbeats).
+#[tokio::test]
+async fn wal_mode_publishes_from_before_and_after_its_slot_in_per_key_order() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(3).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let keys: Vec<Uuid> = (0..20).map(|_| Uuid::now_v7()).collect();
+    fill_outbox_seqs(&pool, &keys, 0..2).await;
+
+    let mut cfg = config(&db, &topic, 2, 10);
+    cfg.mode = Mode::Wal;
+    cfg.wal_heartbeat_ms = 200;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(run(cfg, listener, cancel.clone()));
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "the rows from before the slot drained"
+    );
+    wait_for_slot(&pool, &db, true).await;
+
+    // From the stream: two more events of every key, and two keys whose
+    // first event cannot be published.
+    let (not_json, too_big) = (Uuid::now_v7(), Uuid::now_v7());
+    insert_raw(&pool, not_json, b"\xff{ not json").await;
+    insert_raw(&pool, not_json, br#"{"seq":1}"#).await;
+    let big = format!(r#"{{"blob":"{}"}}"#, "x".repeat(2 * 1024 * 1024));
+    insert_raw(&pool, too_big, big.as_bytes()).await;
+    insert_raw(&pool, too_big, br#"{"seq":1}"#).await;
+    fill_outbox_seqs(&pool, &keys, 2..4).await;
+    let last: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(&pool)
+        .await
+        .expect("lsn");
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 4 && scrape(&url, "outbox_failed_rows").await == 2.0
+        })
+        .await,
+        "everything else published, the two bad rows failed, the next of their keys held back (pending {})",
+        pending(&pool).await
+    );
+    let rows: Vec<(Uuid, bool, Option<String>)> = sqlx::query_as(
+        "SELECT aggregate_id, failed_at IS NOT NULL, last_error \
+         FROM orders.outbox WHERE published_at IS NULL ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("rows");
+    let shape: Vec<(Uuid, bool)> = rows.iter().map(|r| (r.0, r.1)).collect();
+    assert_eq!(
+        shape,
+        [
+            (not_json, true),
+            (not_json, false),
+            (too_big, true),
+            (too_big, false)
+        ],
+        "each bad row failed, the next event of its key held back: {rows:?}"
+    );
+    assert!(rows[0].2.as_deref().unwrap_or("").contains("not JSON"));
+    assert!(rows[2].2.as_deref().unwrap_or("").contains("too large"));
+    assert_eq!(scrape(&url, "relay_wal_held_back_total").await, 2.0);
+    assert_eq!(scrape(&url, "relay_rows_failed_total").await, 2.0);
+
+    let messages = topic.read_all(80, Duration::from_secs(30)).await;
+    let (seqs, msg_ids) = per_key_sequences(&messages);
+    assert_eq!(seqs.len(), 20, "only the good keys were published");
+    assert_first_occurrences_in_order(&seqs, 4);
+    let distinct: HashSet<Uuid> = msg_ids.iter().copied().collect();
+    assert_eq!(distinct.len(), 80, "every event of the good keys");
+
+    // A heartbeat after the last commit lets the slot confirm past it; a
+    // clean stop sends the last confirmation.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cancel.cancel();
+    task.await.expect("join").expect("relay ok");
+    let confirmed: bool = sqlx::query_scalar(
+        "SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2",
+    )
+    .bind(&last)
+    .bind(relay::wal::default_slot_name(&db.name))
+    .fetch_one(&pool)
+    .await
+    .expect("slot");
+    assert!(confirmed, "the slot confirmed past {last}");
+    drop_slot(&pool, &db).await;
+}
+
+/// Two WAL relays and a poll relay at once: the second WAL relay stands by
+/// (the slot is exclusive), the poll relay's claims and the stream race
+/// (duplicates, never out of order). Then the first WAL relay and the poll
+/// relay stop, and the standby takes the slot over and publishes the rest.
+#[tokio::test]
+async fn a_standby_wal_relay_takes_over_and_every_key_stays_in_order() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(6).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let keys: Vec<Uuid> = (0..30).map(|_| Uuid::now_v7()).collect();
+    let wal = |workers, batch| {
+        let mut cfg = config(&db, &topic, workers, batch);
+        cfg.mode = Mode::Wal;
+        cfg.wal_heartbeat_ms = 200;
+        cfg
+    };
+    let (c1, t1) = spawn_relay(wal(2, 7)).await;
+    wait_for_slot(&pool, &db, true).await;
+    let (c2, t2) = spawn_relay(wal(3, 5)).await;
+    let (c3, t3) = spawn_relay(config(&db, &topic, 2, 5)).await;
+    fill_outbox_seqs(&pool, &keys, 0..4).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+        })
+        .await
+    );
+    c1.cancel();
+    t1.await.expect("join").expect("WAL relay 1 ok");
+    c3.cancel();
+    t3.await.expect("join").expect("poll relay ok");
+    fill_outbox_seqs(&pool, &keys, 4..8).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "the standby took the slot over"
+    );
+    let messages = topic.read_all(usize::MAX, Duration::from_secs(10)).await;
+    let (seqs, msg_ids) = per_key_sequences(&messages);
+    assert_eq!(seqs.len(), 30);
+    assert_first_occurrences_in_order(&seqs, 8);
+    assert_eq!(
+        msg_ids.iter().collect::<HashSet<_>>().len(),
+        240,
+        "every event published"
+    );
+    c2.cancel();
+    t2.await.expect("join").expect("WAL relay 2 ok");
+    drop_slot(&pool, &db).await;
 }
 
 /// One key with a long backlog takes one row per claim: the other keys of

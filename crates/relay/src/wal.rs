@@ -1,0 +1,765 @@
+//! `relay --mode wal`: the outbox read from PostgreSQL's logical replication
+//! stream (the `pgoutput` plugin, publication [`PUBLICATION`]) instead of
+//! polled.
+//!
+//! The poll relay's contract stays: at least once, each key's events in
+//! order, a row marked published only after the broker acked it. How:
+//!
+//! 1. The slot is made first (when missing), so every row committed from
+//!    then on is in the stream.
+//! 2. Rows pending from before it (a first start, a slot dropped after it
+//!    was lost) are published by the poll path, shard by shard, until none is
+//!    claimable. Only then does the stream start, so those go first.
+//! 3. The stream's outbox inserts are produced as they arrive, in commit
+//!    order, up to `--workers` × `--batch-size` in flight. At most one event
+//!    of a key is in flight: the next one waits for that one's ack.
+//! 4. Results are settled in stream order. Delivered rows are marked
+//!    published in batches, and only after that commit does the slot's
+//!    confirmed position move, to the end of the last transaction whose rows
+//!    are all settled. A crash before it re-reads the stream from the
+//!    confirmed position and re-publishes (the duplicates the inbox absorbs).
+//! 5. A broker failure ends the stream: what is in flight is settled and
+//!    marked, the confirmed position stops before the failed row, and the
+//!    stream restarts from there after a backoff. A key's later event was
+//!    never sent past its failed one (point 3), so the key stays in order.
+//! 6. A row that can never be published (not JSON, over the broker's size
+//!    limit) is marked failed at once: the stream cannot come back to it.
+//!    Like the poll relay, the later events of its key are held back (left
+//!    pending), and of no other key; recon reports them.
+//!
+//! Rows stay marked as the poll relay marks them, so recon's proof, the lag
+//! metrics and the poll relay (the recovery from a lost slot) work unchanged.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use effectively::contract::CrashPoint;
+use effectively::retry::Backoff;
+use futures::future::{BoxFuture, FutureExt};
+use futures::stream::{FuturesOrdered, StreamExt};
+use pg_walstream::{
+    ChangeEvent, ColumnValue, EventType, LogicalReplicationStream, ReplicationStreamConfig,
+    RowData, SharedLsnFeedback, StreamingMode,
+};
+use sqlx::PgPool;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::outbox::{self, PendingRow, SHARDS};
+use crate::{Publish, Worker};
+
+/// The publication the WAL relay reads: inserts into `orders.outbox` only
+/// (migration `…_wal_relay.sql`).
+pub const PUBLICATION: &str = "effectively_outbox";
+
+/// Prefix of the logical message a heartbeat writes.
+const HEARTBEAT_PREFIX: &str = "effectively.relay.heartbeat";
+
+/// Events read ahead of the producer.
+const READ_AHEAD: usize = 4096;
+
+/// Settled rows are marked at least this often.
+const MARK_EVERY: Duration = Duration::from_millis(50);
+
+/// What the WAL relay needs besides the poll relay's [`Worker`].
+pub(crate) struct WalConfig {
+    /// Owner-less URL of the relay's role, as for the pool.
+    pub database_url: String,
+    /// `--wal-slot`, or the default for the database.
+    pub slot: Option<String>,
+    /// Most rows in flight to the broker.
+    pub max_in_flight: usize,
+    /// Rows marked per statement.
+    pub mark_batch: usize,
+    /// How often a heartbeat is written while the relay runs.
+    pub heartbeat: Duration,
+}
+
+/// How a stream's life ended.
+enum End {
+    /// `cancel` fired; everything settled is marked and confirmed.
+    Cancelled,
+    /// Worth another try after a backoff (the broker, the connection).
+    Retry(anyhow::Error),
+    /// Another WAL relay streams from the slot: try again later.
+    Busy,
+}
+
+/// A stream that lived this long before it ended starts the backoff over.
+const STREAM_HELD: Duration = Duration::from_secs(5);
+
+/// The slot's name: `--wal-slot`, or `effectively_outbox_<database>` (a
+/// slot belongs to one database, its name to the whole server).
+pub async fn slot_name(pool: &PgPool, configured: Option<&str>) -> anyhow::Result<String> {
+    if let Some(slot) = configured {
+        return Ok(slot.to_owned());
+    }
+    let db: String = sqlx::query_scalar("SELECT current_database()::text")
+        .fetch_one(pool)
+        .await
+        .context("read the database's name")?;
+    Ok(default_slot_name(&db))
+}
+
+/// `effectively_outbox_<database>`, with what a slot name cannot hold
+/// (anything but a-z, 0-9 and `_`) replaced by `_`, cut to 63 bytes.
+pub fn default_slot_name(database: &str) -> String {
+    let mut name: String = format!("{PUBLICATION}_{database}")
+        .chars()
+        .map(|c| {
+            let c = c.to_ascii_lowercase();
+            if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    name.truncate(63);
+    name
+}
+
+/// A replication slot as `pg_replication_slots` shows it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SlotState {
+    /// `reserved`, `extended`, `unreserved` or `lost` (invalidated).
+    pub wal_status: String,
+    /// The WAL it holds back from removal, in bytes.
+    pub retained_bytes: i64,
+    /// Whether a replication connection streams from it now.
+    pub active: bool,
+}
+
+/// The slot's state; `None`: no such slot.
+pub async fn slot_state(pool: &PgPool, slot: &str) -> sqlx::Result<Option<SlotState>> {
+    sqlx::query_as(
+        "SELECT COALESCE(wal_status, 'unknown') AS wal_status, \
+                COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::int8 AS retained_bytes, \
+                active \
+         FROM pg_replication_slots WHERE slot_name = $1",
+    )
+    .bind(slot)
+    .fetch_optional(pool)
+    .await
+}
+
+/// Runs the WAL relay until `cancel` fires or the slot is lost.
+pub(crate) async fn run(
+    worker: Arc<Worker>,
+    config: WalConfig,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    let slot = slot_name(&worker.pool, config.slot.as_deref()).await?;
+    tracing::info!(%slot, publication = PUBLICATION, "relay reads the outbox from the WAL");
+    let heartbeat = tokio::spawn(heartbeats(
+        worker.pool.clone(),
+        config.heartbeat,
+        cancel.clone(),
+    ));
+    let mut backoff = Backoff::new();
+    let mut waiting = false;
+    let result = loop {
+        let started = std::time::Instant::now();
+        let end = stream_once(&worker, &config, &slot, &cancel).await;
+        if started.elapsed() >= STREAM_HELD {
+            backoff.reset();
+        }
+        match end {
+            Ok(End::Cancelled) => break Ok(()),
+            Ok(End::Busy) => {
+                if !waiting {
+                    tracing::info!(%slot, "another WAL relay streams from the slot; standing by");
+                    waiting = true;
+                }
+                if !backoff.wait(&cancel).await {
+                    break Ok(());
+                }
+            }
+            Ok(End::Retry(error)) => {
+                worker
+                    .metrics
+                    .relay_errors_total
+                    .with_label_values(&["wal"])
+                    .inc();
+                tracing::warn!(
+                    %slot,
+                    error = format!("{error:#}"),
+                    retry_in_ms = backoff.next().as_millis() as u64,
+                    "WAL stream ended; restarting from the slot's confirmed position"
+                );
+                if !backoff.wait(&cancel).await {
+                    break Ok(());
+                }
+            }
+            Err(fatal) => break Err(fatal),
+        }
+    };
+    heartbeat.abort();
+    result
+}
+
+/// Writes a transactional logical message every `every`: its commit reaches
+/// the stream even when no outbox row does, so the slot's confirmed position
+/// follows the server's WAL instead of holding all of it since the last
+/// outbox commit.
+async fn heartbeats(pool: PgPool, every: Duration, cancel: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = cancel.cancelled() => return,
+        }
+        if let Err(error) = sqlx::query("SELECT pg_logical_emit_message(true, $1, ''::text)")
+            .bind(HEARTBEAT_PREFIX)
+            .execute(&pool)
+            .await
+        {
+            tracing::warn!(%error, "WAL relay heartbeat failed");
+        }
+    }
+}
+
+/// The URL of a replication connection to the same database.
+fn replication_url(url: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}replication=database")
+}
+
+/// One life of the stream: slot, drain, stream, until cancelled or broken.
+/// `Err`: the relay cannot go on (a lost slot, an undecodable row).
+async fn stream_once(
+    worker: &Arc<Worker>,
+    config: &WalConfig,
+    slot: &str,
+    cancel: &CancellationToken,
+) -> anyhow::Result<End> {
+    if let Some(state) = slot_state(&worker.pool, slot)
+        .await
+        .context("read the slot")?
+    {
+        if state.wal_status == "lost" {
+            anyhow::bail!(lost_slot(slot));
+        }
+        // Another WAL relay streams from it: wait, without draining (its
+        // rows would be published twice).
+        if state.active {
+            return Ok(End::Busy);
+        }
+    }
+    let stream_config = ReplicationStreamConfig::builder(slot, PUBLICATION)
+        .with_protocol_version(1)
+        .with_streaming_mode(StreamingMode::Off)
+        .with_binary(true)
+        .with_messages(true)
+        .with_feedback_interval(Duration::from_secs(1));
+    let mut stream =
+        match LogicalReplicationStream::new(&replication_url(&config.database_url), stream_config)
+            .await
+        {
+            Ok(stream) => stream,
+            Err(error) => {
+                return Ok(End::Retry(anyhow::anyhow!(
+                    "connect for replication: {error}"
+                )));
+            }
+        };
+    if let Err(error) = stream.ensure_replication_slot().await {
+        return Ok(End::Retry(anyhow::anyhow!(
+            "create replication slot {slot}: {error}"
+        )));
+    }
+    // Rows committed before the slot: by the poll path, before the stream.
+    let drained = match drain(worker, cancel).await {
+        Ok(n) => n,
+        Err(error) => {
+            return Ok(End::Retry(
+                error.context("drain the rows pending before the slot"),
+            ));
+        }
+    };
+    if drained > 0 {
+        tracing::info!(
+            rows = drained,
+            "published the rows pending before the stream"
+        );
+    }
+    if cancel.is_cancelled() {
+        return Ok(End::Cancelled);
+    }
+    if let Err(error) = stream.start(None).await {
+        if let Ok(Some(state)) = slot_state(&worker.pool, slot).await
+            && state.wal_status == "lost"
+        {
+            anyhow::bail!(lost_slot(slot));
+        }
+        return Ok(End::Retry(anyhow::anyhow!("start replication: {error}")));
+    }
+    let feedback = stream.shared_lsn_feedback.clone();
+    let blocked = blocked_aggregates(&worker.pool)
+        .await
+        .context("read the aggregates held back by failed rows");
+    let blocked = match blocked {
+        Ok(b) => b,
+        Err(error) => return Ok(End::Retry(error)),
+    };
+
+    let (tx, rx) = mpsc::channel(READ_AHEAD);
+    let reader_cancel = pg_walstream::CancellationToken::new();
+    let reader = tokio::spawn(read(stream, tx, reader_cancel.clone()));
+    let mut settle = Settle {
+        worker: worker.clone(),
+        feedback,
+        queue: FuturesOrdered::new(),
+        keys: HashMap::new(),
+        rows_in_flight: 0,
+        blocked,
+        delivered: Vec::new(),
+        rejected: Vec::new(),
+        settled_lsn: 0,
+        broken: None,
+    };
+    let end = settle.pump(rx, config, cancel).await;
+    reader_cancel.cancel();
+    let _ = reader.await;
+    end
+}
+
+/// The message for a slot PostgreSQL invalidated.
+fn lost_slot(slot: &str) -> String {
+    format!(
+        "replication slot {slot} was invalidated: it fell more than max_slot_wal_keep_size behind \
+         and PostgreSQL removed the WAL it needed. Nothing is lost (rows are marked published only \
+         after the broker acked them), but this slot can never be read again. Drop it \
+         (SELECT pg_drop_replication_slot('{slot}');) and start the relay again: it makes a new \
+         slot and publishes every row still pending first (or run it with --mode poll)."
+    )
+}
+
+/// Publishes every claimable pending row by the poll path: each shard's
+/// batches until it has none (or another relay holds it).
+async fn drain(worker: &Arc<Worker>, cancel: &CancellationToken) -> anyhow::Result<usize> {
+    let shards = (0..SHARDS).map(|shard| {
+        let worker = worker.clone();
+        let cancel = cancel.clone();
+        async move {
+            let mut total = 0;
+            while !cancel.is_cancelled() {
+                let permit = worker.permits.acquire().await?;
+                let n = worker.relay_shard(shard).await;
+                drop(permit);
+                match n? {
+                    0 => break,
+                    n => total += n,
+                }
+            }
+            anyhow::Ok(total)
+        }
+    });
+    let mut total = 0;
+    for n in futures::future::join_all(shards).await {
+        total += n?;
+    }
+    Ok(total)
+}
+
+/// Aggregates with a failed row still pending: their later events are held
+/// back (left pending), as the poll relay's claim does.
+async fn blocked_aggregates(pool: &PgPool) -> anyhow::Result<HashSet<Uuid>> {
+    let rows: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT DISTINCT aggregate_id FROM orders.outbox \
+         WHERE published_at IS NULL AND failed_at IS NOT NULL",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// The reader: the stream's events, in order, into `tx`, until cancelled,
+/// an error (sent on), or the receiver gone. `next_event` is not raced
+/// against anything (a frame half read would be lost); it is stopped through
+/// its token. Stopping sends the last feedback (the confirmed position).
+async fn read(
+    mut stream: LogicalReplicationStream,
+    tx: mpsc::Sender<Result<ChangeEvent, String>>,
+    cancel: pg_walstream::CancellationToken,
+) {
+    loop {
+        match stream.next_event(&cancel).await {
+            Ok(event) => {
+                if tx.send(Ok(event)).await.is_err() {
+                    break;
+                }
+            }
+            Err(pg_walstream::ReplicationError::Cancelled(_)) => break,
+            Err(error) => {
+                let _ = tx.send(Err(error.to_string())).await;
+                break;
+            }
+        }
+    }
+    if let Err(error) = stream.stop().await {
+        tracing::debug!(%error, "stop the replication stream");
+    }
+}
+
+/// One settled step of the stream, in stream order.
+enum Step {
+    /// A row's publish ended.
+    Row {
+        id: i64,
+        aggregate: Uuid,
+        result: Publish,
+    },
+    /// A transaction ended at this LSN: every row before it is settled.
+    Commit(u64),
+}
+
+/// The stream's state between the reader and the marks.
+struct Settle {
+    worker: Arc<Worker>,
+    feedback: Arc<SharedLsnFeedback>,
+    /// Publishes in flight and commit boundaries, in stream order.
+    queue: FuturesOrdered<BoxFuture<'static, Step>>,
+    /// Rows in flight per aggregate (0 or 1).
+    keys: HashMap<Uuid, u32>,
+    rows_in_flight: usize,
+    /// Aggregates with a failed row: their later events are not published.
+    blocked: HashSet<Uuid>,
+    /// Delivered, not yet marked.
+    delivered: Vec<i64>,
+    /// The row's own failures, not yet recorded.
+    rejected: Vec<(i64, String)>,
+    /// End of the last transaction settled before any broker failure.
+    settled_lsn: u64,
+    /// A broker failure: nothing past it is confirmed; the stream restarts.
+    broken: Option<String>,
+}
+
+impl Settle {
+    /// Reads events and settles results until cancelled or broken.
+    async fn pump(
+        &mut self,
+        mut rx: mpsc::Receiver<Result<ChangeEvent, String>>,
+        config: &WalConfig,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<End> {
+        let mut tick = tokio::time::interval(MARK_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if self.broken.is_some() {
+                break;
+            }
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => break,
+                Some(step) = self.queue.next(), if !self.queue.is_empty() => {
+                    self.settle(step);
+                    if self.delivered.len() >= config.mark_batch {
+                        self.mark().await?;
+                    }
+                }
+                event = rx.recv(), if self.rows_in_flight < config.max_in_flight => match event {
+                    Some(Ok(event)) => self.take(event).await?,
+                    Some(Err(error)) => {
+                        self.broken = Some(format!("replication stream: {error}"));
+                    }
+                    None => self.broken = Some("replication stream ended".into()),
+                },
+                _ = tick.tick() => self.mark().await?,
+            }
+        }
+        // Settle what is in flight, mark it, confirm what is settled.
+        while let Some(step) = self.queue.next().await {
+            self.settle(step);
+        }
+        self.mark().await?;
+        Ok(match self.broken.take() {
+            Some(why) => End::Retry(anyhow::anyhow!(why)),
+            None => End::Cancelled,
+        })
+    }
+
+    /// One event from the stream.
+    async fn take(&mut self, event: ChangeEvent) -> anyhow::Result<()> {
+        match event.event_type {
+            EventType::Insert {
+                schema,
+                table,
+                data,
+                ..
+            } if &*schema == "orders" && &*table == "outbox" => {
+                let row = decode_row(&data).map_err(|why| {
+                    anyhow::anyhow!(
+                        "an orders.outbox insert at {} cannot be read: {why} \
+                         (is the relay older than the outbox's schema?)",
+                        event.lsn
+                    )
+                })?;
+                if self.blocked.contains(&row.aggregate_id) {
+                    self.worker.metrics.relay_wal_held_back_total.inc();
+                    return Ok(());
+                }
+                // One event of a key in flight at a time: settle up to the
+                // earlier one first.
+                while self.keys.contains_key(&row.aggregate_id) && self.broken.is_none() {
+                    match self.queue.next().await {
+                        Some(step) => self.settle(step),
+                        None => break,
+                    }
+                }
+                if self.broken.is_some() {
+                    return Ok(()); // not sent; the restart reads it again
+                }
+                *self.keys.entry(row.aggregate_id).or_default() += 1;
+                self.rows_in_flight += 1;
+                let worker = self.worker.clone();
+                self.queue.push_back(
+                    async move {
+                        let result = worker.publish(&row).await;
+                        Step::Row {
+                            id: row.id,
+                            aggregate: row.aggregate_id,
+                            result,
+                        }
+                    }
+                    .boxed(),
+                );
+            }
+            EventType::Commit { end_lsn, .. } => {
+                let lsn = end_lsn.value();
+                self.queue
+                    .push_back(futures::future::ready(Step::Commit(lsn)).boxed());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A step's result, in stream order.
+    fn settle(&mut self, step: Step) {
+        match step {
+            Step::Row {
+                id,
+                aggregate,
+                result,
+            } => {
+                self.rows_in_flight -= 1;
+                if let Some(n) = self.keys.get_mut(&aggregate) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.keys.remove(&aggregate);
+                    }
+                }
+                match result {
+                    Publish::Delivered => self.delivered.push(id),
+                    Publish::Rejected(error) => {
+                        self.blocked.insert(aggregate);
+                        self.rejected.push((id, error));
+                    }
+                    Publish::Retry => {
+                        if self.broken.is_none() {
+                            self.broken = Some(format!(
+                                "publish of outbox row {id} failed; the stream restarts before it"
+                            ));
+                        }
+                    }
+                }
+            }
+            Step::Commit(lsn) => {
+                if self.broken.is_none() {
+                    self.settled_lsn = lsn;
+                }
+            }
+        }
+    }
+
+    /// Marks the delivered rows, records the failed ones, then confirms the
+    /// settled position to the slot.
+    async fn mark(&mut self) -> anyhow::Result<()> {
+        if !self.delivered.is_empty() || !self.rejected.is_empty() {
+            // The broker has acked; the rows are not yet marked. A crash
+            // here re-publishes them from the slot: the at-least-once window.
+            self.worker.crasher.point(CrashPoint::Publish);
+            let mut tx = self.worker.pool.begin().await.context("begin mark")?;
+            outbox::mark_published(&mut tx, &self.delivered)
+                .await
+                .context("mark published")?;
+            // The stream cannot come back to a row: its own failure is final
+            // at its first attempt.
+            let failed = if self.rejected.is_empty() {
+                0
+            } else {
+                outbox::record_failures(&mut tx, &self.rejected, 1)
+                    .await
+                    .context("record failed rows")?
+            };
+            tx.commit().await.context("commit marks")?;
+            if failed > 0 {
+                tracing::error!(
+                    failed,
+                    "outbox rows marked failed: they will not be published (see orders.outbox.last_error); \
+                     later events of their keys are held back"
+                );
+            }
+            let m = &self.worker.metrics;
+            m.relay_rows_failed_total.inc_by(failed);
+            m.relay_published_total.inc_by(self.delivered.len() as u64);
+            m.relay_batch_size.observe(self.delivered.len() as f64);
+            self.delivered.clear();
+            self.rejected.clear();
+        }
+        // Only now: every row up to this position is marked (or failed, or
+        // held back), so a restart from it loses nothing.
+        self.feedback.update_applied_lsn(self.settled_lsn);
+        Ok(())
+    }
+}
+
+/// An `orders.outbox` insert as the stream carries it (binary format).
+fn decode_row(data: &RowData) -> Result<PendingRow, String> {
+    Ok(PendingRow {
+        id: int8(data, "id")?,
+        aggregate_id: uuid(data, "aggregate_id")?,
+        msg_id: uuid(data, "msg_id")?,
+        event_type: String::from_utf8(bytes(data, "event_type")?.to_vec())
+            .map_err(|_| "event_type is not UTF-8".to_string())?,
+        payload: bytes(data, "payload")?.to_vec(),
+        created_at: timestamptz(data, "created_at")?,
+        attempts: 0,
+    })
+}
+
+/// A non-NULL binary column.
+fn bytes<'a>(data: &'a RowData, name: &str) -> Result<&'a [u8], String> {
+    match data.get(name) {
+        None => Err(format!("no column {name}")),
+        Some(ColumnValue::Null) => Err(format!("{name} is NULL")),
+        Some(ColumnValue::Text(_)) => Err(format!("{name} came as text, not binary")),
+        Some(ColumnValue::Binary(b)) => Ok(b),
+    }
+}
+
+fn int8(data: &RowData, name: &str) -> Result<i64, String> {
+    let b: [u8; 8] = bytes(data, name)?
+        .try_into()
+        .map_err(|_| format!("{name} is not an int8"))?;
+    Ok(i64::from_be_bytes(b))
+}
+
+fn uuid(data: &RowData, name: &str) -> Result<Uuid, String> {
+    Uuid::from_slice(bytes(data, name)?).map_err(|_| format!("{name} is not a uuid"))
+}
+
+/// PostgreSQL's binary timestamptz: microseconds since 2000-01-01 UTC.
+fn timestamptz(data: &RowData, name: &str) -> Result<DateTime<Utc>, String> {
+    let b: [u8; 8] = bytes(data, name)?
+        .try_into()
+        .map_err(|_| format!("{name} is not a timestamptz"))?;
+    let micros = i64::from_be_bytes(b);
+    const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
+    micros
+        .checked_add(PG_EPOCH_UNIX_MICROS)
+        .and_then(DateTime::from_timestamp_micros)
+        .ok_or_else(|| format!("{name} is out of range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn bin(v: &[u8]) -> ColumnValue {
+        ColumnValue::Binary(Bytes::copy_from_slice(v))
+    }
+
+    fn row(cols: Vec<(&str, ColumnValue)>) -> RowData {
+        RowData::from_pairs(cols)
+    }
+
+    #[test]
+    fn an_outbox_insert_decodes_from_the_binary_format() {
+        let agg = Uuid::now_v7();
+        let msg = Uuid::now_v7();
+        // 2026-11-24T00:00:00Z in microseconds since 2000-01-01.
+        let at = DateTime::parse_from_rfc3339("2026-11-24T00:00:00.123456Z")
+            .expect("time")
+            .with_timezone(&Utc);
+        let micros = at.timestamp_micros() - 946_684_800_000_000;
+        let data = row(vec![
+            ("id", bin(&42i64.to_be_bytes())),
+            ("aggregate_id", bin(agg.as_bytes())),
+            ("msg_id", bin(msg.as_bytes())),
+            ("event_type", bin(b"order.created")),
+            ("payload", bin(br#"{"a":1}"#)),
+            ("created_at", bin(&micros.to_be_bytes())),
+            ("published_at", ColumnValue::Null),
+        ]);
+        let r = decode_row(&data).expect("decodes");
+        assert_eq!(r.id, 42);
+        assert_eq!(r.aggregate_id, agg);
+        assert_eq!(r.msg_id, msg);
+        assert_eq!(r.event_type, "order.created");
+        assert_eq!(r.payload, br#"{"a":1}"#);
+        assert_eq!(r.created_at, at);
+    }
+
+    #[test]
+    fn a_malformed_insert_is_an_error_not_a_panic() {
+        let good = |name: &str| -> ColumnValue {
+            match name {
+                "id" | "created_at" => bin(&1i64.to_be_bytes()),
+                "aggregate_id" | "msg_id" => bin(Uuid::nil().as_bytes()),
+                _ => bin(b"x"),
+            }
+        };
+        let names = [
+            "id",
+            "aggregate_id",
+            "msg_id",
+            "event_type",
+            "payload",
+            "created_at",
+        ];
+        for broken in names {
+            for bad in [
+                None,
+                Some(ColumnValue::Null),
+                Some(ColumnValue::text("1")),
+                Some(bin(b"\xff\xfe\xfd")),
+            ] {
+                let cols: Vec<(&str, ColumnValue)> = names
+                    .iter()
+                    .filter_map(|&n| {
+                        if n == broken {
+                            bad.clone().map(|v| (n, v))
+                        } else {
+                            Some((n, good(n)))
+                        }
+                    })
+                    .collect();
+                let result = decode_row(&row(cols));
+                // Three bytes are valid for the text and bytea columns.
+                let ok_anyway = matches!(&bad, Some(ColumnValue::Binary(_))) && broken == "payload";
+                assert_eq!(result.is_ok(), ok_anyway, "{broken} as {bad:?}: {result:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_default_slot_name_is_a_valid_slot_name() {
+        assert_eq!(
+            default_slot_name("effectively"),
+            "effectively_outbox_effectively"
+        );
+        let odd = default_slot_name(&format!("Test-DB.{}", "x".repeat(80)));
+        assert!(odd.len() <= 63, "{odd}");
+        assert!(
+            odd.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+            "{odd}"
+        );
+    }
+}

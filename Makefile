@@ -7,7 +7,7 @@ CARGO ?= cargo
 # each service's own ORDERS_DATABASE_URL, RELAY_DATABASE_URL, ...).
 -include .stack/env
 
-.PHONY: help up down status migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep bench-claim demo \
+.PHONY: help up down status migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep bench-claim wal-slot-lost demo \
         check-config check-dashboards plot-deps plot-orders chaos exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 accept
 
 help: ## list the targets
@@ -67,6 +67,9 @@ bench-recon: ## recon's time on 1M and 10M consistent orders (BENCH_RECON_SIZES;
 
 bench-relay-sweep: ## relay drain rate by workers and batch size (after bench-pipeline)
 	@scripts/bench-relay-sweep.sh
+
+wal-slot-lost: ## the WAL relay's slot invalidated (max_slot_wal_keep_size lowered for a minute): its error, then its way out loses nothing
+	@scripts/wal-slot-lost.sh
 
 bench-claim: ## the relay's claim over a 30k/300k backlog with statistics of an empty outbox, before and after its plan fix
 	@scripts/bench-claim.sh

@@ -92,6 +92,10 @@ pg_up() {
       || die "initdb failed, see $LOGS/initdb.log"
   fi
   if [ "$(id -u)" = 0 ]; then chown postgres "$SOCK" "$LOGS"; fi
+  # In postgresql.conf, not on the command line, so that ALTER SYSTEM can
+  # override it for a while (scripts/wal-slot-lost.sh) and RESET restores it.
+  grep -q '^max_slot_wal_keep_size' "$PGDATA/postgresql.conf" \
+    || echo "max_slot_wal_keep_size = 2GB  # scripts/stack.sh: the WAL a relay's slot may hold" >>"$PGDATA/postgresql.conf"
   if pg_running; then
     log "postgres already running on 127.0.0.1:$PG_PORT"
     if [ "$(psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qAt -c 'SHOW wal_level' 2>/dev/null)" != logical ]; then
@@ -114,7 +118,6 @@ pg_up() {
       "-c port=$PG_PORT -c listen_addresses=127.0.0.1 -c unix_socket_directories=$SOCK \
        -c max_connections=400 -c shared_buffers=512MB -c max_wal_size=4GB \
        -c wal_level=logical -c max_replication_slots=64 -c max_wal_senders=64 \
-       -c max_slot_wal_keep_size=2GB \
        -c checkpoint_timeout=15min -c recovery_init_sync_method=syncfs -c log_min_messages=warning" start >/dev/null \
       || die "postgres did not start, see $LOGS/postgres.log"
   fi

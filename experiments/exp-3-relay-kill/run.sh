@@ -6,6 +6,14 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 HERE=$ROOT/experiments/exp-3-relay-kill
 # shellcheck source=scripts/lib/experiment.sh
 . "$ROOT/scripts/lib/experiment.sh"
+# RELAY_MODE=wal: the same runs with the WAL relay (relay --mode wal), its
+# results beside the poll relay's, in results/<mode>-wal.
+export RELAY_MODE=${RELAY_MODE:-poll}
+case $RELAY_MODE in
+  poll) ;;
+  wal) if [ "${QUICK:-0}" = 1 ]; then EXP_RES_NAME=${EXP_RES_NAME:-quick-wal}; else EXP_RES_NAME=${EXP_RES_NAME:-full-wal}; fi ;;
+  *) echo "RELAY_MODE is poll or wal, not $RELAY_MODE" >&2; exit 2 ;;
+esac
 exp_init "$HERE"
 
 if [ "$MODE" = quick ]; then

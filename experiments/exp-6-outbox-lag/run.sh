@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Experiment 6: outbox lag under steady load and bursts. For each relay
-# configuration (workers × batch size): the drain rate from a backlog (the
+# configuration (poll or WAL, workers × batch size): the drain rate from a backlog (the
 # relay's capacity), then a schedule of writes straight into the outbox by
 # pgbench: a steady rate S the whole time, a burst to 2×S, a recovery at S, a
 # burst to 3×S, a recovery at S. S is EXP_STEADY_SHARE of the first
@@ -15,11 +15,13 @@ HERE=$ROOT/experiments/exp-6-outbox-lag
 . "$ROOT/scripts/lib/experiment.sh"
 exp_init "$HERE"
 
+# A configuration is [MODE:]WORKERS:BATCH: MODE poll (the default) or wal
+# (relay --mode wal, whose WORKERS × BATCH is the most rows in flight).
 if [ "$MODE" = quick ]; then
-  CONFIGS=${EXP_CONFIGS:-8:1000} DRAIN_ROWS=${EXP_DRAIN_ROWS:-30000}
-  STEADY_S=${EXP_STEADY_S:-8} BURST_S=${EXP_BURST_S:-8} RECOVER_S=${EXP_RECOVER_S:-12}
+  CONFIGS=${EXP_CONFIGS:-8:1000 wal:8:1000} DRAIN_ROWS=${EXP_DRAIN_ROWS:-30000}
+  STEADY_S=${EXP_STEADY_S:-6} BURST_S=${EXP_BURST_S:-6} RECOVER_S=${EXP_RECOVER_S:-10}
 else
-  CONFIGS=${EXP_CONFIGS:-8:1000 2:500 4:1000 16:1000 8:250} DRAIN_ROWS=${EXP_DRAIN_ROWS:-300000}
+  CONFIGS=${EXP_CONFIGS:-8:1000 2:500 4:1000 16:1000 8:250 wal:8:1000 wal:2:500} DRAIN_ROWS=${EXP_DRAIN_ROWS:-300000}
   STEADY_S=${EXP_STEADY_S:-30} BURST_S=${EXP_BURST_S:-30} RECOVER_S=${EXP_RECOVER_S:-60}
 fi
 SHARE=${EXP_STEADY_SHARE:-0.4}
@@ -59,20 +61,40 @@ phase() { # CONFIG_DIR NAME MULTIPLE SECONDS: one line of phases.csv (its start 
 
 schedule_s=$((STEADY_S + BURST_S + RECOVER_S + BURST_S + RECOVER_S))
 for config in $CONFIGS; do
-  workers=${config%%:*} batch=${config##*:}
-  tag=w${workers}-b${batch}
+  case $config in wal:*) mode=wal rest=${config#wal:} ;; poll:*) mode=poll rest=${config#poll:} ;; *) mode=poll rest=$config ;; esac
+  workers=${rest%%:*} batch=${rest##*:}
+  tag=$(python3 "$ROOT/experiments/lib/exp6.py" --config-name "$config")
   dir=$RES/$tag
+  db=exp_6_${mode}_${workers}_${batch}
   mkdir -p "$dir"
-  pipeline_fresh "exp_6_${workers}_${batch}" "exp-6-$tag-$(date +%H%M%S)" 2>/dev/null
+  pipeline_fresh "$db" "exp-6-$tag-$(date +%H%M%S)" 2>/dev/null
 
   say "$tag: capacity: the relay drains $DRAIN_ROWS rows"
-  q -c "$(pipeline_outbox_rows_sql "$DRAIN_ROWS")" -c "VACUUM ANALYZE orders.outbox" >/dev/null
-  cpu0=$(python3 "$ROOT/experiments/lib/exp6.py" --cpu-ticks)
-  t0=$(now)
-  DATABASE_URL=$RELAY_DATABASE_URL RELAY_METRICS_ADDR=$RELAY_METRICS RELAY_WORKERS=$workers \
-    RELAY_BATCH_SIZE=$batch "$BIN/relay" >"$dir/relay.log" 2>&1 &
-  relay=$!
-  PIDS+=("$relay")
+  start_relay() {
+    DATABASE_URL=$RELAY_DATABASE_URL RELAY_METRICS_ADDR=$RELAY_METRICS RELAY_WORKERS=$workers \
+      RELAY_BATCH_SIZE=$batch RELAY_MODE=$mode RELAY_WAL_HEARTBEAT_MS=1000 "$BIN/relay" >"$dir/relay.log" 2>&1 &
+    relay=$!
+    PIDS+=("$relay")
+  }
+  if [ "$mode" = poll ]; then
+    # The backlog first, then the relay claims it.
+    q -c "$(pipeline_outbox_rows_sql "$DRAIN_ROWS")" -c "VACUUM ANALYZE orders.outbox" >/dev/null
+    cpu0=$(python3 "$ROOT/experiments/lib/exp6.py" --cpu-ticks)
+    t0=$(now)
+    start_relay
+  else
+    # The relay streams first; the backlog then comes from the WAL (rows
+    # pending before its slot would be drained by the poll path).
+    start_relay
+    for _ in $(seq 1 300); do
+      [ "$(q -c "SELECT active FROM pg_replication_slots WHERE slot_name = 'effectively_outbox_$db'")" = t ] && break
+      kill -0 "$relay" 2>/dev/null || { echo "exp-6: the relay exited; see $dir/relay.log" >&2; exit 1; }
+      sleep 0.1
+    done
+    cpu0=$(python3 "$ROOT/experiments/lib/exp6.py" --cpu-ticks)
+    t0=$(now)
+    q -c "$(pipeline_outbox_rows_sql "$DRAIN_ROWS")" >/dev/null
+  fi
   deadline=$(($(date +%s) + 600))
   while [ "$(pending)" != 0 ]; do
     kill -0 "$relay" 2>/dev/null || { echo "exp-6: the relay exited; see $dir/relay.log" >&2; exit 1; }
@@ -136,13 +158,13 @@ for config in $CONFIGS; do
            round(p50_ms::numeric, 1) AS p50_ms, round(p99_ms::numeric, 1) AS p99_ms, round(max_ms::numeric, 1) AS max_ms
     FROM w FULL JOIN p USING (second) ORDER BY second) TO STDOUT WITH CSV HEADER" >"$dir/seconds.csv"
   q -c "$(python3 "$ROOT/experiments/lib/exp6.py" --phase-sql "$dir/phases.csv")" >"$dir/latency.csv"
-  q -c "SELECT json_build_object('workers', $workers, 'batch', $batch, 'steady_rate', $RATE,
+  q -c "SELECT json_build_object('mode', '$mode', 'workers', $workers, 'batch', $batch, 'steady_rate', $RATE,
       'written', count(*) FILTER (WHERE created_at >= to_timestamp($start) - interval '1 second'),
       'published', count(*) FILTER (WHERE created_at >= to_timestamp($start) - interval '1 second' AND published_at IS NOT NULL),
       'pending', count(*) FILTER (WHERE published_at IS NULL AND failed_at IS NULL),
       'failed', count(*) FILTER (WHERE failed_at IS NOT NULL),
       'caught_up_s', $caught_up_s) FROM orders.outbox" >"$dir/totals.json"
-  pipeline_drop_db "exp_6_${workers}_${batch}"
+  pipeline_drop_db "$db"
 done
 
 printf '{"steady_share": %s, "steady_rate": %s, "rows_per_tx": %s, "configs": "%s"}\n' \

@@ -55,12 +55,21 @@ def write_run(res, name, capacity=2500, **kw):
         "cpu_after": {"hz": 100, "ticks": {"relay": 300, "postgres": 1600, "nisshi": 950}}})
 
 
+def tag_of(name):
+    """run.sh's configuration for a directory name: w8-b1000 → 8:1000, wal-w8-b1000 → wal:8:1000."""
+    mode, _, rest = name.rpartition("-w")
+    if not mode:
+        rest = name[1:]
+    tag = rest.replace("-b", ":")
+    return f"{mode}:{tag}" if mode else tag
+
+
 class Exp6Test(unittest.TestCase):
     def judge(self, configs, **kw):
         with tempfile.TemporaryDirectory() as res:
             for name, capacity in configs:
                 write_run(res, name, capacity, **kw)
-            tags = " ".join(n[1:].replace("-b", ":") for n, _ in configs)
+            tags = " ".join(tag_of(n) for n, _ in configs)
             write_json(os.path.join(res, "meta.json"), {"steady_rate": S, "steady_share": 0.4, "configs": tags})
             with contextlib.redirect_stdout(io.StringIO()):
                 code = exp6.main([res, "quick"])
@@ -92,6 +101,22 @@ class Exp6Test(unittest.TestCase):
         code, s, failed = self.judge([("w8-b1000", 2500), ("w2-b500", 850)])
         self.assertEqual((code, failed), (0, []))
         self.assertEqual(s["configs"][1]["flat_up_to_rows_per_s"], None)
+
+    def test_configuration_names(self):
+        self.assertEqual(exp6.config_name("8:1000"), "w8-b1000")
+        self.assertEqual(exp6.config_name("poll:2:500"), "w2-b500")
+        self.assertEqual(exp6.config_name("wal:8:1000"), "wal-w8-b1000")
+        for name in ("w8-b1000", "wal-w2-b500"):
+            self.assertEqual(exp6.config_name(tag_of(name)), name)
+
+    def test_the_first_configuration_of_each_relay_mode_is_held_to_the_slo(self):
+        code, s, failed = self.judge([("w8-b1000", 2500), ("w2-b500", 850), ("wal-w8-b1000", 2500),
+                                      ("wal-w2-b500", 850)])
+        self.assertEqual((code, failed), (0, []))
+        self.assertEqual([c["mode"] for c in s["configs"]], ["poll", "poll", "wal", "wal"])
+        code, _, failed = self.judge([("w8-b1000", 2500), ("wal-w8-b1000", 850)])
+        self.assertEqual(code, 1)
+        self.assertIn("wal-w8-b1000: steady S = 1000 rows/s kept the backlog flat, oldest row under 2 s", failed)
 
     def test_a_lost_row_or_a_short_load_fails(self):
         _, _, failed = self.judge([("w8-b1000", 2500)], lost=3)

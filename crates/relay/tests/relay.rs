@@ -643,6 +643,49 @@ async fn a_standby_wal_relay_takes_over_and_every_key_stays_in_order() {
     drop_slot(&pool, &db).await;
 }
 
+/// A committed row the stream never delivers (here: written while the
+/// publication left inserts out) is found by the relay's comparison of the
+/// table with the stream, and the stream's restart publishes it.
+#[tokio::test]
+async fn a_row_the_stream_never_delivered_is_found_and_published() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(3).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let mut cfg = config(&db, &topic, 2, 10);
+    cfg.mode = Mode::Wal;
+    cfg.wal_heartbeat_ms = 200;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(run(cfg, listener, cancel.clone()));
+    wait_for_slot(&pool, &db, true).await;
+
+    let key = Uuid::now_v7();
+    sqlx::query("ALTER PUBLICATION effectively_outbox SET (publish = 'delete')")
+        .execute(&pool)
+        .await
+        .expect("publication without inserts");
+    insert_raw(&pool, key, br#"{"seq":0}"#).await;
+    sqlx::query("ALTER PUBLICATION effectively_outbox SET (publish = 'insert')")
+        .execute(&pool)
+        .await
+        .expect("publication with inserts");
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "the row the stream skipped was published"
+    );
+    assert!(scrape(&url, "relay_wal_stream_gaps_total").await >= 1.0);
+    let messages = topic.read_all(1, Duration::from_secs(30)).await;
+    let (seqs, _) = per_key_sequences(&messages);
+    assert_eq!(seqs.get(&key.to_string()), Some(&vec![0]));
+    cancel.cancel();
+    task.await.expect("join").expect("relay ok");
+    drop_slot(&pool, &db).await;
+}
+
 /// One key with a long backlog takes one row per claim: the other keys of
 /// its shard are not starved behind it.
 #[tokio::test]

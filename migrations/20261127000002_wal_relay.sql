@@ -12,10 +12,16 @@ CREATE PUBLICATION effectively_outbox FOR TABLE orders.outbox WITH (publish = 'i
 -- every role.) Only a superuser can give REPLICATION. An owner that is not
 -- one says so and goes on: whoever set the server up gives it
 -- (ALTER ROLE effectively_relay REPLICATION), or the relay runs in poll mode.
+-- Roles are cluster-wide: databases migrated at once (one per test) would
+-- update the same role row ("tuple concurrently updated"), so the change
+-- waits for a lock of its own and is made once.
 DO $$
 BEGIN
     IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
-        ALTER ROLE effectively_relay REPLICATION;
+        PERFORM pg_advisory_xact_lock(hashtext('effectively.relay.replication'));
+        IF NOT (SELECT rolreplication FROM pg_roles WHERE rolname = 'effectively_relay') THEN
+            ALTER ROLE effectively_relay REPLICATION;
+        END IF;
     ELSE
         RAISE NOTICE 'not a superuser: effectively_relay not given REPLICATION; --mode wal needs it';
     END IF;

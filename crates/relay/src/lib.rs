@@ -41,8 +41,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 use rdkafka::{ClientConfig, ClientContext};
-use sqlx::PgPool;
 use sqlx::postgres::PgListener;
+use sqlx::{PgPool, Postgres, Transaction};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
@@ -469,25 +469,40 @@ impl Worker {
         self.metrics
             .relay_publish_duration_seconds
             .observe(start.elapsed().as_secs_f64());
+        self.mark_batch(tx, &delivered, &rejected, self.max_attempts)
+            .await?;
+        Ok(delivered.len())
+    }
+
+    /// After the broker's acks: marks `delivered` published and records
+    /// `rejected` (each row's own failure; marked failed at its
+    /// `max_attempts`th), then commits `tx`. Both relay modes end a batch
+    /// here.
+    async fn mark_batch(
+        &self,
+        mut tx: Transaction<'_, Postgres>,
+        delivered: &[i64],
+        rejected: &[(i64, String)],
+        max_attempts: i32,
+    ) -> anyhow::Result<()> {
         // The broker has acked; the rows are not yet marked. A crash here
-        // re-publishes the batch on restart: the at-least-once window.
+        // re-publishes them on restart: the at-least-once window.
         self.crasher.point(CrashPoint::Publish);
-        outbox::mark_published(&mut tx, &delivered)
+        outbox::mark_published(&mut tx, delivered)
             .await
             .context("mark published")?;
         let failed = if rejected.is_empty() {
             0
         } else {
-            outbox::record_failures(&mut tx, &rejected, self.max_attempts)
+            outbox::record_failures(&mut tx, rejected, max_attempts)
                 .await
                 .context("record failed publish attempts")?
         };
         tx.commit().await.context("commit published batch")?;
         if failed > 0 {
             tracing::error!(
-                shard,
                 failed,
-                max_attempts = self.max_attempts,
+                max_attempts,
                 "outbox rows marked failed: they will not be published (see orders.outbox.last_error); \
                  later events of their keys are held back"
             );
@@ -499,7 +514,7 @@ impl Worker {
         self.metrics
             .relay_batch_size
             .observe(delivered.len() as f64);
-        Ok(delivered.len())
+        Ok(())
     }
 
     /// Produces one row.

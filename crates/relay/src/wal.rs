@@ -36,7 +36,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
-use effectively::contract::CrashPoint;
 use effectively::retry::Backoff;
 use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{FuturesOrdered, StreamExt};
@@ -49,7 +48,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::outbox::{self, PendingRow, SHARDS};
+use crate::outbox::{PendingRow, SHARDS};
 use crate::{Publish, Worker};
 
 /// The publication the WAL relay reads: inserts into `orders.outbox` only
@@ -620,34 +619,12 @@ impl Settle {
     /// settled position to the slot.
     async fn mark(&mut self) -> anyhow::Result<()> {
         if !self.delivered.is_empty() || !self.rejected.is_empty() {
-            // The broker has acked; the rows are not yet marked. A crash
-            // here re-publishes them from the slot: the at-least-once window.
-            self.worker.crasher.point(CrashPoint::Publish);
-            let mut tx = self.worker.pool.begin().await.context("begin mark")?;
-            outbox::mark_published(&mut tx, &self.delivered)
-                .await
-                .context("mark published")?;
+            let tx = self.worker.pool.begin().await.context("begin mark")?;
             // The stream cannot come back to a row: its own failure is final
             // at its first attempt.
-            let failed = if self.rejected.is_empty() {
-                0
-            } else {
-                outbox::record_failures(&mut tx, &self.rejected, 1)
-                    .await
-                    .context("record failed rows")?
-            };
-            tx.commit().await.context("commit marks")?;
-            if failed > 0 {
-                tracing::error!(
-                    failed,
-                    "outbox rows marked failed: they will not be published (see orders.outbox.last_error); \
-                     later events of their keys are held back"
-                );
-            }
-            let m = &self.worker.metrics;
-            m.relay_rows_failed_total.inc_by(failed);
-            m.relay_published_total.inc_by(self.delivered.len() as u64);
-            m.relay_batch_size.observe(self.delivered.len() as f64);
+            self.worker
+                .mark_batch(tx, &self.delivered, &self.rejected, 1)
+                .await?;
             self.delivered.clear();
             self.rejected.clear();
         }

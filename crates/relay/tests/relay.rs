@@ -43,10 +43,32 @@ async fn spawn_relay(
     CancellationToken,
     tokio::task::JoinHandle<anyhow::Result<()>>,
 ) {
+    let (cancel, task, _) = spawn_relay_scraped(config).await;
+    (cancel, task)
+}
+
+/// [`spawn_relay`], and the URL of its /metrics (for [`scrape`]).
+async fn spawn_relay_scraped(
+    config: Config,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+    String,
+) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
     let cancel = CancellationToken::new();
     let task = tokio::spawn(run(config, listener, cancel.clone()));
-    (cancel, task)
+    (cancel, task, url)
+}
+
+/// [`config`] for `--mode wal`, with heartbeats every 200 ms.
+fn wal_config(db: &TestDb, topic: &TestTopic, workers: u16, batch_size: i64) -> Config {
+    Config {
+        mode: Mode::Wal,
+        wal_heartbeat_ms: 200,
+        ..config(db, topic, workers, batch_size)
+    }
 }
 
 /// The relay binary on `db` and `topic` (one worker, batches of 10, metrics
@@ -221,10 +243,7 @@ async fn shards_in_flight_at_once_keep_every_key_in_order() {
     let keys: Vec<Uuid> = (0..100).map(|_| Uuid::now_v7()).collect();
     fill_outbox(&pool, &keys, 4).await;
 
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let metrics = format!("http://{}/metrics", listener.local_addr().expect("addr"));
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn(run(config(&db, &topic, 8, 5), listener, cancel.clone()));
+    let (cancel, task, metrics) = spawn_relay_scraped(config(&db, &topic, 8, 5)).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let mut most_in_flight = 0.0f64;
     while pending(&pool).await > 0 {
@@ -436,10 +455,7 @@ async fn a_row_that_cannot_be_published_fails_alone_and_holds_back_only_its_key(
 
     let mut cfg = config(&db, &topic, 1, 10);
     cfg.max_attempts = 3;
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn(run(cfg, listener, cancel.clone()));
+    let (cancel, task, url) = spawn_relay_scraped(cfg).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
             pending(&pool).await == 4 && scrape(&url, "outbox_failed_rows").await == 2.0
@@ -506,13 +522,7 @@ async fn wal_mode_publishes_from_before_and_after_its_slot_in_per_key_order() {
     let keys: Vec<Uuid> = (0..20).map(|_| Uuid::now_v7()).collect();
     fill_outbox_seqs(&pool, &keys, 0..2).await;
 
-    let mut cfg = config(&db, &topic, 2, 10);
-    cfg.mode = Mode::Wal;
-    cfg.wal_heartbeat_ms = 200;
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn(run(cfg, listener, cancel.clone()));
+    let (cancel, task, url) = spawn_relay_scraped(wal_config(&db, &topic, 2, 10)).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
             pending(&pool).await == 0
@@ -600,15 +610,9 @@ async fn a_standby_wal_relay_takes_over_and_every_key_stays_in_order() {
     let topic = TestTopic::create(6).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let keys: Vec<Uuid> = (0..30).map(|_| Uuid::now_v7()).collect();
-    let wal = |workers, batch| {
-        let mut cfg = config(&db, &topic, workers, batch);
-        cfg.mode = Mode::Wal;
-        cfg.wal_heartbeat_ms = 200;
-        cfg
-    };
-    let (c1, t1) = spawn_relay(wal(2, 7)).await;
+    let (c1, t1) = spawn_relay(wal_config(&db, &topic, 2, 7)).await;
     wait_for_slot(&pool, &db, true).await;
-    let (c2, t2) = spawn_relay(wal(3, 5)).await;
+    let (c2, t2) = spawn_relay(wal_config(&db, &topic, 3, 5)).await;
     let (c3, t3) = spawn_relay(config(&db, &topic, 2, 5)).await;
     fill_outbox_seqs(&pool, &keys, 0..4).await;
     assert!(
@@ -651,13 +655,7 @@ async fn a_row_the_stream_never_delivered_is_found_and_published() {
     let db = TestDb::create().await;
     let topic = TestTopic::create(3).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
-    let mut cfg = config(&db, &topic, 2, 10);
-    cfg.mode = Mode::Wal;
-    cfg.wal_heartbeat_ms = 200;
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn(run(cfg, listener, cancel.clone()));
+    let (cancel, task, url) = spawn_relay_scraped(wal_config(&db, &topic, 2, 10)).await;
     wait_for_slot(&pool, &db, true).await;
 
     let key = Uuid::now_v7();
@@ -921,10 +919,7 @@ async fn a_lost_listen_connection_is_reestablished_and_wakes_the_relay_again() {
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let mut cfg = config(&db, &topic, 1, 10);
     cfg.poll_interval_ms = 60_000;
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn(run(cfg, listener, cancel.clone()));
+    let (cancel, task, url) = spawn_relay_scraped(cfg).await;
     let listen_errors = || scrape(&url, "relay_errors_total{stage=\"listen\"}");
 
     let mut pid = None;

@@ -306,7 +306,7 @@ pub async fn run(
             )));
             let wal_config = wal::WalConfig {
                 database_url: config.db.database_url.clone(),
-                slot: Some(slot),
+                slot,
                 max_in_flight: workers * usize::try_from(config.batch_size.max(1)).unwrap_or(1),
                 mark_batch: usize::try_from(config.batch_size.max(1)).unwrap_or(1),
                 heartbeat: Duration::from_millis(config.wal_heartbeat_ms),

@@ -73,10 +73,10 @@ const MARK_EVERY: Duration = Duration::from_millis(50);
 
 /// What the WAL relay needs besides the poll relay's [`Worker`].
 pub(crate) struct WalConfig {
-    /// Owner-less URL of the relay's role, as for the pool.
+    /// The relay role's database URL, as for the pool.
     pub database_url: String,
-    /// `--wal-slot`, or the default for the database.
-    pub slot: Option<String>,
+    /// The slot: `--wal-slot`, or [`slot_name`]'s default for the database.
+    pub slot: String,
     /// Most rows in flight to the broker.
     pub max_in_flight: usize,
     /// Rows marked per statement.
@@ -159,7 +159,7 @@ pub(crate) async fn run(
     config: WalConfig,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
-    let slot = slot_name(&worker.pool, config.slot.as_deref()).await?;
+    let slot = config.slot.as_str();
     tracing::info!(%slot, publication = PUBLICATION, "relay reads the outbox from the WAL");
     let heartbeat = tokio::spawn(heartbeats(
         worker.pool.clone(),
@@ -170,7 +170,7 @@ pub(crate) async fn run(
     let mut waiting = false;
     let result = loop {
         let started = std::time::Instant::now();
-        let end = stream_once(&worker, &config, &slot, &cancel).await;
+        let end = stream_once(&worker, &config, slot, &cancel).await;
         if started.elapsed() >= STREAM_HELD {
             backoff.reset();
         }

@@ -11,6 +11,8 @@
 //! * [`v7`]: the time a UUIDv7 id carries (the stores expire by it);
 //! * [`lifecycle`]: expiry in small batches for the stores that cannot drop
 //!   partitions (the outbox, the idempotency keys);
+//! * [`webhook`]: Standard Webhooks signing and verification (HMAC-SHA256
+//!   over id, timestamp and raw body; a timestamp tolerance against replay);
 //! * [`contract`]: what the pipeline's processes agree on (crash points, the
 //!   event type and payload, header and metric names), as types;
 //! * `kafka` (feature `kafka`): topic creation and a Kafka client's fatal
@@ -41,3 +43,4 @@ pub mod telemetry;
 pub mod testing;
 pub mod text;
 pub mod v7;
+pub mod webhook;

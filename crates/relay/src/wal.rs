@@ -61,12 +61,11 @@ const HEARTBEAT_PREFIX: &str = "effectively.relay.heartbeat";
 /// Events read ahead of the producer.
 const READ_AHEAD: usize = 4096;
 
-/// How often the table is compared with the stream ([`gap`]).
+/// How often the table is compared with the stream ([`Probe`]).
 const GAP_CHECK_EVERY: Duration = Duration::from_secs(5);
 
-/// A pending row committed this long before the stream's last commit
-/// should have come through it.
-const GAP_AFTER: Duration = Duration::from_secs(10);
+/// Pending rows a [`Probe`] follows.
+const PROBE_ROWS: i64 = 100;
 
 /// Settled rows are marked at least this often.
 const MARK_EVERY: Duration = Duration::from_millis(50);
@@ -325,7 +324,8 @@ async fn stream_once(
         delivered: Vec::new(),
         rejected: Vec::new(),
         settled_lsn: 0,
-        last_commit: None,
+        marked_lsn: 0,
+        probe: None,
         gap_checked: std::time::Instant::now(),
         broken: None,
     };
@@ -442,9 +442,13 @@ struct Settle {
     rejected: Vec<(i64, String)>,
     /// End of the last transaction settled before any broker failure.
     settled_lsn: u64,
-    /// Commit time of the last transaction read from the stream.
-    last_commit: Option<DateTime<Utc>>,
-    /// When the table was last compared with the stream ([`gap`]).
+    /// The position up to which every row is marked (or failed, or held
+    /// back): [`Settle::settled_lsn`] as of the last successful mark.
+    marked_lsn: u64,
+    /// Pending rows the stream must have delivered once it has marked past
+    /// the probe's position.
+    probe: Option<Probe>,
+    /// When the table was last compared with the stream.
     gap_checked: std::time::Instant,
     /// A broker failure: nothing past it is confirmed; the stream restarts.
     broken: Option<String>,
@@ -484,11 +488,7 @@ impl Settle {
                     self.mark_or_break().await;
                     if self.gap_checked.elapsed() >= GAP_CHECK_EVERY {
                         self.gap_checked = std::time::Instant::now();
-                        if let Some(why) = gap(&self.worker.pool, self.last_commit).await {
-                            self.worker.metrics.relay_wal_stream_gaps_total.inc();
-                            tracing::warn!(%why, "the stream missed committed outbox rows; restarting it (the restart publishes them)");
-                            self.broken = Some(why);
-                        }
+                        self.check_gap().await;
                     }
                 }
             }
@@ -552,12 +552,7 @@ impl Settle {
                     .boxed(),
                 );
             }
-            EventType::Commit {
-                end_lsn,
-                commit_timestamp,
-                ..
-            } => {
-                self.last_commit = Some(commit_timestamp);
+            EventType::Commit { end_lsn, .. } => {
                 let lsn = end_lsn.value();
                 self.queue
                     .push_back(futures::future::ready(Step::Commit(lsn)).boxed());
@@ -631,35 +626,100 @@ impl Settle {
         // Only now: every row up to this position is marked (or failed, or
         // held back), so a restart from it loses nothing.
         self.feedback.update_applied_lsn(self.settled_lsn);
+        self.marked_lsn = self.settled_lsn;
         Ok(())
+    }
+
+    /// Compares the table with the stream, in two steps (a [`Probe`]): a
+    /// database error skips a step (the next tick tries again).
+    async fn check_gap(&mut self) {
+        match self.probe.take() {
+            None => match Probe::take(&self.worker.pool).await {
+                Ok(probe) => self.probe = probe,
+                Err(error) => tracing::debug!(%error, "probe the outbox for the stream"),
+            },
+            Some(probe) if self.marked_lsn < probe.lsn => self.probe = Some(probe),
+            Some(probe) => match probe.missed(&self.worker.pool).await {
+                Ok(None) => {}
+                Ok(Some(why)) => {
+                    self.worker.metrics.relay_wal_stream_gaps_total.inc();
+                    tracing::warn!(%why, "the stream missed committed outbox rows; restarting it (the restart publishes them)");
+                    self.broken = Some(why);
+                }
+                Err(error) => tracing::debug!(%error, "check the probed outbox rows"),
+            },
+        }
     }
 }
 
-/// A pending row the stream should have delivered and did not: one
-/// committed more than [`GAP_AFTER`] before the last commit read, not in
-/// flight and not held back by a failed row of its key. The stream is
-/// at-least-once only if it delivers every committed insert; a full
-/// experiment 6 run found rows it never delivered (FINDINGS.md §20), so
-/// the relay checks, and a restart (whose start-up drain publishes
-/// pending rows) repairs it.
-async fn gap(pool: &PgPool, last_commit: Option<DateTime<Utc>>) -> Option<String> {
-    let last = last_commit?;
-    let cutoff = last - chrono::Duration::from_std(GAP_AFTER).ok()?;
-    let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT o.id, o.created_at FROM orders.outbox o \
-         WHERE o.published_at IS NULL AND o.failed_at IS NULL AND o.created_at < $1 \
-           AND NOT EXISTS (SELECT 1 FROM orders.outbox f WHERE f.aggregate_id = o.aggregate_id \
-                           AND f.published_at IS NULL AND f.failed_at IS NOT NULL) \
-         LIMIT 1",
-    )
-    .bind(cutoff)
-    .fetch_optional(pool)
-    .await
-    .ok()?;
-    let (id, created_at) = row?;
-    Some(format!(
-        "outbox row {id} (written {created_at}) is pending, and the stream has read commits up to {last}"
-    ))
+/// Pending rows and the WAL position they committed before. The stream
+/// is at-least-once only if it delivers every committed insert; a full
+/// experiment 6 run found rows it never delivered (FINDINGS.md §20), so the
+/// relay checks: once every commit up to `lsn` is marked, each of `ids` must
+/// be published, failed or held back by a failed row of its key. One that is
+/// still pending was never delivered, and a restart (whose start-up drain
+/// publishes pending rows) repairs it.
+///
+/// Positions, not times: a row's `created_at` is its transaction's start,
+/// which may be long before its commit, and a row read from the stream may
+/// still be in flight.
+struct Probe {
+    /// At or past the commit of every row in `ids`.
+    lsn: u64,
+    ids: Vec<i64>,
+}
+
+impl Probe {
+    /// The oldest pending rows with the WAL's insert position, read in one
+    /// statement: a row its snapshot sees as committed has its commit record
+    /// before that position. `None` when nothing is pending.
+    async fn take(pool: &PgPool) -> sqlx::Result<Option<Self>> {
+        let (lsn, ids): (String, Option<Vec<i64>>) = sqlx::query_as(
+            "SELECT pg_current_wal_insert_lsn()::text, \
+                    (SELECT array_agg(id) FROM (SELECT id FROM orders.outbox \
+                      WHERE published_at IS NULL AND failed_at IS NULL \
+                      ORDER BY created_at, id LIMIT $1) p)",
+        )
+        .bind(PROBE_ROWS)
+        .fetch_one(pool)
+        .await?;
+        let Some(ids) = ids else { return Ok(None) };
+        let lsn =
+            parse_lsn(&lsn).ok_or_else(|| sqlx::Error::Protocol(format!("not an LSN: {lsn}")))?;
+        Ok(Some(Self { lsn, ids }))
+    }
+
+    /// A probed row still pending now that the stream has marked past the
+    /// probe's position, and not held back by a failed row of its key.
+    async fn missed(&self, pool: &PgPool) -> sqlx::Result<Option<String>> {
+        let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT o.id, o.created_at FROM orders.outbox o \
+             WHERE o.id = ANY($1) AND o.published_at IS NULL AND o.failed_at IS NULL \
+               AND NOT EXISTS (SELECT 1 FROM orders.outbox f WHERE f.aggregate_id = o.aggregate_id \
+                               AND f.published_at IS NULL AND f.failed_at IS NOT NULL) \
+             LIMIT 1",
+        )
+        .bind(&self.ids)
+        .fetch_optional(pool)
+        .await?;
+        Ok(row.map(|(id, created_at)| {
+            format!(
+                "outbox row {id} (written {created_at}) is pending, and the stream has marked \
+                 every commit up to {}, past its commit",
+                format_lsn(self.lsn)
+            )
+        }))
+    }
+}
+
+/// `X/Y`, PostgreSQL's text form of an LSN.
+fn parse_lsn(text: &str) -> Option<u64> {
+    let (hi, lo) = text.split_once('/')?;
+    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
+}
+
+fn format_lsn(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
 }
 
 /// An `orders.outbox` insert as the stream carries it (binary format).
@@ -790,6 +850,15 @@ mod tests {
                 assert_eq!(result.is_ok(), ok_anyway, "{broken} as {bad:?}: {result:?}");
             }
         }
+    }
+
+    #[test]
+    fn an_lsn_reads_and_writes_in_postgresql_text_form() {
+        assert_eq!(parse_lsn("0/0"), Some(0));
+        assert_eq!(parse_lsn("16/B374D848"), Some(0x16_B374_D848));
+        assert_eq!(format_lsn(0x16_B374_D848), "16/B374D848");
+        assert_eq!(parse_lsn("16B374D848"), None);
+        assert_eq!(parse_lsn("G/0"), None);
     }
 
     #[test]

@@ -684,6 +684,58 @@ async fn a_row_the_stream_never_delivered_is_found_and_published() {
     drop_slot(&pool, &db).await;
 }
 
+/// A transaction open for longer than the gap check's period, with many
+/// rows: its rows were written (`created_at`, the transaction's start) long
+/// before the commits around them, and stay in flight for a while after its
+/// own. The check compares positions, not times: it takes none of them for
+/// rows the stream missed (the time-based check did, and restarted the
+/// stream, which sent the window again).
+#[tokio::test]
+async fn a_long_transaction_is_not_taken_for_a_gap() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(3).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let (cancel, task, url) = spawn_relay_scraped(wal_config(&db, &topic, 1, 10)).await;
+    wait_for_slot(&pool, &db, true).await;
+
+    const ROWS: usize = 20_000;
+    let mut tx = pool.begin().await.expect("begin");
+    let messages: Vec<OutboxMessage> = (0..ROWS)
+        .map(|i| OutboxMessage {
+            aggregate_id: Uuid::now_v7(),
+            msg_id: Uuid::now_v7(),
+            event_type: "test.event".into(),
+            payload: format!(r#"{{"seq":{i}}}"#).into_bytes(),
+        })
+        .collect();
+    Outbox
+        .enqueue_batch(&mut tx, &messages)
+        .await
+        .expect("enqueue");
+    // Heartbeats commit meanwhile: the stream reads commits 12 s younger
+    // than these rows.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    tx.commit().await.expect("commit");
+    assert!(
+        eventually(Duration::from_secs(120), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "every row published"
+    );
+    // Two more checks' periods with nothing pending.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(scrape(&url, "relay_wal_stream_gaps_total").await, 0.0);
+    assert_eq!(
+        scrape(&url, r#"relay_errors_total{stage="wal"}"#).await,
+        0.0,
+        "the stream never restarted"
+    );
+    cancel.cancel();
+    task.await.expect("join").expect("relay ok");
+    drop_slot(&pool, &db).await;
+}
+
 /// One key with a long backlog takes one row per claim: the other keys of
 /// its shard are not starved behind it.
 #[tokio::test]

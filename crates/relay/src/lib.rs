@@ -167,7 +167,10 @@ impl ClientContext for RelayContext {
 /// The relay's producer type.
 pub type RelayProducer = FutureProducer<RelayContext>;
 
-/// Builds the idempotent, acks=all producer.
+/// Builds the idempotent, acks=all producer. It never creates its topic
+/// (librdkafka's producer would by default, with the broker's default
+/// partition count and configs): a missing topic is an operator's mistake,
+/// so its sends fail, the rows stay pending and the error is logged.
 pub fn producer(config: &Config, context: RelayContext) -> anyhow::Result<RelayProducer> {
     ClientConfig::new()
         .set("bootstrap.servers", &config.kafka.kafka_bootstrap_servers)
@@ -178,6 +181,7 @@ pub fn producer(config: &Config, context: RelayContext) -> anyhow::Result<RelayP
         .set("queue.buffering.max.messages", "1000000")
         .set("batch.num.messages", "10000")
         .set("compression.type", "lz4")
+        .set("allow.auto.create.topics", "false")
         .create_with_context(context)
         .context("create kafka producer")
 }

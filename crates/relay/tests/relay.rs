@@ -736,6 +736,73 @@ async fn a_long_transaction_is_not_taken_for_a_gap() {
     drop_slot(&pool, &db).await;
 }
 
+/// A publish the broker fails (here: the topic does not exist yet, so each
+/// send times out after `--message-timeout-ms`) is tried again in place: once
+/// the topic is there every row goes out, in per-key order, and the stream
+/// never restarted (a restart would send its whole unconfirmed window again).
+#[tokio::test]
+async fn a_failed_publish_is_retried_in_place_without_a_stream_restart() {
+    let db = TestDb::create().await;
+    let topic = TestTopic {
+        name: format!("test-{}", Uuid::new_v4().simple()),
+        bootstrap_servers: effectively::testing::stack_var("KAFKA_BOOTSTRAP_SERVERS"),
+    };
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let config = Config {
+        message_timeout_ms: 1_000,
+        ..wal_config(&db, &topic, 1, 10)
+    };
+    let (cancel, task, url) = spawn_relay_scraped(config).await;
+    wait_for_slot(&pool, &db, true).await;
+
+    let keys: Vec<Uuid> = (0..5).map(|_| Uuid::now_v7()).collect();
+    for seq in 0..3 {
+        for key in &keys {
+            insert_raw(&pool, *key, format!(r#"{{"seq":{seq}}}"#).as_bytes()).await;
+        }
+    }
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            scrape(&url, r#"relay_errors_total{stage="produce"}"#).await >= 1.0
+        })
+        .await,
+        "the first sends failed"
+    );
+    effectively::kafka::ensure_topic(
+        &topic.bootstrap_servers,
+        &topic.name,
+        3,
+        1,
+        &effectively::contract::order_events_topic_configs(),
+    )
+    .await
+    .expect("create the topic");
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "every row published once the topic exists"
+    );
+    assert_eq!(
+        scrape(&url, r#"relay_errors_total{stage="wal"}"#).await,
+        0.0,
+        "the stream never restarted"
+    );
+    let messages = topic.read_all(15, Duration::from_secs(30)).await;
+    let (seqs, _) = per_key_sequences(&messages);
+    for key in &keys {
+        assert_eq!(
+            seqs.get(&key.to_string()),
+            Some(&vec![0, 1, 2]),
+            "key {key}"
+        );
+    }
+    cancel.cancel();
+    task.await.expect("join").expect("relay ok");
+    drop_slot(&pool, &db).await;
+}
+
 /// One key with a long backlog takes one row per claim: the other keys of
 /// its shard are not starved behind it.
 #[tokio::test]

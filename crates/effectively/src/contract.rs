@@ -60,16 +60,21 @@ pub enum CrashPoint {
     Effect,
     /// Payments with `--unsafe-split-txn`: between its two transactions.
     Split,
+    /// Payments over HTTP (`--source http`): after a webhook's inbox row
+    /// commits, before the response (the sender retries; the retry is a
+    /// duplicate).
+    Respond,
 }
 
 impl CrashPoint {
     /// Every crash point.
-    pub const ALL: [CrashPoint; 5] = [
+    pub const ALL: [CrashPoint; 6] = [
         Self::Commit,
         Self::Publish,
         Self::Claim,
         Self::Effect,
         Self::Split,
+        Self::Respond,
     ];
 
     /// The name `--crash-point` takes (in the services and in chaos) and the
@@ -81,6 +86,7 @@ impl CrashPoint {
             Self::Claim => "claim",
             Self::Effect => "effect",
             Self::Split => "split",
+            Self::Respond => "respond",
         }
     }
 
@@ -89,7 +95,7 @@ impl CrashPoint {
         match self {
             Self::Commit => ServiceName::Orders,
             Self::Publish => ServiceName::Relay,
-            Self::Claim | Self::Effect | Self::Split => ServiceName::Payments,
+            Self::Claim | Self::Effect | Self::Split | Self::Respond => ServiceName::Payments,
         }
     }
 }
@@ -100,6 +106,14 @@ impl CrashPoint {
 /// gRPC metadata key that carry a create request's idempotency key. Shared by
 /// orders (reads it on both protocols) and loadgen (sends it).
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+// --- webhooks ----------------------------------------------------------------
+
+/// The path at which payments (`--source http`) receives the `order.events`
+/// webhooks: `POST`, signed per Standard Webhooks (`crate::webhook`), the body
+/// the same envelope as a Kafka message's value. Shared by payments (its
+/// route) and whoever builds a destination URL for it (chaos, the demos).
+pub const WEBHOOK_PATH: &str = "/webhooks/orders";
 
 // --- the split-transaction counter-example ---------------------------------
 
@@ -348,6 +362,7 @@ mod tests {
         assert_eq!(CrashPoint::Claim.service(), ServiceName::Payments);
         assert_eq!(CrashPoint::Effect.service(), ServiceName::Payments);
         assert_eq!(CrashPoint::Split.service(), ServiceName::Payments);
+        assert_eq!(CrashPoint::Respond.service(), ServiceName::Payments);
         for service in ServiceName::ALL {
             assert_eq!(ServiceName::from_str(service.as_str(), false), Ok(service));
         }

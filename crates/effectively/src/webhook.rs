@@ -39,6 +39,49 @@ pub const HEADER_SIGNATURE: &str = "webhook-signature";
 /// request and must cover the clock skew between sender and receiver.
 pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(5 * 60);
 
+/// The sender's retry schedule (the seeds'): the wait after the first failed
+/// attempt, after the second, and so on; the last wait repeats. Shared by the
+/// sender (which schedules by it) and the receiver (whose dedup horizon must
+/// cover the whole schedule, see [`max_retry_span`]).
+pub const RETRY_SCHEDULE: [Duration; 5] = [
+    Duration::from_secs(5),
+    Duration::from_secs(30),
+    Duration::from_secs(5 * 60),
+    Duration::from_secs(30 * 60),
+    Duration::from_secs(4 * 3600),
+];
+/// Attempts before a delivery is given up as `failed`.
+pub const MAX_ATTEMPTS: u32 = 8;
+/// Each scheduled wait is multiplied by a factor drawn uniformly from
+/// `[JITTER_MIN, JITTER_MAX]`, so retries of many rows do not arrive together.
+pub const JITTER_MIN: f64 = 0.8;
+/// See [`JITTER_MIN`].
+pub const JITTER_MAX: f64 = 1.2;
+/// The longest `Retry-After` the sender honours (a longer one is cut to it):
+/// a receiver cannot push a retry past the horizon it must remember.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(4 * 3600);
+/// The longest timeout a destination may give one attempt.
+pub const MAX_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The scheduled wait after `failed` attempts (1 after the first), before
+/// jitter: [`RETRY_SCHEDULE`], its last entry repeating.
+pub fn retry_wait(failed: u32) -> Duration {
+    let i = (failed.max(1) as usize - 1).min(RETRY_SCHEDULE.len() - 1);
+    RETRY_SCHEDULE[i]
+}
+
+/// The longest the sender can take from a message's first attempt to its
+/// last: every wait at its most ([`JITTER_MAX`], or a `Retry-After` of
+/// [`MAX_RETRY_AFTER`] if longer) and every attempt timing out. A receiver
+/// must remember a `webhook-id` at least this long after the message was
+/// first sendable, or a late retry of a message it applied looks new.
+pub fn max_retry_span() -> Duration {
+    let waits: Duration = (1..MAX_ATTEMPTS)
+        .map(|failed| retry_wait(failed).mul_f64(JITTER_MAX).max(MAX_RETRY_AFTER))
+        .sum();
+    waits + MAX_ATTEMPT_TIMEOUT * MAX_ATTEMPTS
+}
+
 /// The fewest key bytes a [`Secret`] may have (the spec: "at least 24 bytes").
 pub const MIN_SECRET_BYTES: usize = 24;
 /// The most key bytes a [`Secret`] may have (the spec: "512 bits maximum").
@@ -295,6 +338,25 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn the_schedule_repeats_its_last_wait_and_the_span_bounds_every_path() {
+        assert_eq!(retry_wait(0), Duration::from_secs(5), "no failure yet reads as the first");
+        assert_eq!(retry_wait(1), Duration::from_secs(5));
+        assert_eq!(retry_wait(4), Duration::from_secs(1800));
+        assert_eq!(retry_wait(5), Duration::from_secs(4 * 3600));
+        assert_eq!(retry_wait(7), Duration::from_secs(4 * 3600));
+        // As scheduled, 8 attempts wait 5s + 30s + 5m + 30m + 3 x 4h.
+        let scheduled: Duration = (1..MAX_ATTEMPTS).map(retry_wait).sum();
+        assert_eq!(scheduled, Duration::from_secs(12 * 3600 + 35 * 60 + 35));
+        // At most: each wait the longer of 1.2 x schedule and a 4h Retry-After,
+        // each of the 8 attempts timing out at 30 s: 4 x 4h + 3 x 4.8h + 4 min.
+        assert_eq!(
+            max_retry_span(),
+            Duration::from_secs(16 * 3600 + 3 * 17_280 + 8 * 30)
+        );
+        assert!(max_retry_span() > scheduled.mul_f64(JITTER_MAX));
+    }
 
     /// A message and the signature its secret must give.
     struct Vector {

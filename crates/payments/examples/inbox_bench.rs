@@ -367,13 +367,7 @@ async fn consume(
         .iter()
         .enumerate()
         .map(|(i, intent)| Delivery {
-            source: Source {
-                topic: "bench",
-                partition: 0,
-                offset: (t * batch + i) as i64,
-                key: None,
-                payload: None,
-            },
+            source: Source::kafka("bench", 0, (t * batch + i) as i64, None, None),
             content: Ok(intent.clone()),
         })
         .collect();

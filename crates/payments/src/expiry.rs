@@ -175,17 +175,31 @@ pub async fn partitions(pool: &PgPool) -> sqlx::Result<(i64, Option<Uuid>)> {
     Ok((row.n, row.floor))
 }
 
-/// The horizon's terms: the outbox's retention from the database, the
-/// topic's retention and segment span from the broker.
+/// Where the hop's terms of the horizon come from.
+#[derive(Debug, Clone)]
+pub enum HopSource {
+    /// The topic's configs, asked of the broker.
+    Kafka(KafkaArgs),
+    /// The webhook sender's retry schedule (the contract's).
+    Webhook,
+}
+
+/// The horizon's terms: the outbox's retention from the database; over
+/// Kafka the topic's retention and segment span from the broker, over HTTP
+/// the sender's retry span.
 pub async fn read_sources(
     pool: &PgPool,
-    kafka: &KafkaArgs,
+    hop: &HopSource,
     clock_skew: Duration,
 ) -> anyhow::Result<Sources> {
     use anyhow::Context;
     let outbox = effectively::lifecycle::outbox_retention(pool)
         .await
         .context("read the outbox retention (orders.outbox_policy)")?;
+    let kafka = match hop {
+        HopSource::Kafka(kafka) => kafka,
+        HopSource::Webhook => return Ok(Sources::webhook(outbox, clock_skew)),
+    };
     let configs = effectively::kafka::topic_configs(
         &kafka.kafka_bootstrap_servers,
         &kafka.kafka_topic,
@@ -211,7 +225,7 @@ pub fn record_horizon(metrics: &PaymentsMetrics, horizon: Option<Duration>) {
 /// ahead, and only expires.
 pub async fn maintain(
     pool: PgPool,
-    kafka: KafkaArgs,
+    hop: HopSource,
     clock_skew: Duration,
     lifecycle: Lifecycle,
     started_with: Option<Duration>,
@@ -228,7 +242,7 @@ pub async fn maintain(
         }
         let horizon = match from_start_up.take() {
             Some(h) => Some(h),
-            None => next_horizon(&pool, &kafka, clock_skew, &lifecycle, &metrics).await,
+            None => next_horizon(&pool, &hop, clock_skew, &lifecycle, &metrics).await,
         };
         if let Some(retention) = lifecycle.effective(horizon) {
             match expire(&pool, retention).await {
@@ -252,7 +266,7 @@ pub async fn maintain(
 /// (`Some(None)`: unbounded; `None`: it could not be read this round).
 async fn next_horizon(
     pool: &PgPool,
-    kafka: &KafkaArgs,
+    hop: &HopSource,
     clock_skew: Duration,
     lifecycle: &Lifecycle,
     metrics: &PaymentsMetrics,
@@ -260,7 +274,7 @@ async fn next_horizon(
     if let Err(error) = extend(pool, lifecycle.ahead, lifecycle.granule).await {
         tracing::warn!(%error, "creating inbox partitions failed; retrying next round");
     }
-    match read_sources(pool, kafka, clock_skew).await {
+    match read_sources(pool, hop, clock_skew).await {
         Ok(sources) => {
             let h = sources.horizon();
             record_horizon(metrics, h);

@@ -26,6 +26,19 @@
 //! A topic that keeps records forever (`retention.ms` = -1) has no horizon:
 //! the inbox must keep every msg_id.
 //!
+//! Over HTTP (`--source http`) the hop between the outbox and this inbox is
+//! the relay's webhook delivery, which retries on its schedule
+//! (`effectively::webhook`) and keeps no copy once it gave up: terms 2 and 3
+//! become the sender's longest retry span ([`max_retry_span`]: every wait at
+//! its most, or a `Retry-After` of 4 h, and every attempt timing out).
+//!
+//! ```text
+//! horizon = outbox retention + sender retry span + clock skew
+//! ```
+//!
+//! The signature's timestamp tolerance (5 minutes) bounds the replay of a
+//! captured request, not redelivery: a retry hours later is signed anew.
+//!
 //! The inbox drops a partition only when every msg_id in it is older than
 //! the retention, and refuses any message older than the oldest partition
 //! it kept ("after the dedup horizon"), so even a horizon exceeded by an
@@ -36,6 +49,7 @@ use std::fmt;
 use std::time::Duration;
 
 use effectively::contract::RELAY_MAX_MESSAGE_TIMEOUT;
+use effectively::webhook::max_retry_span;
 
 /// Kafka's default `retention.ms` and `segment.ms` (7 days each), assumed for
 /// a key the broker does not report.
@@ -96,42 +110,72 @@ impl TopicLifetime {
     }
 }
 
+/// The hop between the outbox and this inbox, and the terms it adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hop {
+    /// The relay's producer and the topic.
+    Kafka {
+        /// The producer's longest delivery timeout.
+        delivery_timeout: Duration,
+        /// The topic's retention and segment span.
+        topic: TopicLifetime,
+    },
+    /// The relay's webhook delivery.
+    Webhook {
+        /// The sender's longest retry span.
+        retry_span: Duration,
+    },
+}
+
 /// Every term of the horizon, as read at start-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sources {
     /// How long the outbox keeps a row (`orders.outbox_policy`).
     pub outbox_retention: Duration,
-    /// The producer's longest delivery timeout.
-    pub delivery_timeout: Duration,
-    /// The topic's retention and segment span.
-    pub topic: TopicLifetime,
+    /// The hop's terms.
+    pub hop: Hop,
     /// Clocks and work in flight.
     pub clock_skew: Duration,
 }
 
 impl Sources {
-    /// The terms with the producer's delivery timeout of the contract.
+    /// The terms over Kafka, with the producer's delivery timeout of the
+    /// contract.
     pub fn new(outbox_retention: Duration, topic: TopicLifetime, clock_skew: Duration) -> Self {
         Self {
             outbox_retention,
-            delivery_timeout: RELAY_MAX_MESSAGE_TIMEOUT,
-            topic,
+            hop: Hop::Kafka {
+                delivery_timeout: RELAY_MAX_MESSAGE_TIMEOUT,
+                topic,
+            },
+            clock_skew,
+        }
+    }
+
+    /// The terms over HTTP, with the sender's retry span of the contract.
+    pub fn webhook(outbox_retention: Duration, clock_skew: Duration) -> Self {
+        Self {
+            outbox_retention,
+            hop: Hop::Webhook {
+                retry_span: max_retry_span(),
+            },
             clock_skew,
         }
     }
 
     /// The horizon, or `None` when the topic keeps records forever.
     pub fn horizon(&self) -> Option<Duration> {
-        match self.topic.retention {
-            TopicRetention::Forever => None,
-            TopicRetention::For(retention) => Some(
-                self.outbox_retention
-                    + self.delivery_timeout
-                    + retention
-                    + self.topic.segment
-                    + self.clock_skew,
-            ),
-        }
+        let hop = match self.hop {
+            Hop::Kafka {
+                delivery_timeout,
+                topic,
+            } => match topic.retention {
+                TopicRetention::Forever => return None,
+                TopicRetention::For(retention) => delivery_timeout + retention + topic.segment,
+            },
+            Hop::Webhook { retry_span } => retry_span,
+        };
+        Some(self.outbox_retention + hop + self.clock_skew)
     }
 }
 
@@ -144,32 +188,44 @@ impl fmt::Display for Sources {
             "  outbox retention (orders.outbox_policy)   {}",
             d(self.outbox_retention)
         )?;
-        writeln!(
-            f,
-            "+ producer delivery timeout (relay max)     {}",
-            d(self.delivery_timeout)
-        )?;
-        let assumed = if self.topic.assumed {
-            " (not reported by the broker: Kafka's default assumed)"
-        } else {
-            ""
-        };
-        match self.topic.retention {
-            TopicRetention::Forever => writeln!(
+        match self.hop {
+            Hop::Kafka {
+                delivery_timeout,
+                topic,
+            } => {
+                writeln!(
+                    f,
+                    "+ producer delivery timeout (relay max)     {}",
+                    d(delivery_timeout)
+                )?;
+                let assumed = if topic.assumed {
+                    " (not reported by the broker: Kafka's default assumed)"
+                } else {
+                    ""
+                };
+                match topic.retention {
+                    TopicRetention::Forever => writeln!(
+                        f,
+                        "+ topic retention.ms                        forever (-1){assumed}"
+                    )?,
+                    TopicRetention::For(r) => writeln!(
+                        f,
+                        "+ topic retention.ms                        {}{assumed}",
+                        d(r)
+                    )?,
+                }
+                writeln!(
+                    f,
+                    "+ topic segment.ms                          {}",
+                    d(topic.segment)
+                )?;
+            }
+            Hop::Webhook { retry_span } => writeln!(
                 f,
-                "+ topic retention.ms                        forever (-1){assumed}"
-            )?,
-            TopicRetention::For(r) => writeln!(
-                f,
-                "+ topic retention.ms                        {}{assumed}",
-                d(r)
+                "+ webhook sender's retry span (8 attempts)  {}",
+                d(retry_span)
             )?,
         }
-        writeln!(
-            f,
-            "+ topic segment.ms                          {}",
-            d(self.topic.segment)
-        )?;
         writeln!(
             f,
             "+ clock skew and work in flight             {}",
@@ -264,6 +320,35 @@ mod tests {
         let text = sources.to_string();
         assert!(
             text.ends_with("= redelivery horizon                      15days 10m"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn over_http_the_horizon_is_the_outbox_plus_the_senders_retry_span() {
+        let sources = Sources::webhook(7 * DAY, Duration::from_secs(300));
+        let span = Duration::from_secs(30 * 3600 + 24 * 60 + 4 * 60);
+        assert_eq!(
+            max_retry_span(),
+            span,
+            "30h24m of waits, 8 x 30 s of attempts"
+        );
+        assert_eq!(
+            sources.horizon(),
+            Some(8 * DAY + Duration::from_secs(6 * 3600 + 33 * 60)),
+            "7 d outbox + 30h28m sender + 5 min skew"
+        );
+        assert!(
+            Retention::parse("16d")
+                .expect("16d")
+                .covers(sources.horizon()),
+            "the default inbox retention covers it"
+        );
+        let text = sources.to_string();
+        assert!(text.contains("retry span"), "{text}");
+        assert!(!text.contains("retention.ms"), "{text}");
+        assert!(
+            text.ends_with("= redelivery horizon                      8days 6h 33m"),
             "{text}"
         );
     }

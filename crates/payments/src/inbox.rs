@@ -42,16 +42,82 @@ pub struct ChargeIntent {
 /// Where a message came from, borrowed from the consumed message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Source<'a> {
-    /// Topic.
-    pub topic: &'a str,
-    /// Partition.
-    pub partition: i32,
-    /// Offset.
-    pub offset: i64,
-    /// Raw key.
+    /// Its transport's coordinates.
+    pub origin: Origin<'a>,
+    /// Raw key (a Kafka message's; a webhook has none).
     pub key: Option<&'a [u8]>,
-    /// Raw value.
+    /// Raw value (a webhook's body).
     pub payload: Option<&'a [u8]>,
+}
+
+/// How a message's transport knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin<'a> {
+    /// A Kafka message.
+    Kafka {
+        /// Topic.
+        topic: &'a str,
+        /// Partition.
+        partition: i32,
+        /// Offset.
+        offset: i64,
+    },
+    /// A webhook claimed in `payments.webhook_inbox`, known by its
+    /// `webhook-id` (the event's msg_id).
+    Webhook {
+        /// The webhook-id.
+        msg_id: Uuid,
+    },
+}
+
+impl<'a> Source<'a> {
+    /// A Kafka message's source.
+    pub fn kafka(
+        topic: &'a str,
+        partition: i32,
+        offset: i64,
+        key: Option<&'a [u8]>,
+        payload: Option<&'a [u8]>,
+    ) -> Self {
+        Self {
+            origin: Origin::Kafka {
+                topic,
+                partition,
+                offset,
+            },
+            key,
+            payload,
+        }
+    }
+
+    /// A webhook's source: its id and body.
+    pub fn webhook(msg_id: Uuid, body: &'a [u8]) -> Self {
+        Self {
+            origin: Origin::Webhook { msg_id },
+            key: None,
+            payload: Some(body),
+        }
+    }
+
+    /// The webhook-id, for a webhook.
+    pub fn webhook_id(&self) -> Option<Uuid> {
+        match self.origin {
+            Origin::Webhook { msg_id } => Some(msg_id),
+            Origin::Kafka { .. } => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Origin<'_> {
+    /// For the log: `partition 3 offset 17`, `webhook <msg_id>`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Kafka {
+                partition, offset, ..
+            } => write!(f, "partition {partition} offset {offset}"),
+            Self::Webhook { msg_id } => write!(f, "webhook {msg_id}"),
+        }
+    }
 }
 
 /// One consumed message: where it came from and what it says.
@@ -155,6 +221,9 @@ pub struct Applied {
     pub charged_after_horizon: u64,
     /// Deliveries refused because their msg_id is beyond the partitions.
     pub future_msg_ids: u64,
+    /// Webhooks left alone: another processor holds their row, or has
+    /// processed it since they were read.
+    pub skipped: u64,
 }
 
 /// The intents of `deliveries` and the dead letters of those that did not
@@ -190,6 +259,24 @@ pub async fn apply_batch(
     let (mut intents, mut dead) = split(deliveries);
     let mut tx = pool.begin().await?;
     let mut applied = Applied::default();
+    // Webhooks are applied from their rows in payments.webhook_inbox: only
+    // those this transaction locks and finds unprocessed (another processor
+    // may hold or have done the others), and they are marked processed in
+    // this same transaction.
+    let webhooks: Vec<Uuid> = deliveries
+        .iter()
+        .filter_map(|d| d.source.webhook_id())
+        .collect();
+    let mine = if webhooks.is_empty() {
+        HashSet::new()
+    } else {
+        let mine = lock_webhooks(&mut tx, &webhooks).await?;
+        let ours = |s: &Source<'_>| s.webhook_id().is_none_or(|id| mine.contains(&id));
+        intents.retain(|(_, source)| ours(source));
+        dead.retain(|d| ours(&d.source));
+        applied.skipped = (webhooks.len() - mine.len()) as u64;
+        mine
+    };
     let mut late = Vec::new();
     if !intents.is_empty() {
         // Only msg_ids inside the inbox's partitions can be claimed; the
@@ -240,6 +327,10 @@ pub async fn apply_batch(
     }
     if !dead.is_empty() {
         applied.dead_lettered = insert_dead_letters(&mut tx, &dead).await?;
+    }
+    if !mine.is_empty() {
+        let ids: Vec<Uuid> = mine.into_iter().collect();
+        mark_webhooks(&mut tx, &ids).await?;
     }
     // The charge is written, the inbox row too, nothing is committed: a crash
     // here must lose both together (and the redelivery redo both).
@@ -468,34 +559,83 @@ impl EffectColumns {
     }
 }
 
-/// Writes dead letters (a redelivered one, same topic/partition/offset, is
-/// not written twice); returns the kinds of those written. The reason is made
-/// storable here, the one place every reason passes: a reason quoting a NUL
-/// or invalid UTF-8 must never make the write that records it fail.
+/// Locks the rows of `msg_ids` in `payments.webhook_inbox` that are not
+/// processed yet, skipping rows another transaction holds; returns the
+/// msg_ids locked.
+async fn lock_webhooks(
+    tx: &mut Transaction<'_, Postgres>,
+    msg_ids: &[Uuid],
+) -> sqlx::Result<HashSet<Uuid>> {
+    let locked = sqlx::query_scalar!(
+        "SELECT msg_id FROM payments.webhook_inbox \
+         WHERE msg_id = ANY($1) AND processed_at IS NULL \
+         ORDER BY msg_id FOR UPDATE SKIP LOCKED",
+        msg_ids
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(locked.into_iter().collect())
+}
+
+/// Marks webhooks processed.
+async fn mark_webhooks(tx: &mut Transaction<'_, Postgres>, msg_ids: &[Uuid]) -> sqlx::Result<()> {
+    sqlx::query!(
+        "UPDATE payments.webhook_inbox SET processed_at = now() \
+         WHERE msg_id = ANY($1) AND processed_at IS NULL",
+        msg_ids
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Writes dead letters (a redelivered one, same topic/partition/offset or
+/// same webhook and kind, is not written twice); returns the kinds of those
+/// written. The reason is made storable here, the one place every reason
+/// passes: a reason quoting a NUL or invalid UTF-8 must never make the write
+/// that records it fail.
 pub(crate) async fn insert_dead_letters(
     tx: &mut Transaction<'_, Postgres>,
     dead: &[DeadLetter<'_>],
 ) -> sqlx::Result<Vec<DeadLetterKind>> {
     let mut written = Vec::with_capacity(dead.len());
     for d in dead {
-        let inserted = sqlx::query!(
-            "INSERT INTO payments.dead_letters \
-               (topic, partition, \"offset\", msg_key, payload, reason, kind, msg_id, order_id) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
-             ON CONFLICT (topic, partition, \"offset\") DO NOTHING",
-            storable(d.source.topic),
-            d.source.partition,
-            d.source.offset,
-            d.source.key,
-            d.source.payload,
-            storable(&d.reason),
-            d.kind.as_str(),
-            d.msg_id,
-            d.order_id
-        )
-        .execute(&mut **tx)
-        .await?
-        .rows_affected();
+        let insert = match d.source.origin {
+            Origin::Kafka {
+                topic,
+                partition,
+                offset,
+            } => sqlx::query!(
+                "INSERT INTO payments.dead_letters \
+                   (topic, partition, \"offset\", msg_key, payload, reason, kind, msg_id, order_id) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                 ON CONFLICT (topic, partition, \"offset\") DO NOTHING",
+                storable(topic),
+                partition,
+                offset,
+                d.source.key,
+                d.source.payload,
+                storable(&d.reason),
+                d.kind.as_str(),
+                d.msg_id,
+                d.order_id
+            )
+            .execute(&mut **tx),
+            Origin::Webhook { msg_id } => sqlx::query!(
+                "INSERT INTO payments.dead_letters \
+                   (transport, msg_key, payload, reason, kind, msg_id, order_id) \
+                 VALUES ('http', $1, $2, $3, $4, $5, $6) \
+                 ON CONFLICT (msg_id, kind) WHERE transport = 'http' DO NOTHING",
+                d.source.key,
+                d.source.payload,
+                storable(&d.reason),
+                d.kind.as_str(),
+                msg_id,
+                d.order_id
+            )
+            .execute(&mut **tx),
+        };
+        let inserted = insert.await?.rows_affected();
         if inserted > 0 {
             written.push(d.kind);
         }
@@ -521,6 +661,9 @@ pub async fn reject(
     };
     let mut tx = pool.begin().await?;
     let written = insert_dead_letters(&mut tx, &[dead]).await?;
+    if let Some(msg_id) = source.webhook_id() {
+        mark_webhooks(&mut tx, &[msg_id]).await?;
+    }
     tx.commit().await?;
     Ok(!written.is_empty())
 }

@@ -13,6 +13,7 @@ pub mod expiry;
 pub mod horizon;
 pub mod inbox;
 pub mod metrics;
+pub mod receiver;
 pub mod unsafe_split;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -64,6 +65,15 @@ pub struct Config {
 
     #[command(flatten)]
     pub dup: dup::DupArgs,
+
+    /// Where the events come from: `kafka` (consume `order.events`) or
+    /// `http` (receive them as signed webhooks, POST /webhooks/orders on
+    /// --webhook-addr, from `relay --sink http`).
+    #[arg(long, env = "PAYMENTS_SOURCE", value_enum, default_value_t = Transport::Kafka)]
+    pub source: Transport,
+
+    #[command(flatten)]
+    pub webhook: receiver::WebhookArgs,
 
     /// Kafka consumer group.
     #[arg(long, env = "PAYMENTS_GROUP_ID", default_value = "payments")]
@@ -183,6 +193,16 @@ retention, unless --unsafe-inbox-retention. Expiry drops whole partitions and ne
 before the horizon (re-derived every round). A message older than the oldest
 partition kept is dead-lettered (kind after_horizon) and never applied.";
 
+/// Where payments takes its events from (`--source`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    /// A Kafka consumer of `order.events`.
+    #[default]
+    Kafka,
+    /// A webhook receiver (`POST /webhooks/orders`).
+    Http,
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?}: {e} (e.g. 5m, 1h, 1d)"))
 }
@@ -211,7 +231,7 @@ impl std::error::Error for HorizonRefusal {}
 /// How a slice is applied: the consume transaction, or one of the UNSAFE
 /// counter-examples.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Apply {
+pub(crate) enum Apply {
     /// [`inbox::apply_batch`], with what it does after the dedup horizon.
     Inbox(inbox::AfterHorizon),
     /// [`unsafe_split::apply_batch`].
@@ -227,6 +247,43 @@ impl Config {
                 Apply::Inbox(inbox::AfterHorizon::UnsafeApply)
             }
             None => Apply::Inbox(inbox::AfterHorizon::Refuse),
+        }
+    }
+
+    /// Settings that cannot go together, as the message `run` refuses them
+    /// with.
+    pub fn check(&self) -> Result<(), String> {
+        if self.source == Transport::Http {
+            if self.webhook.webhook_secret.is_empty() {
+                return Err(
+                    "--source http needs --webhook-secret (PAYMENTS_WEBHOOK_SECRET): \
+                            the whsec_ secret(s) the sender signs with"
+                        .into(),
+                );
+            }
+            if self.unsafe_split_txn.is_some() {
+                return Err(
+                    "--unsafe-split-txn is the Kafka consumer's counter-example; \
+                            it does not run with --source http"
+                        .into(),
+                );
+            }
+            if self.dup.dup_rate > 0.0 {
+                return Err(
+                    "--dup-rate injects Kafka redeliveries; over HTTP the sender's \
+                            retries and chaos make the duplicates"
+                        .into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the horizon's hop terms come from.
+    fn hop(&self) -> expiry::HopSource {
+        match self.source {
+            Transport::Kafka => expiry::HopSource::Kafka(self.kafka.clone()),
+            Transport::Http => expiry::HopSource::Webhook,
         }
     }
 
@@ -256,7 +313,7 @@ pub async fn check_horizon(
 ) -> anyhow::Result<Option<Duration>> {
     let mut backoff = Backoff::new();
     let sources = loop {
-        match expiry::read_sources(pool, &config.kafka, config.clock_skew).await {
+        match expiry::read_sources(pool, &config.hop(), config.clock_skew).await {
             Ok(sources) => break sources,
             Err(error) => {
                 tracing::warn!(error = %format!("{error:#}"), "reading the redelivery horizon's terms failed; retrying");
@@ -278,12 +335,16 @@ pub async fn check_horizon(
         tracing::info!(retention = %config.inbox_retention, derivation = %sources, "inbox retention covers the redelivery horizon");
         return Ok(horizon);
     }
+    let of = match config.source {
+        Transport::Kafka => format!("topic {}", config.kafka.kafka_topic),
+        Transport::Http => "the webhook sender".to_owned(),
+    };
     let message = format!(
-        "the inbox retention ({}) is shorter than the redelivery horizon of topic {}:\n{sources}\n\
+        "the inbox retention ({}) is shorter than the redelivery horizon of {of}:\n{sources}\n\
          A redelivery after the retention could find its dedup record gone. Set \
          --inbox-retention to at least the horizon (or `forever`), or shorten the terms above \
          (the topic's retention.ms / segment.ms, orders.outbox_policy).",
-        config.inbox_retention, config.kafka.kafka_topic
+        config.inbox_retention
     );
     if config.unsafe_inbox_retention {
         tracing::warn!("UNSAFE (--unsafe-inbox-retention): {message}");
@@ -535,12 +596,33 @@ pub fn consumer(config: &Config, context: RebalanceContext) -> anyhow::Result<Pa
     Ok(consumer)
 }
 
-/// Runs the consumer until `cancel` fires.
+/// Runs payments until `cancel` fires: the Kafka consumer, or with
+/// `--source http` the webhook receiver on `--webhook-addr`.
 pub async fn run(
     config: Config,
     metrics_listener: TcpListener,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
+    let webhooks = match config.source {
+        Transport::Http => Some(
+            TcpListener::bind(config.webhook.webhook_addr)
+                .await
+                .with_context(|| format!("bind webhooks {}", config.webhook.webhook_addr))?,
+        ),
+        Transport::Kafka => None,
+    };
+    run_on(config, metrics_listener, webhooks, cancel).await
+}
+
+/// [`run`] on listeners already bound: `webhooks` serves POST
+/// /webhooks/orders with `--source http` (and is required then).
+pub async fn run_on(
+    config: Config,
+    metrics_listener: TcpListener,
+    webhooks: Option<TcpListener>,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    config.check().map_err(anyhow::Error::msg)?;
     // A batch's transaction runs its statements back to back: seconds are
     // plenty; a consumer hung mid-transaction releases its rows in 30 s.
     let limits = effectively::config::SessionLimits {
@@ -553,49 +635,29 @@ pub async fn run(
     let metrics = Arc::new(PaymentsMetrics::new().context("register metrics")?);
     let horizon = check_horizon(&pool, &config, &metrics, &cancel).await?;
     // Partitions ahead exist before the first claim; then the maintenance
-    // keeps them (and expires the old ones) while the consumer runs.
+    // keeps them (and expires the old ones) while payments runs.
     let lifecycle = config.lifecycle();
     expiry::extend(&pool, lifecycle.ahead, lifecycle.granule)
         .await
         .context("create the inbox partitions ahead")?;
     let maintenance = tokio::spawn(expiry::maintain(
         pool.clone(),
-        config.kafka.clone(),
+        config.hop(),
         config.clock_skew,
         lifecycle,
         horizon,
         metrics.clone(),
         cancel.child_token(),
     ));
-    let cfg = config.clone();
-    let fatal = FatalState::new();
-    let context = RebalanceContext::new(
-        fatal.clone(),
-        metrics
-            .consumer_errors_total
-            .with_label_values(&["commit_callback"]),
-        metrics.consumer_lag.clone(),
-    );
-    let consumer = Arc::new(
-        tokio::task::spawn_blocking(move || consumer(&cfg, context))
-            .await
-            .context("create consumer task")??,
-    );
-    let crasher = Crasher::new(config.crash.clone());
-    // The metrics server stops when the consumer loop has ended, for
-    // whatever reason (a shutdown, or a fatal client error).
+    let crasher = Arc::new(Crasher::new(config.crash.clone()));
+    // The metrics server stops when the work has ended, for whatever reason
+    // (a shutdown, or a fatal client error).
     let serving = cancel.child_token();
     let metrics_task = effectively::metrics::spawn_server(
         metrics_listener,
         metrics.registry.clone(),
         serving.clone(),
     );
-    let lag_task = tokio::spawn(sample_lag(
-        consumer.clone(),
-        Duration::from_millis(config.lag_sample_ms),
-        serving.clone(),
-    ));
-    tracing::info!(group = %config.group_id, topic = %config.kafka.kafka_topic, "payments consuming");
     let apply = config.apply();
     match apply {
         Apply::Split(mode) => tracing::warn!(
@@ -607,109 +669,212 @@ pub async fn run(
         ),
         Apply::Inbox(inbox::AfterHorizon::Refuse) => {}
     }
-
-    let mut injector = dup::Injector::new(config.dup.clone());
-    if injector.enabled() {
-        tracing::warn!(
-            rate = config.dup.dup_rate,
-            kind = ?config.dup.dup_kind,
-            "chaos: injecting duplicate deliveries (--dup-rate)"
-        );
-    }
-    let linger = Duration::from_millis(config.batch_linger_ms);
-    let max = config.batch_size.max(1);
-    let mut commits = Commits::new(Duration::from_millis(config.commit_interval_ms));
-    // The batch in hand: filled here, or fetched while the previous one's
-    // transaction ran.
-    let mut batch: Vec<OwnedMessage> = Vec::with_capacity(max);
-    loop {
-        if batch.is_empty() {
-            tokio::select! {
-                () = fill_batch(&consumer, &mut batch, max, linger, &metrics) => {}
-                // Idle with offsets not yet committed: commit them when due.
-                () = commits.due_in(), if commits.any() => {
-                    commits.flush(&consumer, &metrics, CommitMode::Async);
-                }
-                () = cancel.cancelled() => break,
-                () = fatal.fired() => break,
-            }
-        }
-        // A fatal error reaches the error callback as its underlying code
-        // (e.g. FencedInstanceId), and the receive as an error: ask the client.
-        if fatal.check("consumer", consumer.client()) {
-            break;
-        }
-        if batch.is_empty() {
-            continue;
-        }
-        // Pipelined: the next batch is fetched while this one's transaction
-        // runs. The fetch stops when the transaction ends (a receive is
-        // cancel-safe, and what it received is in `next`); its messages'
-        // offsets are committed only after their own transaction, next turn.
-        let mut next = Vec::with_capacity(max);
-        let applied = {
-            let fetch = fill_batch(&consumer, &mut next, max, linger, &metrics);
-            tokio::pin!(fetch);
-            let work = process(&pool, apply, &batch, &crasher, &metrics, &cancel);
-            tokio::pin!(work);
-            let mut fetching = true;
-            loop {
-                tokio::select! {
-                    biased;
-                    applied = &mut work => break applied,
-                    () = &mut fetch, if fetching => fetching = false,
-                }
-            }
-        };
-        if !applied {
-            break; // cancelled while the database was failing; nothing committed
-        }
-        commits.add(&batch);
-        if commits.due() {
-            commits.flush(&consumer, &metrics, CommitMode::Async);
-        }
-        // Injected duplicates come only now, after the originals committed.
-        let plan = injector.plan(&batch);
-        let rewound = dup::seek_back(&consumer, &plan, &metrics);
-        // A rewound partition's messages fetched before the seek come again
-        // after it, in order: drop these copies.
-        next.retain(|m| !rewound.contains(&(m.topic().to_owned(), m.partition())));
-        if !plan.reprocess.is_empty() {
-            // Applied again in a transaction of its own; offsets are already
-            // committed, so nothing to commit for them.
-            if !process(&pool, apply, &plan.reprocess, &crasher, &metrics, &cancel).await {
-                break;
-            }
-            metrics
-                .injected_duplicates_total
-                .with_label_values(&[InjectedDuplicate::Reprocess.as_str()])
-                .inc_by(plan.reprocess.len() as u64);
-        }
-        batch = next;
-    }
-    let fatal_reason = fatal.reason();
-    if fatal_reason.is_none() {
-        // What was applied since the last commit, so the next owner does
-        // not redeliver it; then leaving the group hands the partitions over
-        // at once instead of after the session timeout.
-        let (c, m) = (consumer.clone(), metrics.clone());
-        let _ = tokio::task::spawn_blocking(move || {
-            commits.flush(&c, &m, CommitMode::Sync);
-            c.unsubscribe();
-        })
-        .await;
-    }
+    let work = Work {
+        config: &config,
+        pool: &pool,
+        apply,
+        crasher: &crasher,
+        metrics: &metrics,
+        cancel: &cancel,
+    };
+    let outcome = match config.source {
+        Transport::Kafka => work.consume().await,
+        Transport::Http => work.receive(webhooks).await,
+    };
     serving.cancel();
     let _ = metrics_task.await;
-    let _ = lag_task.await;
     maintenance.abort();
     let _ = maintenance.await;
     pool.close().await;
-    match fatal_reason {
-        // Nothing of the batch in hand was committed: it is redelivered to
-        // whoever takes the partitions.
-        Some(reason) => anyhow::bail!("kafka consumer in a fatal state: {reason}"),
-        None => Ok(()),
+    outcome
+}
+
+/// What either transport's loop works with.
+struct Work<'a> {
+    config: &'a Config,
+    pool: &'a sqlx::PgPool,
+    apply: Apply,
+    crasher: &'a Arc<Crasher>,
+    metrics: &'a Arc<PaymentsMetrics>,
+    cancel: &'a CancellationToken,
+}
+
+impl Work<'_> {
+    /// The Kafka consumer, until `cancel` fires or the client is in a fatal
+    /// state.
+    async fn consume(&self) -> anyhow::Result<()> {
+        let Work {
+            config,
+            pool,
+            apply,
+            crasher,
+            metrics,
+            cancel,
+        } = *self;
+        let crasher: &Crasher = crasher;
+        let metrics: &PaymentsMetrics = metrics;
+        let cfg = config.clone();
+        let fatal = FatalState::new();
+        let context = RebalanceContext::new(
+            fatal.clone(),
+            metrics
+                .consumer_errors_total
+                .with_label_values(&["commit_callback"]),
+            metrics.consumer_lag.clone(),
+        );
+        let consumer = Arc::new(
+            tokio::task::spawn_blocking(move || consumer(&cfg, context))
+                .await
+                .context("create consumer task")??,
+        );
+        let sampling = cancel.child_token();
+        let lag_task = tokio::spawn(sample_lag(
+            consumer.clone(),
+            Duration::from_millis(config.lag_sample_ms),
+            sampling.clone(),
+        ));
+        tracing::info!(group = %config.group_id, topic = %config.kafka.kafka_topic, "payments consuming");
+        let mut injector = dup::Injector::new(config.dup.clone());
+        if injector.enabled() {
+            tracing::warn!(
+                rate = config.dup.dup_rate,
+                kind = ?config.dup.dup_kind,
+                "chaos: injecting duplicate deliveries (--dup-rate)"
+            );
+        }
+        let linger = Duration::from_millis(config.batch_linger_ms);
+        let max = config.batch_size.max(1);
+        let mut commits = Commits::new(Duration::from_millis(config.commit_interval_ms));
+        // The batch in hand: filled here, or fetched while the previous one's
+        // transaction ran.
+        let mut batch: Vec<OwnedMessage> = Vec::with_capacity(max);
+        loop {
+            if batch.is_empty() {
+                tokio::select! {
+                    () = fill_batch(&consumer, &mut batch, max, linger, metrics) => {}
+                    // Idle with offsets not yet committed: commit them when due.
+                    () = commits.due_in(), if commits.any() => {
+                        commits.flush(&consumer, metrics, CommitMode::Async);
+                    }
+                    () = cancel.cancelled() => break,
+                    () = fatal.fired() => break,
+                }
+            }
+            // A fatal error reaches the error callback as its underlying code
+            // (e.g. FencedInstanceId), and the receive as an error: ask the client.
+            if fatal.check("consumer", consumer.client()) {
+                break;
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            // Pipelined: the next batch is fetched while this one's transaction
+            // runs. The fetch stops when the transaction ends (a receive is
+            // cancel-safe, and what it received is in `next`); its messages'
+            // offsets are committed only after their own transaction, next turn.
+            let mut next = Vec::with_capacity(max);
+            let applied = {
+                let fetch = fill_batch(&consumer, &mut next, max, linger, metrics);
+                tokio::pin!(fetch);
+                let work = process(pool, apply, &batch, crasher, metrics, cancel);
+                tokio::pin!(work);
+                let mut fetching = true;
+                loop {
+                    tokio::select! {
+                        biased;
+                        applied = &mut work => break applied,
+                        () = &mut fetch, if fetching => fetching = false,
+                    }
+                }
+            };
+            if !applied {
+                break; // cancelled while the database was failing; nothing committed
+            }
+            commits.add(&batch);
+            if commits.due() {
+                commits.flush(&consumer, metrics, CommitMode::Async);
+            }
+            // Injected duplicates come only now, after the originals committed.
+            let plan = injector.plan(&batch);
+            let rewound = dup::seek_back(&consumer, &plan, metrics);
+            // A rewound partition's messages fetched before the seek come again
+            // after it, in order: drop these copies.
+            next.retain(|m| !rewound.contains(&(m.topic().to_owned(), m.partition())));
+            if !plan.reprocess.is_empty() {
+                // Applied again in a transaction of its own; offsets are already
+                // committed, so nothing to commit for them.
+                if !process(pool, apply, &plan.reprocess, crasher, metrics, cancel).await {
+                    break;
+                }
+                metrics
+                    .injected_duplicates_total
+                    .with_label_values(&[InjectedDuplicate::Reprocess.as_str()])
+                    .inc_by(plan.reprocess.len() as u64);
+            }
+            batch = next;
+        }
+        let fatal_reason = fatal.reason();
+        if fatal_reason.is_none() {
+            // What was applied since the last commit, so the next owner does
+            // not redeliver it; then leaving the group hands the partitions
+            // over at once instead of after the session timeout.
+            let (c, m) = (consumer.clone(), self.metrics.clone());
+            let _ = tokio::task::spawn_blocking(move || {
+                commits.flush(&c, &m, CommitMode::Sync);
+                c.unsubscribe();
+            })
+            .await;
+        }
+        sampling.cancel();
+        let _ = lag_task.await;
+        match fatal_reason {
+            // Nothing of the batch in hand was committed: it is redelivered
+            // to whoever takes the partitions.
+            Some(reason) => anyhow::bail!("kafka consumer in a fatal state: {reason}"),
+            None => Ok(()),
+        }
+    }
+
+    /// The webhook receiver on `listener` and its inbox processor, until
+    /// `cancel` fires; then the requests in flight are answered and the
+    /// processor's batch in hand finishes (or rolls back).
+    async fn receive(&self, listener: Option<TcpListener>) -> anyhow::Result<()> {
+        let listener = listener.context("--source http needs a listener for the webhooks")?;
+        let addr = listener.local_addr().context("webhook listener address")?;
+        let args = &self.config.webhook;
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let processor = tokio::spawn(
+            receiver::Processor {
+                pool: self.pool.clone(),
+                apply: self.apply,
+                crasher: self.crasher.clone(),
+                metrics: self.metrics.clone(),
+                batch: self.config.batch_size,
+                poll: Duration::from_millis(args.webhook_poll_ms),
+                wake: wake.clone(),
+            }
+            .run(self.cancel.child_token()),
+        );
+        let upkeep = tokio::spawn(receiver::upkeep(
+            self.pool.clone(),
+            args.webhook_receipts_kept,
+            self.metrics.clone(),
+            self.cancel.child_token(),
+        ));
+        let router = receiver::router(
+            self.pool.clone(),
+            args,
+            self.crasher.clone(),
+            self.metrics.clone(),
+            wake,
+        );
+        let server = receiver::spawn_server(listener, router, self.cancel.child_token());
+        tracing::info!(%addr, path = effectively::contract::WEBHOOK_PATH, secrets = args.webhook_secret.len(),
+            "payments receiving webhooks");
+        let _ = server.await;
+        let _ = processor.await;
+        let _ = upkeep.await;
+        Ok(())
     }
 }
 
@@ -784,13 +949,7 @@ pub fn classify(batch: &[OwnedMessage]) -> (Vec<Delivery<'_>>, HashMap<Uuid, Dat
             }
         };
         deliveries.push(Delivery {
-            source: Source {
-                topic: m.topic(),
-                partition: m.partition(),
-                offset: m.offset(),
-                key: m.key(),
-                payload: m.payload(),
-            },
+            source: Source::kafka(m.topic(), m.partition(), m.offset(), m.key(), m.payload()),
             content,
         });
     }
@@ -816,7 +975,6 @@ enum Attempt {
 ///
 /// Its span counts the batch's messages; a message handled alone (refused
 /// by the database) gets a span of its own with its msg_id and order_id.
-#[tracing::instrument(level = "info", skip_all, fields(messages = batch.len()))]
 async fn process(
     pool: &sqlx::PgPool,
     apply: Apply,
@@ -826,11 +984,35 @@ async fn process(
     cancel: &CancellationToken,
 ) -> bool {
     let (deliveries, committed_at) = classify(batch);
+    process_deliveries(
+        pool,
+        apply,
+        &deliveries,
+        &committed_at,
+        crasher,
+        metrics,
+        cancel,
+    )
+    .await
+}
+
+/// [`process`] of decoded deliveries, from either transport; `committed_at`
+/// holds each event's outbox commit time (for the commit-to-effect latency).
+#[tracing::instrument(level = "info", skip_all, fields(messages = deliveries.len()))]
+pub(crate) async fn process_deliveries(
+    pool: &sqlx::PgPool,
+    apply: Apply,
+    deliveries: &[Delivery<'_>],
+    committed_at: &HashMap<Uuid, DateTime<Utc>>,
+    crasher: &Crasher,
+    metrics: &PaymentsMetrics,
+    cancel: &CancellationToken,
+) -> bool {
     // Slices still to apply, the next one last; halves keep message order.
-    let mut work: Vec<&[Delivery<'_>]> = vec![&deliveries];
+    let mut work: Vec<&[Delivery<'_>]> = vec![deliveries];
     while let Some(slice) = work.pop() {
         match apply_with_retry(pool, apply, slice, crasher, metrics, cancel).await {
-            Attempt::Applied(applied) => record(metrics, &applied, &committed_at),
+            Attempt::Applied(applied) => record(metrics, &applied, committed_at),
             Attempt::Cancelled => return false,
             Attempt::Refused(error) if slice.len() == 1 => {
                 let reason = format!("{error}");
@@ -846,8 +1028,7 @@ async fn process(
                 }
                 let rejected = async {
                     tracing::warn!(
-                        partition = slice[0].source.partition,
-                        offset = slice[0].source.offset,
+                        source = %slice[0].source.origin,
                         reason = %effectively::text::storable(&reason),
                         "the database refused a message; dead-lettering it alone"
                     );
@@ -945,7 +1126,7 @@ async fn reject_with_retry(
                 if classify_db_error(&error) == ErrorClass::Deterministic
                     && (source.key.is_some() || source.payload.is_some()) =>
             {
-                tracing::error!(%error, partition = source.partition, offset = source.offset,
+                tracing::error!(%error, source = %source.origin,
                     "the dead letter itself was refused; recording it without key and payload");
                 source.key = None;
                 source.payload = None;

@@ -75,7 +75,34 @@ pub struct PaymentsMetrics {
     /// every `--lag-sample-ms`. Messages in the partition that no committed
     /// batch covers yet.
     pub consumer_lag: IntGaugeVec,
+    /// `--source http`: webhook requests by outcome (see
+    /// [`WEBHOOK_OUTCOMES`]).
+    pub webhook_requests_total: IntCounterVec,
+    /// `--source http`: seconds from a request's arrival to its response.
+    pub webhook_request_duration_seconds: Histogram,
+    /// `--source http`: webhooks claimed but not processed yet (their charge
+    /// is not applied), as the inbox processor last counted.
+    pub webhook_backlog: IntGauge,
+    /// `--source http`: processed webhook receipts deleted after
+    /// `--webhook-receipts-kept`.
+    pub webhook_receipts_pruned_total: IntCounter,
 }
+
+/// The outcomes of a webhook request (`payments_webhook_requests_total`'s
+/// `outcome`): `accepted` (claimed now, 200), `duplicate` (claimed before,
+/// 200), `conflict` (claimed before with another body, 422, dead-lettered),
+/// `unauthorized` (signature or timestamp refused, 401), `bad_request` (not
+/// an event, or its id is not the webhook-id, 400), `unavailable` (the
+/// database failed, 503), `error` (the database refused the claim, 500).
+pub const WEBHOOK_OUTCOMES: [&str; 7] = [
+    "accepted",
+    "duplicate",
+    "conflict",
+    "unauthorized",
+    "bad_request",
+    "unavailable",
+    "error",
+];
 
 impl PaymentsMetrics {
     /// Creates and registers the metrics in a fresh registry.
@@ -177,8 +204,40 @@ impl PaymentsMetrics {
                 ),
                 &["topic", "partition"],
             )?,
+            webhook_requests_total: IntCounterVec::new(
+                Opts::new(
+                    "payments_webhook_requests_total",
+                    "Webhook requests (--source http) by outcome",
+                ),
+                &["outcome"],
+            )?,
+            webhook_request_duration_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "payments_webhook_request_duration_seconds",
+                    "Seconds from a webhook request's arrival to its response",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+            )?,
+            webhook_backlog: IntGauge::new(
+                "payments_webhook_backlog",
+                "Webhooks claimed but not yet processed (charge not applied)",
+            )?,
+            webhook_receipts_pruned_total: counter(
+                "payments_webhook_receipts_pruned_total",
+                "Processed webhook receipts deleted after --webhook-receipts-kept",
+            )?,
             registry,
         };
+        m.registry
+            .register(Box::new(m.webhook_requests_total.clone()))?;
+        m.registry
+            .register(Box::new(m.webhook_request_duration_seconds.clone()))?;
+        m.registry.register(Box::new(m.webhook_backlog.clone()))?;
+        m.registry
+            .register(Box::new(m.webhook_receipts_pruned_total.clone()))?;
+        for outcome in WEBHOOK_OUTCOMES {
+            m.webhook_requests_total.with_label_values(&[outcome]);
+        }
         m.registry.register(Box::new(m.consumer_lag.clone()))?;
         for gauge in [
             &m.inbox_floor_age_seconds,

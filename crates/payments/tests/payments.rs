@@ -11,7 +11,8 @@ use effectively::envelope::Envelope;
 use effectively::testing::{TestDb, TestTopic, eventually, series_value};
 use payments::dup::{DupArgs, DupKind};
 use payments::horizon::Retention;
-use payments::{Config, run};
+use payments::receiver::WebhookArgs;
+use payments::{Config, Transport, run};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::PgPool;
@@ -92,6 +93,14 @@ fn config(db: &TestDb, topic: &TestTopic, group: &str) -> Config {
         lag_sample_ms: 100,
         unsafe_split_txn: None,
         dup: DupArgs::default(),
+        source: Transport::Kafka,
+        webhook: WebhookArgs {
+            webhook_addr: "127.0.0.1:0".parse().expect("addr"),
+            webhook_secret: Vec::new(),
+            webhook_tolerance: Duration::from_secs(300),
+            webhook_receipts_kept: Duration::from_secs(86_400),
+            webhook_poll_ms: 1000,
+        },
         group_instance_id: None,
         inbox_retention: Retention::parse("16d").expect("retention"),
         unsafe_inbox_retention: false,

@@ -21,7 +21,7 @@ use effectively::envelope::Envelope;
 use effectively::testing::{TestDb, cases_from_env as cases};
 use effectively::text::{MAX_STORED_TEXT, storable};
 use payments::decode::decode;
-use payments::inbox::{AfterHorizon, DeadLetterKind, Source, apply_batch, reject, split};
+use payments::inbox::{AfterHorizon, DeadLetterKind, Origin, Source, apply_batch, reject, split};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rdkafka::Timestamp;
@@ -372,7 +372,10 @@ fn check_decoded(
     prop_assert_eq!(deliveries.len(), messages.len());
     for (d, m) in deliveries.iter().zip(messages) {
         tally.messages += 1;
-        check_storable(d.source.topic)?;
+        let Origin::Kafka { topic, .. } = d.source.origin else {
+            return Err(TestCaseError::fail("a Kafka message's source is Kafka"));
+        };
+        check_storable(topic)?;
         match &d.content {
             Ok(intent) => {
                 tally.accepted += 1;
@@ -486,10 +489,13 @@ fn every_dead_letter_is_written_and_read_back_storable() {
             }
             // The database's own reasons take the other path, `reject`.
             let first = &deliveries[0].source;
-            let source = Source {
-                offset: offset.get(),
-                ..*first
+            let Origin::Kafka {
+                topic, partition, ..
+            } = first.origin
+            else {
+                return Err(TestCaseError::fail("a Kafka message's source is Kafka"));
             };
+            let source = Source::kafka(topic, partition, offset.get(), first.key, first.payload);
             offset.set(offset.get() + 1);
             let written = reject(&pool, source, None, &db_error)
                 .await
@@ -531,13 +537,21 @@ async fn stored_reason(
     pool: &sqlx::PgPool,
     source: Source<'_>,
 ) -> Result<Option<String>, TestCaseError> {
+    let Origin::Kafka {
+        topic,
+        partition,
+        offset,
+    } = source.origin
+    else {
+        return Err(TestCaseError::fail("a Kafka message's source is Kafka"));
+    };
     sqlx::query_scalar(
         "SELECT reason FROM payments.dead_letters \
          WHERE topic = $1 AND partition = $2 AND \"offset\" = $3",
     )
-    .bind(storable(source.topic))
-    .bind(source.partition)
-    .bind(source.offset)
+    .bind(storable(topic))
+    .bind(partition)
+    .bind(offset)
     .fetch_optional(pool)
     .await
     .map_err(|e| TestCaseError::fail(format!("read back: {e}")))

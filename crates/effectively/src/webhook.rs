@@ -341,7 +341,11 @@ mod tests {
 
     #[test]
     fn the_schedule_repeats_its_last_wait_and_the_span_bounds_every_path() {
-        assert_eq!(retry_wait(0), Duration::from_secs(5), "no failure yet reads as the first");
+        assert_eq!(
+            retry_wait(0),
+            Duration::from_secs(5),
+            "no failure yet reads as the first"
+        );
         assert_eq!(retry_wait(1), Duration::from_secs(5));
         assert_eq!(retry_wait(4), Duration::from_secs(1800));
         assert_eq!(retry_wait(5), Duration::from_secs(4 * 3600));

@@ -7,7 +7,7 @@ CARGO ?= cargo
 # each service's own ORDERS_DATABASE_URL, RELAY_DATABASE_URL, ...).
 -include .stack/env
 
-.PHONY: help up down status migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep bench-claim wal-slot-lost demo \
+.PHONY: help up down status migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep bench-claim wal-slot-lost demo demo-webhooks \
         check-config check-dashboards plot-deps plot-orders chaos exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 accept
 
 help: ## list the targets
@@ -36,13 +36,14 @@ lint: ## fmt check + clippy -D warnings
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test: ## the test command: lint, the compile-time SQL data fresh (.sqlx), the experiments' verdict tests, every test against the real stack (starts it), then a short demo that fails on drift
+test: ## the test command: lint, the compile-time SQL data fresh (.sqlx), the experiments' verdict tests, every test against the real stack (starts it), then two short demos (over Kafka, over webhooks) that fail on drift
 	@scripts/stack.sh up >/dev/null
 	$(MAKE) --no-print-directory lint
 	scripts/check-sqlx.sh
 	python3 -m unittest discover -s experiments/lib
 	$(CARGO) nextest run --workspace --no-fail-fast
 	DEMO_PROFILE=debug DEMO_SECONDS=5 DEMO_RATE=200 scripts/demo.sh
+	DEMO_PROFILE=debug DEMO_SECONDS=5 DEMO_RATE=200 DEMO_TRANSPORT=http scripts/demo.sh
 
 sqlx-prepare: ## after changing a query: rewrite .sqlx/ (the compile-time SQL check's offline data) from a scratch database on the stack
 	@scripts/check-sqlx.sh write
@@ -52,6 +53,9 @@ fuzz: ## the property tests at fuzzing scale: 1M decoder batches, 1M router requ
 
 demo: ## the whole pipeline on the embedded stack with load and retries, then recon's proof
 	@scripts/demo.sh
+
+demo-webhooks: ## the same pipeline with its last hop over signed webhooks (relay --sink http, payments --source http), then recon's proof
+	@DEMO_TRANSPORT=http scripts/demo.sh
 
 orders: ## run the orders service on the stack as its own role (HTTP :8080, gRPC :50051)
 	@. .stack/env && DATABASE_URL=$$ORDERS_DATABASE_URL $(CARGO) run --release -p orders

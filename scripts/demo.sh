@@ -3,6 +3,10 @@
 #
 #   orders (HTTP+gRPC) → outbox → relay → Kafka → payments (inbox) → recon
 #
+# DEMO_TRANSPORT=http (`make demo-webhooks`) crosses the last hop as signed
+# webhooks instead: relay --sink http → POST /webhooks/orders → payments
+# --source http; no topic is made and no broker is used.
+#
 # A fresh database and a fresh topic per run, so recon's diff covers exactly
 # this run. Settings (env): DEMO_RATE (orders/s, 400), DEMO_SECONDS (10),
 # DEMO_RETRY_RATE (0.15), DEMO_PROTOCOL (mixed), DEMO_DRAIN_TIMEOUT (60),
@@ -20,6 +24,8 @@ DRAIN=${DEMO_DRAIN_TIMEOUT:-60}
 RUN=demo-$(date +%Y%m%d-%H%M%S)
 OUT=$ROOT/.stack/$RUN
 PROFILE=${DEMO_PROFILE:-release}
+TRANSPORT=${DEMO_TRANSPORT:-kafka}
+case $TRANSPORT in kafka|http) ;; *) echo "DEMO_TRANSPORT must be kafka or http, not $TRANSPORT" >&2; exit 2 ;; esac
 # shellcheck source=scripts/lib/pipeline.sh
 . "$ROOT/scripts/lib/pipeline.sh"
 
@@ -30,11 +36,21 @@ pipeline_stack
 say "build ($PROFILE)"
 pipeline_build "$PROFILE"
 mkdir -p "$OUT"
-pipeline_fresh demo "$RUN"
+if [ "$TRANSPORT" = http ]; then
+  pipeline_db demo
+  export DATABASE_URL=$DB_URL
+else
+  pipeline_fresh demo "$RUN"
+fi
 trap pipeline_stop EXIT
 
-say "start orders, relay, payments (logs in $OUT)"
-pipeline_start "$OUT" 127.0.0.1:18080 127.0.0.1:15051 127.0.0.1:19101 127.0.0.1:19102 "payments-$RUN"
+if [ "$TRANSPORT" = http ]; then
+  say "start orders, payments --source http, relay --sink http (logs in $OUT)"
+  pipeline_start_webhooks "$OUT" 127.0.0.1:18080 127.0.0.1:15051 127.0.0.1:19101 127.0.0.1:19102 127.0.0.1:19103
+else
+  say "start orders, relay, payments (logs in $OUT)"
+  pipeline_start "$OUT" 127.0.0.1:18080 127.0.0.1:15051 127.0.0.1:19101 127.0.0.1:19102 "payments-$RUN"
+fi
 
 say "load: $RATE orders/s for $SECONDS_ s, ${RETRY} retried 1-3x, protocol $PROTOCOL"
 "$BIN/loadgen" --http-url http://127.0.0.1:18080 --grpc-url http://127.0.0.1:15051 \
@@ -48,5 +64,8 @@ status=$?
 set -e
 echo
 echo "inbox hits (duplicates absorbed): $(curl -fs http://127.0.0.1:19102/metrics | awk '/^payments_dedup_hits_total /{print $2}')"
+if [ "$TRANSPORT" = http ]; then
+  echo "webhook attempts: $(curl -fs http://127.0.0.1:19101/metrics | awk '/^relay_webhook_attempts_total/{printf "%s=%s ", $1, $2}')"
+fi
 echo "artifacts: $OUT"
 exit $status

@@ -134,6 +134,29 @@ pipeline_start() {
   pipeline_payments "$logs" "$5" "$6"
 }
 
+# pipeline_start_webhooks LOGDIR HTTP GRPC RELAY_METRICS PAYMENTS_METRICS
+# WEBHOOK_ADDR: the pipeline over HTTP instead of Kafka: payments receives
+# signed webhooks on WEBHOOK_ADDR (`--source http`) and the relay delivers
+# the outbox to it (`--sink http`, destination `payments`), both with one
+# fresh secret. RELAY_WEBHOOK_SCHEDULE_SCALE and the services' other
+# variables pass through. pipeline_stop stops them.
+pipeline_start_webhooks() {
+  local logs=$1 secret
+  secret=whsec_$(head -c 32 /dev/urandom | base64)
+  pipeline_orders "$logs" "$2" "$3"
+  export RUST_LOG=${RUST_LOG:-warn}
+  DATABASE_URL=$PAYMENTS_DATABASE_URL PAYMENTS_METRICS_ADDR=$5 PAYMENTS_SOURCE=http \
+    PAYMENTS_WEBHOOK_ADDR=$6 PAYMENTS_WEBHOOK_SECRET=$secret \
+    "$BIN/payments" >"$logs/payments.log" 2>&1 &
+  PIPELINE_PIDS+=($!)
+  wait_http "http://$5/metrics" payments $! "$logs"
+  DATABASE_URL=$RELAY_DATABASE_URL RELAY_METRICS_ADDR=$4 RELAY_SINK=http \
+    RELAY_WEBHOOK_DESTINATIONS="payments=http://$6/webhooks/orders,secret=$secret" \
+    "$BIN/relay" >"$logs/relay.log" 2>&1 &
+  PIPELINE_PIDS+=($!)
+  wait_http "http://$4/metrics" relay $! "$logs"
+}
+
 # pipeline_payments LOGDIR METRICS GROUP: starts payments alone, as its own
 # role, in consumer group GROUP of KAFKA_TOPIC, metrics on 127.0.0.1 address
 # METRICS, and waits until it serves /metrics. pipeline_stop stops it.

@@ -64,17 +64,21 @@ pub enum CrashPoint {
     /// commits, before the response (the sender retries; the retry is a
     /// duplicate).
     Respond,
+    /// Relay with `--sink http`: after the receiver answered 2xx, before the
+    /// delivery is marked delivered (it is delivered again: a duplicate).
+    Deliver,
 }
 
 impl CrashPoint {
     /// Every crash point.
-    pub const ALL: [CrashPoint; 6] = [
+    pub const ALL: [CrashPoint; 7] = [
         Self::Commit,
         Self::Publish,
         Self::Claim,
         Self::Effect,
         Self::Split,
         Self::Respond,
+        Self::Deliver,
     ];
 
     /// The name `--crash-point` takes (in the services and in chaos) and the
@@ -87,6 +91,7 @@ impl CrashPoint {
             Self::Effect => "effect",
             Self::Split => "split",
             Self::Respond => "respond",
+            Self::Deliver => "deliver",
         }
     }
 
@@ -94,7 +99,7 @@ impl CrashPoint {
     pub const fn service(self) -> ServiceName {
         match self {
             Self::Commit => ServiceName::Orders,
-            Self::Publish => ServiceName::Relay,
+            Self::Publish | Self::Deliver => ServiceName::Relay,
             Self::Claim | Self::Effect | Self::Split | Self::Respond => ServiceName::Payments,
         }
     }
@@ -363,6 +368,7 @@ mod tests {
         assert_eq!(CrashPoint::Effect.service(), ServiceName::Payments);
         assert_eq!(CrashPoint::Split.service(), ServiceName::Payments);
         assert_eq!(CrashPoint::Respond.service(), ServiceName::Payments);
+        assert_eq!(CrashPoint::Deliver.service(), ServiceName::Relay);
         for service in ServiceName::ALL {
             assert_eq!(ServiceName::from_str(service.as_str(), false), Ok(service));
         }

@@ -20,6 +20,7 @@
 pub mod metrics;
 pub mod outbox;
 pub mod wal;
+pub mod webhooks;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -138,6 +139,52 @@ pub struct Config {
     #[arg(long, env = "RELAY_WAL_HEARTBEAT_MS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(100..))]
     pub wal_heartbeat_ms: u64,
+
+    /// Where the outbox goes. `kafka`: published to --kafka-topic. `http`:
+    /// delivered as signed webhooks (Standard Webhooks) to every
+    /// --webhook-destination, each at least once, in per-key order per
+    /// destination, retried on a schedule of 5s, 30s, 5m, 30m, then 4h, with
+    /// jitter, up to 8 attempts (then `failed`). Needs --mode poll.
+    #[arg(long, env = "RELAY_SINK", value_enum, default_value_t = Sink::Kafka)]
+    pub sink: Sink,
+
+    /// `--sink http`: a destination, `NAME=URL,secret=whsec_...` with
+    /// optional `,secret=...` (more secrets: every request is signed with
+    /// each, for a rotation), `,timeout=10s` (per attempt, at most 30s),
+    /// `,concurrency=16` (attempts in flight), `,max-attempts=8` (at most
+    /// 8). Repeat the flag for more destinations; in the environment,
+    /// separate them with `;`.
+    #[arg(
+        long,
+        env = "RELAY_WEBHOOK_DESTINATIONS",
+        value_delimiter = ';',
+        hide_env_values = true
+    )]
+    pub webhook_destination: Vec<webhooks::Destination>,
+
+    /// `--sink http`, for tests and experiments: every scheduled retry wait
+    /// is multiplied by this (0.001 turns 4 h into 14 s). 1 for real: the
+    /// receivers' dedup horizon assumes the real schedule.
+    #[arg(long, env = "RELAY_WEBHOOK_SCHEDULE_SCALE", default_value_t = 1.0,
+          value_parser = parse_scale)]
+    pub webhook_schedule_scale: f64,
+}
+
+fn parse_scale(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("{s:?}: a factor over 0 and at most 1")),
+    }
+}
+
+/// Where the relay sends the outbox (`--sink`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Sink {
+    /// Publish to Kafka.
+    #[default]
+    Kafka,
+    /// Deliver as signed webhooks.
+    Http,
 }
 
 /// Where the relay reads the outbox from (`--mode`).
@@ -214,10 +261,33 @@ pub async fn run(
     metrics_listener: TcpListener,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
+    if config.sink == Sink::Http {
+        if config.mode != Mode::Poll {
+            anyhow::bail!("--sink http needs --mode poll (the WAL relay publishes to Kafka only)");
+        }
+        if config.webhook_destination.is_empty() {
+            anyhow::bail!(
+                "--sink http needs at least one --webhook-destination NAME=URL,secret=whsec_..."
+            );
+        }
+    }
     let mut db = config.db.clone();
-    db.db_max_connections = db.db_max_connections.max(u32::from(config.workers) + 3);
+    let connections = match config.sink {
+        Sink::Kafka => u32::from(config.workers),
+        // Each destination's attempts record their outcome on a connection.
+        Sink::Http => config
+            .webhook_destination
+            .iter()
+            .map(|d| u32::try_from(d.concurrency).unwrap_or(u32::MAX))
+            .fold(2u32, u32::saturating_add)
+            .min(64),
+    };
+    db.db_max_connections = db.db_max_connections.max(connections + 3);
     let pool = effectively::db::connect(&db, session_limits(&config)).await?;
     let metrics = Arc::new(RelayMetrics::new().context("register metrics")?);
+    if config.sink == Sink::Http {
+        return run_webhooks(config, pool, metrics, metrics_listener, cancel).await;
+    }
     let cfg = config.clone();
     let context = RelayContext::default();
     let fatal = context.fatal.clone();
@@ -350,6 +420,100 @@ pub async fn run(
         Some(reason) => anyhow::bail!("kafka producer in a fatal state: {reason}"),
         None => wal_result,
     }
+}
+
+/// `--sink http`: the fan-out and the destinations' delivery loops (see
+/// [`webhooks`]), with the metrics server, the backlog sampler and the
+/// outbox's expiry, until `cancel` fires.
+async fn run_webhooks(
+    config: Config,
+    pool: PgPool,
+    metrics: Arc<RelayMetrics>,
+    metrics_listener: TcpListener,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    let work = cancel.child_token();
+    let mut tasks = vec![
+        effectively::metrics::spawn_server(
+            metrics_listener,
+            metrics.registry.clone(),
+            work.clone(),
+        ),
+        tokio::spawn(sample_lag(
+            pool.clone(),
+            metrics.clone(),
+            Duration::from_millis(config.lag_sample_ms),
+            work.clone(),
+        )),
+    ];
+    {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(effectively::lifecycle::every(
+            "outbox",
+            effectively::lifecycle::INTERVAL,
+            effectively::lifecycle::BATCH,
+            metrics.relay_outbox_expired_total.clone(),
+            work.clone(),
+            move |batch| {
+                let pool = pool.clone();
+                async move { outbox::expire(&pool, batch).await }
+            },
+        )));
+    }
+    {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(effectively::lifecycle::every(
+            "webhook deliveries",
+            effectively::lifecycle::INTERVAL,
+            effectively::lifecycle::BATCH,
+            metrics.relay_webhook_expired_total.clone(),
+            work.clone(),
+            move |batch| {
+                let pool = pool.clone();
+                async move { webhooks::expire(&pool, batch).await }
+            },
+        )));
+    }
+    let (wake_tx, wake_rx) = watch::channel(0u64);
+    tasks.push(tokio::spawn(listen(
+        pool.clone(),
+        wake_tx,
+        metrics.clone(),
+        work.clone(),
+    )));
+    let names: Vec<&str> = config
+        .webhook_destination
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    tracing::info!(destinations = ?names, scale = config.webhook_schedule_scale, "relay delivering webhooks");
+    if config.webhook_schedule_scale < 1.0 {
+        tracing::warn!(
+            scale = config.webhook_schedule_scale,
+            "the retry schedule is scaled down (--webhook-schedule-scale): for tests and experiments only"
+        );
+    }
+    let sender = Arc::new(webhooks::Sender::new(
+        pool.clone(),
+        metrics.clone(),
+        Arc::new(Crasher::new(config.crash.clone())),
+        config.webhook_schedule_scale,
+    ));
+    let result = sender
+        .run(
+            config.webhook_destination.clone(),
+            config.batch_size.max(1),
+            Duration::from_millis(config.poll_interval_ms),
+            wake_rx,
+            work.clone(),
+        )
+        .await;
+    work.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
+    pool.close().await;
+    result
 }
 
 /// What the shard loops share: the clients, the settings, and the permits

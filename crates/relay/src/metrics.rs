@@ -51,7 +51,31 @@ pub struct RelayMetrics {
     /// `--mode wal`: times the relay found a committed row the stream had
     /// not delivered, and restarted the stream to publish it.
     pub relay_wal_stream_gaps_total: IntCounter,
+    /// `--sink http`: deliveries written by the fan-out (one per outbox row
+    /// and destination).
+    pub relay_webhook_fanned_out_total: IntCounter,
+    /// `--sink http`: attempts by `destination` and `outcome` (`delivered`,
+    /// `retry`, `failed`: given up, `gone`: 410, the destination disabled).
+    pub relay_webhook_attempts_total: IntCounterVec,
+    /// `--sink http`: deliveries given up (`failed`) by destination: the
+    /// alert. `relay webhooks replay` sends them again.
+    pub relay_webhook_failed_total: IntCounterVec,
+    /// `--sink http`: seconds per attempt (to the answer or the timeout), by
+    /// destination.
+    pub relay_webhook_attempt_duration_seconds: prometheus::HistogramVec,
+    /// `--sink http`: seconds from an outbox row's commit to the receiver's
+    /// 2xx, by destination.
+    pub relay_webhook_commit_to_delivered_seconds: prometheus::HistogramVec,
+    /// `--sink http`: deliveries neither delivered nor failed, by destination
+    /// (sampled).
+    pub relay_webhook_pending: prometheus::IntGaugeVec,
+    /// `--sink http`: delivered deliveries deleted after the outbox
+    /// retention.
+    pub relay_webhook_expired_total: IntCounter,
 }
+
+/// The outcomes of a webhook attempt (`relay_webhook_attempts_total`).
+pub const WEBHOOK_ATTEMPT_OUTCOMES: [&str; 4] = ["delivered", "retry", "failed", "gone"];
 
 impl RelayMetrics {
     /// Creates and registers the metrics in a fresh registry.
@@ -121,8 +145,68 @@ impl RelayMetrics {
                 "relay_wal_stream_gaps_total",
                 "--mode wal: committed outbox rows found that the stream had not delivered (the stream restarts)",
             )?,
+            relay_webhook_fanned_out_total: IntCounter::new(
+                "relay_webhook_fanned_out_total",
+                "--sink http: deliveries written by the fan-out (outbox rows x destinations)",
+            )?,
+            relay_webhook_attempts_total: IntCounterVec::new(
+                Opts::new(
+                    "relay_webhook_attempts_total",
+                    "--sink http: delivery attempts by destination and outcome",
+                ),
+                &["destination", "outcome"],
+            )?,
+            relay_webhook_failed_total: IntCounterVec::new(
+                Opts::new(
+                    "relay_webhook_failed_total",
+                    "--sink http: deliveries given up (failed) by destination",
+                ),
+                &["destination"],
+            )?,
+            relay_webhook_attempt_duration_seconds: prometheus::HistogramVec::new(
+                HistogramOpts::new(
+                    "relay_webhook_attempt_duration_seconds",
+                    "--sink http: seconds per delivery attempt, by destination",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["destination"],
+            )?,
+            relay_webhook_commit_to_delivered_seconds: prometheus::HistogramVec::new(
+                HistogramOpts::new(
+                    "relay_webhook_commit_to_delivered_seconds",
+                    "--sink http: seconds from an outbox row's commit to the receiver's 2xx",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["destination"],
+            )?,
+            relay_webhook_pending: prometheus::IntGaugeVec::new(
+                Opts::new(
+                    "relay_webhook_pending",
+                    "--sink http: deliveries neither delivered nor failed, by destination",
+                ),
+                &["destination"],
+            )?,
+            relay_webhook_expired_total: IntCounter::new(
+                "relay_webhook_expired_total",
+                "--sink http: delivered deliveries deleted after the outbox retention",
+            )?,
             registry,
         };
+        m.registry
+            .register(Box::new(m.relay_webhook_expired_total.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_webhook_fanned_out_total.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_webhook_attempts_total.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_webhook_failed_total.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_webhook_attempt_duration_seconds.clone()))?;
+        m.registry.register(Box::new(
+            m.relay_webhook_commit_to_delivered_seconds.clone(),
+        ))?;
+        m.registry
+            .register(Box::new(m.relay_webhook_pending.clone()))?;
         m.registry
             .register(Box::new(m.outbox_pending_rows.clone()))?;
         m.registry

@@ -11,7 +11,7 @@ use effectively::db::ServiceRole;
 use effectively::envelope::Envelope;
 use effectively::outbox::{Outbox, OutboxMessage};
 use effectively::testing::{TestDb, TestTopic, TopicMessage, eventually, series_value};
-use relay::{Config, Mode, run};
+use relay::{Config, Mode, Sink, run};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -34,6 +34,9 @@ fn config(db: &TestDb, topic: &TestTopic, workers: u16, batch_size: i64) -> Conf
         mode: Mode::Poll,
         wal_slot: None,
         wal_heartbeat_ms: 10_000,
+        sink: Sink::Kafka,
+        webhook_destination: Vec::new(),
+        webhook_schedule_scale: 1.0,
     }
 }
 

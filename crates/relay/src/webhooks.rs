@@ -1,0 +1,1078 @@
+//! `relay --sink http`: the outbox delivered as signed webhooks.
+//!
+//! Two stages, each at least once and each keeping per-key order:
+//!
+//! 1. **Fan-out.** The shard loop of the Kafka sink, with the same claim
+//!    (`outbox::claim`: the first pending row of each key, under the shard's
+//!    lock), writes one row per destination into `orders.webhook_deliveries`
+//!    and marks the outbox rows published, in the claim's transaction: the
+//!    hop from the outbox to the deliveries can neither lose nor double.
+//! 2. **Delivery**, per destination, each with its own loop, client, timeout
+//!    and concurrency, so a slow or dead destination delays no other. A
+//!    claim takes due deliveries whose key has no earlier open delivery to
+//!    that destination (so a key's later event waits until the earlier one
+//!    was delivered or given up), counts the attempt and moves
+//!    `next_attempt_at` past its timeout (the lease). The request carries
+//!    the Standard Webhooks headers (`webhook-id` = the msg_id on every
+//!    attempt, a fresh `webhook-timestamp`, `webhook-signature` under every
+//!    secret of the destination) and `Idempotency-Key`. The answer decides:
+//!    2xx delivered (crash point `deliver` between the 2xx and the mark: the
+//!    re-delivery is the receiver's duplicate); 410 disables the destination
+//!    (`orders.webhook_destinations`) and leaves the delivery pending; any
+//!    other 4xx but 408/409/425/429 fails it at once; anything else (5xx,
+//!    those four, no answer) is retried on the schedule of
+//!    `effectively::webhook` (5 s, 30 s, 5 min, 30 min, 4 h, ... ×[0.8, 1.2]
+//!    jitter; a `Retry-After` up to 4 h is honoured if longer) until its
+//!    last attempt, then fails (ERROR log, `relay_webhook_failed_total`).
+//!    Every attempt is also a row of `orders.webhook_attempts`.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use effectively::contract::CrashPoint;
+use effectively::crash::Crasher;
+use effectively::envelope::Envelope;
+use effectively::retry::Backoff;
+use effectively::webhook::{self, Secret};
+use rand::Rng;
+use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
+use sqlx::PgPool;
+use tokio::sync::{Notify, Semaphore, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::metrics::RelayMetrics;
+use crate::outbox::{self, PendingRow, SHARDS};
+
+/// The default timeout of one attempt.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default number of attempts in flight to one destination.
+pub const DEFAULT_CONCURRENCY: usize = 16;
+/// How much longer than its timeout an attempt's lease lasts: a sender that
+/// died mid-attempt leaves the delivery due again after this.
+const LEASE_MARGIN: Duration = Duration::from_secs(5);
+/// How many times an attempt's outcome is written before it is left to the
+/// lease (the backoff's waits add up to about 13 s).
+const RECORD_TRIES: u32 = 8;
+/// The most of an error answer's body kept in `last_error`.
+const ERROR_BODY_BYTES: usize = 256;
+
+/// One destination: where, signed with what, how patiently.
+#[derive(Clone)]
+pub struct Destination {
+    /// Its name: the label of its metrics and its rows.
+    pub name: String,
+    /// The URL posted to.
+    pub url: reqwest::Url,
+    /// The signing secrets (several during a rotation).
+    pub secrets: Vec<Secret>,
+    /// One attempt's timeout (at most `webhook::MAX_ATTEMPT_TIMEOUT`).
+    pub timeout: Duration,
+    /// Attempts in flight at once.
+    pub concurrency: usize,
+    /// Attempts before a delivery fails (at most `webhook::MAX_ATTEMPTS`).
+    pub max_attempts: u32,
+}
+
+impl fmt::Debug for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Destination")
+            .field("name", &self.name)
+            .field("url", &self.url.as_str())
+            .field("secrets", &self.secrets.len())
+            .field("timeout", &self.timeout)
+            .field("concurrency", &self.concurrency)
+            .field("max_attempts", &self.max_attempts)
+            .finish()
+    }
+}
+
+/// `--webhook-destination`'s syntax, for its errors.
+const DESTINATION_SYNTAX: &str =
+    "NAME=URL,secret=whsec_...[,secret=...][,timeout=10s][,concurrency=16][,max-attempts=8]";
+
+impl FromStr for Destination {
+    type Err = String;
+
+    /// `NAME=URL,secret=whsec_…[,secret=…][,timeout=10s][,concurrency=16][,max-attempts=8]`.
+    /// The errors never quote a secret.
+    fn from_str(text: &str) -> Result<Self, String> {
+        let mut parts = text.trim().split(',');
+        let head = parts.next().unwrap_or_default();
+        let (name, url) = head
+            .split_once('=')
+            .ok_or_else(|| format!("a destination is {DESTINATION_SYNTAX}"))?;
+        let name = name.trim();
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(format!(
+                "destination name {name:?}: 1 to 64 letters, digits, '-' or '_'"
+            ));
+        }
+        let url = reqwest::Url::parse(url.trim())
+            .map_err(|e| format!("destination {name}: URL {:?}: {e}", url.trim()))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!("destination {name}: the URL must be http or https"));
+        }
+        let mut destination = Destination {
+            name: name.to_owned(),
+            url,
+            secrets: Vec::new(),
+            timeout: DEFAULT_TIMEOUT,
+            concurrency: DEFAULT_CONCURRENCY,
+            max_attempts: webhook::MAX_ATTEMPTS,
+        };
+        for part in parts {
+            let (key, value) = part.split_once('=').ok_or_else(|| {
+                format!("destination {name}: {part:?} is not key=value ({DESTINATION_SYNTAX})")
+            })?;
+            let value = value.trim();
+            match key.trim() {
+                "secret" => destination
+                    .secrets
+                    .push(Secret::parse(value).map_err(|e| format!("destination {name}: {e}"))?),
+                "timeout" => {
+                    let t = humantime::parse_duration(value)
+                        .map_err(|e| format!("destination {name}: timeout {value:?}: {e}"))?;
+                    if t.is_zero() || t > webhook::MAX_ATTEMPT_TIMEOUT {
+                        return Err(format!(
+                            "destination {name}: timeout {value} must be over 0 and at most {}",
+                            humantime::format_duration(webhook::MAX_ATTEMPT_TIMEOUT)
+                        ));
+                    }
+                    destination.timeout = t;
+                }
+                "concurrency" => {
+                    destination.concurrency = value
+                        .parse()
+                        .ok()
+                        .filter(|c| (1..=1024).contains(c))
+                        .ok_or_else(|| {
+                            format!("destination {name}: concurrency {value:?} must be 1 to 1024")
+                        })?;
+                }
+                "max-attempts" => {
+                    destination.max_attempts = value
+                        .parse()
+                        .ok()
+                        .filter(|a| (1..=webhook::MAX_ATTEMPTS).contains(a))
+                        .ok_or_else(|| {
+                            format!(
+                                "destination {name}: max-attempts {value:?} must be 1 to {} \
+                                 (the receiver's horizon assumes no more)",
+                                webhook::MAX_ATTEMPTS
+                            )
+                        })?;
+                }
+                other => {
+                    return Err(format!(
+                        "destination {name}: unknown setting {other:?} ({DESTINATION_SYNTAX})"
+                    ));
+                }
+            }
+        }
+        if destination.secrets.is_empty() {
+            return Err(format!(
+                "destination {name}: a secret=whsec_... is required (every request is signed)"
+            ));
+        }
+        Ok(destination)
+    }
+}
+
+/// A delivery claimed for one attempt.
+#[derive(Debug, Clone)]
+struct Claimed {
+    outbox_id: i64,
+    msg_id: Uuid,
+    body: Vec<u8>,
+    /// This attempt's number (1 for the first).
+    attempts: i32,
+    created_at: DateTime<Utc>,
+}
+
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// 2xx.
+    Delivered(u16),
+    /// Worth trying again: 5xx, 408, 409, 425, 429, a 3xx, or no answer.
+    /// The receiver's `Retry-After`, if any.
+    Retry {
+        /// The status, if there was an answer.
+        status: Option<u16>,
+        /// Why, readable.
+        error: String,
+        /// The receiver's `Retry-After`.
+        retry_after: Option<Duration>,
+    },
+    /// A 4xx that will not change by retrying.
+    Permanent {
+        /// The status.
+        status: u16,
+        /// Why, readable.
+        error: String,
+    },
+    /// 410: the destination is gone.
+    Gone(String),
+}
+
+/// The outcome of an answer's status (and its `Retry-After`).
+pub fn judge(status: u16, retry_after: Option<Duration>, body: &str) -> Outcome {
+    let error = || {
+        let body = body.trim();
+        if body.is_empty() {
+            format!("HTTP {status}")
+        } else {
+            format!("HTTP {status}: {body}")
+        }
+    };
+    match status {
+        200..=299 => Outcome::Delivered(status),
+        410 => Outcome::Gone(error()),
+        408 | 409 | 425 | 429 => Outcome::Retry {
+            status: Some(status),
+            error: error(),
+            retry_after,
+        },
+        400..=499 => Outcome::Permanent {
+            status,
+            error: error(),
+        },
+        _ => Outcome::Retry {
+            status: Some(status),
+            error: error(),
+            retry_after,
+        },
+    }
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is not taken: receivers of
+/// webhooks send seconds), capped at `webhook::MAX_RETRY_AFTER`.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let seconds: u64 = headers
+        .get(RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds).min(webhook::MAX_RETRY_AFTER))
+}
+
+/// The wait before the next attempt after `failed` attempts: the schedule's
+/// wait × `scale` × a jitter factor in `[JITTER_MIN, JITTER_MAX]` (`jitter`
+/// in `[0, 1]` picks it), or the receiver's `Retry-After` if longer.
+pub fn next_wait(failed: u32, scale: f64, jitter: f64, retry_after: Option<Duration>) -> Duration {
+    let factor =
+        webhook::JITTER_MIN + (webhook::JITTER_MAX - webhook::JITTER_MIN) * jitter.clamp(0.0, 1.0);
+    let scheduled = webhook::retry_wait(failed).mul_f64(scale.max(0.0) * factor);
+    retry_after.map_or(scheduled, |r| scheduled.max(r))
+}
+
+/// What the sender's loops share.
+pub struct Sender {
+    pool: PgPool,
+    metrics: Arc<RelayMetrics>,
+    crasher: Arc<Crasher>,
+    /// Every scheduled wait is multiplied by this (tests and experiments
+    /// shrink the hours to seconds; 1 in production).
+    scale: f64,
+}
+
+impl Sender {
+    /// A sender on `pool`.
+    pub fn new(
+        pool: PgPool,
+        metrics: Arc<RelayMetrics>,
+        crasher: Arc<Crasher>,
+        scale: f64,
+    ) -> Self {
+        Self {
+            pool,
+            metrics,
+            crasher,
+            scale,
+        }
+    }
+
+    /// Runs the fan-out and one delivery loop per destination until
+    /// `cancel` fires; attempts in flight then finish (each within its
+    /// timeout) and are recorded.
+    pub async fn run(
+        self: Arc<Self>,
+        destinations: Vec<Destination>,
+        batch_size: i64,
+        poll: Duration,
+        wake: watch::Receiver<u64>,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let names: Vec<String> = destinations.iter().map(|d| d.name.clone()).collect();
+        register(&self.pool, &names)
+            .await
+            .context("register the webhook destinations")?;
+        let mut loops = JoinSet::new();
+        let mut wakes = Vec::new();
+        for destination in destinations {
+            let wake = Arc::new(Notify::new());
+            wakes.push(wake.clone());
+            for outcome in crate::metrics::WEBHOOK_ATTEMPT_OUTCOMES {
+                self.metrics
+                    .relay_webhook_attempts_total
+                    .with_label_values(&[destination.name.as_str(), outcome]);
+            }
+            self.metrics
+                .relay_webhook_failed_total
+                .with_label_values(&[destination.name.as_str()]);
+            loops.spawn(
+                self.clone()
+                    .deliver_loop(destination, poll, wake, cancel.clone()),
+            );
+        }
+        loops.spawn(self.clone().sample_pending(names.clone(), cancel.clone()));
+        loops.spawn(self.clone().fan_out_loop(
+            names,
+            batch_size,
+            poll,
+            wake,
+            wakes,
+            cancel.clone(),
+        ));
+        while loops.join_next().await.is_some() {}
+        Ok(())
+    }
+
+    /// Fans the outbox out into deliveries, shard by shard, while there is
+    /// something to claim; then waits for a NOTIFY or the poll.
+    async fn fan_out_loop(
+        self: Arc<Self>,
+        names: Vec<String>,
+        batch_size: i64,
+        poll: Duration,
+        mut wake: watch::Receiver<u64>,
+        destination_wakes: Vec<Arc<Notify>>,
+        cancel: CancellationToken,
+    ) {
+        let mut backoff = Backoff::new();
+        while !cancel.is_cancelled() {
+            wake.borrow_and_update();
+            let mut moved = 0;
+            let mut failed = None;
+            for shard in 0..SHARDS {
+                match self.fan_out_shard(shard, &names, batch_size).await {
+                    Ok(n) => moved += n,
+                    Err(error) => {
+                        failed = Some(error);
+                        break;
+                    }
+                }
+            }
+            if moved > 0 {
+                for w in &destination_wakes {
+                    w.notify_one();
+                }
+            }
+            match failed {
+                Some(error) => {
+                    self.metrics
+                        .relay_errors_total
+                        .with_label_values(&["db"])
+                        .inc();
+                    tracing::warn!(
+                        error = format!("{error:#}"),
+                        "webhook fan-out failed; will retry"
+                    );
+                    if !backoff.wait(&cancel).await {
+                        return;
+                    }
+                }
+                None if moved > 0 => backoff.reset(),
+                None => {
+                    backoff.reset();
+                    tokio::select! {
+                        _ = wake.changed() => {}
+                        () = tokio::time::sleep(poll) => {}
+                        () = cancel.cancelled() => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// One shard: claim, write the deliveries, mark published, commit.
+    /// Returns how many outbox rows moved.
+    async fn fan_out_shard(
+        &self,
+        shard: i16,
+        names: &[String],
+        batch_size: i64,
+    ) -> anyhow::Result<usize> {
+        let mut tx = self.pool.begin().await.context("begin")?;
+        if !outbox::try_lock_shard(&mut tx, shard)
+            .await
+            .context("lock shard")?
+        {
+            return Ok(0);
+        }
+        let rows = outbox::claim(&mut tx, shard, batch_size)
+            .await
+            .context("claim outbox batch")?;
+        if rows.is_empty() {
+            tx.commit().await.context("commit empty claim")?;
+            return Ok(0);
+        }
+        let mut ready: Vec<(&PendingRow, Vec<u8>)> = Vec::with_capacity(rows.len());
+        let mut rejected = Vec::new();
+        for row in &rows {
+            match Envelope::new(
+                row.msg_id,
+                row.event_type.clone(),
+                row.aggregate_id,
+                row.created_at,
+                &row.payload,
+            )
+            .and_then(|e| e.encode())
+            {
+                Ok(body) => ready.push((row, body)),
+                Err(error) => {
+                    self.metrics
+                        .relay_errors_total
+                        .with_label_values(&["encode"])
+                        .inc();
+                    tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, %error, "outbox payload is not JSON");
+                    rejected.push((row.id, format!("payload is not JSON: {error}")));
+                }
+            }
+        }
+        let mut destination = Vec::new();
+        let (mut ids, mut keys, mut msg_ids, mut bodies, mut created) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for name in names {
+            for (row, body) in &ready {
+                destination.push(name.clone());
+                ids.push(row.id);
+                keys.push(row.aggregate_id);
+                msg_ids.push(row.msg_id);
+                bodies.push(body.clone());
+                created.push(row.created_at);
+            }
+        }
+        let written = sqlx::query!(
+            "INSERT INTO orders.webhook_deliveries \
+               (destination, outbox_id, aggregate_id, msg_id, body, created_at) \
+             SELECT * FROM unnest($1::text[], $2::int8[], $3::uuid[], $4::uuid[], $5::bytea[], $6::timestamptz[]) \
+             ON CONFLICT (destination, outbox_id) DO NOTHING",
+            &destination,
+            &ids,
+            &keys,
+            &msg_ids,
+            &bodies,
+            &created
+        )
+        .execute(&mut *tx)
+        .await
+        .context("write the deliveries")?
+        .rows_affected();
+        let moved: Vec<i64> = ready.iter().map(|(row, _)| row.id).collect();
+        outbox::mark_published(&mut tx, &moved)
+            .await
+            .context("mark published")?;
+        if !rejected.is_empty() {
+            // Not JSON: it never will be; failed at once (max attempts 1).
+            outbox::record_failures(&mut tx, &rejected, 1)
+                .await
+                .context("record unpublishable rows")?;
+        }
+        tx.commit().await.context("commit the fan-out")?;
+        self.metrics.relay_webhook_fanned_out_total.inc_by(written);
+        self.metrics
+            .relay_published_total
+            .inc_by(moved.len() as u64);
+        self.metrics
+            .relay_rows_failed_total
+            .inc_by(rejected.len() as u64);
+        Ok(rows.len())
+    }
+
+    /// One destination's deliveries: keeps up to its concurrency of attempts
+    /// in flight; waits for a wake (new deliveries), an attempt's end (its
+    /// key's next event may be due) or the poll.
+    async fn deliver_loop(
+        self: Arc<Self>,
+        destination: Destination,
+        poll: Duration,
+        wake: Arc<Notify>,
+        cancel: CancellationToken,
+    ) {
+        let client = match reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(destination.timeout)
+            .user_agent(concat!("effectively-relay/", env!("CARGO_PKG_VERSION")))
+            .build()
+        {
+            Ok(client) => client,
+            Err(error) => {
+                tracing::error!(destination = %destination.name, %error, "building the HTTP client failed");
+                return;
+            }
+        };
+        let destination = Arc::new(destination);
+        let permits = Arc::new(Semaphore::new(destination.concurrency));
+        let mut attempts: JoinSet<()> = JoinSet::new();
+        let mut backoff = Backoff::new();
+        let lease = destination.timeout + LEASE_MARGIN;
+        loop {
+            if cancel.is_cancelled() {
+                break;
+            }
+            while attempts.try_join_next().is_some() {}
+            let free = permits.available_permits();
+            let claimed = if free == 0 {
+                Ok(Vec::new())
+            } else {
+                match disabled(&self.pool, &destination.name).await {
+                    Ok(Some(reason)) => {
+                        tracing::debug!(destination = %destination.name, %reason, "destination disabled");
+                        Ok(Vec::new())
+                    }
+                    Ok(None) => claim(&self.pool, &destination.name, free, lease).await,
+                    Err(error) => Err(error),
+                }
+            };
+            let claimed = match claimed {
+                Ok(rows) => {
+                    backoff.reset();
+                    rows
+                }
+                Err(error) => {
+                    self.metrics
+                        .relay_errors_total
+                        .with_label_values(&["db"])
+                        .inc();
+                    tracing::warn!(destination = %destination.name, %error, "claiming webhook deliveries failed; will retry");
+                    if !backoff.wait(&cancel).await {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            if claimed.is_empty() {
+                tokio::select! {
+                    () = wake.notified() => {}
+                    Some(_) = attempts.join_next(), if !attempts.is_empty() => {}
+                    () = tokio::time::sleep(poll) => {}
+                    () = cancel.cancelled() => break,
+                }
+                continue;
+            }
+            for row in claimed {
+                let Ok(permit) = permits.clone().acquire_owned().await else {
+                    break;
+                };
+                let (sender, destination, client) =
+                    (self.clone(), destination.clone(), client.clone());
+                attempts.spawn(async move {
+                    sender.attempt(&destination, &client, row).await;
+                    drop(permit);
+                });
+            }
+        }
+        // The attempts in flight end within their timeout; their outcome is
+        // recorded (a delivery left unrecorded is due again after its lease).
+        while attempts.join_next().await.is_some() {}
+    }
+
+    /// One attempt: send, judge, record.
+    async fn attempt(&self, destination: &Destination, client: &reqwest::Client, row: Claimed) {
+        let started_at = Utc::now();
+        let started = Instant::now();
+        let id = row.msg_id.to_string();
+        let timestamp = started_at.timestamp();
+        let signature = webhook::signature_header(&destination.secrets, &id, timestamp, &row.body);
+        let sent = client
+            .post(destination.url.clone())
+            .header(webhook::HEADER_ID, &id)
+            .header(webhook::HEADER_TIMESTAMP, timestamp.to_string())
+            .header(webhook::HEADER_SIGNATURE, signature)
+            .header(effectively::contract::IDEMPOTENCY_KEY, &id)
+            .header(CONTENT_TYPE, "application/json")
+            .body(row.body.clone())
+            .send()
+            .await;
+        let outcome = match sent {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let after = retry_after(response.headers());
+                let body = if response.status().is_success() {
+                    String::new()
+                } else {
+                    error_body(response).await
+                };
+                judge(status, after, &body)
+            }
+            Err(error) => Outcome::Retry {
+                status: None,
+                error: describe(&error),
+                retry_after: None,
+            },
+        };
+        let elapsed = started.elapsed();
+        let name = destination.name.as_str();
+        self.metrics
+            .relay_webhook_attempt_duration_seconds
+            .with_label_values(&[name])
+            .observe(elapsed.as_secs_f64());
+        if matches!(outcome, Outcome::Delivered(_)) {
+            // The receiver has it; it is not marked. A crash here delivers
+            // it again: the receiver's duplicate.
+            self.crasher.point(CrashPoint::Deliver);
+        }
+        let jitter = rand::rng().random::<f64>();
+        let mut backoff = Backoff::new();
+        let mut tries = 0;
+        let recorded = loop {
+            match self
+                .record(destination, &row, &outcome, started_at, elapsed, jitter)
+                .await
+            {
+                Ok(recorded) => break recorded,
+                Err(error) => {
+                    self.metrics
+                        .relay_errors_total
+                        .with_label_values(&["db"])
+                        .inc();
+                    tracing::warn!(destination = name, outbox_id = row.outbox_id, %error, "recording a webhook attempt failed; retrying");
+                    tries += 1;
+                    if tries >= RECORD_TRIES {
+                        // Given up: the lease runs out and the delivery is
+                        // attempted again (at least once).
+                        return;
+                    }
+                    backoff.wait(&CancellationToken::new()).await;
+                }
+            }
+        };
+        let Some(label) = recorded else {
+            return; // the lease had run out; another attempt owns the row
+        };
+        self.metrics
+            .relay_webhook_attempts_total
+            .with_label_values(&[name, label])
+            .inc();
+        match &outcome {
+            Outcome::Delivered(_) => {
+                let age = (Utc::now() - row.created_at)
+                    .num_microseconds()
+                    .unwrap_or(0) as f64
+                    / 1e6;
+                self.metrics
+                    .relay_webhook_commit_to_delivered_seconds
+                    .with_label_values(&[name])
+                    .observe(age.max(0.0));
+            }
+            Outcome::Gone(error) => tracing::error!(
+                destination = name, outbox_id = row.outbox_id, %error,
+                "the destination answered 410 Gone: disabled; its deliveries wait (relay webhooks enable)"
+            ),
+            Outcome::Retry { error, status, .. } if label == "failed" => {
+                self.metrics
+                    .relay_webhook_failed_total
+                    .with_label_values(&[name])
+                    .inc();
+                tracing::error!(
+                    destination = name, outbox_id = row.outbox_id, msg_id = %row.msg_id,
+                    attempts = row.attempts, ?status, %error,
+                    "webhook delivery failed after its last attempt (relay webhooks replay --failed)"
+                );
+            }
+            Outcome::Permanent { status, error } => {
+                self.metrics
+                    .relay_webhook_failed_total
+                    .with_label_values(&[name])
+                    .inc();
+                tracing::error!(
+                    destination = name, outbox_id = row.outbox_id, msg_id = %row.msg_id,
+                    status, %error, "webhook delivery refused for good by the receiver"
+                );
+            }
+            Outcome::Retry { error, status, .. } => tracing::warn!(
+                destination = name, outbox_id = row.outbox_id, attempts = row.attempts,
+                ?status, %error, "webhook attempt failed; will retry"
+            ),
+        }
+    }
+
+    /// Writes an attempt's outcome, fenced by the attempt number (a late
+    /// answer after the lease ran out and another attempt took the row is
+    /// not written over it). Returns the outcome's label, or `None` when
+    /// fenced out.
+    async fn record(
+        &self,
+        destination: &Destination,
+        row: &Claimed,
+        outcome: &Outcome,
+        started_at: DateTime<Utc>,
+        elapsed: Duration,
+        jitter: f64,
+    ) -> sqlx::Result<Option<&'static str>> {
+        let failed_attempts = u32::try_from(row.attempts).unwrap_or(1);
+        let last = failed_attempts >= destination.max_attempts;
+        let (label, status, error, next) = match outcome {
+            Outcome::Delivered(status) => ("delivered", Some(*status), None, None),
+            Outcome::Gone(error) => (
+                "gone",
+                Some(410),
+                Some(error.as_str()),
+                Some(Duration::ZERO),
+            ),
+            Outcome::Permanent { status, error } => {
+                ("failed", Some(*status), Some(error.as_str()), None)
+            }
+            Outcome::Retry { status, error, .. } if last => {
+                ("failed", *status, Some(error.as_str()), None)
+            }
+            Outcome::Retry {
+                status,
+                error,
+                retry_after,
+            } => (
+                "retry",
+                *status,
+                Some(error.as_str()),
+                Some(next_wait(failed_attempts, self.scale, jitter, *retry_after)),
+            ),
+        };
+        let status = status.map(i32::from);
+        let error = error.map(effectively::text::storable);
+        let next_ms = next.map(|d| d.as_secs_f64() * 1000.0);
+        let mut tx = self.pool.begin().await?;
+        let updated = sqlx::query!(
+            "UPDATE orders.webhook_deliveries SET \
+               last_status = $4, last_error = $5, \
+               delivered_at = CASE WHEN $6 = 'delivered' THEN now() END, \
+               failed_at = CASE WHEN $6 = 'failed' THEN now() END, \
+               next_attempt_at = CASE WHEN $7::float8 IS NULL THEN next_attempt_at \
+                                      ELSE now() + $7::float8 * interval '1 millisecond' END \
+             WHERE destination = $1 AND outbox_id = $2 AND attempts = $3 \
+               AND delivered_at IS NULL AND failed_at IS NULL",
+            destination.name,
+            row.outbox_id,
+            row.attempts,
+            status,
+            error.as_deref(),
+            label,
+            next_ms
+        )
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if updated == 0 {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        sqlx::query!(
+            "INSERT INTO orders.webhook_attempts \
+               (destination, outbox_id, attempt, started_at, duration_ms, status, outcome, error) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+            destination.name,
+            row.outbox_id,
+            row.attempts,
+            started_at,
+            i32::try_from(elapsed.as_millis()).unwrap_or(i32::MAX),
+            status,
+            label,
+            error.as_deref()
+        )
+        .execute(&mut *tx)
+        .await?;
+        if label == "gone" {
+            sqlx::query!(
+                "UPDATE orders.webhook_destinations SET disabled_at = now(), reason = $2 \
+                 WHERE destination = $1 AND disabled_at IS NULL",
+                destination.name,
+                error.as_deref()
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(Some(label))
+    }
+
+    /// Every second: each destination's open deliveries.
+    async fn sample_pending(self: Arc<Self>, names: Vec<String>, cancel: CancellationToken) {
+        loop {
+            match sqlx::query!(
+                r#"SELECT destination, count(*) AS "n!" FROM orders.webhook_deliveries
+                   WHERE delivered_at IS NULL AND failed_at IS NULL GROUP BY destination"#
+            )
+            .fetch_all(&self.pool)
+            .await
+            {
+                Ok(rows) => {
+                    for name in &names {
+                        let n = rows
+                            .iter()
+                            .find(|r| &r.destination == name)
+                            .map_or(0, |r| r.n);
+                        self.metrics
+                            .relay_webhook_pending
+                            .with_label_values(&[name.as_str()])
+                            .set(n);
+                    }
+                }
+                Err(error) => tracing::debug!(%error, "sample webhook deliveries"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                () = cancel.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// Deletes up to `batch` deliveries delivered longer ago than the outbox
+/// retention (`orders.outbox_policy`), with their attempts; returns how
+/// many. Pending and failed deliveries are never deleted (a failed one waits
+/// for `relay webhooks replay` or an operator).
+pub async fn expire(pool: &PgPool, batch: i32) -> sqlx::Result<i32> {
+    let n = sqlx::query_scalar!(
+        r#"WITH gone AS (
+             DELETE FROM orders.webhook_deliveries d
+             WHERE (d.destination, d.outbox_id) IN (
+               SELECT e.destination, e.outbox_id FROM orders.webhook_deliveries e
+               WHERE e.delivered_at < now() - (SELECT p.retention FROM orders.outbox_policy p)
+               LIMIT $1)
+             RETURNING d.destination, d.outbox_id),
+           a AS (
+             DELETE FROM orders.webhook_attempts t USING gone
+             WHERE t.destination = gone.destination AND t.outbox_id = gone.outbox_id)
+           SELECT count(*) AS "n!" FROM gone"#,
+        i64::from(batch)
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(i32::try_from(n).unwrap_or(i32::MAX))
+}
+
+/// The start of an error answer's body, for `last_error`.
+async fn error_body(response: reqwest::Response) -> String {
+    match response.bytes().await {
+        Ok(bytes) => {
+            let cut = &bytes[..bytes.len().min(ERROR_BODY_BYTES)];
+            String::from_utf8_lossy(cut).into_owned()
+        }
+        Err(_) => String::new(),
+    }
+}
+
+/// A request error, readable: what failed (connect, timeout, ...).
+fn describe(error: &reqwest::Error) -> String {
+    let kind = if error.is_timeout() {
+        "timed out"
+    } else if error.is_connect() {
+        "connection failed"
+    } else {
+        "request failed"
+    };
+    let mut text = format!("{kind}: {error}");
+    let mut source = std::error::Error::source(error);
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
+}
+
+/// Records the destinations (a destination's disabled state lives there).
+async fn register(pool: &PgPool, names: &[String]) -> sqlx::Result<()> {
+    sqlx::query!(
+        "INSERT INTO orders.webhook_destinations (destination) SELECT * FROM unnest($1::text[]) \
+         ON CONFLICT (destination) DO NOTHING",
+        names
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Why `destination` is disabled, if it is.
+async fn disabled(pool: &PgPool, destination: &str) -> sqlx::Result<Option<String>> {
+    let row = sqlx::query!(
+        "SELECT disabled_at, reason FROM orders.webhook_destinations WHERE destination = $1",
+        destination
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.and_then(|r| {
+        r.disabled_at
+            .map(|at| format!("since {at}: {}", r.reason.unwrap_or_default()))
+    }))
+}
+
+/// Claims up to `limit` due deliveries of `destination` for one attempt
+/// each: those whose key has no earlier open delivery to it (`OFFSET 0`
+/// keeps the `NOT EXISTS` a probe per candidate, as in `outbox::claim`).
+/// Counts the attempt and moves `next_attempt_at` a lease ahead.
+async fn claim(
+    pool: &PgPool,
+    destination: &str,
+    limit: usize,
+    lease: Duration,
+) -> sqlx::Result<Vec<Claimed>> {
+    sqlx::query_as!(
+        Claimed,
+        "UPDATE orders.webhook_deliveries d \
+         SET attempts = d.attempts + 1, last_attempt_at = now(), \
+             next_attempt_at = now() + $3::float8 * interval '1 millisecond' \
+         FROM (SELECT c.destination, c.outbox_id FROM orders.webhook_deliveries c \
+               WHERE c.destination = $1 AND c.delivered_at IS NULL AND c.failed_at IS NULL \
+                 AND c.next_attempt_at <= now() \
+                 AND NOT EXISTS (SELECT 1 FROM orders.webhook_deliveries e \
+                                 WHERE e.destination = c.destination \
+                                   AND e.aggregate_id = c.aggregate_id \
+                                   AND e.outbox_id < c.outbox_id \
+                                   AND e.delivered_at IS NULL AND e.failed_at IS NULL \
+                                 OFFSET 0) \
+               ORDER BY c.next_attempt_at, c.outbox_id LIMIT $2 \
+               FOR UPDATE OF c SKIP LOCKED) AS picked \
+         WHERE d.destination = picked.destination AND d.outbox_id = picked.outbox_id \
+         RETURNING d.outbox_id, d.msg_id, d.body, d.attempts, d.created_at",
+        destination,
+        i64::try_from(limit).unwrap_or(i64::MAX),
+        lease.as_secs_f64() * 1000.0
+    )
+    .fetch_all(pool)
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_answer_decides_delivered_retry_permanent_or_gone() {
+        assert_eq!(judge(200, None, ""), Outcome::Delivered(200));
+        assert_eq!(judge(204, None, ""), Outcome::Delivered(204));
+        assert!(matches!(judge(410, None, ""), Outcome::Gone(_)));
+        for status in [400, 401, 403, 404, 413, 415, 422] {
+            assert!(
+                matches!(judge(status, None, "no"), Outcome::Permanent { .. }),
+                "{status} is permanent"
+            );
+        }
+        for status in [408, 409, 425, 429, 500, 502, 503, 504, 301, 302] {
+            assert!(
+                matches!(judge(status, None, ""), Outcome::Retry { .. }),
+                "{status} is retried"
+            );
+        }
+        let Outcome::Retry {
+            retry_after, error, ..
+        } = judge(429, Some(Duration::from_secs(7)), " slow down ")
+        else {
+            panic!("429 is retried");
+        };
+        assert_eq!(retry_after, Some(Duration::from_secs(7)));
+        assert_eq!(error, "HTTP 429: slow down");
+    }
+
+    #[test]
+    fn waits_follow_the_schedule_with_jitter_and_honour_a_longer_retry_after() {
+        let s = |secs: f64| Duration::from_secs_f64(secs);
+        assert_eq!(next_wait(1, 1.0, 0.0, None), s(4.0), "5 s x 0.8");
+        assert_eq!(next_wait(1, 1.0, 1.0, None), s(6.0), "5 s x 1.2");
+        assert_eq!(next_wait(2, 1.0, 0.5, None), s(30.0));
+        assert_eq!(next_wait(5, 1.0, 0.5, None), s(4.0 * 3600.0));
+        assert_eq!(
+            next_wait(7, 1.0, 0.5, None),
+            s(4.0 * 3600.0),
+            "the last repeats"
+        );
+        assert_eq!(
+            next_wait(3, 0.01, 0.5, None),
+            s(3.0),
+            "scaled for experiments"
+        );
+        assert_eq!(
+            next_wait(1, 1.0, 0.5, Some(s(60.0))),
+            s(60.0),
+            "a longer Retry-After wins"
+        );
+        assert_eq!(
+            next_wait(4, 1.0, 0.5, Some(s(60.0))),
+            s(1800.0),
+            "a shorter one does not"
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert(RETRY_AFTER, "999999".parse().expect("value"));
+        assert_eq!(
+            retry_after(&headers),
+            Some(webhook::MAX_RETRY_AFTER),
+            "capped"
+        );
+        headers.insert(
+            RETRY_AFTER,
+            "Wed, 21 Oct 2026 07:28:00 GMT".parse().expect("value"),
+        );
+        assert_eq!(retry_after(&headers), None, "dates are not taken");
+    }
+
+    #[test]
+    fn a_destination_parses_with_its_defaults_and_refuses_what_is_wrong() {
+        let secret = Secret::generate().to_whsec();
+        let d: Destination =
+            format!("payments=http://127.0.0.1:9103/webhooks/orders,secret={secret}")
+                .parse()
+                .expect("parses");
+        assert_eq!(d.name, "payments");
+        assert_eq!(d.url.as_str(), "http://127.0.0.1:9103/webhooks/orders");
+        assert_eq!(
+            (d.timeout, d.concurrency, d.max_attempts, d.secrets.len()),
+            (DEFAULT_TIMEOUT, DEFAULT_CONCURRENCY, 8, 1)
+        );
+        let other = Secret::generate().to_whsec();
+        let d: Destination = format!(
+            "a_b-1=https://example.com/h,secret={secret},secret={other},timeout=2s,concurrency=4,max-attempts=3"
+        )
+        .parse()
+        .expect("parses");
+        assert_eq!(
+            (d.timeout, d.concurrency, d.max_attempts, d.secrets.len()),
+            (Duration::from_secs(2), 4, 3, 2)
+        );
+        assert!(
+            !format!("{d:?}").contains(&secret[6..]),
+            "no secret in Debug"
+        );
+        for (text, wanted) in [
+            ("payments", "NAME=URL"),
+            ("=http://x/,secret=S", "destination name"),
+            ("p=ftp://x/,secret=S", "http or https"),
+            ("p=not a url,secret=S", "URL"),
+            ("p=http://x/", "secret=whsec_"),
+            ("p=http://x/,secret=short", "base64"),
+            ("p=http://x/,secret=S,timeout=31s", "at most 30s"),
+            ("p=http://x/,secret=S,concurrency=0", "concurrency"),
+            ("p=http://x/,secret=S,max-attempts=9", "max-attempts"),
+            ("p=http://x/,secret=S,colour=blue", "unknown setting"),
+        ] {
+            let text = text.replace("secret=S", &format!("secret={secret}"));
+            let error = text.parse::<Destination>().expect_err(&text);
+            assert!(error.contains(wanted), "{text}: {error}");
+            assert!(
+                !error.contains(&secret[6..]),
+                "{text}: the error quotes no secret"
+            );
+        }
+    }
+}

@@ -1,0 +1,690 @@
+//! `relay --sink http` against the real PostgreSQL of `make up` and a
+//! receiver in this process whose answers each test scripts. No broker.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use effectively::config::{DbArgs, KafkaArgs};
+use effectively::crash::CrashArgs;
+use effectively::db::ServiceRole;
+use effectively::envelope::Envelope;
+use effectively::outbox::{Outbox, OutboxMessage};
+use effectively::testing::{TestDb, eventually, series_value};
+use effectively::webhook::{self, Secret};
+use relay::webhooks::Destination;
+use relay::{Config, Mode, Sink, run};
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// What the receiver answers.
+#[derive(Debug, Clone, Copy)]
+struct Reply {
+    status: u16,
+    retry_after: Option<u64>,
+    delay: Duration,
+}
+
+impl Reply {
+    const OK: Reply = Reply::status(200);
+
+    const fn status(status: u16) -> Self {
+        Self {
+            status,
+            retry_after: None,
+            delay: Duration::ZERO,
+        }
+    }
+}
+
+/// One request as the receiver saw it.
+#[derive(Debug, Clone)]
+struct Hit {
+    at: Instant,
+    msg_id: Uuid,
+    key: Uuid,
+    seq: i64,
+    /// The n-th request of this msg_id (1 for the first).
+    nth: u32,
+    reply: Reply,
+    /// The signature verified with the receiver's secret, within the
+    /// tolerance; `Idempotency-Key` and `webhook-id` are the msg_id.
+    authentic: bool,
+}
+
+type Script = dyn Fn(&Hit) -> Reply + Send + Sync;
+
+#[derive(Clone)]
+struct Receiver {
+    secret: Secret,
+    hits: Arc<Mutex<Vec<Hit>>>,
+    script: Arc<Script>,
+}
+
+impl Receiver {
+    /// Serves on a free port; returns it and the URL to configure.
+    async fn start(script: impl Fn(&Hit) -> Reply + Send + Sync + 'static) -> (Self, String) {
+        let receiver = Self {
+            secret: Secret::generate(),
+            hits: Arc::default(),
+            script: Arc::new(script),
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+        let app = Router::new()
+            .route("/hook", post(receive))
+            .with_state(receiver.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (receiver, url)
+    }
+
+    fn hits(&self) -> Vec<Hit> {
+        self.hits.lock().expect("lock").clone()
+    }
+
+    /// The destination setting for this receiver.
+    fn destination(&self, name: &str, url: &str, extra: &str) -> Destination {
+        format!("{name}={url},secret={}{extra}", self.secret.to_whsec())
+            .parse()
+            .expect("destination")
+    }
+}
+
+async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> Response {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let id = header(webhook::HEADER_ID);
+    let verified = webhook::verify(
+        std::slice::from_ref(&r.secret),
+        &id,
+        &header(webhook::HEADER_TIMESTAMP),
+        &header(webhook::HEADER_SIGNATURE),
+        &body,
+        chrono::Utc::now().timestamp(),
+        webhook::DEFAULT_TOLERANCE,
+    )
+    .is_ok();
+    let envelope = Envelope::decode(&body).expect("an envelope");
+    let payload: serde_json::Value = serde_json::from_str(envelope.payload.get()).expect("payload");
+    let mut hit = Hit {
+        at: Instant::now(),
+        msg_id: envelope.msg_id,
+        key: envelope.aggregate_id,
+        seq: payload["seq"].as_i64().unwrap_or(-1),
+        nth: 0,
+        reply: Reply::OK,
+        authentic: verified && id == envelope.msg_id.to_string() && header("idempotency-key") == id,
+    };
+    hit.nth = 1 + r
+        .hits
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|h| h.msg_id == hit.msg_id)
+        .count() as u32;
+    let reply = (r.script)(&hit);
+    hit.reply = reply;
+    r.hits.lock().expect("lock").push(hit);
+    tokio::time::sleep(reply.delay).await;
+    let mut response = StatusCode::from_u16(reply.status)
+        .expect("status")
+        .into_response();
+    if let Some(seconds) = reply.retry_after {
+        response
+            .headers_mut()
+            .insert("retry-after", seconds.to_string().parse().expect("value"));
+    }
+    response
+}
+
+fn config(db: &TestDb, destinations: Vec<Destination>, scale: f64) -> Config {
+    Config {
+        db: DbArgs::for_url(db.url_as(ServiceRole::Relay)),
+        // Nothing listens there: the http sink never asks a broker.
+        kafka: KafkaArgs {
+            kafka_bootstrap_servers: "127.0.0.1:9".into(),
+            kafka_topic: "unused".into(),
+        },
+        crash: CrashArgs::default(),
+        batch_size: 100,
+        workers: 2,
+        poll_interval_ms: 100,
+        lag_sample_ms: 200,
+        metrics_addr: "127.0.0.1:0".parse().expect("addr"),
+        linger_ms: 2,
+        message_timeout_ms: 10_000,
+        max_attempts: 5,
+        mode: Mode::Poll,
+        wal_slot: None,
+        wal_heartbeat_ms: 10_000,
+        sink: Sink::Http,
+        webhook_destination: destinations,
+        webhook_schedule_scale: scale,
+    }
+}
+
+struct Relay {
+    metrics_url: String,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Relay {
+    async fn spawn(config: Config) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let metrics_url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run(config, listener, cancel.clone()));
+        Self {
+            metrics_url,
+            cancel,
+            task,
+        }
+    }
+
+    async fn metric(&self, series: &str) -> f64 {
+        let text = reqwest::get(&self.metrics_url)
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("text");
+        series_value(&text, series).unwrap_or(0.0)
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("stops in time")
+            .expect("join")
+            .expect("relay ok");
+    }
+}
+
+/// Appends an event of `key` with payload `{"seq": seq}`; returns its msg_id.
+async fn enqueue(pool: &PgPool, key: Uuid, seq: i64) -> Uuid {
+    let msg_id = Uuid::now_v7();
+    let mut conn = pool.acquire().await.expect("acquire");
+    Outbox
+        .enqueue_batch(
+            &mut conn,
+            &[OutboxMessage {
+                aggregate_id: key,
+                msg_id,
+                event_type: "test.event".into(),
+                payload: format!(r#"{{"seq":{seq}}}"#).into_bytes(),
+            }],
+        )
+        .await
+        .expect("enqueue");
+    msg_id
+}
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
+}
+
+const OPEN: &str = "SELECT count(*) FROM orders.webhook_deliveries WHERE delivered_at IS NULL AND failed_at IS NULL";
+
+/// Per key, the seqs of the first delivery of each msg_id that was answered
+/// 2xx, in arrival order.
+fn delivered_order(hits: &[Hit]) -> HashMap<Uuid, Vec<i64>> {
+    let mut order: HashMap<Uuid, Vec<i64>> = HashMap::new();
+    for h in hits.iter().filter(|h| (200..300).contains(&h.reply.status)) {
+        let seqs = order.entry(h.key).or_default();
+        if !seqs.contains(&h.seq) {
+            seqs.push(h.seq);
+        }
+    }
+    order
+}
+
+#[tokio::test]
+async fn every_row_is_delivered_signed_to_every_destination_in_per_key_order() {
+    let db = TestDb::create().await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let (a, a_url) = Receiver::start(|_| Reply::OK).await;
+    let (b, b_url) = Receiver::start(|_| Reply::OK).await;
+    let keys: Vec<Uuid> = (0..6).map(|_| Uuid::now_v7()).collect();
+    for seq in 0..10 {
+        for key in &keys {
+            enqueue(&pool, *key, seq).await;
+        }
+    }
+    let relay = Relay::spawn(config(
+        &db,
+        vec![
+            a.destination("a", &a_url, ",concurrency=8"),
+            b.destination("b", &b_url, ",concurrency=3"),
+        ],
+        1.0,
+    ))
+    .await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            a.hits().len() >= 60 && b.hits().len() >= 60 && count(&pool, OPEN).await == 0
+        })
+        .await,
+        "delivered: a {}, b {}",
+        a.hits().len(),
+        b.hits().len()
+    );
+    for (name, r) in [("a", &a), ("b", &b)] {
+        let hits = r.hits();
+        assert_eq!(hits.len(), 60, "{name}: each event once (none failed)");
+        assert!(
+            hits.iter().all(|h| h.authentic),
+            "{name}: every request signed"
+        );
+        for (key, seqs) in delivered_order(&hits) {
+            assert_eq!(
+                seqs,
+                (0..10).collect::<Vec<_>>(),
+                "{name}: key {key} in order"
+            );
+        }
+    }
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM orders.webhook_deliveries WHERE delivered_at IS NOT NULL AND attempts = 1 AND last_status = 200").await,
+        120
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM orders.webhook_attempts WHERE outcome = 'delivered'"
+        )
+        .await,
+        120
+    );
+    assert_eq!(relay.metric("relay_webhook_fanned_out_total").await, 120.0);
+    assert_eq!(
+        relay
+            .metric(r#"relay_webhook_attempts_total{destination="b",outcome="delivered"}"#)
+            .await,
+        60.0
+    );
+    relay.stop().await;
+
+    // Delivered deliveries expire with their attempts after the outbox
+    // retention (here a millisecond), as the relay's role; an open one stays.
+    enqueue(&pool, keys[0], 10).await;
+    sqlx::query(
+        "INSERT INTO orders.webhook_deliveries (destination, outbox_id, aggregate_id, msg_id, body) \
+         SELECT 'a', id, aggregate_id, msg_id, payload FROM orders.outbox WHERE published_at IS NULL",
+    )
+    .execute(&pool)
+    .await
+    .expect("an open delivery");
+    sqlx::query("UPDATE orders.outbox_policy SET retention = interval '1 millisecond'")
+        .execute(&pool)
+        .await
+        .expect("retention");
+    let as_relay = PgPool::connect(&db.url_as(ServiceRole::Relay))
+        .await
+        .expect("connect as relay");
+    let mut expired = 0;
+    loop {
+        let n = relay::webhooks::expire(&as_relay, 50)
+            .await
+            .expect("expire");
+        expired += n;
+        if n < 50 {
+            break;
+        }
+    }
+    assert_eq!(expired, 120);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM orders.webhook_attempts").await,
+        0
+    );
+    assert_eq!(count(&pool, OPEN).await, 1, "the open delivery stays");
+}
+
+/// A key's first event fails its first attempt: its later events wait
+/// until it is delivered, another key's do not, and the retry comes after
+/// the scheduled wait (5 s scaled by 0.01, with jitter: 40 to 60 ms).
+#[tokio::test]
+async fn a_failing_first_attempt_holds_back_its_key_only_and_is_retried_on_schedule() {
+    let db = TestDb::create().await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let (held, other) = (Uuid::now_v7(), Uuid::now_v7());
+    let first = enqueue(&pool, held, 0).await;
+    for seq in 1..4 {
+        enqueue(&pool, held, seq).await;
+    }
+    for seq in 0..4 {
+        enqueue(&pool, other, seq).await;
+    }
+    let (r, url) = Receiver::start(move |h| {
+        if h.msg_id == first && h.nth < 3 {
+            Reply::status(503)
+        } else {
+            Reply::OK
+        }
+    })
+    .await;
+    let relay = Relay::spawn(config(&db, vec![r.destination("r", &url, "")], 0.01)).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            count(&pool, OPEN).await == 0 && r.hits().len() == 10
+        })
+        .await,
+        "{:?}",
+        r.hits()
+    );
+    let hits = r.hits();
+    let order = delivered_order(&hits);
+    assert_eq!(order[&held], vec![0, 1, 2, 3]);
+    assert_eq!(order[&other], vec![0, 1, 2, 3]);
+    let tries: Vec<&Hit> = hits.iter().filter(|h| h.msg_id == first).collect();
+    assert_eq!(tries.len(), 3, "two 503s, then 200");
+    let delivered_at = tries[2].at;
+    assert!(
+        hits.iter()
+            .filter(|h| h.key == held && h.msg_id != first)
+            .all(|h| h.at > delivered_at),
+        "the key's later events came after its first was delivered"
+    );
+    assert!(
+        hits.iter()
+            .filter(|h| h.key == other)
+            .all(|h| h.at < delivered_at),
+        "the other key did not wait"
+    );
+    // 5 s and 30 s, scaled by 0.01, with jitter x[0.8, 1.2].
+    let (w1, w2) = (tries[1].at - tries[0].at, tries[2].at - tries[1].at);
+    assert!(w1 >= Duration::from_millis(40), "first wait {w1:?}");
+    assert!(w2 >= Duration::from_millis(240), "second wait {w2:?}");
+    let attempts: Vec<(i32, Option<i32>, String)> = sqlx::query_as(
+        "SELECT a.attempt, a.status, a.outcome FROM orders.webhook_attempts a \
+         JOIN orders.webhook_deliveries d USING (destination, outbox_id) \
+         WHERE d.msg_id = $1 ORDER BY a.attempt",
+    )
+    .bind(first)
+    .fetch_all(&pool)
+    .await
+    .expect("attempts");
+    assert_eq!(
+        attempts,
+        vec![
+            (1, Some(503), "retry".to_owned()),
+            (2, Some(503), "retry".to_owned()),
+            (3, Some(200), "delivered".to_owned()),
+        ]
+    );
+    relay.stop().await;
+}
+
+/// A 4xx other than 408/409/425/429 fails a delivery at once; a 5xx on
+/// every attempt fails it after the last; either way the key's next event
+/// goes on. A 410 disables its destination and leaves the delivery pending.
+#[tokio::test]
+async fn refusals_and_exhausted_retries_fail_and_gone_disables_the_destination() {
+    let db = TestDb::create().await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let (k1, k2) = (Uuid::now_v7(), Uuid::now_v7());
+    let refused = enqueue(&pool, k1, 0).await;
+    enqueue(&pool, k1, 1).await;
+    let broken = enqueue(&pool, k2, 0).await;
+    enqueue(&pool, k2, 1).await;
+    let (r, url) = Receiver::start(move |h| {
+        if h.msg_id == refused {
+            Reply::status(422)
+        } else if h.msg_id == broken {
+            Reply::status(500)
+        } else {
+            Reply::OK
+        }
+    })
+    .await;
+    let (gone, gone_url) = Receiver::start(|_| Reply::status(410)).await;
+    let relay = Relay::spawn(config(
+        &db,
+        vec![
+            r.destination("r", &url, ",max-attempts=3"),
+            gone.destination("gone", &gone_url, ",concurrency=1"),
+        ],
+        0.01,
+    ))
+    .await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            count(&pool, "SELECT count(*) FROM orders.webhook_deliveries WHERE destination = 'r' AND (delivered_at IS NOT NULL OR failed_at IS NOT NULL)").await == 4
+        })
+        .await
+    );
+    let hits = r.hits();
+    assert_eq!(
+        hits.iter().filter(|h| h.msg_id == refused).count(),
+        1,
+        "422: once"
+    );
+    assert_eq!(
+        hits.iter().filter(|h| h.msg_id == broken).count(),
+        3,
+        "500: max-attempts"
+    );
+    let order = delivered_order(&hits);
+    assert_eq!((order[&k1].clone(), order[&k2].clone()), (vec![1], vec![1]));
+    let failed: Vec<(Uuid, i32, Option<i32>, Option<String>)> = sqlx::query_as(
+        "SELECT msg_id, attempts, last_status, last_error FROM orders.webhook_deliveries \
+         WHERE destination = 'r' AND failed_at IS NOT NULL ORDER BY outbox_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("failed");
+    assert_eq!(failed.len(), 2);
+    assert_eq!(
+        (failed[0].0, failed[0].1, failed[0].2),
+        (refused, 1, Some(422))
+    );
+    assert_eq!(
+        (failed[1].0, failed[1].1, failed[1].2),
+        (broken, 3, Some(500))
+    );
+    assert!(failed[1].3.as_deref().is_some_and(|e| e.contains("500")));
+    assert_eq!(
+        relay
+            .metric(r#"relay_webhook_failed_total{destination="r"}"#)
+            .await,
+        2.0
+    );
+
+    // The 410: one attempt, then the destination is disabled.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            count(&pool, "SELECT count(*) FROM orders.webhook_destinations WHERE destination = 'gone' AND disabled_at IS NOT NULL").await == 1
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        gone.hits().len(),
+        1,
+        "nothing more is sent to a disabled destination"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM orders.webhook_deliveries WHERE destination = 'gone' AND delivered_at IS NULL AND failed_at IS NULL").await,
+        4,
+        "its deliveries wait"
+    );
+    relay.stop().await;
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured_and_a_slow_destination_delays_no_other() {
+    let db = TestDb::create().await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let keys: Vec<Uuid> = (0..20).map(|_| Uuid::now_v7()).collect();
+    for key in &keys {
+        enqueue(&pool, *key, 0).await;
+    }
+    // Slower than its timeout, every time.
+    let (slow, slow_url) = Receiver::start(|_| Reply {
+        delay: Duration::from_secs(5),
+        ..Reply::OK
+    })
+    .await;
+    // 429 with Retry-After: 1 on each first attempt.
+    let (busy, busy_url) = Receiver::start(|h| {
+        if h.nth == 1 {
+            Reply {
+                retry_after: Some(1),
+                ..Reply::status(429)
+            }
+        } else {
+            Reply::OK
+        }
+    })
+    .await;
+    let (fast, fast_url) = Receiver::start(|_| Reply::OK).await;
+    let started = Instant::now();
+    let relay = Relay::spawn(config(
+        &db,
+        vec![
+            slow.destination("slow", &slow_url, ",timeout=1s,concurrency=2"),
+            busy.destination("busy", &busy_url, ""),
+            fast.destination("fast", &fast_url, ""),
+        ],
+        0.001,
+    ))
+    .await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            count(&pool, "SELECT count(*) FROM orders.webhook_deliveries WHERE destination = 'fast' AND delivered_at IS NOT NULL").await == 20
+        })
+        .await
+    );
+    let fast_done = started.elapsed();
+    assert!(
+        fast_done < Duration::from_secs(5),
+        "the fast destination finished in {fast_done:?} beside a slow one"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM orders.webhook_deliveries WHERE destination = 'slow' AND delivered_at IS NOT NULL").await,
+        0,
+        "the slow one answers after its timeout: never delivered"
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            count(&pool, "SELECT count(*) FROM orders.webhook_deliveries WHERE destination = 'busy' AND delivered_at IS NOT NULL").await == 20
+        })
+        .await
+    );
+    let hits = busy.hits();
+    for key in &keys {
+        let tries: Vec<&Hit> = hits.iter().filter(|h| h.key == *key).collect();
+        assert_eq!(tries.len(), 2);
+        let waited = tries[1].at - tries[0].at;
+        // The schedule's 5 ms (scaled) would retry at once: Retry-After rules.
+        assert!(waited >= Duration::from_millis(950), "waited {waited:?}");
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            count(&pool, "SELECT count(*) FROM orders.webhook_deliveries WHERE destination = 'slow' AND last_error LIKE 'timed out%' AND last_status IS NULL").await > 0
+        })
+        .await,
+        "an attempt past its timeout is recorded as timed out"
+    );
+    relay.stop().await;
+}
+
+/// The relay binary SIGKILLs itself after a 2xx and before marking the
+/// delivery (crash point `deliver`): the next life delivers it again, so the
+/// receiver sees it twice (its inbox makes that a no-op), and nothing is
+/// lost.
+#[tokio::test]
+async fn a_sender_killed_after_the_2xx_delivers_again() {
+    let db = TestDb::create().await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let key = Uuid::now_v7();
+    for seq in 0..3 {
+        enqueue(&pool, key, seq).await;
+    }
+    let (r, url) = Receiver::start(|_| Reply::OK).await;
+    let spawn = |crash: bool| {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_relay"));
+        child
+            .env("DATABASE_URL", db.url_as(ServiceRole::Relay))
+            .env("RELAY_SINK", "http")
+            .env(
+                "RELAY_WEBHOOK_DESTINATIONS",
+                format!("r={url},secret={},timeout=1s", r.secret.to_whsec()),
+            )
+            .env("RELAY_METRICS_ADDR", "127.0.0.1:0")
+            .env("RELAY_POLL_INTERVAL_MS", "100")
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        if crash {
+            child.env("CRASH_POINT", "deliver").env("CRASH_EVERY", "1");
+        }
+        child.spawn().expect("spawn relay")
+    };
+    let mut dying = spawn(true);
+    let status = tokio::time::timeout(Duration::from_secs(30), dying.wait())
+        .await
+        .expect("dies at its crash point")
+        .expect("wait");
+    assert!(!status.success());
+    assert_eq!(r.hits().len(), 1, "the first event reached the receiver");
+    // The lease (timeout 1 s + 5 s) runs out, then the next life sends it again.
+    let mut next = spawn(false);
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            count(&pool, OPEN).await == 0
+        })
+        .await
+    );
+    next.kill().await.expect("kill");
+    let hits = r.hits();
+    assert_eq!(hits.len(), 4, "the first event twice, then the others");
+    assert_eq!(hits[0].msg_id, hits[1].msg_id);
+    assert_eq!(delivered_order(&hits)[&key], vec![0, 1, 2]);
+}
+
+#[tokio::test]
+async fn the_http_sink_without_a_destination_or_with_wal_is_refused() {
+    let db = TestDb::create().await;
+    let mut c = config(&db, Vec::new(), 1.0);
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let error = run(c.clone(), listener, CancellationToken::new())
+        .await
+        .expect_err("refused");
+    assert!(
+        error.to_string().contains("--webhook-destination"),
+        "{error}"
+    );
+    let (r, url) = Receiver::start(|_| Reply::OK).await;
+    c.webhook_destination = vec![r.destination("r", &url, "")];
+    c.mode = Mode::Wal;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let error = run(c, listener, CancellationToken::new())
+        .await
+        .expect_err("refused");
+    assert!(error.to_string().contains("--mode poll"), "{error}");
+}

@@ -59,6 +59,10 @@ use crate::outbox::{PendingRow, SHARDS};
     about = "Outbox relay: publishes committed outbox rows to Kafka at least once, in per-key order"
 )]
 pub struct Config {
+    /// An operator's command instead of running the relay.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     #[command(flatten)]
     pub db: DbArgs,
 
@@ -168,6 +172,14 @@ pub struct Config {
     #[arg(long, env = "RELAY_WEBHOOK_SCHEDULE_SCALE", default_value_t = 1.0,
           value_parser = parse_scale)]
     pub webhook_schedule_scale: f64,
+}
+
+/// The relay's operator commands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// The webhook deliveries of `--sink http`.
+    #[command(subcommand)]
+    Webhooks(webhooks::Admin),
 }
 
 fn parse_scale(s: &str) -> Result<f64, String> {

@@ -7,6 +7,12 @@ use tokio::net::TcpListener;
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     effectively::telemetry::init();
+    if let Some(relay::Command::Webhooks(admin)) = &config.command {
+        let pool = effectively::db::connect(&config.db, relay::session_limits(&config)).await?;
+        let result = admin.run(&pool).await;
+        pool.close().await;
+        return result.map(|text| print!("{text}"));
+    }
     let metrics = TcpListener::bind(config.metrics_addr)
         .await
         .with_context(|| format!("bind metrics {}", config.metrics_addr))?;

@@ -864,6 +864,132 @@ pub async fn expire(pool: &PgPool, batch: i32) -> sqlx::Result<i32> {
     Ok(i32::try_from(n).unwrap_or(i32::MAX))
 }
 
+/// `relay webhooks ...`: what an operator does with the deliveries.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Admin {
+    /// Sends failed deliveries again: each becomes pending with its attempts
+    /// reset (its `replays` counts this). A replayed delivery goes after any
+    /// later event of its key that was delivered meanwhile. Running relays
+    /// take them within their poll interval.
+    Replay {
+        /// Replay the failed deliveries (required: the only selection so far).
+        #[arg(long, required = true)]
+        failed: bool,
+        /// Only this destination's.
+        #[arg(long)]
+        destination: Option<String>,
+        /// Only those that failed since: an RFC 3339 time
+        /// (2026-11-24T08:00:00Z) or a duration ago (90m, 2h, 1d).
+        #[arg(long, value_parser = parse_since)]
+        since: Option<DateTime<Utc>>,
+    },
+    /// Enables a destination a 410 Gone disabled; its waiting deliveries go.
+    Enable {
+        /// The destination.
+        #[arg(long)]
+        destination: String,
+    },
+    /// Each destination's deliveries: pending, delivered, failed, and
+    /// whether it is disabled.
+    Status,
+}
+
+/// `--since`: an RFC 3339 time, or a duration before now.
+fn parse_since(s: &str) -> Result<DateTime<Utc>, String> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(s.trim()) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    let ago = humantime::parse_duration(s.trim()).map_err(|_| {
+        format!("{s:?}: an RFC 3339 time (2026-11-24T08:00:00Z) or a duration ago (90m, 2h, 1d)")
+    })?;
+    chrono::Duration::from_std(ago)
+        .ok()
+        .and_then(|d| Utc::now().checked_sub_signed(d))
+        .ok_or_else(|| format!("{s:?}: too far back"))
+}
+
+impl Admin {
+    /// Runs the command; returns what to print.
+    pub async fn run(&self, pool: &PgPool) -> anyhow::Result<String> {
+        match self {
+            Admin::Replay {
+                failed: _,
+                destination,
+                since,
+            } => {
+                let n = replay_failed(pool, destination.as_deref(), *since).await?;
+                Ok(format!("{n} failed deliveries queued again\n"))
+            }
+            Admin::Enable { destination } => {
+                let was = sqlx::query_scalar!(
+                    "UPDATE orders.webhook_destinations SET disabled_at = NULL, reason = NULL \
+                     WHERE destination = $1 RETURNING destination",
+                    destination
+                )
+                .fetch_optional(pool)
+                .await?;
+                match was {
+                    Some(_) => Ok(format!("destination {destination} enabled\n")),
+                    None => anyhow::bail!(
+                        "no destination {destination:?} (relay webhooks status lists them)"
+                    ),
+                }
+            }
+            Admin::Status => {
+                let rows = sqlx::query!(
+                    r#"SELECT w.destination AS "destination!", w.disabled_at, w.reason,
+                              count(d.outbox_id) FILTER (WHERE d.delivered_at IS NULL AND d.failed_at IS NULL) AS "pending!",
+                              count(d.outbox_id) FILTER (WHERE d.delivered_at IS NOT NULL) AS "delivered!",
+                              count(d.outbox_id) FILTER (WHERE d.failed_at IS NOT NULL) AS "failed!"
+                       FROM orders.webhook_destinations w
+                       LEFT JOIN orders.webhook_deliveries d ON d.destination = w.destination
+                       GROUP BY w.destination, w.disabled_at, w.reason ORDER BY w.destination"#
+                )
+                .fetch_all(pool)
+                .await?;
+                let mut out = format!(
+                    "{:<24} {:>10} {:>12} {:>8}  state\n",
+                    "destination", "pending", "delivered", "failed"
+                );
+                for r in rows {
+                    let state = match r.disabled_at {
+                        Some(at) => {
+                            format!("disabled since {at}: {}", r.reason.unwrap_or_default())
+                        }
+                        None => "enabled".to_owned(),
+                    };
+                    out.push_str(&format!(
+                        "{:<24} {:>10} {:>12} {:>8}  {state}\n",
+                        r.destination, r.pending, r.delivered, r.failed
+                    ));
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// Makes failed deliveries pending again (of `destination`, failed since
+/// `since`, when given); returns how many.
+pub async fn replay_failed(
+    pool: &PgPool,
+    destination: Option<&str>,
+    since: Option<DateTime<Utc>>,
+) -> sqlx::Result<u64> {
+    Ok(sqlx::query!(
+        "UPDATE orders.webhook_deliveries SET failed_at = NULL, attempts = 0, \
+           next_attempt_at = now(), replays = replays + 1 \
+         WHERE failed_at IS NOT NULL \
+           AND ($1::text IS NULL OR destination = $1) \
+           AND ($2::timestamptz IS NULL OR failed_at >= $2)",
+        destination,
+        since
+    )
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
 /// The start of an error answer's body, for `last_error`.
 async fn error_body(response: reqwest::Response) -> String {
     match response.bytes().await {

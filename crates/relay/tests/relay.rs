@@ -20,6 +20,7 @@ use uuid::Uuid;
 fn config(db: &TestDb, topic: &TestTopic, workers: u16, batch_size: i64) -> Config {
     let db_args = DbArgs::for_url(db.url_as(ServiceRole::Relay));
     Config {
+        command: None,
         db: db_args,
         kafka: topic.kafka_args(),
         crash: CrashArgs::default(),

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,7 @@ use effectively::envelope::Envelope;
 use effectively::outbox::{Outbox, OutboxMessage};
 use effectively::testing::{TestDb, eventually, series_value};
 use effectively::webhook::{self, Secret};
-use relay::webhooks::Destination;
+use relay::webhooks::{Admin, Destination};
 use relay::{Config, Mode, Sink, run};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -153,6 +154,7 @@ async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> 
 
 fn config(db: &TestDb, destinations: Vec<Destination>, scale: f64) -> Config {
     Config {
+        command: None,
         db: DbArgs::for_url(db.url_as(ServiceRole::Relay)),
         // Nothing listens there: the http sink never asks a broker.
         kafka: KafkaArgs {
@@ -450,8 +452,12 @@ async fn refusals_and_exhausted_retries_fail_and_gone_disables_the_destination()
     enqueue(&pool, k1, 1).await;
     let broken = enqueue(&pool, k2, 0).await;
     enqueue(&pool, k2, 1).await;
+    let healed = Arc::new(AtomicBool::new(false));
+    let h1 = healed.clone();
     let (r, url) = Receiver::start(move |h| {
-        if h.msg_id == refused {
+        if h1.load(Ordering::SeqCst) {
+            Reply::OK
+        } else if h.msg_id == refused {
             Reply::status(422)
         } else if h.msg_id == broken {
             Reply::status(500)
@@ -460,7 +466,15 @@ async fn refusals_and_exhausted_retries_fail_and_gone_disables_the_destination()
         }
     })
     .await;
-    let (gone, gone_url) = Receiver::start(|_| Reply::status(410)).await;
+    let h2 = healed.clone();
+    let (gone, gone_url) = Receiver::start(move |_| {
+        if h2.load(Ordering::SeqCst) {
+            Reply::OK
+        } else {
+            Reply::status(410)
+        }
+    })
+    .await;
     let relay = Relay::spawn(config(
         &db,
         vec![
@@ -530,6 +544,63 @@ async fn refusals_and_exhausted_retries_fail_and_gone_disables_the_destination()
         count(&pool, "SELECT count(*) FROM orders.webhook_deliveries WHERE destination = 'gone' AND delivered_at IS NULL AND failed_at IS NULL").await,
         4,
         "its deliveries wait"
+    );
+
+    // The receivers are fixed: the operator replays the failed deliveries
+    // and enables the destination; everything is delivered.
+    healed.store(true, Ordering::SeqCst);
+    let as_relay = PgPool::connect(&db.url_as(ServiceRole::Relay))
+        .await
+        .expect("connect as relay");
+    let replay = Admin::Replay {
+        failed: true,
+        destination: Some("r".into()),
+        since: None,
+    };
+    assert_eq!(
+        replay.run(&as_relay).await.expect("replay"),
+        "2 failed deliveries queued again\n"
+    );
+    let enable = Admin::Enable {
+        destination: "gone".into(),
+    };
+    assert_eq!(
+        enable.run(&as_relay).await.expect("enable"),
+        "destination gone enabled\n"
+    );
+    assert!(
+        Admin::Enable {
+            destination: "nowhere".into()
+        }
+        .run(&as_relay)
+        .await
+        .is_err()
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            count(
+                &pool,
+                "SELECT count(*) FROM orders.webhook_deliveries WHERE delivered_at IS NOT NULL",
+            )
+            .await
+                == 8
+        })
+        .await
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM orders.webhook_deliveries WHERE replays = 1"
+        )
+        .await,
+        2
+    );
+    let status = Admin::Status.run(&as_relay).await.expect("status");
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("gone ") && l.contains(" 4 ") && l.ends_with("enabled")),
+        "{status}"
     );
     relay.stop().await;
 }

@@ -52,8 +52,9 @@ pub const DEAD_LETTERS_SQL: &str = include_str!("sql/dead_letters.sql");
 
 /// Pipeline drained: nothing in the outbox that the relay will still
 /// publish (rows marked failed, and the later rows of their keys that they
-/// hold back, never will), and every published event consumed: in the
-/// inbox, or a dead letter.
+/// hold back, never will), every published event consumed (in the inbox, a
+/// dead letter, or a webhook delivery the sender gave up), and no webhook
+/// claimed and not applied.
 pub const DRAINED_SQL: &str = include_str!("sql/drained.sql");
 
 /// The counts of one order-id range ([`PART_SQL`]); every field adds up
@@ -291,6 +292,12 @@ pub struct Report {
     /// Of those, the late duplicates: refused after the dedup horizon, and
     /// their msg_id is the one that charged the order they name.
     pub late_duplicates: i64,
+    /// Webhook deliveries the sender gave up (`relay --sink http`).
+    pub failed_deliveries: i64,
+    /// Webhook deliveries neither delivered nor failed.
+    pub open_deliveries: i64,
+    /// Webhooks the receiver claimed and has not applied yet.
+    pub unprocessed_webhooks: i64,
     /// Sum of order amounts.
     pub order_amount_cents: i64,
     /// Sum of charge amounts.
@@ -307,6 +314,12 @@ pub struct DeadLetters {
     /// Refused after the dedup horizon, and their msg_id is the one that
     /// charged the order they name: redeliveries of an applied effect.
     pub late_duplicates: i64,
+    /// The webhook hop: deliveries the sender gave up.
+    pub failed_deliveries: i64,
+    /// The webhook hop: deliveries neither delivered nor failed.
+    pub open_deliveries: i64,
+    /// The webhook hop: claimed by the receiver, not applied yet.
+    pub unprocessed_webhooks: i64,
 }
 
 impl DeadLetters {
@@ -375,6 +388,9 @@ impl Report {
             effect_mismatches: p.effect_mismatches,
             dead_letters: dead.dead_letters,
             late_duplicates: dead.late_duplicates,
+            failed_deliveries: dead.failed_deliveries,
+            open_deliveries: dead.open_deliveries,
+            unprocessed_webhooks: dead.unprocessed_webhooks,
             order_amount_cents: p.order_amount,
             charge_amount_cents: p.charge_amount,
             effect_amount_cents: p.effect_amount,
@@ -405,6 +421,8 @@ impl Report {
             d("orders_with_many_events", self.orders_with_many_events),
             d("event_payload_mismatches", self.event_payload_mismatches),
             d("pending_rows", self.pending_rows - self.failed_rows),
+            d("open_deliveries", self.open_deliveries),
+            d("unprocessed_webhooks", self.unprocessed_webhooks),
             d("events_not_consumed", self.events_not_consumed),
             d("inbox_without_event", self.inbox_without_event),
             d(
@@ -438,6 +456,7 @@ impl Report {
         ];
         if !policy.allow_dead_letters {
             deltas.push(d("failed_rows", self.failed_rows));
+            deltas.push(d("failed_deliveries", self.failed_deliveries));
             deltas.push(d(
                 "dead_letters - late_duplicates",
                 self.dead_letters - self.late_duplicates,
@@ -463,7 +482,7 @@ impl Report {
 
     /// The human table.
     pub fn table(&self, policy: Policy) -> String {
-        let rows: [(&str, i64); 32] = [
+        let rows: [(&str, i64); 35] = [
             ("intents (idempotency keys)", self.intents),
             ("distinct orders", self.distinct_orders),
             ("intents without order", self.intents_without_order),
@@ -496,6 +515,9 @@ impl Report {
             ("effect mismatches", self.effect_mismatches),
             ("dead letters", self.dead_letters),
             ("late duplicates (dead letters)", self.late_duplicates),
+            ("failed webhook deliveries", self.failed_deliveries),
+            ("open webhook deliveries", self.open_deliveries),
+            ("webhooks claimed, not applied", self.unprocessed_webhooks),
             ("order amount (cents)", self.order_amount_cents),
             ("charge amount (cents)", self.charge_amount_cents),
             ("effect amount (cents)", self.effect_amount_cents),

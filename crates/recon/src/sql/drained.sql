@@ -15,5 +15,10 @@ SELECT
                                               ORDER BY p.lo LIMIT 1),
                                              '00000000-0000-0000-0000-000000000000')
                     AND NOT EXISTS (SELECT 1 FROM payments.inbox i WHERE i.msg_id = x.msg_id)
-                    AND NOT EXISTS (SELECT 1 FROM payments.dead_letters d WHERE d.msg_id = x.msg_id))
+                    AND NOT EXISTS (SELECT 1 FROM payments.dead_letters d WHERE d.msg_id = x.msg_id)
+                    -- over HTTP: a delivery the sender gave up never arrives
+                    AND NOT EXISTS (SELECT 1 FROM orders.webhook_deliveries w
+                                    WHERE w.msg_id = x.msg_id AND w.failed_at IS NOT NULL))
+  -- over HTTP: nothing claimed by the receiver and not yet applied
+  AND NOT EXISTS (SELECT 1 FROM payments.webhook_inbox i WHERE i.processed_at IS NULL)
   AS "drained!"

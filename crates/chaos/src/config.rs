@@ -41,6 +41,17 @@ impl Fault {
     }
 }
 
+/// How the events cross from the relay to payments (`--transport`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// Kafka: relay publishes to KAFKA_TOPIC, payments consumes it.
+    #[default]
+    Kafka,
+    /// Signed webhooks: relay --sink http delivers to payments --source http.
+    Http,
+}
+
 /// Chaos: the pipeline under load, duplicates and kill -9, then recon's proof.
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -187,6 +198,30 @@ pub struct Config {
     #[arg(long, env = "CHAOS_UNSAFE_SPLIT_TXN", value_enum)]
     pub unsafe_split_txn: Option<SplitTxn>,
 
+    // --- transport ----------------------------------------------------------
+    /// How events go from the relay to payments: `kafka`, or `http` (relay
+    /// --sink http delivers signed webhooks to payments --source http on
+    /// --webhook-addr; crash points `deliver` and `respond` exist there,
+    /// `publish` and the broker's faults do not, and the duplicates come
+    /// from the sender's retries and the crashes rather than --dup-rate).
+    #[arg(long, env = "CHAOS_TRANSPORT", value_enum, default_value_t = Transport::Kafka)]
+    pub transport: Transport,
+
+    /// `--transport http`: the address payments receives webhooks on.
+    #[arg(long, env = "CHAOS_WEBHOOK_ADDR", default_value = "127.0.0.1:18403")]
+    pub webhook_addr: SocketAddr,
+
+    /// `--transport http`: the relay's retry schedule scaled by this (0.01
+    /// turns 5 s, 30 s, 5 min into 50 ms, 300 ms, 3 s), so a run of minutes
+    /// sees its retries.
+    #[arg(long, env = "CHAOS_WEBHOOK_SCHEDULE_SCALE", default_value_t = 1.0)]
+    pub webhook_schedule_scale: f64,
+
+    /// `--transport http`: the signing secret relay and payments share
+    /// (`whsec_...`). Default: a fresh one per run.
+    #[arg(long, env = "CHAOS_WEBHOOK_SECRET", hide_env_values = true)]
+    pub webhook_secret: Option<effectively::webhook::Secret>,
+
     // --- services -----------------------------------------------------------
     /// Orders HTTP address.
     #[arg(long, env = "CHAOS_HTTP_ADDR", default_value = "127.0.0.1:18480")]
@@ -273,6 +308,46 @@ impl Config {
                     "--crash-point split exists only with --unsafe-split-txn (the counter-example)"
                         .into(),
                 );
+            }
+        }
+        let http = self.transport == Transport::Http;
+        for &point in &self.crash_point {
+            let needs_http = matches!(point, CrashPoint::Deliver | CrashPoint::Respond);
+            if needs_http && !http {
+                return Err(format!(
+                    "--crash-point {} exists only with --transport http",
+                    point.as_str()
+                ));
+            }
+            if http && matches!(point, CrashPoint::Publish | CrashPoint::Split) {
+                return Err(format!(
+                    "--crash-point {} does not exist with --transport http (the relay's fan-out \
+                     is one transaction; its window is `deliver`)",
+                    point.as_str()
+                ));
+            }
+        }
+        if http {
+            if self.dup_rate > 0.0 {
+                return Err(
+                    "--dup-rate injects Kafka redeliveries; with --transport http the \
+                            sender's retries and the crash points make the duplicates"
+                        .into(),
+                );
+            }
+            for fault in [Fault::BrokerKill, Fault::OffsetReset] {
+                if self.fault.contains(&fault) {
+                    return Err(format!(
+                        "--fault {} needs --transport kafka (no broker in the http pipeline)",
+                        fault.as_str()
+                    ));
+                }
+            }
+            if !(self.webhook_schedule_scale > 0.0 && self.webhook_schedule_scale <= 1.0) {
+                return Err(format!(
+                    "--webhook-schedule-scale must be over 0 and at most 1, got {}",
+                    self.webhook_schedule_scale
+                ));
             }
         }
         if self.fault.contains(&Fault::RelayPause) && self.relay_pause_ms < 2_000 {
@@ -373,6 +448,50 @@ mod tests {
             Some("publish")
         );
         assert_eq!(c.fault.len(), 4);
+        let http = parse(&[
+            "--transport",
+            "http",
+            "--crash-point",
+            "deliver,respond,commit",
+            "--crash-every",
+            "9",
+            "--fault",
+            "pg-crash,relay-pause",
+        ]);
+        assert!(http.validate().is_ok());
+        assert_eq!(
+            http.crash_points_of(ServiceName::Relay).as_deref(),
+            Some("deliver")
+        );
+        for (args, wanted) in [
+            (
+                &["--crash-point", "deliver", "--crash-every", "3"][..],
+                "--transport http",
+            ),
+            (
+                &[
+                    "--transport",
+                    "http",
+                    "--crash-point",
+                    "publish",
+                    "--crash-every",
+                    "3",
+                ],
+                "deliver",
+            ),
+            (&["--transport", "http", "--dup-rate", "0.1"], "--dup-rate"),
+            (
+                &["--transport", "http", "--fault", "broker-kill"],
+                "no broker",
+            ),
+            (
+                &["--transport", "http", "--webhook-schedule-scale", "2"],
+                "at most 1",
+            ),
+        ] {
+            let error = parse(args).validate().expect_err("refused");
+            assert!(error.contains(wanted), "{args:?}: {error}");
+        }
         let short = parse(&["--fault", "relay-pause", "--relay-pause-ms", "500"]);
         assert!(
             short

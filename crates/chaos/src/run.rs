@@ -28,8 +28,11 @@ pub const EXIT_ERROR: u8 = 2;
 const BINARIES: [&str; 5] = ["orders", "relay", "payments", "loadgen", "recon"];
 
 /// Runs one chaos experiment; returns the exit status (recon's).
-pub async fn run(config: Config, interrupt: CancellationToken) -> anyhow::Result<u8> {
+pub async fn run(mut config: Config, interrupt: CancellationToken) -> anyhow::Result<u8> {
     config.validate().map_err(anyhow::Error::msg)?;
+    if config.transport == crate::config::Transport::Http && config.webhook_secret.is_none() {
+        config.webhook_secret = Some(effectively::webhook::Secret::generate());
+    }
     if std::env::var_os(effectively::contract::env::DATABASE_URL).is_none() {
         bail!(
             "DATABASE_URL is not set (the services and recon need it; `. .stack/env` after `make up`)"
@@ -293,6 +296,12 @@ async fn random_kills(
 
 fn print_plan(config: &Config, out: &Path) {
     let mut faults = Vec::new();
+    if config.transport == crate::config::Transport::Http {
+        faults.push(format!(
+            "transport http: relay --sink http -> payments --source http on {} (retry schedule x{})",
+            config.webhook_addr, config.webhook_schedule_scale
+        ));
+    }
     if !config.crash_point.is_empty() {
         let how = match config.crash_every {
             Some(n) if n > 0 => format!("every {n} passes"),

@@ -16,7 +16,8 @@ use effectively::contract::{
     ORDERS_WRITE_ERRORS_TOTAL, PAYMENTS_AFTER_HORIZON_TOTAL, PAYMENTS_APPLIED_AFTER_HORIZON_TOTAL,
     PAYMENTS_CHARGES_TOTAL, PAYMENTS_CONSUMED_TOTAL, PAYMENTS_DEAD_LETTERS_TOTAL,
     PAYMENTS_DEDUP_HITS_TOTAL, PAYMENTS_DEDUP_MISSES_TOTAL, PAYMENTS_INJECTED_DUPLICATES_TOTAL,
-    RELAY_PUBLISHED_TOTAL, ServiceName,
+    PAYMENTS_WEBHOOK_REQUESTS_TOTAL, RELAY_PUBLISHED_TOTAL, RELAY_WEBHOOK_ATTEMPTS_TOTAL,
+    ServiceName, WEBHOOK_OUTCOME_LABEL,
 };
 
 /// The counters chaos reports: (series as exposed, summary name). The names
@@ -31,6 +32,14 @@ pub static COUNTERS: LazyLock<Vec<(String, &'static str)>> = LazyLock::new(|| {
     };
     let write_errors = |kind: &str| {
         format!("{ORDERS_WRITE_ERRORS_TOTAL}{{{ORDERS_WRITE_ERROR_LABEL}=\"{kind}\"}}")
+    };
+    let webhook_requests = |outcome: &str| {
+        format!("{PAYMENTS_WEBHOOK_REQUESTS_TOTAL}{{{WEBHOOK_OUTCOME_LABEL}=\"{outcome}\"}}")
+    };
+    let webhook_attempts = |outcome: &str| {
+        format!(
+            "{RELAY_WEBHOOK_ATTEMPTS_TOTAL}{{destination=\"payments\",{WEBHOOK_OUTCOME_LABEL}=\"{outcome}\"}}"
+        )
     };
     vec![
         (progress_counter(ServiceName::Orders), "write_batches"),
@@ -53,6 +62,12 @@ pub static COUNTERS: LazyLock<Vec<(String, &'static str)>> = LazyLock::new(|| {
         ),
         (injected(InjectedDuplicate::Reprocess), "injected_reprocess"),
         (injected(InjectedDuplicate::Redeliver), "injected_redeliver"),
+        // --transport http: retries the receiver answered as duplicates, and
+        // the sender's attempts (its one destination is `payments`).
+        (webhook_requests("duplicate"), "webhook_duplicates"),
+        (webhook_requests("accepted"), "webhook_accepted"),
+        (webhook_attempts("retry"), "webhook_retries"),
+        (webhook_attempts("failed"), "webhook_failed"),
     ]
 });
 

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use effectively::db::ServiceRole;
 
-use effectively::contract::{ServiceName, UNSAFE_SPLIT_TXN_ENV, env};
+use effectively::contract::{ServiceName, UNSAFE_SPLIT_TXN_ENV, WEBHOOK_PATH, env};
 
-use crate::config::{Config, Fault};
+use crate::config::{Config, Fault, Transport};
 use crate::supervisor::Spec;
 
 /// `DATABASE_URL` for a child running as `role`: the role's own URL
@@ -41,6 +41,23 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -
                 env::RELAY_METRICS_ADDR.into(),
                 s(&config.relay_metrics_addr),
             ));
+            if config.transport == Transport::Http {
+                env.push((env::RELAY_SINK.into(), "http".into()));
+                if let Some(secret) = &config.webhook_secret {
+                    env.push((
+                        env::RELAY_WEBHOOK_DESTINATIONS.into(),
+                        format!(
+                            "payments=http://{}{WEBHOOK_PATH},secret={}",
+                            config.webhook_addr,
+                            secret.to_whsec()
+                        ),
+                    ));
+                }
+                env.push((
+                    env::RELAY_WEBHOOK_SCHEDULE_SCALE.into(),
+                    s(&config.webhook_schedule_scale),
+                ));
+            }
             if config.fault.contains(&Fault::RelayPause) {
                 // The pause must outlast the relay's session limits.
                 env.push((
@@ -64,6 +81,13 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -
                     env::PAYMENTS_GROUP_INSTANCE_ID.into(),
                     format!("chaos-payments-{}", std::process::id()),
                 ));
+            }
+            if config.transport == Transport::Http {
+                env.push((env::PAYMENTS_SOURCE.into(), "http".into()));
+                env.push((env::PAYMENTS_WEBHOOK_ADDR.into(), s(&config.webhook_addr)));
+                if let Some(secret) = &config.webhook_secret {
+                    env.push((env::PAYMENTS_WEBHOOK_SECRET.into(), secret.to_whsec()));
+                }
             }
             if let Some(split) = config.unsafe_split_txn {
                 env.push((UNSAFE_SPLIT_TXN_ENV.into(), split.as_str().into()));
@@ -169,5 +193,42 @@ mod tests {
         );
         let orders = service(&config, dir, dir, ServiceName::Orders);
         assert!(orders.armed_env.is_empty());
+    }
+
+    #[test]
+    fn over_http_relay_and_payments_share_one_secret_and_the_address() {
+        use clap::Parser;
+        let mut config = Config::try_parse_from(["chaos", "--transport", "http"]).expect("parses");
+        let secret = effectively::webhook::Secret::generate();
+        config.webhook_secret = Some(secret.clone());
+        let dir = Path::new("/bin");
+        let get = |spec: &Spec, key: &str| {
+            spec.env
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+        };
+        let relay = service(&config, dir, dir, ServiceName::Relay);
+        let payments = service(&config, dir, dir, ServiceName::Payments);
+        assert_eq!(get(&relay, env::RELAY_SINK).as_deref(), Some("http"));
+        assert_eq!(
+            get(&relay, env::RELAY_WEBHOOK_DESTINATIONS),
+            Some(format!(
+                "payments=http://127.0.0.1:18403/webhooks/orders,secret={}",
+                secret.to_whsec()
+            ))
+        );
+        assert_eq!(
+            get(&payments, env::PAYMENTS_SOURCE).as_deref(),
+            Some("http")
+        );
+        assert_eq!(
+            get(&payments, env::PAYMENTS_WEBHOOK_SECRET),
+            Some(secret.to_whsec())
+        );
+        assert_eq!(
+            get(&payments, env::PAYMENTS_WEBHOOK_ADDR).as_deref(),
+            Some("127.0.0.1:18403")
+        );
     }
 }

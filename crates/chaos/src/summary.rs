@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use effectively::contract::{CrashPoint, ServiceName, SplitTxn};
 
-use crate::config::{Config, Fault};
+use crate::config::{Config, Fault, Transport};
 use crate::faults::FaultRecord;
 use crate::scrape;
 use crate::supervisor::{self, End, Life};
@@ -103,6 +103,10 @@ pub struct Params {
     pub static_membership: bool,
     /// Seconds recon waited for the pipeline to drain.
     pub drain_timeout_s: u64,
+    /// How events went from the relay to payments.
+    pub transport: Transport,
+    /// `http`: the factor on the relay's retry schedule.
+    pub webhook_schedule_scale: f64,
 }
 
 impl Params {
@@ -130,6 +134,8 @@ impl Params {
             unsafe_split_txn: config.unsafe_split_txn,
             static_membership: config.static_membership,
             drain_timeout_s: config.drain_timeout,
+            transport: config.transport,
+            webhook_schedule_scale: config.webhook_schedule_scale,
         }
     }
 }
@@ -404,6 +410,15 @@ pub fn print(summary: &Summary, path: &Path) {
         t("published"),
         t("consumed"),
     );
+    if summary.params.transport == Transport::Http {
+        println!(
+            "webhooks: accepted {}, answered as duplicates {}; sender retries {}, given up {}",
+            t("webhook_accepted"),
+            t("webhook_duplicates"),
+            t("webhook_retries"),
+            t("webhook_failed"),
+        );
+    }
     if !summary.faults.is_empty() {
         println!(
             "{:<13} {:>8} {:>10} {:>24} {:>24}",
@@ -576,6 +591,8 @@ mod tests {
                 "unsafe_split_txn": null,
                 "static_membership": config.static_membership,
                 "drain_timeout_s": config.drain_timeout,
+                "transport": "kafka",
+                "webhook_schedule_scale": 1.0,
             },
             "kills_total": 1,
             "faults": {

@@ -228,6 +228,18 @@ pub mod env {
     pub const PAYMENTS_DUP_RATE: &str = "PAYMENTS_DUP_RATE";
     /// Payments: the kind of injected duplicates.
     pub const PAYMENTS_DUP_KIND: &str = "PAYMENTS_DUP_KIND";
+    /// Relay: where the outbox goes (`kafka`, `http`).
+    pub const RELAY_SINK: &str = "RELAY_SINK";
+    /// Relay `--sink http`: the destinations (`;`-separated).
+    pub const RELAY_WEBHOOK_DESTINATIONS: &str = "RELAY_WEBHOOK_DESTINATIONS";
+    /// Relay `--sink http`: the factor on every scheduled retry wait.
+    pub const RELAY_WEBHOOK_SCHEDULE_SCALE: &str = "RELAY_WEBHOOK_SCHEDULE_SCALE";
+    /// Payments: where the events come from (`kafka`, `http`).
+    pub const PAYMENTS_SOURCE: &str = "PAYMENTS_SOURCE";
+    /// Payments `--source http`: the webhook listen address.
+    pub const PAYMENTS_WEBHOOK_ADDR: &str = "PAYMENTS_WEBHOOK_ADDR";
+    /// Payments `--source http`: the signing secrets (comma-separated).
+    pub const PAYMENTS_WEBHOOK_SECRET: &str = "PAYMENTS_WEBHOOK_SECRET";
     /// The crash points armed in a service (a list).
     pub const CRASH_POINT: &str = "CRASH_POINT";
     /// Fire every Nth pass of an armed point.
@@ -296,6 +308,15 @@ pub const PAYMENTS_CONSUMED_TOTAL: &str = "payments_consumed_total";
 pub const PAYMENTS_DEDUP_HITS_TOTAL: &str = "payments_dedup_hits_total";
 /// Payments: messages whose msg_id was new (claimed and charged).
 pub const PAYMENTS_DEDUP_MISSES_TOTAL: &str = "payments_dedup_misses_total";
+/// Payments `--source http`: webhook requests, by [`WEBHOOK_OUTCOME_LABEL`]
+/// (`accepted`, `duplicate`, ...).
+pub const PAYMENTS_WEBHOOK_REQUESTS_TOTAL: &str = "payments_webhook_requests_total";
+/// Relay `--sink http`: delivery attempts, by `destination` and
+/// [`WEBHOOK_OUTCOME_LABEL`] (`delivered`, `retry`, `failed`, `gone`).
+pub const RELAY_WEBHOOK_ATTEMPTS_TOTAL: &str = "relay_webhook_attempts_total";
+/// The outcome label of [`PAYMENTS_WEBHOOK_REQUESTS_TOTAL`] and
+/// [`RELAY_WEBHOOK_ATTEMPTS_TOTAL`].
+pub const WEBHOOK_OUTCOME_LABEL: &str = "outcome";
 /// Payments: charges written.
 pub const PAYMENTS_CHARGES_TOTAL: &str = "payments_charges_total";
 /// Payments: messages dead-lettered, every kind.

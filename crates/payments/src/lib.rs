@@ -69,7 +69,7 @@ pub struct Config {
     /// Where the events come from: `kafka` (consume `order.events`) or
     /// `http` (receive them as signed webhooks, POST /webhooks/orders on
     /// --webhook-addr, from `relay --sink http`).
-    #[arg(long, env = "PAYMENTS_SOURCE", value_enum, default_value_t = Transport::Kafka)]
+    #[arg(long, env = effectively::contract::env::PAYMENTS_SOURCE, value_enum, default_value_t = Transport::Kafka)]
     pub source: Transport,
 
     #[command(flatten)]

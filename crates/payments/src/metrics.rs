@@ -4,7 +4,7 @@ use effectively::contract::{
     INJECTED_DUPLICATE_LABEL, InjectedDuplicate, PAYMENTS_AFTER_HORIZON_TOTAL,
     PAYMENTS_APPLIED_AFTER_HORIZON_TOTAL, PAYMENTS_CHARGES_TOTAL, PAYMENTS_CONSUMED_TOTAL,
     PAYMENTS_DEAD_LETTERS_TOTAL, PAYMENTS_DEDUP_HITS_TOTAL, PAYMENTS_DEDUP_MISSES_TOTAL,
-    PAYMENTS_INJECTED_DUPLICATES_TOTAL,
+    PAYMENTS_INJECTED_DUPLICATES_TOTAL, PAYMENTS_WEBHOOK_REQUESTS_TOTAL, WEBHOOK_OUTCOME_LABEL,
 };
 use effectively::metrics::LATENCY_BUCKETS;
 use prometheus::{
@@ -206,10 +206,10 @@ impl PaymentsMetrics {
             )?,
             webhook_requests_total: IntCounterVec::new(
                 Opts::new(
-                    "payments_webhook_requests_total",
+                    PAYMENTS_WEBHOOK_REQUESTS_TOTAL,
                     "Webhook requests (--source http) by outcome",
                 ),
-                &["outcome"],
+                &[WEBHOOK_OUTCOME_LABEL],
             )?,
             webhook_request_duration_seconds: Histogram::with_opts(
                 HistogramOpts::new(

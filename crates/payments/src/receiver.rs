@@ -62,7 +62,7 @@ pub const MAX_BODY_BYTES: usize = 1 << 20;
 #[derive(Debug, Clone, Args)]
 pub struct WebhookArgs {
     /// Address serving POST /webhooks/orders (with --source http).
-    #[arg(long, env = "PAYMENTS_WEBHOOK_ADDR", default_value = "127.0.0.1:9103")]
+    #[arg(long, env = effectively::contract::env::PAYMENTS_WEBHOOK_ADDR, default_value = "127.0.0.1:9103")]
     pub webhook_addr: SocketAddr,
 
     /// The signing secrets (`whsec_<base64>`, comma-separated): a request
@@ -70,7 +70,7 @@ pub struct WebhookArgs {
     /// without downtime. Required with --source http.
     #[arg(
         long,
-        env = "PAYMENTS_WEBHOOK_SECRET",
+        env = effectively::contract::env::PAYMENTS_WEBHOOK_SECRET,
         value_delimiter = ',',
         hide_env_values = true
     )]

@@ -149,7 +149,7 @@ pub struct Config {
     /// --webhook-destination, each at least once, in per-key order per
     /// destination, retried on a schedule of 5s, 30s, 5m, 30m, then 4h, with
     /// jitter, up to 8 attempts (then `failed`). Needs --mode poll.
-    #[arg(long, env = "RELAY_SINK", value_enum, default_value_t = Sink::Kafka)]
+    #[arg(long, env = effectively::contract::env::RELAY_SINK, value_enum, default_value_t = Sink::Kafka)]
     pub sink: Sink,
 
     /// `--sink http`: a destination, `NAME=URL,secret=whsec_...` with
@@ -160,7 +160,7 @@ pub struct Config {
     /// separate them with `;`.
     #[arg(
         long,
-        env = "RELAY_WEBHOOK_DESTINATIONS",
+        env = effectively::contract::env::RELAY_WEBHOOK_DESTINATIONS,
         value_delimiter = ';',
         hide_env_values = true
     )]
@@ -169,7 +169,7 @@ pub struct Config {
     /// `--sink http`, for tests and experiments: every scheduled retry wait
     /// is multiplied by this (0.001 turns 4 h into 14 s). 1 for real: the
     /// receivers' dedup horizon assumes the real schedule.
-    #[arg(long, env = "RELAY_WEBHOOK_SCHEDULE_SCALE", default_value_t = 1.0,
+    #[arg(long, env = effectively::contract::env::RELAY_WEBHOOK_SCHEDULE_SCALE, default_value_t = 1.0,
           value_parser = parse_scale)]
     pub webhook_schedule_scale: f64,
 }

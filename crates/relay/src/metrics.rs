@@ -1,6 +1,8 @@
 //! The relay's Prometheus metrics.
 
-use effectively::contract::RELAY_PUBLISHED_TOTAL;
+use effectively::contract::{
+    RELAY_PUBLISHED_TOTAL, RELAY_WEBHOOK_ATTEMPTS_TOTAL, WEBHOOK_OUTCOME_LABEL,
+};
 use effectively::metrics::LATENCY_BUCKETS;
 use prometheus::{
     Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
@@ -151,10 +153,10 @@ impl RelayMetrics {
             )?,
             relay_webhook_attempts_total: IntCounterVec::new(
                 Opts::new(
-                    "relay_webhook_attempts_total",
+                    RELAY_WEBHOOK_ATTEMPTS_TOTAL,
                     "--sink http: delivery attempts by destination and outcome",
                 ),
-                &["destination", "outcome"],
+                &["destination", WEBHOOK_OUTCOME_LABEL],
             )?,
             relay_webhook_failed_total: IntCounterVec::new(
                 Opts::new(

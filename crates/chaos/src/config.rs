@@ -27,6 +27,18 @@ pub enum Fault {
     /// payments is stopped (SIGTERM), the offsets are committed as the
     /// group's (`kafka-tool offsets reset`), and payments is started again.
     OffsetReset,
+    /// `--transport http`: the webhook receiver (payments) stopped for
+    /// `--fault-down-ms`, then started again; the sender's attempts fail
+    /// meanwhile and are retried on its schedule.
+    ReceiverDown,
+    /// `--transport http`: chaos's proxy answers every webhook 500 for
+    /// `--fault-down-ms`, without passing it on.
+    ReceiverErrors,
+    /// `--transport http`: chaos's proxy holds every webhook past the
+    /// sender's timeout (`--webhook-timeout-ms` + 1 s) for `--fault-down-ms`,
+    /// then passes it on: the receiver applies it, the sender has given up on
+    /// the attempt, and its retry is a duplicate.
+    ReceiverSlow,
 }
 
 impl Fault {
@@ -37,7 +49,18 @@ impl Fault {
             Self::BrokerKill => "broker-kill",
             Self::RelayPause => "relay-pause",
             Self::OffsetReset => "offset-reset",
+            Self::ReceiverDown => "receiver-down",
+            Self::ReceiverErrors => "receiver-errors",
+            Self::ReceiverSlow => "receiver-slow",
         }
+    }
+
+    /// Whether this fault exists only with `--transport http`.
+    pub fn needs_http(self) -> bool {
+        matches!(
+            self,
+            Self::ReceiverDown | Self::ReceiverErrors | Self::ReceiverSlow
+        )
     }
 }
 
@@ -143,7 +166,8 @@ pub struct Config {
     pub kill_interval_ms: (u64, u64),
 
     /// Infrastructure faults (comma list of pg-crash, broker-kill,
-    /// relay-pause, offset-reset), injected one at a time in turn, each after
+    /// relay-pause, offset-reset; with --transport http also receiver-down,
+    /// receiver-errors, receiver-slow), injected one at a time in turn, each after
     /// a pause drawn from `--fault-interval-ms`, while the load runs. Chaos
     /// does not restart the services for them (offset-reset excepted: see
     /// its doc); it records each fault's outage and the time until the whole
@@ -216,6 +240,21 @@ pub struct Config {
     /// sees its retries.
     #[arg(long, env = "CHAOS_WEBHOOK_SCHEDULE_SCALE", default_value_t = 1.0)]
     pub webhook_schedule_scale: f64,
+
+    /// `--transport http`: the address of chaos's proxy between relay and
+    /// payments (the relay's destination; the receiver faults act there).
+    #[arg(
+        long,
+        env = "CHAOS_WEBHOOK_PROXY_ADDR",
+        default_value = "127.0.0.1:18404"
+    )]
+    pub webhook_proxy_addr: SocketAddr,
+
+    /// `--transport http`: the relay's timeout per attempt, in milliseconds
+    /// (at most 30000).
+    #[arg(long, env = "CHAOS_WEBHOOK_TIMEOUT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(100..=30_000))]
+    pub webhook_timeout_ms: u64,
 
     /// `--transport http`: the signing secret relay and payments share
     /// (`whsec_...`). Default: a fresh one per run.
@@ -326,6 +365,12 @@ impl Config {
                     point.as_str()
                 ));
             }
+        }
+        if !http && let Some(fault) = self.fault.iter().find(|f| f.needs_http()) {
+            return Err(format!(
+                "--fault {} exists only with --transport http",
+                fault.as_str()
+            ));
         }
         if http {
             if self.dup_rate > 0.0 {

@@ -20,6 +20,7 @@ use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, Fault};
+use crate::proxy::{Mode as ProxyMode, Proxy};
 use crate::supervisor::Supervisor;
 
 /// The project's Kafka tool (crates/effectively), which offset-reset runs.
@@ -52,6 +53,7 @@ pub async fn run(
     config: Config,
     bin_dir: PathBuf,
     supervisors: Vec<Arc<Supervisor>>,
+    proxy: Option<Arc<Proxy>>,
     t0: Instant,
     faults: CancellationToken,
 ) -> Vec<FaultRecord> {
@@ -81,7 +83,7 @@ pub async fn run(
         };
         tracing::info!(fault = fault.as_str(), "injecting");
         eprintln!("chaos: fault {}", fault.as_str());
-        match inject(&config, &bin_dir, &supervisors, fault).await {
+        match inject(&config, &bin_dir, &supervisors, proxy.as_deref(), fault).await {
             Ok(()) => {
                 record.outage_ms = Some(injected.elapsed().as_millis() as u64);
                 let marks: Vec<(usize, f64)> =
@@ -120,6 +122,7 @@ async fn inject(
     config: &Config,
     bin_dir: &Path,
     supervisors: &[Arc<Supervisor>],
+    proxy: Option<&Proxy>,
     fault: Fault,
 ) -> anyhow::Result<()> {
     let service = |name: ServiceName| {
@@ -165,6 +168,30 @@ async fn inject(
             let reset = reset_offsets(&bin_dir.join(KAFKA_TOOL), &config.payments_group).await;
             payments.release();
             reset
+        }
+        Fault::ReceiverDown => {
+            let payments = service(ServiceName::Payments)?;
+            if !payments
+                .stop_for(Fault::ReceiverDown.as_str(), Duration::from_secs(30))
+                .await
+            {
+                payments.release();
+                bail!("payments did not stop within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(config.fault_down_ms)).await;
+            payments.release();
+            Ok(())
+        }
+        Fault::ReceiverErrors | Fault::ReceiverSlow => {
+            let proxy = proxy.context("no webhook proxy (--transport http)")?;
+            proxy.set(if fault == Fault::ReceiverErrors {
+                ProxyMode::Errors
+            } else {
+                ProxyMode::Slow
+            });
+            tokio::time::sleep(Duration::from_millis(config.fault_down_ms)).await;
+            proxy.set(ProxyMode::Pass);
+            Ok(())
         }
     }
 }

@@ -11,8 +11,10 @@
 //! * random kills: chaos SIGKILLs a named service at random moments;
 //! * duplicate delivery: payments is started with `PAYMENTS_DUP_RATE`;
 //! * infrastructure faults ([`faults`]): PostgreSQL crashed, the broker
-//!   killed, the relay hung, the group's offsets reset — after which the
-//!   services must recover by themselves.
+//!   killed, the relay hung, the group's offsets reset; with `--transport
+//!   http` the webhook receiver down, answering 500, or slower than the
+//!   sender's timeout (through chaos's webhook [`proxy`] between relay and
+//!   payments) — after which the services must recover by themselves.
 //!
 //! Every death is followed by a restart. When the load ends, the faults stop
 //! (later lives start unarmed, random kills end), recon waits for the
@@ -20,11 +22,12 @@
 //!
 //! Modules, each importing only those below it: [`run`] (the run loop) uses
 //! [`spec`] (the children's environment and arguments), [`supervisor`] (one
-//! per service), [`faults`], [`scrape`] and [`summary`] (the typed
-//! `chaos.json`); [`config`] is the flags.
+//! per service), [`faults`] (which drives [`proxy`]), [`scrape`] and
+//! [`summary`] (the typed `chaos.json`); [`config`] is the flags.
 
 pub mod config;
 pub mod faults;
+pub mod proxy;
 pub mod run;
 pub mod scrape;
 pub mod spec;

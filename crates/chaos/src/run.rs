@@ -17,6 +17,7 @@ use effectively::contract::ServiceName;
 
 use crate::config::Config;
 use crate::faults;
+use crate::proxy::Proxy;
 use crate::scrape;
 use crate::spec;
 use crate::summary::{self, Outcome};
@@ -88,7 +89,28 @@ pub async fn run(mut config: Config, interrupt: CancellationToken) -> anyhow::Re
     }
     let scraper = tokio::spawn(scrape_loop(supervisors.clone(), stop.clone()));
 
-    let outcome = drive(&config, &bin_dir, &out, &supervisors, &calm, &interrupt, t0).await;
+    // --transport http: the proxy the relay delivers to, in front of payments.
+    let proxy_stop = CancellationToken::new();
+    let proxy = match config.transport {
+        crate::config::Transport::Http => {
+            let hold = Duration::from_millis(config.webhook_timeout_ms) + Duration::from_secs(1);
+            let proxy = Proxy::new(config.webhook_addr, hold)?;
+            let listener = tokio::net::TcpListener::bind(config.webhook_proxy_addr)
+                .await
+                .with_context(|| format!("bind the webhook proxy {}", config.webhook_proxy_addr))?;
+            let task = proxy.spawn(listener, proxy_stop.clone());
+            Some((proxy, task))
+        }
+        crate::config::Transport::Kafka => None,
+    };
+
+    let stage = Stage {
+        bin_dir: &bin_dir,
+        out: &out,
+        supervisors: &supervisors,
+        proxy: proxy.as_ref().map(|(p, _)| p),
+    };
+    let outcome = drive(&config, &stage, &calm, &interrupt, t0).await;
 
     // Last counters, then stop every service gracefully.
     let client = scrape::http_client()?;
@@ -104,6 +126,19 @@ pub async fn run(mut config: Config, interrupt: CancellationToken) -> anyhow::Re
         }
     }
     let _ = scraper.await;
+    proxy_stop.cancel();
+    let proxied = match proxy {
+        Some((proxy, task)) => {
+            let _ = task.await;
+            let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed) as f64;
+            vec![
+                ("proxy_passed", n(&proxy.passed)),
+                ("proxy_errored", n(&proxy.errored)),
+                ("proxy_held", n(&proxy.held)),
+            ]
+        }
+        None => Vec::new(),
+    };
 
     let outcome = outcome.unwrap_or_else(|error| {
         eprintln!("chaos: error: {error:#}");
@@ -116,7 +151,8 @@ pub async fn run(mut config: Config, interrupt: CancellationToken) -> anyhow::Re
     let lives: Vec<(ServiceName, Vec<_>)> =
         supervisors.iter().map(|s| (s.name(), s.lives())).collect();
     let recon = read_json(&out.join("recon.json"));
-    let summary = summary::summarize(&config, &out, &lives, outcome, recon, t0);
+    let mut summary = summary::summarize(&config, &out, &lives, outcome, recon, t0);
+    summary.totals.extend(proxied);
     let path = config
         .json
         .clone()
@@ -127,16 +163,29 @@ pub async fn run(mut config: Config, interrupt: CancellationToken) -> anyhow::Re
     Ok(recon_code)
 }
 
+/// What a run's drive works on: the binaries, the output directory, the
+/// services, and the webhook proxy (`--transport http`).
+struct Stage<'a> {
+    bin_dir: &'a Path,
+    out: &'a Path,
+    supervisors: &'a [Arc<Supervisor>],
+    proxy: Option<&'a Arc<Proxy>>,
+}
+
 /// Start-up, load with faults, calm drain, recon.
 async fn drive(
     config: &Config,
-    bin_dir: &Path,
-    out: &Path,
-    supervisors: &[Arc<Supervisor>],
+    stage: &Stage<'_>,
     calm: &AtomicBool,
     interrupt: &CancellationToken,
     t0: Instant,
 ) -> anyhow::Result<Outcome> {
+    let Stage {
+        bin_dir,
+        out,
+        supervisors,
+        proxy,
+    } = *stage;
     let deadline = Instant::now() + Duration::from_secs(config.ready_timeout);
     while !supervisors.iter().all(|s| s.ready()) {
         if Instant::now() > deadline {
@@ -172,6 +221,7 @@ async fn drive(
         config.clone(),
         bin_dir.to_path_buf(),
         supervisors.to_vec(),
+        proxy.cloned(),
         t0,
         faults.clone(),
     ));

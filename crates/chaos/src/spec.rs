@@ -47,9 +47,10 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -
                     env.push((
                         env::RELAY_WEBHOOK_DESTINATIONS.into(),
                         format!(
-                            "payments=http://{}{WEBHOOK_PATH},secret={}",
-                            config.webhook_addr,
-                            secret.to_whsec()
+                            "payments=http://{}{WEBHOOK_PATH},secret={},timeout={}ms",
+                            config.webhook_proxy_addr,
+                            secret.to_whsec(),
+                            config.webhook_timeout_ms
                         ),
                     ));
                 }
@@ -214,7 +215,7 @@ mod tests {
         assert_eq!(
             get(&relay, env::RELAY_WEBHOOK_DESTINATIONS),
             Some(format!(
-                "payments=http://127.0.0.1:18403/webhooks/orders,secret={}",
+                "payments=http://127.0.0.1:18404/webhooks/orders,secret={},timeout=10000ms",
                 secret.to_whsec()
             ))
         );

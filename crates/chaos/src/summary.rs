@@ -335,12 +335,7 @@ pub fn summarize(
 /// percentiles.
 pub fn fault_summary(records: &[FaultRecord]) -> BTreeMap<String, FaultSummary> {
     let mut by_kind = BTreeMap::new();
-    for fault in [
-        Fault::PgCrash,
-        Fault::BrokerKill,
-        Fault::RelayPause,
-        Fault::OffsetReset,
-    ] {
+    for &fault in <Fault as clap::ValueEnum>::value_variants() {
         let of: Vec<&FaultRecord> = records.iter().filter(|r| r.fault == fault).collect();
         if of.is_empty() {
             continue;
@@ -412,11 +407,15 @@ pub fn print(summary: &Summary, path: &Path) {
     );
     if summary.params.transport == Transport::Http {
         println!(
-            "webhooks: accepted {}, answered as duplicates {}; sender retries {}, given up {}",
+            "webhooks: accepted {}, answered as duplicates {}; sender retries {}, given up {}; \
+             proxy passed {}, answered 500 {}, held past the timeout {}",
             t("webhook_accepted"),
             t("webhook_duplicates"),
             t("webhook_retries"),
             t("webhook_failed"),
+            t("proxy_passed"),
+            t("proxy_errored"),
+            t("proxy_held"),
         );
     }
     if !summary.faults.is_empty() {

@@ -256,6 +256,12 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(100..=30_000))]
     pub webhook_timeout_ms: u64,
 
+    /// `--transport http`: attempts before the relay gives a delivery up
+    /// (1 to 8; `relay webhooks replay --failed` sends it again).
+    #[arg(long, env = "CHAOS_WEBHOOK_MAX_ATTEMPTS", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub webhook_max_attempts: u32,
+
     /// `--transport http`: the signing secret relay and payments share
     /// (`whsec_...`). Default: a fresh one per run.
     #[arg(long, env = "CHAOS_WEBHOOK_SECRET", hide_env_values = true)]

@@ -47,10 +47,11 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -
                     env.push((
                         env::RELAY_WEBHOOK_DESTINATIONS.into(),
                         format!(
-                            "payments=http://{}{WEBHOOK_PATH},secret={},timeout={}ms",
+                            "payments=http://{}{WEBHOOK_PATH},secret={},timeout={}ms,max-attempts={}",
                             config.webhook_proxy_addr,
                             secret.to_whsec(),
-                            config.webhook_timeout_ms
+                            config.webhook_timeout_ms,
+                            config.webhook_max_attempts
                         ),
                     ));
                 }
@@ -215,7 +216,7 @@ mod tests {
         assert_eq!(
             get(&relay, env::RELAY_WEBHOOK_DESTINATIONS),
             Some(format!(
-                "payments=http://127.0.0.1:18404/webhooks/orders,secret={},timeout=10000ms",
+                "payments=http://127.0.0.1:18404/webhooks/orders,secret={},timeout=10000ms,max-attempts=8",
                 secret.to_whsec()
             ))
         );

@@ -107,6 +107,10 @@ pub struct Params {
     pub transport: Transport,
     /// `http`: the factor on the relay's retry schedule.
     pub webhook_schedule_scale: f64,
+    /// `http`: the relay's timeout per attempt.
+    pub webhook_timeout_ms: u64,
+    /// `http`: attempts before a delivery is given up.
+    pub webhook_max_attempts: u32,
 }
 
 impl Params {
@@ -136,6 +140,8 @@ impl Params {
             drain_timeout_s: config.drain_timeout,
             transport: config.transport,
             webhook_schedule_scale: config.webhook_schedule_scale,
+            webhook_timeout_ms: config.webhook_timeout_ms,
+            webhook_max_attempts: config.webhook_max_attempts,
         }
     }
 }
@@ -592,6 +598,8 @@ mod tests {
                 "drain_timeout_s": config.drain_timeout,
                 "transport": "kafka",
                 "webhook_schedule_scale": 1.0,
+                "webhook_timeout_ms": 10000,
+                "webhook_max_attempts": 8,
             },
             "kills_total": 1,
             "faults": {

@@ -32,7 +32,7 @@ use clap::Parser;
 use effectively::config::{DbArgs, KafkaArgs};
 use effectively::contract::{CrashPoint, RELAY_MAX_MESSAGE_TIMEOUT};
 use effectively::crash::{CrashArgs, Crasher};
-use effectively::envelope::{Envelope, HEADER_EVENT_TYPE, HEADER_MSG_ID};
+use effectively::envelope::{HEADER_EVENT_TYPE, HEADER_MSG_ID};
 use effectively::kafka::FatalState;
 use effectively::retry::Backoff;
 use futures::future::join_all;
@@ -330,20 +330,7 @@ pub async fn run(
         ),
         Err(error) => tracing::warn!(%error, "reading the outbox retention failed"),
     }
-    {
-        let pool = pool.clone();
-        tasks.push(tokio::spawn(effectively::lifecycle::every(
-            "outbox",
-            effectively::lifecycle::INTERVAL,
-            effectively::lifecycle::BATCH,
-            metrics.relay_outbox_expired_total.clone(),
-            cancel.clone(),
-            move |batch| {
-                let pool = pool.clone();
-                async move { outbox::expire(&pool, batch).await }
-            },
-        )));
-    }
+    tasks.push(spawn_outbox_expiry(&pool, &metrics, &cancel));
     // A fatal error the producer's error callback does not see as one.
     tasks.push(fatal.watch_producer(producer.clone(), Duration::from_millis(500), cancel.clone()));
 
@@ -434,6 +421,27 @@ pub async fn run(
     }
 }
 
+/// Deletes published outbox rows older than the outbox retention, a batch
+/// at a time, every [`effectively::lifecycle::INTERVAL`], until `cancel`.
+fn spawn_outbox_expiry(
+    pool: &PgPool,
+    metrics: &RelayMetrics,
+    cancel: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let pool = pool.clone();
+    tokio::spawn(effectively::lifecycle::every(
+        "outbox",
+        effectively::lifecycle::INTERVAL,
+        effectively::lifecycle::BATCH,
+        metrics.relay_outbox_expired_total.clone(),
+        cancel.clone(),
+        move |batch| {
+            let pool = pool.clone();
+            async move { outbox::expire(&pool, batch).await }
+        },
+    ))
+}
+
 /// `--sink http`: the fan-out and the destinations' delivery loops (see
 /// [`webhooks`]), with the metrics server, the backlog sampler and the
 /// outbox's expiry, until `cancel` fires.
@@ -458,20 +466,7 @@ async fn run_webhooks(
             work.clone(),
         )),
     ];
-    {
-        let pool = pool.clone();
-        tasks.push(tokio::spawn(effectively::lifecycle::every(
-            "outbox",
-            effectively::lifecycle::INTERVAL,
-            effectively::lifecycle::BATCH,
-            metrics.relay_outbox_expired_total.clone(),
-            work.clone(),
-            move |batch| {
-                let pool = pool.clone();
-                async move { outbox::expire(&pool, batch).await }
-            },
-        )));
-    }
+    tasks.push(spawn_outbox_expiry(&pool, &metrics, &work));
     {
         let pool = pool.clone();
         tasks.push(tokio::spawn(effectively::lifecycle::every(
@@ -699,15 +694,7 @@ impl Worker {
 
     /// Produces one row.
     async fn publish(&self, row: &PendingRow) -> Publish {
-        let value = match Envelope::new(
-            row.msg_id,
-            row.event_type.clone(),
-            row.aggregate_id,
-            row.created_at,
-            &row.payload,
-        )
-        .and_then(|e| e.encode())
-        {
+        let value = match row.encode() {
             Ok(value) => value,
             Err(error) => {
                 self.metrics

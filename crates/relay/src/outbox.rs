@@ -32,6 +32,22 @@ pub struct PendingRow {
     pub attempts: i32,
 }
 
+impl PendingRow {
+    /// The row as it goes on the wire (a Kafka message's value, a webhook's
+    /// body): its envelope, encoded. `Err` when its payload is not JSON,
+    /// which no retry changes.
+    pub fn encode(&self) -> Result<Vec<u8>, effectively::envelope::EnvelopeError> {
+        effectively::envelope::Envelope::new(
+            self.msg_id,
+            self.event_type.clone(),
+            self.aggregate_id,
+            self.created_at,
+            &self.payload,
+        )
+        .and_then(|e| e.encode())
+    }
+}
+
 /// Tries to take `shard`'s lock for the life of `tx`. `false`: another relay
 /// worker holds it; skip the shard.
 ///

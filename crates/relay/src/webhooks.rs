@@ -35,7 +35,6 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use effectively::contract::CrashPoint;
 use effectively::crash::Crasher;
-use effectively::envelope::Envelope;
 use effectively::retry::Backoff;
 use effectively::webhook::{self, Secret};
 use rand::Rng;
@@ -433,15 +432,7 @@ impl Sender {
         let mut ready: Vec<(&PendingRow, Vec<u8>)> = Vec::with_capacity(rows.len());
         let mut rejected = Vec::new();
         for row in &rows {
-            match Envelope::new(
-                row.msg_id,
-                row.event_type.clone(),
-                row.aggregate_id,
-                row.created_at,
-                &row.payload,
-            )
-            .and_then(|e| e.encode())
-            {
+            match row.encode() {
                 Ok(body) => ready.push((row, body)),
                 Err(error) => {
                     self.metrics

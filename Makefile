@@ -8,7 +8,7 @@ CARGO ?= cargo
 -include .stack/env
 
 .PHONY: help up down status migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep bench-claim wal-slot-lost demo demo-webhooks \
-        check-config check-dashboards plot-deps plot-orders chaos exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 accept
+        check-config check-dashboards plot-deps plot-orders chaos exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 accept
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -107,6 +107,9 @@ accept: ## the lab's acceptance run: 20 min at 5,000 req/s, orders == keys (reco
 
 exp-8: ## infrastructure faults under load (PostgreSQL crash, broker kill -9, relay hung, offsets reset), mixed with kill -9 and duplicates
 	@QUICK=$(QUICK) experiments/exp-8-infra-faults/run.sh
+
+exp-9: ## the pipeline over webhooks: receiver down, 500s, slower than the timeout, killed; the retry schedule observed; failed deliveries replayed
+	@QUICK=$(QUICK) experiments/exp-9-webhooks/run.sh
 
 chaos: ## chaos --help: the pipeline under load, duplicates and kill -9, then recon
 	@$(CARGO) run -q --release -p chaos -- --help

@@ -29,10 +29,11 @@ fi
 # Run 1: each receiver fault once, in turn (down for DOWN_MS, then 500s, then
 # slower than the timeout), and the receiver and the sender killed at their
 # crash points (after the receiver's commit, before its answer; after the
-# 2xx, before the sender's mark).
+# 2xx, before the sender's mark; in the inbox processor, between the charge
+# and the processed mark, in their one transaction).
 exp_chaos faults --transport http --webhook-schedule-scale "$SCALE" --webhook-timeout-ms "$TIMEOUT_MS" \
   --fault receiver-down,receiver-errors,receiver-slow --fault-count 3 --fault-down-ms "$DOWN_MS" \
-  --fault-interval-ms "$INTERVAL" --crash-point respond,deliver --crash-probability 0.002 \
+  --fault-interval-ms "$INTERVAL" --crash-point respond,deliver,effect --crash-probability 0.002 \
   --rate "$RATE" --duration "$DURATION" --retry-rate 0.15 --protocol mixed --seed 9 --drain-timeout "$DRAIN" || true
 # Every attempt, for the schedule actually observed (read before the next run
 # drops the database).

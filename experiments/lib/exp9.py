@@ -16,7 +16,7 @@ from common import (chaos_intents, chaos_report, deaths, exit_code, load_json, n
                     print_checks, read_csv, read_text, verdict, write_csv, write_json)
 
 FAULTS = ["receiver-down", "receiver-errors", "receiver-slow"]
-POINTS = ["respond", "deliver"]
+POINTS = ["respond", "deliver", "effect"]
 # The sender's schedule (effectively::webhook::RETRY_SCHEDULE), in seconds:
 # the wait after the 1st failed attempt, the 2nd, ...; the last repeats.
 SCHEDULE_S = [5, 30, 300, 1800, 4 * 3600]

@@ -13,7 +13,7 @@ def faults_run(recon_exit=0, rec=None, totals=None, fault_log=None, kills=4):
     r = rec or recon()
     r["report"]["failed_deliveries"] = r["report"].get("failed_deliveries", 0)
     return chaos(recon_exit, r, kills_total=kills,
-                 relay=lives({"crash_point:deliver": 2}), payments=lives({"crash_point:respond": 2}),
+                 relay=lives({"crash_point:deliver": 2}), payments=lives({"crash_point:respond": 2, "crash_point:effect": 1}),
                  totals=dict(TOTALS if totals is None else totals), faults=f, fault_log=fault_log or [])
 
 

@@ -328,13 +328,15 @@ pub async fn apply_batch(
     if !dead.is_empty() {
         applied.dead_lettered = insert_dead_letters(&mut tx, &dead).await?;
     }
+    // The charge is written, the inbox row too, nothing is committed: a crash
+    // here must lose both together (and the redelivery redo both). Over HTTP
+    // this is between the effect and the claims' processed mark, which the
+    // same commit writes.
+    crasher.point(CrashPoint::Effect);
     if !mine.is_empty() {
         let ids: Vec<Uuid> = mine.into_iter().collect();
         mark_webhooks(&mut tx, &ids).await?;
     }
-    // The charge is written, the inbox row too, nothing is committed: a crash
-    // here must lose both together (and the redelivery redo both).
-    crasher.point(CrashPoint::Effect);
     tx.commit().await?;
     Ok(applied)
 }

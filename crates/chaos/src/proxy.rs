@@ -91,14 +91,7 @@ impl Proxy {
         let app = Router::new()
             .route(WEBHOOK_PATH, post(forward))
             .with_state(self.clone());
-        tokio::spawn(async move {
-            if let Err(error) = axum::serve(listener, app)
-                .with_graceful_shutdown(cancel.cancelled_owned())
-                .await
-            {
-                tracing::error!(%error, "webhook proxy failed");
-            }
-        })
+        effectively::metrics::spawn_router("webhook proxy", listener, app, cancel)
     }
 }
 

@@ -54,12 +54,24 @@ pub fn spawn_server(
     registry: Registry,
     cancel: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
+    spawn_router("metrics", listener, router(registry), cancel)
+}
+
+/// Serves `router` on `listener` until `cancel` fires, then lets the
+/// requests in flight finish; a failure is logged as `what`'s.
+#[cfg(feature = "http")]
+pub fn spawn_router(
+    what: &'static str,
+    listener: tokio::net::TcpListener,
+    router: Router,
+    cancel: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, router(registry))
+        if let Err(error) = axum::serve(listener, router)
             .with_graceful_shutdown(cancel.cancelled_owned())
             .await
         {
-            tracing::error!(%error, "metrics server failed");
+            tracing::error!(%error, "{what} server failed");
         }
     })
 }

@@ -868,7 +868,12 @@ impl Work<'_> {
             self.metrics.clone(),
             wake,
         );
-        let server = receiver::spawn_server(listener, router, self.cancel.child_token());
+        let server = effectively::metrics::spawn_router(
+            "webhook",
+            listener,
+            router,
+            self.cancel.child_token(),
+        );
         tracing::info!(%addr, path = effectively::contract::WEBHOOK_PATH, secrets = args.webhook_secret.len(),
             "payments receiving webhooks");
         let _ = server.await;

@@ -538,20 +538,3 @@ pub async fn prune(pool: &PgPool, kept: Duration) -> sqlx::Result<u64> {
         }
     }
 }
-
-/// Serves `router` on `listener` until `cancel` fires, then finishes the
-/// requests in flight.
-pub fn spawn_server(
-    listener: tokio::net::TcpListener,
-    router: Router,
-    cancel: CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, router)
-            .with_graceful_shutdown(cancel.cancelled_owned())
-            .await
-        {
-            tracing::error!(%error, "webhook server failed");
-        }
-    })
-}

@@ -530,14 +530,7 @@ impl Sender {
             let claimed = if free == 0 {
                 Ok(Vec::new())
             } else {
-                match disabled(&self.pool, &destination.name).await {
-                    Ok(Some(reason)) => {
-                        tracing::debug!(destination = %destination.name, %reason, "destination disabled");
-                        Ok(Vec::new())
-                    }
-                    Ok(None) => claim(&self.pool, &destination.name, free, lease).await,
-                    Err(error) => Err(error),
-                }
+                claim(&self.pool, &destination.name, free, lease).await
             };
             let claimed = match claimed {
                 Ok(rows) => {
@@ -659,6 +652,13 @@ impl Sender {
             .relay_webhook_attempts_total
             .with_label_values(&[name, label])
             .inc();
+        if label == "failed" {
+            // Given up, after its last attempt or refused for good: the alert.
+            self.metrics
+                .relay_webhook_failed_total
+                .with_label_values(&[name])
+                .inc();
+        }
         match &outcome {
             Outcome::Delivered(_) => {
                 let age = (Utc::now() - row.created_at)
@@ -674,27 +674,15 @@ impl Sender {
                 destination = name, outbox_id = row.outbox_id, %error,
                 "the destination answered 410 Gone: disabled; its deliveries wait (relay webhooks enable)"
             ),
-            Outcome::Retry { error, status, .. } if label == "failed" => {
-                self.metrics
-                    .relay_webhook_failed_total
-                    .with_label_values(&[name])
-                    .inc();
-                tracing::error!(
-                    destination = name, outbox_id = row.outbox_id, msg_id = %row.msg_id,
-                    attempts = row.attempts, ?status, %error,
-                    "webhook delivery failed after its last attempt (relay webhooks replay --failed)"
-                );
-            }
-            Outcome::Permanent { status, error } => {
-                self.metrics
-                    .relay_webhook_failed_total
-                    .with_label_values(&[name])
-                    .inc();
-                tracing::error!(
-                    destination = name, outbox_id = row.outbox_id, msg_id = %row.msg_id,
-                    status, %error, "webhook delivery refused for good by the receiver"
-                );
-            }
+            Outcome::Retry { error, status, .. } if label == "failed" => tracing::error!(
+                destination = name, outbox_id = row.outbox_id, msg_id = %row.msg_id,
+                attempts = row.attempts, ?status, %error,
+                "webhook delivery failed after its last attempt (relay webhooks replay --failed)"
+            ),
+            Outcome::Permanent { status, error } => tracing::error!(
+                destination = name, outbox_id = row.outbox_id, msg_id = %row.msg_id,
+                status, %error, "webhook delivery refused for good by the receiver"
+            ),
             Outcome::Retry { error, status, .. } => tracing::warn!(
                 destination = name, outbox_id = row.outbox_id, attempts = row.attempts,
                 ?status, %error, "webhook attempt failed; will retry"
@@ -1022,24 +1010,11 @@ async fn register(pool: &PgPool, names: &[String]) -> sqlx::Result<()> {
     Ok(())
 }
 
-/// Why `destination` is disabled, if it is.
-async fn disabled(pool: &PgPool, destination: &str) -> sqlx::Result<Option<String>> {
-    let row = sqlx::query!(
-        "SELECT disabled_at, reason FROM orders.webhook_destinations WHERE destination = $1",
-        destination
-    )
-    .fetch_optional(pool)
-    .await?;
-    Ok(row.and_then(|r| {
-        r.disabled_at
-            .map(|at| format!("since {at}: {}", r.reason.unwrap_or_default()))
-    }))
-}
-
 /// Claims up to `limit` due deliveries of `destination` for one attempt
-/// each: those whose key has no earlier open delivery to it (`OFFSET 0`
-/// keeps the `NOT EXISTS` a probe per candidate, as in `outbox::claim`).
-/// Counts the attempt and moves `next_attempt_at` a lease ahead.
+/// each: none while the destination is disabled (a 410), and only those
+/// whose key has no earlier open delivery to it (`OFFSET 0` keeps the
+/// `NOT EXISTS` a probe per candidate, as in `outbox::claim`). Counts the
+/// attempt and moves `next_attempt_at` a lease ahead.
 async fn claim(
     pool: &PgPool,
     destination: &str,
@@ -1054,6 +1029,8 @@ async fn claim(
          FROM (SELECT c.destination, c.outbox_id FROM orders.webhook_deliveries c \
                WHERE c.destination = $1 AND c.delivered_at IS NULL AND c.failed_at IS NULL \
                  AND c.next_attempt_at <= now() \
+                 AND NOT EXISTS (SELECT 1 FROM orders.webhook_destinations w \
+                                 WHERE w.destination = $1 AND w.disabled_at IS NOT NULL) \
                  AND NOT EXISTS (SELECT 1 FROM orders.webhook_deliveries e \
                                  WHERE e.destination = c.destination \
                                    AND e.aggregate_id = c.aggregate_id \

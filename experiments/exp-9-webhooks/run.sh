@@ -57,17 +57,7 @@ say "replay the failed deliveries to a working receiver"
 LOGS=$RES/logs/replay-after
 mkdir -p "$LOGS"
 trap pipeline_stop EXIT
-export RUST_LOG=${RUST_LOG:-warn}
-DATABASE_URL=$PAYMENTS_DATABASE_URL PAYMENTS_METRICS_ADDR=127.0.0.1:18412 PAYMENTS_SOURCE=http \
-  PAYMENTS_WEBHOOK_ADDR=127.0.0.1:18413 PAYMENTS_WEBHOOK_SECRET=$SECRET \
-  "$BIN/payments" >"$LOGS/payments.log" 2>&1 &
-pipeline_track $!
-wait_http http://127.0.0.1:18412/metrics payments $! "$LOGS"
-DATABASE_URL=$RELAY_DATABASE_URL RELAY_METRICS_ADDR=127.0.0.1:18411 RELAY_SINK=http \
-  RELAY_WEBHOOK_DESTINATIONS="payments=http://127.0.0.1:18413/webhooks/orders,secret=$SECRET" \
-  "$BIN/relay" >"$LOGS/relay.log" 2>&1 &
-pipeline_track $!
-wait_http http://127.0.0.1:18411/metrics relay $! "$LOGS"
+pipeline_webhooks "$LOGS" 127.0.0.1:18411 127.0.0.1:18412 127.0.0.1:18413 "$SECRET"
 DATABASE_URL=$RELAY_DATABASE_URL "$BIN/relay" webhooks status | tee "$RES/replay-status-before.txt"
 DATABASE_URL=$RELAY_DATABASE_URL "$BIN/relay" webhooks replay --failed | tee "$RES/replay.txt"
 set +e

@@ -135,26 +135,32 @@ pipeline_start() {
 }
 
 # pipeline_start_webhooks LOGDIR HTTP GRPC RELAY_METRICS PAYMENTS_METRICS
-# WEBHOOK_ADDR: the pipeline over HTTP instead of Kafka: payments receives
-# signed webhooks on WEBHOOK_ADDR (`--source http`) and the relay delivers
-# the outbox to it (`--sink http`, destination `payments`), both with one
-# fresh secret. RELAY_WEBHOOK_SCHEDULE_SCALE and the services' other
-# variables pass through. pipeline_stop stops them.
+# WEBHOOK_ADDR: the pipeline over HTTP instead of Kafka: orders, and
+# pipeline_webhooks with one fresh secret. pipeline_stop stops them.
 pipeline_start_webhooks() {
-  local logs=$1 secret
-  secret=whsec_$(head -c 32 /dev/urandom | base64)
-  pipeline_orders "$logs" "$2" "$3"
+  pipeline_orders "$1" "$2" "$3"
+  pipeline_webhooks "$1" "$4" "$5" "$6" "whsec_$(head -c 32 /dev/urandom | base64)"
+}
+
+# pipeline_webhooks LOGDIR RELAY_METRICS PAYMENTS_METRICS WEBHOOK_ADDR SECRET:
+# payments receiving signed webhooks on WEBHOOK_ADDR (`--source http`) and the
+# relay delivering the outbox to it (`--sink http`, destination `payments`),
+# both with SECRET, each as its own role; waits until each serves /metrics.
+# RELAY_WEBHOOK_SCHEDULE_SCALE and the services' other variables pass
+# through. pipeline_stop stops them.
+pipeline_webhooks() {
+  local logs=$1
   export RUST_LOG=${RUST_LOG:-warn}
-  DATABASE_URL=$PAYMENTS_DATABASE_URL PAYMENTS_METRICS_ADDR=$5 PAYMENTS_SOURCE=http \
-    PAYMENTS_WEBHOOK_ADDR=$6 PAYMENTS_WEBHOOK_SECRET=$secret \
+  DATABASE_URL=$PAYMENTS_DATABASE_URL PAYMENTS_METRICS_ADDR=$3 PAYMENTS_SOURCE=http \
+    PAYMENTS_WEBHOOK_ADDR=$4 PAYMENTS_WEBHOOK_SECRET=$5 \
     "$BIN/payments" >"$logs/payments.log" 2>&1 &
   PIPELINE_PIDS+=($!)
-  wait_http "http://$5/metrics" payments $! "$logs"
-  DATABASE_URL=$RELAY_DATABASE_URL RELAY_METRICS_ADDR=$4 RELAY_SINK=http \
-    RELAY_WEBHOOK_DESTINATIONS="payments=http://$6/webhooks/orders,secret=$secret" \
+  wait_http "http://$3/metrics" payments $! "$logs"
+  DATABASE_URL=$RELAY_DATABASE_URL RELAY_METRICS_ADDR=$2 RELAY_SINK=http \
+    RELAY_WEBHOOK_DESTINATIONS="payments=http://$4/webhooks/orders,secret=$5" \
     "$BIN/relay" >"$logs/relay.log" 2>&1 &
   PIPELINE_PIDS+=($!)
-  wait_http "http://$4/metrics" relay $! "$logs"
+  wait_http "http://$2/metrics" relay $! "$logs"
 }
 
 # pipeline_payments LOGDIR METRICS GROUP: starts payments alone, as its own

@@ -16,7 +16,9 @@ from common import (chaos_intents, chaos_report, deaths, exit_code, load_json, n
                     print_checks, read_csv, read_text, verdict, write_csv, write_json)
 
 FAULTS = ["receiver-down", "receiver-errors", "receiver-slow"]
-POINTS = ["respond", "deliver", "effect"]
+# The crash points of the HTTP hop, armed in every run; `effect` (payments'
+# inbox processor) is armed in full mode, and each armed point must fire.
+POINTS = ["respond", "deliver"]
 # The sender's schedule (effectively::webhook::RETRY_SCHEDULE), in seconds:
 # the wait after the 1st failed attempt, the 2nd, ...; the last repeats.
 SCHEDULE_S = [5, 30, 300, 1800, 4 * 3600]
@@ -97,7 +99,10 @@ def faults_checks(c, table, min_kills):
             any(row["failed_attempts"] >= 4 for row in table)),
         "faults: no retry earlier than its scheduled wait x0.8": all(row["early"] == 0 for row in table),
     }
+    armed = (c.get("params") or {}).get("crash_point") or []
     for p in POINTS:
+        checks[f"faults: crash point {p} armed"] = p in armed
+    for p in armed:
         checks[f"faults: crash point {p} fired"] = d.get(f"crash_point:{p}", 0) > 0
     for name in FAULTS:
         got = f.get(name) or {}

@@ -14,7 +14,8 @@ def faults_run(recon_exit=0, rec=None, totals=None, fault_log=None, kills=4):
     r["report"]["failed_deliveries"] = r["report"].get("failed_deliveries", 0)
     return chaos(recon_exit, r, kills_total=kills,
                  relay=lives({"crash_point:deliver": 2}), payments=lives({"crash_point:respond": 2, "crash_point:effect": 1}),
-                 totals=dict(TOTALS if totals is None else totals), faults=f, fault_log=fault_log or [])
+                 totals=dict(TOTALS if totals is None else totals), faults=f, fault_log=fault_log or [],
+                 params={"crash_point": ["respond", "deliver", "effect"]})
 
 
 def attempts(*deliveries):
@@ -54,6 +55,10 @@ class Exp9Test(unittest.TestCase):
         self.assertIn("faults: no order without its charge", [k for k, v in lost.items() if not v])
         quiet = exp9.faults_checks(faults_run(totals={}), table, 2)
         self.assertEqual(len([k for k, v in quiet.items() if not v]), 3, "no retries, proxy faults, duplicates")
+        unfired = faults_run()
+        unfired["services"]["payments"]["deaths"].pop("crash_point:effect")
+        self.assertEqual([k for k, v in exp9.faults_checks(unfired, table, 2).items() if not v],
+                         ["faults: crash point effect fired"], "an armed point that never fired")
         short = exp9.faults_checks(faults_run(), exp9.schedule_table(ON_TIME[:3], 1.0), 2)
         self.assertFalse(short["faults: the retry schedule observed (a wait after at least 4 failed attempts)"])
 

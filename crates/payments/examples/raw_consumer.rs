@@ -20,8 +20,12 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(100_000);
     let bootstrap =
         std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    // The same fetch wait as payments (its --fetch-wait-max-ms), so the two
+    // are timed on equal terms.
+    let fetch_wait = std::env::var("PAYMENTS_FETCH_WAIT_MAX_MS").unwrap_or_else(|_| "25".into());
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
+        .set("fetch.wait.max.ms", &fetch_wait)
         .set("group.id", format!("raw-{}", uuid::Uuid::new_v4().simple()))
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")

@@ -88,6 +88,7 @@ fn config(db: &TestDb, topic: &TestTopic, group: &str) -> Config {
         batch_size: 50,
         batch_linger_ms: 5,
         session_timeout_ms: 6_000,
+        fetch_wait_max_ms: 25,
         commit_interval_ms: 1000,
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
         lag_sample_ms: 100,

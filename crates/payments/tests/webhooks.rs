@@ -62,6 +62,7 @@ fn config(db: &TestDb, secret: &Secret) -> Config {
         batch_size: 50,
         batch_linger_ms: 5,
         session_timeout_ms: 6_000,
+        fetch_wait_max_ms: 25,
         commit_interval_ms: 1000,
         group_instance_id: None,
         lag_sample_ms: 1000,

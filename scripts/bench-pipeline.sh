@@ -22,15 +22,20 @@
 #    (to the relay's mark, after the broker's ack).
 #
 # Settings (env): BENCH_ROWS (1000000), BENCH_STEADY_RATES ("1000 3850"),
-# BENCH_STEADY_SECONDS (30), BENCH_BASE_BIN (a directory with another build's
-# relay and payments: each drain and the new pass run again with them, side
-# by side, e.g. the build before a change), BENCH_SKIP_STEADY=1.
+# BENCH_STEADY_SECONDS (30), BENCH_STEADY_FETCH_WAITS (payments'
+# --fetch-wait-max-ms for the steady runs, one run per value and rate, e.g.
+# "25 500" for the default next to librdkafka's; default: payments' own),
+# BENCH_BASE_BIN (a directory with another build's relay and payments: each
+# drain and the new pass run again with them, side by side, e.g. the build
+# before a change), BENCH_SKIP_STEADY=1, BENCH_SKIP_THROUGHPUT=1 (steps 3
+# only).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 ROWS=${BENCH_ROWS:-1000000}
 STEADY_RATES=${BENCH_STEADY_RATES:-1000 3850}
 STEADY_SECONDS=${BENCH_STEADY_SECONDS:-30}
+STEADY_FETCH_WAITS=${BENCH_STEADY_FETCH_WAITS:-${PAYMENTS_FETCH_WAIT_MAX_MS:-default}}
 BASE_BIN=${BENCH_BASE_BIN:-}
 RUN=$(date +%Y%m%d-%H%M%S)
 OUT=$ROOT/bench/results
@@ -60,6 +65,7 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; pipel
 trap cleanup EXIT
 export RUST_LOG=warn
 
+if [ "${BENCH_SKIP_THROUGHPUT:-0}" != 1 ]; then
 # --- 1. relay drain from a backlog --------------------------------------------
 pipeline_fresh bench_pipeline "relay.$RUN" 2>/dev/null
 URL=$DATABASE_URL TOPIC=$KAFKA_TOPIC
@@ -150,22 +156,28 @@ RAW_C=$(KAFKA_BOOTSTRAP_SERVERS=$KAFKA_BOOTSTRAP_SERVERS "$ROOT/target/release/e
 record "{\"what\": \"raw_consumer\", \"result\": $RAW_C}"
 log "raw consumer: $RAW_C"
 
+fi
+
 # --- 3. commit→effect at steady offered rates -------------------------------------
 if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
+  for wait_ms in $STEADY_FETCH_WAITS; do
   for rate in $STEADY_RATES; do
-    pipeline_fresh bench_steady "steady.$rate.$RUN" 2>/dev/null
+    name=$rate
+    if [ "$wait_ms" = default ]; then unset PAYMENTS_FETCH_WAIT_MAX_MS
+    else export PAYMENTS_FETCH_WAIT_MAX_MS=$wait_ms; name=$rate-wait$wait_ms; fi
+    pipeline_fresh bench_steady "steady.$name.$RUN" 2>/dev/null
     URL=$DATABASE_URL
-    mkdir -p "$LOGS/steady-$rate"
-    pipeline_start "$LOGS/steady-$rate" 127.0.0.1:18180 127.0.0.1:15151 127.0.0.1:19181 127.0.0.1:19182 "steady-$rate-$RUN"
+    mkdir -p "$LOGS/steady-$name"
+    pipeline_start "$LOGS/steady-$name" 127.0.0.1:18180 127.0.0.1:15151 127.0.0.1:19181 127.0.0.1:19182 "steady-$name-$RUN"
     sleep 5 # the consumer group's first assignment, so it is not in the latency
-    log "steady load: $rate new orders/s (15% retried, unique keys) for $STEADY_SECONDS s"
+    log "steady load: $rate new orders/s (15% retried, unique keys) for $STEADY_SECONDS s, payments' fetch wait: $wait_ms"
     "$BIN/loadgen" --http-url http://127.0.0.1:18180 --grpc-url http://127.0.0.1:15151 --rate "$rate" \
-      --duration "$STEADY_SECONDS" --retry-rate 0.15 --zipf-s 0 --json "$LOGS/steady-$rate-loadgen.json" >/dev/null
-    DATABASE_URL=$RECON_DATABASE_URL "$BIN/recon" --wait-drained 180 >"$LOGS/steady-$rate-recon.txt" \
+      --duration "$STEADY_SECONDS" --retry-rate 0.15 --zipf-s 0 --json "$LOGS/steady-$name-loadgen.json" >/dev/null
+    DATABASE_URL=$RECON_DATABASE_URL "$BIN/recon" --wait-drained 180 >"$LOGS/steady-$name-recon.txt" \
       && clean=true || clean=false
     pipeline_stop
     record "$(q "$URL" "SELECT json_build_object('what', 'steady', 'rate', $rate, 'seconds', $STEADY_SECONDS,
-        'recon_clean', $clean, 'effects', count(*),
+        'fetch_wait_ms', '$wait_ms', 'recon_clean', $clean, 'effects', count(*),
         'p50_ms', round((percentile_cont(0.50) WITHIN GROUP (ORDER BY ms))::numeric, 1),
         'p99_ms', round((percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1),
         'max_ms', round(max(ms)::numeric, 1),
@@ -175,6 +187,7 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
                    EXTRACT(EPOCH FROM x.published_at - x.created_at) * 1000 AS pub_ms
             FROM payments.charges c JOIN orders.outbox x ON x.msg_id = c.msg_id) l")"
     log "commit→effect at $rate/s: $(tail -1 "$RAW")"
+  done
   done
 fi
 

@@ -25,8 +25,9 @@ def summarize(records):
     out = {"command": "make bench-pipeline"}
     drains = {d["build"]: d for d in by.get("relay_drain", [])}
     raw_p = by.get("raw_producer", [{}])[0].get("result", {})
-    out["rows"] = drains["new"]["rows"]
-    out["relay_rows_per_sec"] = rate(drains["new"]["rows"], drains["new"]["seconds"])
+    new = drains.get("new", {})
+    out["rows"] = new.get("rows")
+    out["relay_rows_per_sec"] = rate(new["rows"], new["seconds"]) if new else None
     if "base" in drains:
         out["base_relay_rows_per_sec"] = rate(drains["base"]["rows"], drains["base"]["seconds"])
     out["raw_producer"] = raw_p

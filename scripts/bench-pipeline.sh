@@ -18,8 +18,10 @@
 #    inbox's growth, to see whether a bigger inbox is slower).
 # 3. Commit→effect at each of BENCH_STEADY_RATES new orders/s (15% retried,
 #    unique keys), the whole pipeline co-located: per order in SQL from the
-#    outbox row's commit to the charge's, and its first part, commit→publish
-#    (to the relay's mark, after the broker's ack).
+#    outbox row's created_at to the charge's, and its first part, to the
+#    row's published_at (`publish_*_ms`). Both are now() in their
+#    transactions, i.e. each transaction's start: published_at is when the
+#    relay's shard transaction began, before its claim, not the broker's ack.
 #
 # Settings (env): BENCH_ROWS (1000000), BENCH_STEADY_RATES ("1000 3850"),
 # BENCH_STEADY_SECONDS (30), BENCH_STEADY_FETCH_WAITS (payments'

@@ -22,7 +22,8 @@ async fn main() -> anyhow::Result<()> {
         std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
     // The same fetch wait as payments (its --fetch-wait-max-ms), so the two
     // are timed on equal terms.
-    let fetch_wait = std::env::var("PAYMENTS_FETCH_WAIT_MAX_MS").unwrap_or_else(|_| "25".into());
+    let fetch_wait = std::env::var("PAYMENTS_FETCH_WAIT_MAX_MS")
+        .unwrap_or_else(|_| payments::DEFAULT_FETCH_WAIT_MAX_MS.to_string());
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
         .set("fetch.wait.max.ms", &fetch_wait)

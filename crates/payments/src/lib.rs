@@ -99,7 +99,7 @@ pub struct Config {
     /// payments saw it: at 1,000 orders/s, 25 ms instead of 500 cut
     /// commit→effect p99 by 125–170 ms (FINDINGS §24). Lower costs only more
     /// requests while the topic is idle.
-    #[arg(long, env = "PAYMENTS_FETCH_WAIT_MAX_MS", default_value_t = 25,
+    #[arg(long, env = "PAYMENTS_FETCH_WAIT_MAX_MS", default_value_t = DEFAULT_FETCH_WAIT_MAX_MS,
           value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub fetch_wait_max_ms: u64,
 
@@ -181,6 +181,10 @@ pub struct Config {
 }
 
 /// `payments --help` on `--inbox-retention`: the horizon's derivation.
+/// Payments' default `--fetch-wait-max-ms`; the raw consumer baseline of
+/// `make bench-pipeline` takes the same.
+pub const DEFAULT_FETCH_WAIT_MAX_MS: u64 = 25;
+
 const INBOX_RETENTION_HELP: &str = "\
 How long the inbox remembers a msg_id: `forever`, or a duration (16d, 36h, 90m).
 

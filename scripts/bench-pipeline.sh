@@ -163,33 +163,33 @@ fi
 # --- 3. commit→effect at steady offered rates -------------------------------------
 if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
   for wait_ms in $STEADY_FETCH_WAITS; do
-  for rate in $STEADY_RATES; do
-    name=$rate
-    if [ "$wait_ms" = default ]; then unset PAYMENTS_FETCH_WAIT_MAX_MS
-    else export PAYMENTS_FETCH_WAIT_MAX_MS=$wait_ms; name=$rate-wait$wait_ms; fi
-    pipeline_fresh bench_steady "steady.$name.$RUN" 2>/dev/null
-    URL=$DATABASE_URL
-    mkdir -p "$LOGS/steady-$name"
-    pipeline_start "$LOGS/steady-$name" 127.0.0.1:18180 127.0.0.1:15151 127.0.0.1:19181 127.0.0.1:19182 "steady-$name-$RUN"
-    sleep 5 # the consumer group's first assignment, so it is not in the latency
-    log "steady load: $rate new orders/s (15% retried, unique keys) for $STEADY_SECONDS s, payments' fetch wait: $wait_ms"
-    "$BIN/loadgen" --http-url http://127.0.0.1:18180 --grpc-url http://127.0.0.1:15151 --rate "$rate" \
-      --duration "$STEADY_SECONDS" --retry-rate 0.15 --zipf-s 0 --json "$LOGS/steady-$name-loadgen.json" >/dev/null
-    DATABASE_URL=$RECON_DATABASE_URL "$BIN/recon" --wait-drained 180 >"$LOGS/steady-$name-recon.txt" \
-      && clean=true || clean=false
-    pipeline_stop
-    record "$(q "$URL" "SELECT json_build_object('what', 'steady', 'rate', $rate, 'seconds', $STEADY_SECONDS,
-        'fetch_wait_ms', '$wait_ms', 'recon_clean', $clean, 'effects', count(*),
-        'p50_ms', round((percentile_cont(0.50) WITHIN GROUP (ORDER BY ms))::numeric, 1),
-        'p99_ms', round((percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1),
-        'max_ms', round(max(ms)::numeric, 1),
-        'publish_p50_ms', round((percentile_cont(0.50) WITHIN GROUP (ORDER BY pub_ms))::numeric, 1),
-        'publish_p99_ms', round((percentile_cont(0.99) WITHIN GROUP (ORDER BY pub_ms))::numeric, 1))
-      FROM (SELECT EXTRACT(EPOCH FROM c.created_at - x.created_at) * 1000 AS ms,
-                   EXTRACT(EPOCH FROM x.published_at - x.created_at) * 1000 AS pub_ms
-            FROM payments.charges c JOIN orders.outbox x ON x.msg_id = c.msg_id) l")"
-    log "commit→effect at $rate/s: $(tail -1 "$RAW")"
-  done
+    for rate in $STEADY_RATES; do
+      name=$rate
+      if [ "$wait_ms" = default ]; then unset PAYMENTS_FETCH_WAIT_MAX_MS
+      else export PAYMENTS_FETCH_WAIT_MAX_MS=$wait_ms; name=$rate-wait$wait_ms; fi
+      pipeline_fresh bench_steady "steady.$name.$RUN" 2>/dev/null
+      URL=$DATABASE_URL
+      mkdir -p "$LOGS/steady-$name"
+      pipeline_start "$LOGS/steady-$name" 127.0.0.1:18180 127.0.0.1:15151 127.0.0.1:19181 127.0.0.1:19182 "steady-$name-$RUN"
+      sleep 5 # the consumer group's first assignment, so it is not in the latency
+      log "steady load: $rate new orders/s (15% retried, unique keys) for $STEADY_SECONDS s, payments' fetch wait: $wait_ms"
+      "$BIN/loadgen" --http-url http://127.0.0.1:18180 --grpc-url http://127.0.0.1:15151 --rate "$rate" \
+        --duration "$STEADY_SECONDS" --retry-rate 0.15 --zipf-s 0 --json "$LOGS/steady-$name-loadgen.json" >/dev/null
+      DATABASE_URL=$RECON_DATABASE_URL "$BIN/recon" --wait-drained 180 >"$LOGS/steady-$name-recon.txt" \
+        && clean=true || clean=false
+      pipeline_stop
+      record "$(q "$URL" "SELECT json_build_object('what', 'steady', 'rate', $rate, 'seconds', $STEADY_SECONDS,
+          'fetch_wait_ms', '$wait_ms', 'recon_clean', $clean, 'effects', count(*),
+          'p50_ms', round((percentile_cont(0.50) WITHIN GROUP (ORDER BY ms))::numeric, 1),
+          'p99_ms', round((percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1),
+          'max_ms', round(max(ms)::numeric, 1),
+          'publish_p50_ms', round((percentile_cont(0.50) WITHIN GROUP (ORDER BY pub_ms))::numeric, 1),
+          'publish_p99_ms', round((percentile_cont(0.99) WITHIN GROUP (ORDER BY pub_ms))::numeric, 1))
+        FROM (SELECT EXTRACT(EPOCH FROM c.created_at - x.created_at) * 1000 AS ms,
+                     EXTRACT(EPOCH FROM x.published_at - x.created_at) * 1000 AS pub_ms
+              FROM payments.charges c JOIN orders.outbox x ON x.msg_id = c.msg_id) l")"
+      log "commit→effect at $rate/s: $(tail -1 "$RAW")"
+    done
   done
 fi
 

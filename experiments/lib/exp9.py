@@ -114,6 +114,21 @@ def faults_checks(c, table, min_kills):
     return checks
 
 
+def drift_text(c):
+    """What recon called drift in chaos run C, for the printed line: its
+    checks and their values, and the client's keys it could not match."""
+    recon = c.get("recon") or {}
+    values = dict(chaos_report(c))
+    values.update({d.get("name"): d.get("value") for d in recon.get("deltas") or []})
+    parts = [f"{name} {values.get(name)}" for name in recon.get("drift") or []]
+    intents = chaos_intents(c)
+    if intents.get("matched") != intents.get("client_succeeded"):
+        parts.append(f"client keys matched {intents.get('matched')} of {intents.get('client_succeeded')}")
+    if recon.get("drained") is False:
+        parts.append("not drained in time")
+    return f" (drift: {', '.join(parts)})" if parts else ""
+
+
 def replayed(text):
     """How many deliveries `relay webhooks replay` said it queued again."""
     m = re.search(r"(\d+) failed deliveries queued again", text or "")
@@ -184,7 +199,7 @@ def main(argv):
     print(f"exp-9 faults: {faults['kills_total']} kill -9, {w['webhook_retries']} retries, "
           f"{w['proxy_errored']} answered 500, {w['proxy_held']} held past the timeout, "
           f"{w['webhook_duplicates']} answered as duplicates; {summary['faults']['distinct_orders']} orders, "
-          f"recon exit {faults['recon_exit']}")
+          f"recon exit {faults['recon_exit']}{drift_text(faults)}")
     for row in table:
         print(f"exp-9 schedule: after {row['failed_attempts']} failed: scheduled {row['scheduled_ms']} ms "
               f"(x0.8-1.2: {row['earliest_ms']}-{row['latest_ms']}), observed {row['count']}: "

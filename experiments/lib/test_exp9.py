@@ -62,6 +62,17 @@ class Exp9Test(unittest.TestCase):
         short = exp9.faults_checks(faults_run(), exp9.schedule_table(ON_TIME[:3], 1.0), 2)
         self.assertFalse(short["faults: the retry schedule observed (a wait after at least 4 failed attempts)"])
 
+    def test_the_drift_is_named_on_the_printed_line(self):
+        self.assertEqual(exp9.drift_text(faults_run()), "")
+        lost = faults_run(1, recon(lost=2))
+        lost["recon"]["drift"] = ["orders_without_charge", "distinct_charges - distinct_orders"]
+        lost["recon"]["deltas"] = [{"name": "distinct_charges - distinct_orders", "value": -2}]
+        lost["recon"]["drained"] = False
+        lost["recon"]["intents"]["matched"] = 99
+        self.assertEqual(exp9.drift_text(lost),
+                         " (drift: orders_without_charge 2, distinct_charges - distinct_orders -2, "
+                         "client keys matched 99 of 100, not drained in time)")
+
     def test_the_replay(self):
         rec = recon(lost=7, clean=False)
         rec["report"]["failed_deliveries"] = 7

@@ -234,6 +234,28 @@ async fn seeded(n: u64) -> (TestDb, PgPool) {
     (db, pool)
 }
 
+/// Drained waits for the sender too: a delivery the receiver has applied
+/// (its inbox has the event) but the sender has not marked delivered (the
+/// answer was lost; its retry is still due) is not drained yet.
+#[tokio::test]
+async fn drained_waits_for_an_open_webhook_delivery() {
+    let (_db, pool) = seeded(5).await;
+    let wait = || recon::wait_drained(&pool, Duration::from_millis(300));
+    assert!(wait().await.expect("drain query"), "the seed is drained");
+    let open = "INSERT INTO orders.webhook_deliveries (destination, outbox_id, aggregate_id, msg_id, body) \
+                SELECT 'd', id, aggregate_id, msg_id, payload FROM orders.outbox ORDER BY id LIMIT 1";
+    sqlx::query(open).execute(&pool).await.expect(open);
+    assert!(
+        !wait().await.expect("drain query"),
+        "an open delivery is not drained, though its event is in the inbox"
+    );
+    sqlx::query("UPDATE orders.webhook_deliveries SET delivered_at = now()")
+        .execute(&pool)
+        .await
+        .expect("mark delivered");
+    assert!(wait().await.expect("drain query"), "delivered: drained");
+}
+
 /// Each corruption, applied alone to a clean database, is drift and is named.
 #[tokio::test]
 async fn every_per_order_check_catches_its_corruption() {

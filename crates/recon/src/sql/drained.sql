@@ -21,4 +21,10 @@ SELECT
                                     WHERE w.msg_id = x.msg_id AND w.failed_at IS NOT NULL))
   -- over HTTP: nothing claimed by the receiver and not yet applied
   AND NOT EXISTS (SELECT 1 FROM payments.webhook_inbox i WHERE i.processed_at IS NULL)
+  -- over HTTP: no delivery the sender still has open. The receiver may have
+  -- applied it already (its answer lost to a timeout or a kill), so the
+  -- inbox alone says drained while the sender's retry is still due, and
+  -- recon's open_deliveries would be a race, not drift.
+  AND NOT EXISTS (SELECT 1 FROM orders.webhook_deliveries w
+                  WHERE w.delivered_at IS NULL AND w.failed_at IS NULL)
   AS "drained!"

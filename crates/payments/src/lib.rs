@@ -180,11 +180,11 @@ pub struct Config {
     pub clock_skew: Duration,
 }
 
-/// `payments --help` on `--inbox-retention`: the horizon's derivation.
 /// Payments' default `--fetch-wait-max-ms`; the raw consumer baseline of
 /// `make bench-pipeline` takes the same.
 pub const DEFAULT_FETCH_WAIT_MAX_MS: u64 = 25;
 
+/// `payments --help` on `--inbox-retention`: the horizon's derivation.
 const INBOX_RETENTION_HELP: &str = "\
 How long the inbox remembers a msg_id: `forever`, or a duration (16d, 36h, 90m).
 

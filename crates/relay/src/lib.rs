@@ -7,15 +7,20 @@
 //! exactly-once.
 //!
 //! Ordering across any number of relay processes: rows are split into
-//! [`outbox::SHARDS`] shards by aggregate id; a worker publishes a shard only
-//! while its transaction holds the shard's advisory lock, awaits every
-//! delivery report, marks the delivered rows and commits, and only then can
-//! another worker take the shard. See ARCHITECTURE.md.
+//! [`outbox::SHARDS`] shards by aggregate id; a worker publishes a batch of
+//! a shard only while its transaction holds one of the shard's advisory
+//! locks (a slot), awaits every delivery report, marks the delivered rows
+//! and commits. The claim takes a key's row only when no earlier row of the
+//! key is pending, and skips rows locked by a claim in flight, so a key's
+//! next event is claimed only after its previous one was acked and
+//! committed published, by whichever transaction. See ARCHITECTURE.md.
 //!
-//! Pipelining: every shard has a loop of its own in each process, and up to
-//! `--workers` of them hold a shard transaction at once, so one shard's
-//! claim, mark and commit overlap the others' broker acks. A key lives in one
-//! shard, so its events are still never in flight from two places.
+//! Pipelining: every shard has a loop of its own in each process (with
+//! `--shard-depth` N, N loops, one per lock slot), and up to `--workers` of
+//! them hold a shard transaction at once, so one shard's claim, mark and
+//! commit overlap the others' broker acks, and at a depth over 1 its own.
+//! A key's event is never in flight from two places: a claim skips the rows
+//! in flight and every later row of their keys (`outbox::try_lock_shard`).
 
 pub mod metrics;
 pub mod outbox;
@@ -87,6 +92,18 @@ pub struct Config {
     #[arg(long, env = "RELAY_WORKERS", default_value_t = 8,
           value_parser = clap::value_parser!(u16).range(1..=SHARDS as i64))]
     pub workers: u16,
+
+    /// Transactions one shard can have in flight at once (`--mode poll`),
+    /// within `--workers`. At 1, a row committed while its shard awaits
+    /// its batch's acks waits for them, the mark and the commit; at 2, a
+    /// second transaction claims it meanwhile. Per-key order holds at any
+    /// depth: a claim skips the rows in flight and every later row of their
+    /// keys. Worth it where the broker's acks, not the CPU, are the wait: on
+    /// 2 shared cores and the embedded broker, 2 gained nothing (FINDINGS
+    /// §25).
+    #[arg(long, env = "RELAY_SHARD_DEPTH", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..=outbox::MAX_SHARD_DEPTH as i64))]
+    pub shard_depth: u8,
 
     /// Fallback poll interval in milliseconds when no NOTIFY arrives.
     #[arg(long, env = "RELAY_POLL_INTERVAL_MS", default_value_t = 500)]
@@ -359,12 +376,15 @@ pub async fn run(
             )));
             let poll = Duration::from_millis(config.poll_interval_ms);
             for shard in 0..SHARDS {
-                worker_tasks.push(tokio::spawn(worker.clone().run_shard(
-                    shard,
-                    poll,
-                    wake_rx.clone(),
-                    cancel.clone(),
-                )));
+                for slot in 0..config.shard_depth.max(1) {
+                    worker_tasks.push(tokio::spawn(worker.clone().run_shard(
+                        shard,
+                        slot,
+                        poll,
+                        wake_rx.clone(),
+                        cancel.clone(),
+                    )));
+                }
             }
             drop(wal_end_tx);
         }
@@ -390,7 +410,7 @@ pub async fn run(
             }));
         }
     }
-    tracing::info!(mode = ?config.mode, workers, batch_size = config.batch_size, topic = %config.kafka.kafka_topic, "relay running");
+    tracing::info!(mode = ?config.mode, workers, shard_depth = config.shard_depth, batch_size = config.batch_size, topic = %config.kafka.kafka_topic, "relay running");
 
     let mut wal_result = Ok(());
     tokio::select! {
@@ -549,13 +569,15 @@ enum Publish {
 }
 
 impl Worker {
-    /// One shard's loop: publish a batch while there is one, then wait for
-    /// a NOTIFY or the poll. A batch holds one of the `--workers` permits
-    /// from its claim to its commit; the semaphore is fair, so a busy shard
-    /// queues behind the others between batches instead of starving them.
+    /// One shard slot's loop (`--shard-depth` of them per shard): publish a
+    /// batch while there is one, then wait for a NOTIFY or the poll. A
+    /// batch holds one of the `--workers` permits from its claim to its
+    /// commit; the semaphore is fair, so a busy shard queues behind the
+    /// others between batches instead of starving them.
     async fn run_shard(
         self: Arc<Self>,
         shard: i16,
+        slot: u8,
         poll: Duration,
         mut wake: watch::Receiver<u64>,
         cancel: CancellationToken,
@@ -575,7 +597,7 @@ impl Worker {
             self.metrics.relay_shards_in_flight.inc();
             // Not cut short by a shutdown: a batch handed to the producer is
             // awaited and marked, so a clean stop re-publishes nothing.
-            let result = self.relay_shard(shard).await;
+            let result = self.relay_shard(shard, slot).await;
             self.metrics.relay_shards_in_flight.dec();
             drop(permit);
             match result {
@@ -597,6 +619,7 @@ impl Worker {
                         .inc();
                     tracing::warn!(
                         shard,
+                        slot,
                         error = format!("{error:#}"),
                         retry_in_ms = backoff.next().as_millis() as u64,
                         "relay batch failed; will retry"
@@ -609,14 +632,15 @@ impl Worker {
         }
     }
 
-    /// One transaction: lock the shard, claim, publish, await acks, mark, commit.
+    /// One transaction: lock the shard's slot, claim, publish, await acks,
+    /// mark, commit.
     ///
     /// Its span names the shard and, once claimed, the batch's row count, so
     /// every log of a row's publish says which batch it was in.
     #[tracing::instrument(level = "info", skip(self), fields(rows = tracing::field::Empty))]
-    async fn relay_shard(&self, shard: i16) -> anyhow::Result<usize> {
+    async fn relay_shard(&self, shard: i16, slot: u8) -> anyhow::Result<usize> {
         let mut tx = self.pool.begin().await.context("begin")?;
-        if !outbox::try_lock_shard(&mut tx, shard)
+        if !outbox::try_lock_shard(&mut tx, shard, slot)
             .await
             .context("lock shard")?
         {

@@ -48,18 +48,35 @@ impl PendingRow {
     }
 }
 
-/// Tries to take `shard`'s lock for the life of `tx`. `false`: another relay
-/// worker holds it; skip the shard.
+/// The most transactions one shard can have in flight at once
+/// (`relay --shard-depth`): one lock per slot.
+pub const MAX_SHARD_DEPTH: u8 = 4;
+
+/// Tries to take slot `slot` of `shard`'s lock for the life of `tx`.
+/// `false`: another relay worker holds it; skip it.
 ///
 /// The lock is transaction-scoped: it is released by the same commit that
-/// marks the batch published, or by the rollback when the relay dies. That is
-/// the fence: a worker can only mark rows while it still holds the lease.
-pub async fn try_lock_shard(tx: &mut Transaction<'_, Postgres>, shard: i16) -> sqlx::Result<bool> {
+/// marks the batch published, or by the rollback when the relay dies. It
+/// bounds the transactions in flight per shard (one per slot, across every
+/// relay process) and keeps a hung one's slot until its session ends.
+///
+/// Per-key order does not rest on the lock but on the claim's rows: a
+/// claimed row stays locked and pending until its transaction commits, so
+/// a concurrent claim skips it (`SKIP LOCKED`) and skips every later row of
+/// its key (an earlier row is pending); a row is claimed only once its key's
+/// earlier row is committed published. So a shard's slots can overlap: one
+/// transaction claims while another awaits the broker's acks. Slot 0 is the
+/// lock relays took before there were slots.
+pub async fn try_lock_shard(
+    tx: &mut Transaction<'_, Postgres>,
+    shard: i16,
+    slot: u8,
+) -> sqlx::Result<bool> {
     // A function's result has no NOT NULL for PostgreSQL to report; this
     // one never returns NULL.
     sqlx::query_scalar!(
         r#"SELECT pg_try_advisory_xact_lock($1) AS "locked!""#,
-        LOCK_BASE + i64::from(shard)
+        LOCK_BASE + i64::from(shard) + i64::from(SHARDS) * i64::from(slot.min(MAX_SHARD_DEPTH - 1))
     )
     .fetch_one(&mut **tx)
     .await

@@ -357,7 +357,7 @@ async fn drain(worker: &Arc<Worker>, cancel: &CancellationToken) -> anyhow::Resu
             let mut total = 0;
             while !cancel.is_cancelled() {
                 let permit = worker.permits.acquire().await?;
-                let n = worker.relay_shard(shard).await;
+                let n = worker.relay_shard(shard, 0).await;
                 drop(permit);
                 match n? {
                     0 => break,

@@ -416,7 +416,7 @@ impl Sender {
         batch_size: i64,
     ) -> anyhow::Result<usize> {
         let mut tx = self.pool.begin().await.context("begin")?;
-        if !outbox::try_lock_shard(&mut tx, shard)
+        if !outbox::try_lock_shard(&mut tx, shard, 0)
             .await
             .context("lock shard")?
         {

@@ -26,6 +26,7 @@ fn config(db: &TestDb, topic: &TestTopic, workers: u16, batch_size: i64) -> Conf
         crash: CrashArgs::default(),
         batch_size,
         workers,
+        shard_depth: 1,
         poll_interval_ms: 200,
         lag_sample_ms: 200,
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
@@ -277,6 +278,102 @@ async fn shards_in_flight_at_once_keep_every_key_in_order() {
     }
     cancel.cancel();
     task.await.expect("join").expect("relay ok");
+}
+
+/// `--shard-depth`: one shard's transactions overlap (a claim while another
+/// batch of the shard awaits its acks), in two relays at once, while the
+/// events are written. Every key still arrives in outbox order, each event
+/// once: a claim skips the rows in flight and every later row of their keys.
+/// Every key is in one shard, so the overlap seen is within that shard: two
+/// sessions holding a slot of it, each idle in its transaction after a claim
+/// (awaiting acks). At depth 1 that count never passes 1.
+#[tokio::test]
+async fn one_shards_transactions_in_flight_at_once_keep_every_key_in_order() {
+    const SHARD: i16 = 5;
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(6).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let mut keys = Vec::new();
+    while keys.len() < 40 {
+        let key = Uuid::now_v7();
+        let shard: i16 = sqlx::query_scalar("SELECT (abs(uuid_hash($1)::bigint) % 16)::smallint")
+            .bind(key)
+            .fetch_one(&pool)
+            .await
+            .expect("shard");
+        if shard == SHARD {
+            keys.push(key);
+        }
+    }
+
+    let sampling = CancellationToken::new();
+    let sampler = tokio::spawn({
+        let (pool, sampling) = (pool.clone(), sampling.clone());
+        async move {
+            // The slots of SHARD: lock id 0x0e117e1a0000 + shard + 16 × slot,
+            // in pg_locks as classid (high half) and objid (low half).
+            let awaiting = "SELECT count(DISTINCT a.pid) FROM pg_stat_activity a \
+                 JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.granted \
+                 WHERE a.datname = current_database() AND a.state = 'idle in transaction' \
+                   AND a.query LIKE 'SELECT o.id, o.aggregate_id%' \
+                   AND l.classid = 3601 AND (l.objid::int8 - 2115633152) % 16 = $1";
+            let mut most = 0i64;
+            while !sampling.is_cancelled() {
+                let n: i64 = sqlx::query_scalar(awaiting)
+                    .bind(i64::from(SHARD))
+                    .fetch_one(&pool)
+                    .await
+                    .expect("sample");
+                most = most.max(n);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            most
+        }
+    });
+    let (c1, t1) = spawn_relay(Config {
+        shard_depth: 4,
+        ..config(&db, &topic, 8, 3)
+    })
+    .await;
+    let (c2, t2) = spawn_relay(Config {
+        shard_depth: 2,
+        ..config(&db, &topic, 4, 5)
+    })
+    .await;
+    fill_outbox(&pool, &keys, 8).await;
+    assert!(
+        eventually(Duration::from_secs(90), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "the relays drained the outbox"
+    );
+    sampling.cancel();
+    let most_awaiting = sampler.await.expect("sampler");
+    // One more than was written: a duplicate would show.
+    let messages = topic.read_all(321, Duration::from_secs(20)).await;
+    assert_eq!(
+        messages.len(),
+        320,
+        "each event once: no crash, no re-publish"
+    );
+    let (seqs, _) = per_key_sequences(&messages);
+    assert_eq!(seqs.len(), 40);
+    for (key, seq) in &seqs {
+        assert_eq!(
+            seq,
+            &(0..8).collect::<Vec<i64>>(),
+            "key {key} in outbox order"
+        );
+    }
+    assert!(
+        most_awaiting >= 2,
+        "two transactions of one shard awaited acks at once (most seen: {most_awaiting})"
+    );
+    c1.cancel();
+    c2.cancel();
+    t1.await.expect("join").expect("relay 1 ok");
+    t2.await.expect("join").expect("relay 2 ok");
 }
 
 /// The relay binary SIGKILLs itself after the broker acked a batch and before

@@ -109,7 +109,9 @@ pub struct Config {
     #[arg(long, env = "RELAY_POLL_INTERVAL_MS", default_value_t = 500)]
     pub poll_interval_ms: u64,
 
-    /// How often the backlog metrics are sampled, in milliseconds.
+    /// How often the backlog metrics are sampled, in milliseconds; less
+    /// often while a sample is slow (over a large backlog), so that it keeps
+    /// to a sixth of one database backend.
     #[arg(long, env = "RELAY_LAG_SAMPLE_MS", default_value_t = 1000)]
     pub lag_sample_ms: u64,
 
@@ -891,7 +893,21 @@ async fn sample_slot(
     }
 }
 
-/// Samples the backlog gauges.
+/// How many times its own duration the backlog sampler waits between two
+/// samples, at least: the count reads every pending row, so over a large
+/// backlog one sample costs a backend's second or more.
+const LAG_SAMPLE_DUTY: u32 = 5;
+
+/// The wait after a backlog sample that took `took`: `every`, or longer when
+/// the sample was slow, so that sampling keeps to at most 1 /
+/// (1 + [`LAG_SAMPLE_DUTY`]) of one database backend. Over a 1M-row backlog
+/// a sample took 1.2–1.5 s; taken every second, it kept a backend busy
+/// throughout the drain it was measuring (FINDINGS §25).
+fn lag_sample_wait(every: Duration, took: Duration) -> Duration {
+    every.max(took.saturating_mul(LAG_SAMPLE_DUTY))
+}
+
+/// Samples the backlog gauges, every `every` or more ([`lag_sample_wait`]).
 async fn sample_lag(
     pool: PgPool,
     metrics: Arc<RelayMetrics>,
@@ -899,20 +915,45 @@ async fn sample_lag(
     cancel: CancellationToken,
 ) {
     loop {
-        match pool.acquire().await {
-            Ok(mut conn) => match outbox::lag(&mut conn).await {
-                Ok((pending, age, failed)) => {
-                    metrics.outbox_pending_rows.set(pending);
-                    metrics.outbox_failed_rows.set(failed);
-                    metrics.outbox_oldest_pending_age_seconds.set(age);
-                }
-                Err(error) => tracing::debug!(%error, "sample outbox lag"),
-            },
-            Err(error) => tracing::debug!(%error, "sample outbox lag: no connection"),
+        let start = Instant::now();
+        let lag = match pool.acquire().await {
+            Ok(mut conn) => outbox::lag(&mut conn).await,
+            Err(error) => Err(error),
+        };
+        // Waiting for a connection counts too: the workers hold them while
+        // the database is busy.
+        let took = start.elapsed();
+        match lag {
+            Ok((pending, age, failed)) => {
+                metrics.outbox_pending_rows.set(pending);
+                metrics.outbox_failed_rows.set(failed);
+                metrics.outbox_oldest_pending_age_seconds.set(age);
+            }
+            Err(error) => tracing::debug!(%error, "sample outbox lag"),
         }
         tokio::select! {
-            () = tokio::time::sleep(every) => {}
+            () = tokio::time::sleep(lag_sample_wait(every, took)) => {}
             () = cancel.cancelled() => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_backlog_sample_stretches_the_wait_to_its_duty() {
+        let every = Duration::from_secs(1);
+        assert_eq!(lag_sample_wait(every, Duration::from_millis(3)), every);
+        assert_eq!(lag_sample_wait(every, Duration::from_millis(200)), every);
+        assert_eq!(
+            lag_sample_wait(every, Duration::from_millis(1_300)),
+            Duration::from_millis(6_500)
+        );
+        assert_eq!(
+            lag_sample_wait(Duration::from_millis(200), Duration::from_millis(100)),
+            Duration::from_millis(500)
+        );
     }
 }

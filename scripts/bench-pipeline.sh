@@ -22,11 +22,20 @@
 #    row's published_at (`publish_*_ms`). Both are now() in their
 #    transactions, i.e. each transaction's start: published_at is when the
 #    relay's shard transaction began, before its claim, not the broker's ack.
+#    Each point also records where the CPU went (`cpu`: cores per process
+#    and per PostgreSQL role, scripts/lib/cpu.py) in the load's middle, and
+#    the relay's batches then (`relay`: count and mean of its histograms
+#    relay_batch_size, relay_publish_duration_seconds, i.e. a batch's
+#    produce to last ack, and relay_commit_to_publish_seconds, i.e. the
+#    outbox row's created_at to its ack).
 #
 # Settings (env): BENCH_ROWS (1000000), BENCH_STEADY_RATES ("1000 3850"),
 # BENCH_STEADY_SECONDS (30), BENCH_STEADY_FETCH_WAITS (payments'
 # --fetch-wait-max-ms for the steady runs, one run per value and rate, e.g.
 # "25 500" for the default next to librdkafka's; default: payments' own),
+# BENCH_SHARD_DEPTHS (the relay's --shard-depth for the steady runs, one run
+# per value, rate and wait, e.g. "1 2"; a list like "1 2 1 2" repeats
+# the runs interleaved; default: the relay's own),
 # BENCH_BASE_BIN (a directory with another build's relay and payments: each
 # drain and the new pass run again with them, side by side, e.g. the build
 # before a change), BENCH_SKIP_STEADY=1, BENCH_SKIP_THROUGHPUT=1 (steps 3
@@ -38,6 +47,7 @@ ROWS=${BENCH_ROWS:-1000000}
 STEADY_RATES=${BENCH_STEADY_RATES:-1000 3850}
 STEADY_SECONDS=${BENCH_STEADY_SECONDS:-30}
 STEADY_FETCH_WAITS=${BENCH_STEADY_FETCH_WAITS:-${PAYMENTS_FETCH_WAIT_MAX_MS:-default}}
+SHARD_DEPTHS=${BENCH_SHARD_DEPTHS:-${RELAY_SHARD_DEPTH:-default}}
 BASE_BIN=${BENCH_BASE_BIN:-}
 RUN=$(date +%Y%m%d-%H%M%S)
 OUT=$ROOT/bench/results
@@ -46,6 +56,7 @@ LOGS=$ROOT/.stack/bench-$RUN
 RAW=$LOGS/raw.jsonl # one JSON object per measurement; the summary reads it
 
 log() { printf 'bench: %s\n' "$*" >&2; }
+[ "$STEADY_SECONDS" -ge 15 ] || { log "BENCH_STEADY_SECONDS must be at least 15"; exit 2; }
 now() { date +%s.%N; }
 record() { printf '%s\n' "$1" >>"$RAW"; }
 
@@ -76,16 +87,28 @@ q "$URL" "$(pipeline_outbox_rows_sql "$ROWS")"
 q "$URL" "VACUUM ANALYZE orders.outbox"
 BYTES=$(q "$URL" "SELECT round(avg(length(payload)))::int + 160 FROM orders.outbox") # + the envelope
 
+metric() { # PORT NAME → the value of NAME at 127.0.0.1:PORT/metrics as an integer (0 when absent)
+  curl -fs "http://127.0.0.1:$1/metrics" 2>/dev/null | awk -v m="$2" '$1==m{v=int($2)} END{print v+0}'
+}
+# The drain is watched on the relay's relay_published_total, not by counting
+# the pending rows: over a 1M-row backlog that count costs PostgreSQL about a
+# second, and taken 4 times a second it took a fifth of the drain's rate
+# (FINDINGS §25). One count at the end checks that nothing is left.
 drain() { # NAME BIN TOPIC → records relay_drain
-  local name=$1 bin=$2 topic=$3 t0 t1 pid
+  local name=$1 bin=$2 topic=$3 t0 t1 pid port=19201 left
   log "relay ($name) draining $ROWS rows to $topic"
   t0=$(now)
-  DATABASE_URL=$RELAY_DATABASE_URL KAFKA_TOPIC=$topic RELAY_METRICS_ADDR=127.0.0.1:0 "$bin/relay" >"$LOGS/relay-$name.log" 2>&1 &
+  DATABASE_URL=$RELAY_DATABASE_URL KAFKA_TOPIC=$topic RELAY_METRICS_ADDR=127.0.0.1:$port "$bin/relay" >"$LOGS/relay-$name.log" 2>&1 &
   pid=$!
   PIDS+=("$pid")
-  while [ "$(q "$URL" "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL")" != 0 ]; do sleep 0.25; done
+  while [ "$(metric "$port" relay_published_total)" -lt "$ROWS" ]; do
+    kill -0 "$pid" 2>/dev/null || { log "relay ($name) exited, see $LOGS/relay-$name.log"; exit 1; }
+    sleep 0.1
+  done
   t1=$(now)
   kill "$pid"; wait "$pid" 2>/dev/null || true
+  left=$(q "$URL" "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL")
+  [ "$left" = 0 ] || { log "relay ($name) counted $ROWS published but $left rows are pending"; exit 1; }
   record "{\"what\": \"relay_drain\", \"build\": \"$name\", \"rows\": $ROWS, \"seconds\": $(python3 -c "print(round($t1-$t0, 3))")}"
   log "relay ($name): $(python3 -c "print(round($ROWS/($t1-$t0)))") rows/s"
 }
@@ -103,9 +126,6 @@ record "{\"what\": \"raw_producer\", \"result\": $RAW_P}"
 log "raw producer: $RAW_P"
 
 # --- 2. consumer throughput ------------------------------------------------------
-metric() { # PORT NAME → the value of NAME at 127.0.0.1:PORT/metrics as an integer (0 when absent)
-  curl -fs "http://127.0.0.1:$1/metrics" 2>/dev/null | awk -v m="$2" '$1==m{v=int($2)} END{print v+0}'
-}
 consume_pass() { # NAME BIN GROUP PORT DB → records consume
   local name=$1 bin=$2 group=$3 port=$4 db=$5 pid start="" n0=0 n=0 t
   DATABASE_URL=${PAYMENTS_DATABASE_URL%/*}/$db KAFKA_TOPIC=$TOPIC PAYMENTS_GROUP_ID=$group PAYMENTS_METRICS_ADDR=127.0.0.1:$port \
@@ -162,24 +182,41 @@ fi
 
 # --- 3. commit→effect at steady offered rates -------------------------------------
 if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
+  for depth in $SHARD_DEPTHS; do
   for wait_ms in $STEADY_FETCH_WAITS; do
     for rate in $STEADY_RATES; do
       name=$rate
       if [ "$wait_ms" = default ]; then unset PAYMENTS_FETCH_WAIT_MAX_MS
       else export PAYMENTS_FETCH_WAIT_MAX_MS=$wait_ms; name=$rate-wait$wait_ms; fi
+      if [ "$depth" = default ]; then unset RELAY_SHARD_DEPTH
+      else export RELAY_SHARD_DEPTH=$depth; name=$name-depth$depth; fi
+      point=$((${point:-0} + 1)) # a value repeated in a list is a run of its own
+      name=$name-$point
       pipeline_fresh bench_steady "steady.$name.$RUN" 2>/dev/null
       URL=$DATABASE_URL
       mkdir -p "$LOGS/steady-$name"
       pipeline_start "$LOGS/steady-$name" 127.0.0.1:18180 127.0.0.1:15151 127.0.0.1:19181 127.0.0.1:19182 "steady-$name-$RUN"
       sleep 5 # the consumer group's first assignment, so it is not in the latency
-      log "steady load: $rate new orders/s (15% retried, unique keys) for $STEADY_SECONDS s, payments' fetch wait: $wait_ms"
+      log "steady load: $rate new orders/s (15% retried, unique keys) for $STEADY_SECONDS s, payments' fetch wait: $wait_ms, relay's shard depth: $depth"
+      # Where the CPU goes under the load: its middle, 5 s in to 5 s before the end.
+      # And the relay's batches over the same span: how many, their rows and
+      # their produce-to-last-ack time (its histograms, scripts/lib/histo_delta.py).
+      ( sleep 5; python3 scripts/lib/cpu.py snap "$STACK_ADMIN_DATABASE_URL" >"$LOGS/steady-$name-cpu-a.json"
+        curl -fs http://127.0.0.1:19181/metrics >"$LOGS/steady-$name-relay-a.txt" || true
+        sleep $((STEADY_SECONDS - 10)); python3 scripts/lib/cpu.py snap "$STACK_ADMIN_DATABASE_URL" >"$LOGS/steady-$name-cpu-b.json"
+        curl -fs http://127.0.0.1:19181/metrics >"$LOGS/steady-$name-relay-b.txt" || true ) &
+      cpu_pid=$!
       "$BIN/loadgen" --http-url http://127.0.0.1:18180 --grpc-url http://127.0.0.1:15151 --rate "$rate" \
         --duration "$STEADY_SECONDS" --retry-rate 0.15 --zipf-s 0 --json "$LOGS/steady-$name-loadgen.json" >/dev/null
+      wait "$cpu_pid"
+      cpu=$(python3 scripts/lib/cpu.py diff "$LOGS/steady-$name-cpu-a.json" "$LOGS/steady-$name-cpu-b.json" $((STEADY_SECONDS - 10)))
+      batches=$(python3 scripts/lib/histo_delta.py "$LOGS/steady-$name-relay-a.txt" "$LOGS/steady-$name-relay-b.txt" \
+        relay_batch_size relay_publish_duration_seconds relay_commit_to_publish_seconds)
       DATABASE_URL=$RECON_DATABASE_URL "$BIN/recon" --wait-drained 180 >"$LOGS/steady-$name-recon.txt" \
         && clean=true || clean=false
       pipeline_stop
       record "$(q "$URL" "SELECT json_build_object('what', 'steady', 'rate', $rate, 'seconds', $STEADY_SECONDS,
-          'fetch_wait_ms', '$wait_ms', 'recon_clean', $clean, 'effects', count(*),
+          'fetch_wait_ms', '$wait_ms', 'shard_depth', '$depth', 'recon_clean', $clean, 'cpu', '$cpu'::json, 'relay', '$batches'::json, 'effects', count(*),
           'p50_ms', round((percentile_cont(0.50) WITHIN GROUP (ORDER BY ms))::numeric, 1),
           'p99_ms', round((percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1),
           'max_ms', round(max(ms)::numeric, 1),
@@ -190,6 +227,7 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
               FROM payments.charges c JOIN orders.outbox x ON x.msg_id = c.msg_id) l")"
       log "commit→effect at $rate/s: $(tail -1 "$RAW")"
     done
+  done
   done
 fi
 

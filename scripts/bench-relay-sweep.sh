@@ -4,8 +4,11 @@
 # (bench_pipeline, 1M published outbox rows): each point marks the first
 # SWEEP_ROWS rows pending again (as a relay crash would) and times the drain
 # to a fresh topic. Settings: SWEEP_ROWS (200000), SWEEP_POINTS
-# ("2:500 8:500 8:1000 16:1000": workers:batch), SWEEP_RELAY_BIN (the relay
-# binary, target/release/relay; another build's for an A/B on the same backlog).
+# ("2:500 8:500 8:1000 16:1000": workers:batch[:shard depth], the depth
+# the relay's default when left out), SWEEP_RELAY_BIN (the relay binary,
+# target/release/relay; another build's for an A/B on the same backlog).
+# Each line also gives where the CPU went during the drain, in cores per
+# process name and per PostgreSQL role (scripts/lib/cpu.py).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -20,18 +23,36 @@ RELAY_URL=${RELAY_DATABASE_URL:?"not in .stack/env: scripts/stack.sh up rewrites
 RELAY_URL=${RELAY_URL%/*}/bench_pipeline
 q() { psql "$URL" -qAt -v ON_ERROR_STOP=1 -c "$1"; }
 [ "$(q "SELECT count(*) >= $ROWS FROM orders.outbox")" = t ] || { echo "run make bench-pipeline first" >&2; exit 1; }
+published() { # the relay's relay_published_total (0 until it serves /metrics)
+  curl -fs http://127.0.0.1:19206/metrics 2>/dev/null | awk '$1=="relay_published_total"{v=int($2)} END{print v+0}'
+}
+CPU_A=$(mktemp) CPU_B=$(mktemp)
+trap 'rm -f "$CPU_A" "$CPU_B"' EXIT
 for point in $POINTS; do
-  workers=${point%%:*}; batch=${point##*:}
+  IFS=: read -r workers batch depth <<<"$point"
+  depth_env=()
+  [ -n "$depth" ] && depth_env=(RELAY_SHARD_DEPTH="$depth")
   q "UPDATE orders.outbox SET published_at = NULL WHERE id <= $ROWS" >/dev/null
   q "VACUUM orders.outbox" >/dev/null
   topic=bench.sweep.$workers.$batch.$(date +%s)
   target/debug/kafka-tool create --topic "$topic" --partitions 6 2>/dev/null
+  python3 scripts/lib/cpu.py snap "$STACK_ADMIN_DATABASE_URL" >"$CPU_A"
   t0=$(date +%s.%N)
-  DATABASE_URL=$RELAY_URL KAFKA_TOPIC=$topic RELAY_WORKERS=$workers RELAY_BATCH_SIZE=$batch \
-    RELAY_METRICS_ADDR=127.0.0.1:0 RUST_LOG=warn "$RELAY_BIN" &
+  env "${depth_env[@]}" DATABASE_URL=$RELAY_URL KAFKA_TOPIC=$topic RELAY_WORKERS=$workers RELAY_BATCH_SIZE=$batch \
+    RELAY_METRICS_ADDR=127.0.0.1:19206 RUST_LOG=warn "$RELAY_BIN" &
   pid=$!
-  while [ "$(q "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL")" != 0 ]; do sleep 0.3; done
+  # Watched on the relay's counter: counting the pending rows would load the
+  # database it measures (FINDINGS §25).
+  while [ "$(published)" -lt "$ROWS" ]; do
+    kill -0 "$pid" 2>/dev/null || { echo "the relay exited" >&2; exit 1; }
+    sleep 0.1
+  done
   t1=$(date +%s.%N)
+  # Before the kill: the relay and its sessions' backends are still alive.
+  python3 scripts/lib/cpu.py snap "$STACK_ADMIN_DATABASE_URL" >"$CPU_B"
   kill "$pid"; wait "$pid" 2>/dev/null || true
-  echo "relay=$RELAY_BIN workers=$workers batch=$batch rows=$ROWS rows_per_sec=$(python3 -c "print(round($ROWS/($t1-$t0)))")"
+  [ "$(q "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL")" = 0 ] || { echo "rows left pending" >&2; exit 1; }
+  echo "relay=$RELAY_BIN workers=$workers batch=$batch depth=${depth:-default} rows=$ROWS" \
+    "rows_per_sec=$(python3 -c "print(round($ROWS/($t1-$t0)))")" \
+    "cpu=$(python3 scripts/lib/cpu.py diff "$CPU_A" "$CPU_B" "$(python3 -c "print($t1-$t0)")")"
 done

@@ -36,11 +36,12 @@ lint: ## fmt check + clippy -D warnings
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test: ## the test command: lint, the compile-time SQL data fresh (.sqlx), the experiments' verdict tests, every test against the real stack (starts it), then two short demos (over Kafka, over webhooks) that fail on drift
+test: ## the test command: lint, the compile-time SQL data fresh (.sqlx), the experiments' verdict tests and the benchmarks' helpers' tests, every test against the real stack (starts it), then two short demos (over Kafka, over webhooks) that fail on drift
 	@scripts/stack.sh up >/dev/null
 	$(MAKE) --no-print-directory lint
 	scripts/check-sqlx.sh
 	python3 -m unittest discover -s experiments/lib
+	python3 -m unittest discover -s scripts/lib
 	$(CARGO) nextest run --workspace --no-fail-fast
 	DEMO_PROFILE=debug DEMO_SECONDS=5 DEMO_RATE=200 scripts/demo.sh
 	DEMO_PROFILE=debug DEMO_SECONDS=5 DEMO_RATE=200 DEMO_TRANSPORT=http scripts/demo.sh

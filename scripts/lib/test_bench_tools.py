@@ -1,0 +1,91 @@
+"""The benchmarks' accounting helpers: cpu.py's diff and histo_delta.py.
+
+    python3 -m unittest discover -s scripts/lib
+"""
+
+import os
+import tempfile
+import unittest
+
+import cpu
+import histo_delta
+
+
+def proc(name, seconds, role=None):
+    p = {"name": name, "seconds": seconds}
+    if role:
+        p["role"] = role
+    return p
+
+
+class CpuDiff(unittest.TestCase):
+    def test_cores_per_name_and_role_over_the_span(self):
+        a = {
+            "processes": {
+                "1": proc("nisshi", 100.0),
+                "2": proc("postgres", 10.0, "effectively_relay"),
+                "3": proc("postgres", 5.0, "effectively_orders"),
+                "9": proc("gone", 50.0),
+            },
+            "machine": {"total": 1000.0, "idle": 500.0},
+        }
+        b = {
+            "processes": {
+                "1": proc("nisshi", 108.0),
+                "2": proc("postgres", 12.0, "effectively_relay"),
+                "3": proc("postgres", 9.0, "effectively_orders"),
+                # Started after A: all of its seconds are in the span.
+                "4": proc("postgres", 2.0, "effectively_relay"),
+            },
+            "machine": {"total": 1020.0, "idle": 505.0},
+        }
+        d = cpu.diff(a, b, 10.0)
+        self.assertEqual(d["cores"], {"nisshi": 0.8, "postgres": 0.8})
+        self.assertEqual(
+            d["postgres_cores_by_role"], {"effectively_orders": 0.4, "effectively_relay": 0.4}
+        )
+        self.assertEqual(d["machine_busy"], 0.75)
+        self.assertEqual(list(d["cores"]), sorted(d["cores"], key=lambda k: -d["cores"][k]))
+
+    def test_kernel_workers_count_as_one_name(self):
+        self.assertEqual(cpu.name("kworker/u8:3-events_unbound"), "kworker")
+        self.assertEqual(cpu.name("relay"), "relay")
+
+    def test_a_snapshot_of_this_machine_reads(self):
+        s = cpu.snap()
+        self.assertTrue(s["processes"])
+        self.assertNotIn(str(os.getpid()), s["processes"])
+        self.assertGreater(s["machine"]["total"], 0)
+
+
+class HistoDelta(unittest.TestCase):
+    def write(self, text):
+        f = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False)
+        f.write(text)
+        f.close()
+        self.addCleanup(os.unlink, f.name)
+        return f.name
+
+    def test_count_and_mean_between_two_scrapes_summed_over_labels(self):
+        a = self.write(
+            "# HELP x_seconds a histogram\n"
+            'x_seconds_bucket{le="1"} 3\n'
+            'x_seconds_sum{stage="a"} 1.5\nx_seconds_count{stage="a"} 3\n'
+            'x_seconds_sum{stage="b"} 0\nx_seconds_count{stage="b"} 0\n'
+        )
+        b = self.write(
+            'x_seconds_sum{stage="a"} 3.5\nx_seconds_count{stage="a"} 5\n'
+            'x_seconds_sum{stage="b"} 2\nx_seconds_count{stage="b"} 2\n'
+            "x_seconds_total_sum 100\n"
+        )
+        d = histo_delta.delta(histo_delta.parse(a), histo_delta.parse(b), "x_seconds")
+        self.assertEqual(d, {"count": 4, "mean": 1.0})
+
+    def test_nothing_observed_is_a_null_mean(self):
+        a = self.write("y_sum 2\ny_count 1\n")
+        d = histo_delta.delta(histo_delta.parse(a), histo_delta.parse(a), "y")
+        self.assertEqual(d, {"count": 0, "mean": None})
+
+
+if __name__ == "__main__":
+    unittest.main()

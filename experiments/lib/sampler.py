@@ -82,10 +82,9 @@ def pg_sample(url):
         return {}
 
 
-def cpu_ticks(proc="/proc"):
-    """({process group: utime+stime clock ticks summed over its processes},
-    {busy, iowait, steal, total: the machine's ticks}) from PROC."""
-    groups = dict.fromkeys(PROCESSES, 0)
+def process_ticks(proc="/proc"):
+    """(pid, name in /proc/PID/comm, utime+stime clock ticks) of every process
+    in PROC that can be read."""
     for pid in os.listdir(proc):
         if not pid.isdigit():
             continue
@@ -96,18 +95,32 @@ def cpu_ticks(proc="/proc"):
             continue
         name = stat[stat.find("(") + 1:stat.rfind(")")]
         fields = stat[stat.rfind(")") + 2:].split()
-        if name in groups and len(fields) > 12:
-            groups[name] += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-    machine = {}
+        if len(fields) > 12:
+            yield pid, name, int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+
+
+def machine_ticks(proc="/proc"):
+    """{busy, idle, iowait, steal, total: the machine's clock ticks} from
+    PROC/stat, or {} when it cannot be read."""
     try:
         with open(os.path.join(proc, "stat"), encoding="utf-8") as f:
             cpu = [int(x) for x in f.readline().split()[1:]]
         # user nice system idle iowait irq softirq steal ...
         machine = {"total": sum(cpu[:8]), "idle": cpu[3], "iowait": cpu[4], "steal": cpu[7]}
         machine["busy"] = machine["total"] - cpu[3] - cpu[4] - cpu[7]
+        return machine
     except (OSError, ValueError, IndexError):
-        pass
-    return groups, machine
+        return {}
+
+
+def cpu_ticks(proc="/proc"):
+    """({process group: utime+stime clock ticks summed over its processes},
+    {busy, iowait, steal, total: the machine's ticks}) from PROC."""
+    groups = dict.fromkeys(PROCESSES, 0)
+    for _, name, ticks in process_ticks(proc):
+        if name in groups:
+            groups[name] += ticks
+    return groups, machine_ticks(proc)
 
 
 def cpu_columns(before, after, seconds, hz, digits=3):

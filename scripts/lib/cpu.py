@@ -11,7 +11,8 @@ PostgreSQL server process the role of its session (the roles are per
 service: effectively_orders, effectively_relay, ...; a background process
 counts under its type). `diff` prints one JSON object: cores per
 command name and per PostgreSQL role over SECONDS, the busiest first, and
-the machine's busy fraction (from /proc/stat). Take the second snapshot
+the machine's busy fraction (from /proc/stat, as the experiments' sampler
+counts it: neither idle, iowait nor steal). Take the second snapshot
 while the processes measured are still alive: a process that exited between
 the two is missing from the second.
 """
@@ -21,23 +22,10 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "experiments", "lib"))
+import sampler  # noqa: E402  (the experiments' /proc reading)
+
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def processes():
-    """(pid, command name, CPU seconds) of every live process but this one."""
-    me = str(os.getpid())
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        if pid == me:
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        yield pid, comm, (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
 
 
 def pg_roles(url):
@@ -51,12 +39,6 @@ def pg_roles(url):
     return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
 
 
-def machine():
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    return {"total": sum(ticks) / TICK, "idle": (ticks[3] + ticks[4]) / TICK}
-
-
 def name(comm):
     """The group a process counts in: its command name, every kernel worker
     in one (a kworker's name changes with the work it is doing)."""
@@ -64,13 +46,19 @@ def name(comm):
 
 
 def snap(url=None):
+    """Every process but this one (its name, CPU seconds, and a PostgreSQL
+    server process's role), and the machine's busy and total seconds."""
     roles = pg_roles(url) if url else {}
+    me = str(os.getpid())
     procs = {}
-    for pid, comm, seconds in processes():
-        procs[pid] = {"name": name(comm), "seconds": seconds}
+    for pid, comm, ticks in sampler.process_ticks():
+        if pid == me:
+            continue
+        procs[pid] = {"name": name(comm), "seconds": ticks / TICK}
         if comm == "postgres":
             procs[pid]["role"] = roles.get(pid, "other")
-    return {"processes": procs, "machine": machine()}
+    m = sampler.machine_ticks()
+    return {"processes": procs, "machine": {"busy": m.get("busy", 0) / TICK, "total": m.get("total", 0) / TICK}}
 
 
 def diff(a, b, seconds):
@@ -88,14 +76,14 @@ def diff(a, b, seconds):
             roles[p["role"]] = roles.get(p["role"], 0.0) + spent
     comm = {k: cores(v) for k, v in by_name.items()}
     total = b["machine"]["total"] - a["machine"]["total"]
-    idle = b["machine"]["idle"] - a["machine"]["idle"]
+    busy = b["machine"]["busy"] - a["machine"]["busy"]
 
     def top(d):
         return {k: v for k, v in sorted(d.items(), key=lambda kv: -kv[1]) if v >= 0.005}
 
     return {
         "seconds": seconds,
-        "machine_busy": round(1 - idle / total, 3) if total > 0 else None,
+        "machine_busy": round(busy / total, 3) if total > 0 else None,
         "cores": top(comm),
         "postgres_cores_by_role": top({k: cores(v) for k, v in roles.items()}),
     }

@@ -27,7 +27,7 @@ class CpuDiff(unittest.TestCase):
                 "3": proc("postgres", 5.0, "effectively_orders"),
                 "9": proc("gone", 50.0),
             },
-            "machine": {"total": 1000.0, "idle": 500.0},
+            "machine": {"total": 1000.0, "busy": 500.0},
         }
         b = {
             "processes": {
@@ -37,7 +37,7 @@ class CpuDiff(unittest.TestCase):
                 # Started after A: all of its seconds are in the span.
                 "4": proc("postgres", 2.0, "effectively_relay"),
             },
-            "machine": {"total": 1020.0, "idle": 505.0},
+            "machine": {"total": 1020.0, "busy": 515.0},
         }
         d = cpu.diff(a, b, 10.0)
         self.assertEqual(d["cores"], {"nisshi": 0.8, "postgres": 0.8})

@@ -87,9 +87,6 @@ q "$URL" "$(pipeline_outbox_rows_sql "$ROWS")"
 q "$URL" "VACUUM ANALYZE orders.outbox"
 BYTES=$(q "$URL" "SELECT round(avg(length(payload)))::int + 160 FROM orders.outbox") # + the envelope
 
-metric() { # PORT NAME → the value of NAME at 127.0.0.1:PORT/metrics as an integer (0 when absent)
-  curl -fs "http://127.0.0.1:$1/metrics" 2>/dev/null | awk -v m="$2" '$1==m{v=int($2)} END{print v+0}'
-}
 # The drain is watched on the relay's relay_published_total, not by counting
 # the pending rows: over a 1M-row backlog that count costs PostgreSQL about a
 # second, and taken 4 times a second it took a fifth of the drain's rate
@@ -101,7 +98,7 @@ drain() { # NAME BIN TOPIC → records relay_drain
   DATABASE_URL=$RELAY_DATABASE_URL KAFKA_TOPIC=$topic RELAY_METRICS_ADDR=127.0.0.1:$port "$bin/relay" >"$LOGS/relay-$name.log" 2>&1 &
   pid=$!
   PIDS+=("$pid")
-  while [ "$(metric "$port" relay_published_total)" -lt "$ROWS" ]; do
+  while [ "$(pipeline_metric "$port" relay_published_total)" -lt "$ROWS" ]; do
     kill -0 "$pid" 2>/dev/null || { log "relay ($name) exited, see $LOGS/relay-$name.log"; exit 1; }
     sleep 0.1
   done
@@ -133,7 +130,7 @@ consume_pass() { # NAME BIN GROUP PORT DB → records consume
   pid=$!
   PIDS+=("$pid")
   while :; do
-    n=$(metric "$port" payments_consumed_total)
+    n=$(pipeline_metric "$port" payments_consumed_total)
     t=$(now)
     if [ -z "$start" ] && [ "$n" -gt 0 ]; then start=$t; n0=$n; fi
     [ "$n" -ge "$ROWS" ] && break
@@ -143,7 +140,7 @@ consume_pass() { # NAME BIN GROUP PORT DB → records consume
   # Consumed is not yet applied: wait for the last transaction.
   local m=payments_dedup_misses_total
   [ "$name" = dup ] && m=payments_dedup_hits_total
-  while [ "$(metric "$port" $m)" -lt "$ROWS" ]; do sleep 0.05; done
+  while [ "$(pipeline_metric "$port" $m)" -lt "$ROWS" ]; do sleep 0.05; done
   t=$(now)
   kill "$pid"; wait "$pid" 2>/dev/null || true
   record "{\"what\": \"consume\", \"pass\": \"$name\", \"messages\": $((ROWS - n0)), \"seconds\": $(python3 -c "print(round($t-$start, 3))")}"

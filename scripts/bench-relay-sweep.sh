@@ -17,15 +17,14 @@ POINTS=${SWEEP_POINTS:-2:500 8:500 8:1000 16:1000}
 RELAY_BIN=${SWEEP_RELAY_BIN:-target/release/relay}
 scripts/stack.sh up >/dev/null
 . .stack/env
+# shellcheck source=scripts/lib/pipeline.sh
+. "$ROOT/scripts/lib/pipeline.sh"
 cargo build -q --release -p relay
 URL=${STACK_ADMIN_DATABASE_URL%/*}/bench_pipeline # the owner's: it resets the backlog
 RELAY_URL=${RELAY_DATABASE_URL:?"not in .stack/env: scripts/stack.sh up rewrites it"}
 RELAY_URL=${RELAY_URL%/*}/bench_pipeline
 q() { psql "$URL" -qAt -v ON_ERROR_STOP=1 -c "$1"; }
 [ "$(q "SELECT count(*) >= $ROWS FROM orders.outbox")" = t ] || { echo "run make bench-pipeline first" >&2; exit 1; }
-published() { # the relay's relay_published_total (0 until it serves /metrics)
-  curl -fs http://127.0.0.1:19206/metrics 2>/dev/null | awk '$1=="relay_published_total"{v=int($2)} END{print v+0}'
-}
 CPU_A=$(mktemp) CPU_B=$(mktemp)
 trap 'rm -f "$CPU_A" "$CPU_B"' EXIT
 for point in $POINTS; do
@@ -43,7 +42,7 @@ for point in $POINTS; do
   pid=$!
   # Watched on the relay's counter: counting the pending rows would load the
   # database it measures (FINDINGS §25).
-  while [ "$(published)" -lt "$ROWS" ]; do
+  while [ "$(pipeline_metric 19206 relay_published_total)" -lt "$ROWS" ]; do
     kill -0 "$pid" 2>/dev/null || { echo "the relay exited" >&2; exit 1; }
     sleep 0.1
   done

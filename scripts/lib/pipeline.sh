@@ -97,6 +97,12 @@ pipeline_outbox_rows_sql() {
   echo
 }
 
+# pipeline_metric PORT NAME: the value of the unlabelled series NAME at
+# 127.0.0.1:PORT/metrics as an integer (0 when absent or not served yet).
+pipeline_metric() {
+  curl -fs "http://127.0.0.1:$1/metrics" 2>/dev/null | awk -v m="$2" '$1==m{v=int($2)} END{print v+0}'
+}
+
 # wait_http URL NAME PID LOGDIR: up to 30 s for a 200, failing at once if PID died.
 wait_http() {
   for _ in $(seq 1 300); do

@@ -1,4 +1,7 @@
-//! Logging set-up: `tracing` to stderr, filtered by `RUST_LOG` (default `info`).
+//! Logging set-up: `tracing` to stderr, filtered by `RUST_LOG` (default `info`),
+//! in colour only on a terminal (a log file gets plain text).
+
+use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
@@ -8,5 +11,6 @@ pub fn init() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }

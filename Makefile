@@ -7,7 +7,7 @@ CARGO ?= cargo
 # each service's own ORDERS_DATABASE_URL, RELAY_DATABASE_URL, ...).
 -include .stack/env
 
-.PHONY: help up down status migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep bench-claim wal-slot-lost demo demo-webhooks \
+.PHONY: help up down status migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness demo demo-webhooks \
         check-config check-dashboards plot-deps plot-orders chaos exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 accept
 
 help: ## list the targets
@@ -75,6 +75,9 @@ bench-relay-sweep: ## relay drain rate by workers and batch size (after bench-pi
 
 wal-slot-lost: ## the WAL relay's slot invalidated (max_slot_wal_keep_size lowered for a minute): its error, then its way out loses nothing
 	@scripts/wal-slot-lost.sh
+
+wal-witness: ## a test_decoding slot witnesses the WAL relay's: every committed outbox transaction read, none skipped
+	@scripts/wal-witness.sh
 
 bench-claim: ## the relay's claim over a 30k/300k backlog with statistics of an empty outbox, before and after its plan fix
 	@scripts/bench-claim.sh

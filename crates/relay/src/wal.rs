@@ -137,6 +137,9 @@ pub struct SlotState {
     pub retained_bytes: i64,
     /// Whether a replication connection streams from it now.
     pub active: bool,
+    /// Where a stream from it starts: everything committed before is
+    /// confirmed (`confirmed_flush_lsn`).
+    pub confirmed_flush: Option<String>,
 }
 
 /// The slot's state; `None`: no such slot.
@@ -144,7 +147,7 @@ pub async fn slot_state(pool: &PgPool, slot: &str) -> sqlx::Result<Option<SlotSt
     sqlx::query_as(
         "SELECT COALESCE(wal_status, 'unknown') AS wal_status, \
                 COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::int8 AS retained_bytes, \
-                active \
+                active, confirmed_flush_lsn::text AS confirmed_flush \
          FROM pg_replication_slots WHERE slot_name = $1",
     )
     .bind(slot)
@@ -302,6 +305,13 @@ async fn stream_once(
         }
         return Ok(End::Retry(anyhow::anyhow!("start replication: {error}")));
     }
+    if let Ok(Some(state)) = slot_state(&worker.pool, slot).await {
+        tracing::info!(
+            %slot,
+            confirmed = state.confirmed_flush.as_deref().unwrap_or("none"),
+            "streaming from the slot's confirmed position"
+        );
+    }
     let feedback = stream.shared_lsn_feedback.clone();
     let blocked = blocked_aggregates(&worker.pool)
         .await
@@ -326,6 +336,7 @@ async fn stream_once(
         settled_lsn: 0,
         marked_lsn: 0,
         probe: None,
+        reading: None,
         gap_checked: std::time::Instant::now(),
         broken: None,
         cancel: cancel.clone(),
@@ -426,6 +437,15 @@ enum Step {
     Commit(u64),
 }
 
+/// A transaction as read so far: its outbox inserts.
+#[derive(Default)]
+struct Reading {
+    xid: u32,
+    rows: usize,
+    first_id: Option<i64>,
+    last_id: Option<i64>,
+}
+
 /// The stream's state between the reader and the marks.
 struct Settle {
     worker: Arc<Worker>,
@@ -449,6 +469,9 @@ struct Settle {
     /// Pending rows the stream must have delivered once it has marked past
     /// the probe's position.
     probe: Option<Probe>,
+    /// The transaction being read (for the debug log of every transaction
+    /// read, `make wal-witness`).
+    reading: Option<Reading>,
     /// When the table was last compared with the stream.
     gap_checked: std::time::Instant,
     /// A broker failure: nothing past it is confirmed; the stream restarts.
@@ -546,6 +569,11 @@ impl Settle {
                         event.lsn
                     )
                 })?;
+                if let Some(reading) = &mut self.reading {
+                    reading.rows += 1;
+                    reading.first_id.get_or_insert(row.id);
+                    reading.last_id = Some(row.id);
+                }
                 if self.blocked.contains(&row.aggregate_id) {
                     self.worker.metrics.relay_wal_held_back_total.inc();
                     return Ok(());
@@ -577,8 +605,24 @@ impl Settle {
                     .boxed(),
                 );
             }
+            EventType::Begin { transaction_id, .. } => {
+                self.reading = Some(Reading {
+                    xid: transaction_id,
+                    ..Reading::default()
+                });
+            }
             EventType::Commit { end_lsn, .. } => {
                 let lsn = end_lsn.value();
+                if let Some(r) = self.reading.take() {
+                    tracing::debug!(
+                        xid = r.xid,
+                        end_lsn = %format_lsn(lsn),
+                        rows = r.rows,
+                        first_id = r.first_id.unwrap_or(0),
+                        last_id = r.last_id.unwrap_or(0),
+                        "read a transaction"
+                    );
+                }
                 self.queue
                     .push_back(futures::future::ready(Step::Commit(lsn)).boxed());
             }
@@ -650,6 +694,9 @@ impl Settle {
         }
         // Only now: every row up to this position is marked (or failed, or
         // held back), so a restart from it loses nothing.
+        if self.settled_lsn > self.marked_lsn {
+            tracing::trace!(confirm = %format_lsn(self.settled_lsn), "marked; confirming");
+        }
         self.feedback.update_applied_lsn(self.settled_lsn);
         self.marked_lsn = self.settled_lsn;
         Ok(())

@@ -7,8 +7,12 @@
 #
 # 1. The relay drains a backlog of BENCH_ROWS outbox rows (timed from its
 #    start to the last row marked); the raw producer (relay/examples/
-#    raw_producer.rs) sends as many messages of the same size with the same
-#    producer settings (idempotent, acks=all, lz4, linger) and no database.
+#    raw_producer.rs) sends as many of the relay's messages (an order.created
+#    envelope with its two headers) with the same producer settings
+#    (idempotent, acks=all, lz4, linger), to a topic with as many partitions
+#    as the relay's, and no database. Before FINDINGS §26 it sent filler
+#    bytes (lz4 shrinks them to almost nothing) to a topic the broker made
+#    with its default 4 partitions; RAW_PAYLOAD=filler sends filler again.
 # 2. Payments reads that topic twice in fresh groups: first every msg_id new,
 #    then every msg_id a duplicate; the raw consumer (payments/examples/
 #    raw_consumer.rs) reads it once more, doing nothing. Each is timed the
@@ -117,7 +121,8 @@ if [ -n "$BASE_BIN" ]; then
   drain base "$BASE_BIN" "$TOPIC.base"
 fi
 
-log "raw producer: $ROWS messages of $BYTES bytes"
+log "raw producer: $ROWS messages (${RAW_PAYLOAD:-envelope}; filler: $BYTES bytes)"
+"$BIN/kafka-tool" create --topic "bench.raw.$RUN" --partitions "${PIPELINE_PARTITIONS:-6}" 2>/dev/null
 RAW_P=$(KAFKA_BOOTSTRAP_SERVERS=$KAFKA_BOOTSTRAP_SERVERS "$ROOT/target/release/examples/raw_producer" "bench.raw.$RUN" "$ROWS" "$BYTES")
 record "{\"what\": \"raw_producer\", \"result\": $RAW_P}"
 log "raw producer: $RAW_P"

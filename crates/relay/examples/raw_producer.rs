@@ -1,16 +1,23 @@
 //! Baseline for the relay benchmark: a raw rdkafka producer with the relay's
-//! settings (idempotent, acks=all, lz4, same linger) sending N messages of a
-//! given size, keyed like the relay, with no database and no batch barrier:
-//! up to `in_flight` messages (10,000) are awaited at any time, each
-//! replaced as soon as its ack arrives, so this is the broker's speed for
-//! the client. Prints msgs/s.
+//! settings (idempotent, acks=all, lz4, same linger) sending N messages,
+//! keyed like the relay, with no database and no batch barrier: up to
+//! `in_flight` messages (10,000) are awaited at any time, each replaced as
+//! soon as its ack arrives, so this is the broker's speed for the client.
+//! Prints msgs/s.
+//!
+//! Each message is the relay's: an `order.created` envelope for a fresh
+//! order, with its two headers. `RAW_PAYLOAD=filler` sends `<bytes>` bytes of
+//! one repeated letter instead (what this baseline sent before FINDINGS §26:
+//! lz4 shrinks it to almost nothing on the wire); `RAW_HEADERS=0` drops the
+//! headers. Create the topic first with the relay topic's partition count:
+//! the producer does not create it (a broker's default count differs).
 //!
 //! cargo run --release -p relay --example raw_producer -- <topic> <count> <bytes> [in_flight]
 
 use std::time::{Duration, Instant};
 
 use effectively::contract::ORDER_CREATED;
-use effectively::envelope::{HEADER_EVENT_TYPE, HEADER_MSG_ID};
+use effectively::envelope::{Envelope, HEADER_EVENT_TYPE, HEADER_MSG_ID};
 use futures::StreamExt;
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -33,6 +40,11 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(10_000);
     // The relay's two headers on every message, as it sends them (RAW_HEADERS=0: none).
     let headers = std::env::var("RAW_HEADERS").map_or(true, |v| v != "0");
+    let filler = match std::env::var("RAW_PAYLOAD").as_deref() {
+        Err(_) | Ok("envelope") => false,
+        Ok("filler") => true,
+        Ok(other) => anyhow::bail!("RAW_PAYLOAD={other}: expected envelope or filler"),
+    };
     let bootstrap =
         std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
     let producer: FutureProducer = ClientConfig::new()
@@ -43,18 +55,32 @@ async fn main() -> anyhow::Result<()> {
         .set("queue.buffering.max.messages", "1000000")
         .set("batch.num.messages", "10000")
         .set("compression.type", "lz4")
+        .set("allow.auto.create.topics", "false")
         .create()?;
-    let value = vec![b'x'; size];
+    let filler_value = vec![b'x'; size];
+    // The bytes of a message's value (an envelope's, of the first order).
+    let size = if filler {
+        size
+    } else {
+        order_created(uuid::Uuid::now_v7(), uuid::Uuid::new_v4(), 0)?.len()
+    };
     let start = Instant::now();
     let results: Vec<bool> = futures::stream::iter(0..count)
         .map(|i| {
-            let key = uuid::Uuid::from_u128(i as u128).to_string();
+            let order = uuid::Uuid::new_v4();
+            let key = order.to_string();
             let producer = &producer;
-            let value = &value;
+            let filler_value = &filler_value;
             let topic = &topic;
             async move {
-                let msg_id = uuid::Uuid::now_v7().to_string();
-                let record = FutureRecord::to(topic).key(&key).payload(value);
+                let msg_id = uuid::Uuid::now_v7();
+                let value = if filler {
+                    filler_value.clone()
+                } else {
+                    order_created(msg_id, order, i)?
+                };
+                let msg_id = msg_id.to_string();
+                let record = FutureRecord::to(topic).key(&key).payload(&value);
                 let record = if headers {
                     record.headers(
                         OwnedHeaders::new()
@@ -70,17 +96,37 @@ async fn main() -> anyhow::Result<()> {
                 } else {
                     record
                 };
-                producer.send(record, Duration::from_secs(10)).await.is_ok()
+                anyhow::Ok(producer.send(record, Duration::from_secs(10)).await.is_ok())
             }
         })
         .buffer_unordered(in_flight.max(1))
-        .collect()
-        .await;
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<_>>()?;
     let failed = results.iter().filter(|ok| !**ok).count();
     let secs = start.elapsed().as_secs_f64();
+    let payload = if filler { "filler" } else { "envelope" };
     println!(
-        "{{\"messages\": {count}, \"bytes\": {size}, \"in_flight\": {in_flight}, \"seconds\": {secs:.3}, \"msgs_per_sec\": {:.0}, \"failed\": {failed}}}",
+        "{{\"messages\": {count}, \"payload\": \"{payload}\", \"bytes\": {size}, \"in_flight\": {in_flight}, \"seconds\": {secs:.3}, \"msgs_per_sec\": {:.0}, \"failed\": {failed}}}",
         count as f64 / secs
     );
     Ok(())
+}
+
+/// The relay's message for a new order, as it sends the outbox row that
+/// `scripts/lib/pipeline.sh`'s `pipeline_outbox_rows_sql` writes.
+fn order_created(msg_id: uuid::Uuid, order: uuid::Uuid, i: usize) -> anyhow::Result<Vec<u8>> {
+    let n = i % 100_000 + 1;
+    let payload = serde_json::json!({
+        "order_id": order, "account_id": n, "amount_cents": n, "status": "created",
+    });
+    let envelope = Envelope::new(
+        msg_id,
+        ORDER_CREATED.to_string(),
+        order,
+        chrono::Utc::now(),
+        payload.to_string().as_bytes(),
+    )?;
+    Ok(envelope.encode()?)
 }

@@ -84,6 +84,7 @@ end=$(q -c "SELECT pg_current_wal_insert_lsn()")
 wait_for 300 "SELECT confirmed_flush_lsn >= '$end' FROM pg_replication_slots WHERE slot_name = '$SLOT'" ||
   echo "the relay's slot did not confirm past the last write ($end)" >&2
 gaps=$(pipeline_metric "${METRICS##*:}" relay_wal_stream_gaps_total)
+unseen=$(pipeline_metric "${METRICS##*:}" relay_wal_unseen_marks_total)
 kill "$PID"; wait "$PID" 2>/dev/null || true
 PID=
 
@@ -94,7 +95,7 @@ q -F '|' -c "SELECT lsn, xid, left(data, 60) FROM pg_logical_slot_peek_changes('
 status=0
 python3 "$ROOT/scripts/lib/wal_witness.py" "$OUT/witness.txt" "$OUT/relay.log" --json "$OUT/result.json" || status=1
 rows=$(q -c "SELECT count(*) FROM orders.outbox")
-echo "outbox rows: $rows; left pending: $left; the relay's gap check fired: $gaps times"
+echo "outbox rows: $rows; left pending: $left; the relay's gap check fired: $gaps times; marks that waited for rows to become visible: $unseen"
 [ "$left" = 0 ] && [ "$gaps" = 0 ] || status=1
 if [ "$status" = 0 ]; then
   echo "wal-witness: PASS — the relay read every transaction the witness saw, and published every row"

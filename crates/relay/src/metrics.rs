@@ -53,6 +53,10 @@ pub struct RelayMetrics {
     /// `--mode wal`: times the relay found a committed row the stream had
     /// not delivered, and restarted the stream to publish it.
     pub relay_wal_stream_gaps_total: IntCounter,
+    /// `--mode wal`: marks that found a row read from the stream not yet
+    /// visible to their snapshot (its commit flushed, not yet shown to other
+    /// sessions) and waited for it.
+    pub relay_wal_unseen_marks_total: IntCounter,
     /// `--sink http`: deliveries written by the fan-out (one per outbox row
     /// and destination).
     pub relay_webhook_fanned_out_total: IntCounter,
@@ -147,6 +151,10 @@ impl RelayMetrics {
                 "relay_wal_stream_gaps_total",
                 "--mode wal: committed outbox rows found that the stream had not delivered (the stream restarts)",
             )?,
+            relay_wal_unseen_marks_total: IntCounter::new(
+                "relay_wal_unseen_marks_total",
+                "--mode wal: marks that waited for rows read from the stream to become visible",
+            )?,
             relay_webhook_fanned_out_total: IntCounter::new(
                 "relay_webhook_fanned_out_total",
                 "--sink http: deliveries written by the fan-out (outbox rows x destinations)",
@@ -236,6 +244,8 @@ impl RelayMetrics {
             .register(Box::new(m.relay_wal_held_back_total.clone()))?;
         m.registry
             .register(Box::new(m.relay_wal_stream_gaps_total.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_wal_unseen_marks_total.clone()))?;
         for stage in ["db", "produce", "rejected", "encode", "listen", "wal"] {
             m.relay_errors_total.with_label_values(&[stage]);
         }

@@ -125,10 +125,24 @@ pub async fn claim(
     .await
 }
 
-/// Marks rows published.
+/// How many of `ids` (distinct) this statement's snapshot sees. A row read
+/// from the WAL stream can be invisible for a moment: the walsender may send
+/// a transaction once its commit record is flushed, before the committing
+/// backend has made it visible to other snapshots (FINDINGS.md §26).
+pub async fn count_visible(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<i64> {
+    sqlx::query_scalar("SELECT count(*) FROM orders.outbox WHERE id = ANY($1)")
+        .bind(ids)
+        .fetch_one(conn)
+        .await
+}
+
+/// Marks rows published. A row already published keeps its first time: the
+/// WAL relay reads rows again after a restart, and re-marking them made
+/// experiment 6's commit→publish show the restart, not the first publish
+/// (FINDINGS.md §26).
 pub async fn mark_published(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<u64> {
     Ok(sqlx::query!(
-        "UPDATE orders.outbox SET published_at = now() WHERE id = ANY($1)",
+        "UPDATE orders.outbox SET published_at = now() WHERE id = ANY($1) AND published_at IS NULL",
         ids
     )
     .execute(conn)

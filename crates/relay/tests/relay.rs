@@ -166,6 +166,25 @@ fn assert_first_occurrences_in_order(seqs: &HashMap<String, Vec<i64>>, events_pe
     }
 }
 
+/// Reads the topic and asserts each of `keys` × `events_per_key` events
+/// arrived exactly once, every key's in outbox order. Reads one more than
+/// was written, so a duplicate would show.
+async fn assert_each_event_once_in_order(topic: &TestTopic, keys: usize, events_per_key: usize) {
+    let written = keys * events_per_key;
+    let messages = topic.read_all(written + 1, Duration::from_secs(20)).await;
+    assert_eq!(
+        messages.len(),
+        written,
+        "each event once: no crash, no re-publish"
+    );
+    let (seqs, _) = per_key_sequences(&messages);
+    assert_eq!(seqs.len(), keys);
+    let expected: Vec<i64> = (0..events_per_key as i64).collect();
+    for (key, seq) in &seqs {
+        assert_eq!(seq, &expected, "key {key} in outbox order");
+    }
+}
+
 #[tokio::test]
 async fn publishes_every_pending_row_in_per_key_order_and_marks_it() {
     let db = TestDb::create().await;
@@ -264,18 +283,7 @@ async fn shards_in_flight_at_once_keep_every_key_in_order() {
         "more than one shard transaction was open at once (most seen: {most_in_flight})"
     );
     assert!(most_in_flight <= 8.0, "never more than --workers");
-    // One more than was written: a duplicate would show.
-    let messages = topic.read_all(401, Duration::from_secs(20)).await;
-    assert_eq!(
-        messages.len(),
-        400,
-        "each event once: no crash, no re-publish"
-    );
-    let (seqs, _) = per_key_sequences(&messages);
-    assert_eq!(seqs.len(), 100);
-    for (key, seq) in &seqs {
-        assert_eq!(seq, &vec![0, 1, 2, 3], "key {key} in outbox order");
-    }
+    assert_each_event_once_in_order(&topic, 100, 4).await;
     cancel.cancel();
     task.await.expect("join").expect("relay ok");
 }
@@ -350,22 +358,7 @@ async fn one_shards_transactions_in_flight_at_once_keep_every_key_in_order() {
     );
     sampling.cancel();
     let most_awaiting = sampler.await.expect("sampler");
-    // One more than was written: a duplicate would show.
-    let messages = topic.read_all(321, Duration::from_secs(20)).await;
-    assert_eq!(
-        messages.len(),
-        320,
-        "each event once: no crash, no re-publish"
-    );
-    let (seqs, _) = per_key_sequences(&messages);
-    assert_eq!(seqs.len(), 40);
-    for (key, seq) in &seqs {
-        assert_eq!(
-            seq,
-            &(0..8).collect::<Vec<i64>>(),
-            "key {key} in outbox order"
-        );
-    }
+    assert_each_event_once_in_order(&topic, 40, 8).await;
     assert!(
         most_awaiting >= 2,
         "two transactions of one shard awaited acks at once (most seen: {most_awaiting})"

@@ -34,14 +34,10 @@ relay() { # relay LOG: the WAL relay on this database, in the background; sets P
     "$BIN/relay" >"$LOGS/$1" 2>&1 &
   PID=$!
 }
-wait_for() { # wait_for SECONDS SQL: until the query prints t
-  for _ in $(seq 1 $(($1 * 10))); do [ "$(q "$2")" = t ] && return 0; sleep 0.1; done
-  echo "timed out waiting for: $2" >&2; return 1
-}
 
 say "1. the WAL relay makes its slot, then stops; 200 rows written while it is down"
 relay relay-1.log
-wait_for 30 "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = '$SLOT' AND active)"
+pipeline_wait_sql 30 "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = '$SLOT' AND active)"
 kill "$PID"; wait "$PID" || true
 q "$(pipeline_outbox_rows_sql 200)"
 echo "pending: $(q 'SELECT count(*) FROM orders.outbox WHERE published_at IS NULL')"
@@ -68,7 +64,7 @@ restore
 say "4. the way out: drop the slot, start the relay"
 q "SELECT pg_drop_replication_slot('$SLOT')" >/dev/null
 relay relay-3.log
-wait_for 60 "SELECT count(*) = 0 FROM orders.outbox WHERE published_at IS NULL"
+pipeline_wait_sql 60 "SELECT count(*) = 0 FROM orders.outbox WHERE published_at IS NULL"
 echo "pending: 0; published: $(q 'SELECT count(*) FROM orders.outbox WHERE published_at IS NOT NULL')"
 kill "$PID"; wait "$PID" || true
 q "SELECT pg_drop_replication_slot('$SLOT')" >/dev/null

@@ -54,10 +54,6 @@ cleanup() {
   [ "$status" != 0 ] || pipeline_drop_db "$DB" || true
 }
 trap cleanup EXIT
-wait_for() { # wait_for SECONDS SQL: until the query prints t
-  for _ in $(seq 1 $(($1 * 10))); do [ "$(q -c "$2")" = t ] && return 0; sleep 0.1; done
-  echo "timed out waiting for: $2" >&2; return 1
-}
 
 say "1. the witness slot (test_decoding), then the WAL relay ($WORKERS × $BATCH) and its slot"
 q -c "SELECT pg_create_logical_replication_slot('$WITNESS', 'test_decoding')" >/dev/null
@@ -65,23 +61,23 @@ DATABASE_URL=$RELAY_DATABASE_URL RELAY_MODE=wal RELAY_WORKERS=$WORKERS RELAY_BAT
   RELAY_METRICS_ADDR=$METRICS RELAY_WAL_HEARTBEAT_MS=1000 RUST_LOG=warn,relay::wal=trace \
   "$BIN/relay" >"$OUT/relay.log" 2>&1 &
 PID=$!
-wait_for 30 "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = '$SLOT' AND active)"
+pipeline_wait_sql 30 "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot_name = '$SLOT' AND active)"
 
 say "2. $BACKLOG rows in one statement"
 q -c "$(pipeline_outbox_rows_sql "$BACKLOG")"
-wait_for 300 "SELECT NOT EXISTS (SELECT FROM orders.outbox WHERE published_at IS NULL)"
+pipeline_wait_sql 300 "SELECT NOT EXISTS (SELECT FROM orders.outbox WHERE published_at IS NULL)"
 
 say "3. pgbench: $RATE rows/s for $SECONDS_ s (10 rows per transaction)"
 { pipeline_outbox_rows_sql :rows; echo "SELECT pg_notify('orders_outbox', '');"; } >"$OUT/insert.pgbench.sql"
 PGOPTIONS="-c effectively.outbox_notify=off" pgbench -n -c 8 -j 2 -R $((RATE / 10)) -T "$SECONDS_" -D rows=10 \
   -f "$OUT/insert.pgbench.sql" "$DATABASE_URL" >"$OUT/pgbench.log" 2>&1
 left=0
-wait_for 120 "SELECT NOT EXISTS (SELECT FROM orders.outbox WHERE published_at IS NULL)" ||
+pipeline_wait_sql 120 "SELECT NOT EXISTS (SELECT FROM orders.outbox WHERE published_at IS NULL)" ||
   left=$(q -c "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL")
 # Every row is published, maybe by a restart's drain (the poll path) while
 # the stream was down: the stream must still read up to the last write.
 end=$(q -c "SELECT pg_current_wal_insert_lsn()")
-wait_for 300 "SELECT confirmed_flush_lsn >= '$end' FROM pg_replication_slots WHERE slot_name = '$SLOT'" ||
+pipeline_wait_sql 300 "SELECT confirmed_flush_lsn >= '$end' FROM pg_replication_slots WHERE slot_name = '$SLOT'" ||
   echo "the relay's slot did not confirm past the last write ($end)" >&2
 gaps=$(pipeline_metric "${METRICS##*:}" relay_wal_stream_gaps_total)
 unseen=$(pipeline_metric "${METRICS##*:}" relay_wal_unseen_marks_total)

@@ -97,6 +97,17 @@ pipeline_outbox_rows_sql() {
   echo
 }
 
+# pipeline_wait_sql SECONDS SQL: until SQL, run on $DATABASE_URL, prints t
+# (polled every 0.1 s); fails with the query after SECONDS.
+pipeline_wait_sql() {
+  for _ in $(seq 1 $(($1 * 10))); do
+    [ "$(psql "$DATABASE_URL" -qAt -v ON_ERROR_STOP=1 -c "$2")" = t ] && return 0
+    sleep 0.1
+  done
+  echo "timed out waiting for: $2" >&2
+  return 1
+}
+
 # pipeline_metric PORT NAME: the value of the unlabelled series NAME at
 # 127.0.0.1:PORT/metrics as an integer (0 when absent or not served yet).
 pipeline_metric() {

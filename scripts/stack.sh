@@ -210,9 +210,11 @@ kafka_up() {
 }
 
 # The project's own Kafka tool (rdkafka), built on first use (debug profile:
-# the test build shares it).
+# the test build shares it), where cargo puts it (CARGO_TARGET_DIR).
 kafka_tool_bin() {
-  local bin=$ROOT/target/debug/kafka-tool
+  local dir=${CARGO_TARGET_DIR:-target}
+  case $dir in /*) ;; *) dir=$ROOT/$dir ;; esac # cargo runs in ROOT below
+  local bin=$dir/debug/kafka-tool
   if [ ! -x "$bin" ] || [ -n "$(find "$ROOT/crates/effectively/src" -newer "$bin" -print -quit)" ]; then
     (cd "$ROOT" && cargo build -q -p effectively --features kafka --bin kafka-tool) >&2 || die "building kafka-tool failed"
   fi

@@ -8,6 +8,8 @@
 #
 #   QUICK=1         quick mode (CI: each experiment in about 2 minutes once built)
 #   EXP_PROFILE     cargo profile of the binaries (release)
+#   EXP_BIN         run the binaries in this directory instead of building
+#                   (another build's target/release, for an A/B of two builds)
 #   EXP_RES_NAME    the results folder's name under results/ (the mode: quick|full),
 #                   to keep a run at other settings beside the committed one
 #   STACK_ENV_FILE  use the PostgreSQL and Kafka this file names (e.g. compose.env)
@@ -29,8 +31,14 @@ exp_init() {
   # chaos's pg-crash and broker-kill call this script (its default is relative
   # to the working directory); it honours STACK_DIR like pipeline_stack.
   export CHAOS_STACK_SCRIPT=${CHAOS_STACK_SCRIPT:-$ROOT/scripts/stack.sh}
-  say "build (${EXP_PROFILE:-release})"
-  pipeline_build "${EXP_PROFILE:-release}"
+  if [ -n "${EXP_BIN:-}" ]; then
+    say "binaries: $EXP_BIN (EXP_BIN, not built)"
+    [ -x "$EXP_BIN/relay" ] || { echo "experiment: EXP_BIN=$EXP_BIN has no relay binary" >&2; exit 2; }
+    BIN=$EXP_BIN
+  else
+    say "build (${EXP_PROFILE:-release})"
+    pipeline_build "${EXP_PROFILE:-release}"
+  fi
 }
 
 # exp_chaos TAG [chaos flags...]: one chaos run on a fresh database and topic

@@ -61,6 +61,11 @@ const HEARTBEAT_PREFIX: &str = "effectively.relay.heartbeat";
 /// Events read ahead of the producer.
 const READ_AHEAD: usize = 4096;
 
+/// How often the relay tells the server its confirmed position: by the
+/// stream while it reads, and by the reader while the read-ahead is full
+/// ([`read`]).
+const FEEDBACK_EVERY: Duration = Duration::from_secs(1);
+
 /// How often the table is compared with the stream ([`Probe`]).
 const GAP_CHECK_EVERY: Duration = Duration::from_secs(5);
 
@@ -266,7 +271,7 @@ async fn stream_once(
         .with_streaming_mode(StreamingMode::Off)
         .with_binary(true)
         .with_messages(true)
-        .with_feedback_interval(Duration::from_secs(1));
+        .with_feedback_interval(FEEDBACK_EVERY);
     let mut stream =
         match LogicalReplicationStream::new(&replication_url(&config.database_url), stream_config)
             .await
@@ -405,16 +410,48 @@ async fn blocked_aggregates(pool: &PgPool) -> anyhow::Result<HashSet<Uuid>> {
 /// an error (sent on), or the receiver gone. `next_event` is not raced
 /// against anything (a frame half read would be lost); it is stopped through
 /// its token. Stopping sends the last feedback (the confirmed position).
+///
+/// While the read-ahead is full (the broker fails, and every row in flight
+/// is retried in place) the reader does not read, so nothing would answer
+/// the server: after `wal_sender_timeout` (1 min by default) it ended the
+/// stream, and the restart sent the whole unconfirmed window again
+/// (FINDINGS.md §26). So while it waits for room it sends the confirmed
+/// position every [`FEEDBACK_EVERY`], which keeps the connection alive.
 async fn read(
     mut stream: LogicalReplicationStream,
     tx: mpsc::Sender<Result<ChangeEvent, String>>,
     cancel: pg_walstream::CancellationToken,
 ) {
-    loop {
+    'events: loop {
         match stream.next_event(&cancel).await {
             Ok(event) => {
-                if tx.send(Ok(event)).await.is_err() {
-                    break;
+                let event = match tx.try_send(Ok(event)) {
+                    Ok(()) => continue,
+                    Err(mpsc::error::TrySendError::Closed(_)) => break,
+                    Err(mpsc::error::TrySendError::Full(event)) => event,
+                };
+                let room = tx.reserve();
+                tokio::pin!(room);
+                let mut feedback = tokio::time::interval_at(
+                    tokio::time::Instant::now() + FEEDBACK_EVERY,
+                    FEEDBACK_EVERY,
+                );
+                loop {
+                    tokio::select! {
+                        biased;
+                        permit = &mut room => match permit {
+                            Ok(permit) => {
+                                permit.send(event);
+                                break;
+                            }
+                            Err(_) => break 'events,
+                        },
+                        _ = feedback.tick() => {
+                            if let Err(error) = stream.send_feedback().await {
+                                tracing::debug!(%error, "feedback while the read-ahead is full");
+                            }
+                        }
+                    }
                 }
             }
             Err(pg_walstream::ReplicationError::Cancelled(_)) => break,

@@ -897,6 +897,111 @@ async fn a_failed_publish_is_retried_in_place_without_a_stream_restart() {
     drop_slot(&pool, &db).await;
 }
 
+/// The PID of the walsender streaming the test database's slot, if any.
+async fn walsender_pid(pool: &PgPool, db: &TestDb) -> Option<i32> {
+    sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
+        .bind(relay::wal::default_slot_name(&db.name))
+        .fetch_optional(pool)
+        .await
+        .expect("slot")
+        .flatten()
+}
+
+/// A broker failing for longer than the server's `wal_sender_timeout`
+/// (2 s here, for the relay's role in the test's database) does not end the stream: while
+/// its read-ahead is full, the WAL relay still tells the server where it
+/// stands. Before, nothing answered the server then, the walsender gave
+/// up, and the restart sent the unconfirmed window again (FINDINGS §26).
+#[tokio::test]
+async fn a_broker_outage_longer_than_the_senders_timeout_keeps_the_stream() {
+    let db = TestDb::create().await;
+    let topic = TestTopic {
+        name: format!("test-{}", Uuid::new_v4().simple()),
+        bootstrap_servers: effectively::testing::stack_var("KAFKA_BOOTSTRAP_SERVERS"),
+    };
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    // The relay's sessions in this database only (the replication
+    // connection ignores a URL's `options`).
+    sqlx::query(&format!(
+        "ALTER ROLE {} IN DATABASE {} SET wal_sender_timeout = '2s'",
+        ServiceRole::Relay.name(),
+        db.name
+    ))
+    .execute(&pool)
+    .await
+    .expect("set the relay's wal_sender_timeout");
+    // 50 rows in flight, one per key.
+    let config = Config {
+        message_timeout_ms: 1_000,
+        ..wal_config(&db, &topic, 1, 50)
+    };
+    let (cancel, task, url) = spawn_relay_scraped(config).await;
+    wait_for_slot(&pool, &db, true).await;
+    let walsender = walsender_pid(&pool, &db).await;
+    assert!(walsender.is_some(), "the relay streams");
+
+    // More events than the read-ahead holds (4,096): 100 transactions of
+    // one event for each of 50 keys, with no topic to send them to.
+    let (keys, events_per_key) = (50, 100);
+    let aggregates: Vec<Uuid> = (0..keys).map(|_| Uuid::now_v7()).collect();
+    let mut conn = pool.acquire().await.expect("acquire");
+    for seq in 0..events_per_key {
+        let messages: Vec<OutboxMessage> = aggregates
+            .iter()
+            .map(|key| OutboxMessage {
+                aggregate_id: *key,
+                msg_id: Uuid::now_v7(),
+                event_type: "test.event".into(),
+                payload: format!(r#"{{"seq":{seq}}}"#).into_bytes(),
+            })
+            .collect();
+        Outbox
+            .enqueue_batch(&mut conn, &messages)
+            .await
+            .expect("enqueue");
+    }
+    drop(conn);
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            scrape(&url, r#"relay_errors_total{stage="produce"}"#).await >= 1.0
+        })
+        .await,
+        "the sends failed"
+    );
+    // Three of the server's timeouts with the read-ahead full.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    effectively::kafka::ensure_topic(
+        &topic.bootstrap_servers,
+        &topic.name,
+        3,
+        1,
+        &effectively::contract::order_events_topic_configs(),
+    )
+    .await
+    .expect("create the topic");
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "every row published once the topic exists"
+    );
+    assert_eq!(
+        scrape(&url, r#"relay_errors_total{stage="wal"}"#).await,
+        0.0,
+        "the stream never restarted"
+    );
+    assert_eq!(
+        walsender_pid(&pool, &db).await,
+        walsender,
+        "the same walsender streams"
+    );
+    assert_each_event_once_in_order(&topic, keys, events_per_key).await;
+    cancel.cancel();
+    task.await.expect("join").expect("relay ok");
+    drop_slot(&pool, &db).await;
+}
+
 /// One key with a long backlog takes one row per claim: the other keys of
 /// its shard are not starved behind it.
 #[tokio::test]

@@ -830,6 +830,52 @@ async fn a_long_transaction_is_not_taken_for_a_gap() {
     drop_slot(&pool, &db).await;
 }
 
+/// A topic that does not exist yet: the relay's sends to it fail until
+/// [`create_topic_and_drain_without_a_restart`] creates it.
+fn missing_topic() -> TestTopic {
+    TestTopic {
+        name: format!("test-{}", Uuid::new_v4().simple()),
+        bootstrap_servers: effectively::testing::stack_var("KAFKA_BOOTSTRAP_SERVERS"),
+    }
+}
+
+/// Waits for the relay (metrics at `url`) to fail a send.
+async fn wait_for_a_failed_send(url: &str) {
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            scrape(url, r#"relay_errors_total{stage="produce"}"#).await >= 1.0
+        })
+        .await,
+        "the sends failed"
+    );
+}
+
+/// Creates the [`missing_topic`], waits until every row is published, and
+/// checks that the WAL relay's stream never restarted meanwhile.
+async fn create_topic_and_drain_without_a_restart(pool: &PgPool, topic: &TestTopic, url: &str) {
+    effectively::kafka::ensure_topic(
+        &topic.bootstrap_servers,
+        &topic.name,
+        3,
+        1,
+        &effectively::contract::order_events_topic_configs(),
+    )
+    .await
+    .expect("create the topic");
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(pool).await == 0
+        })
+        .await,
+        "every row published once the topic exists"
+    );
+    assert_eq!(
+        scrape(url, r#"relay_errors_total{stage="wal"}"#).await,
+        0.0,
+        "the stream never restarted"
+    );
+}
+
 /// A publish the broker fails (here: the topic does not exist yet, so each
 /// send times out after `--message-timeout-ms`) is tried again in place: once
 /// the topic is there every row goes out, in per-key order, and the stream
@@ -837,10 +883,7 @@ async fn a_long_transaction_is_not_taken_for_a_gap() {
 #[tokio::test]
 async fn a_failed_publish_is_retried_in_place_without_a_stream_restart() {
     let db = TestDb::create().await;
-    let topic = TestTopic {
-        name: format!("test-{}", Uuid::new_v4().simple()),
-        bootstrap_servers: effectively::testing::stack_var("KAFKA_BOOTSTRAP_SERVERS"),
-    };
+    let topic = missing_topic();
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let config = Config {
         message_timeout_ms: 1_000,
@@ -855,34 +898,8 @@ async fn a_failed_publish_is_retried_in_place_without_a_stream_restart() {
             insert_raw(&pool, *key, format!(r#"{{"seq":{seq}}}"#).as_bytes()).await;
         }
     }
-    assert!(
-        eventually(Duration::from_secs(30), || async {
-            scrape(&url, r#"relay_errors_total{stage="produce"}"#).await >= 1.0
-        })
-        .await,
-        "the first sends failed"
-    );
-    effectively::kafka::ensure_topic(
-        &topic.bootstrap_servers,
-        &topic.name,
-        3,
-        1,
-        &effectively::contract::order_events_topic_configs(),
-    )
-    .await
-    .expect("create the topic");
-    assert!(
-        eventually(Duration::from_secs(60), || async {
-            pending(&pool).await == 0
-        })
-        .await,
-        "every row published once the topic exists"
-    );
-    assert_eq!(
-        scrape(&url, r#"relay_errors_total{stage="wal"}"#).await,
-        0.0,
-        "the stream never restarted"
-    );
+    wait_for_a_failed_send(&url).await;
+    create_topic_and_drain_without_a_restart(&pool, &topic, &url).await;
     let messages = topic.read_all(15, Duration::from_secs(30)).await;
     let (seqs, _) = per_key_sequences(&messages);
     for key in &keys {
@@ -915,10 +932,7 @@ async fn walsender_pid(pool: &PgPool, db: &TestDb) -> Option<i32> {
 #[tokio::test]
 async fn a_broker_outage_longer_than_the_senders_timeout_keeps_the_stream() {
     let db = TestDb::create().await;
-    let topic = TestTopic {
-        name: format!("test-{}", Uuid::new_v4().simple()),
-        bootstrap_servers: effectively::testing::stack_var("KAFKA_BOOTSTRAP_SERVERS"),
-    };
+    let topic = missing_topic();
     let pool = PgPool::connect(&db.url).await.expect("connect");
     // The relay's sessions in this database only (the replication
     // connection ignores a URL's `options`).
@@ -961,36 +975,10 @@ async fn a_broker_outage_longer_than_the_senders_timeout_keeps_the_stream() {
             .expect("enqueue");
     }
     drop(conn);
-    assert!(
-        eventually(Duration::from_secs(30), || async {
-            scrape(&url, r#"relay_errors_total{stage="produce"}"#).await >= 1.0
-        })
-        .await,
-        "the sends failed"
-    );
+    wait_for_a_failed_send(&url).await;
     // Three of the server's timeouts with the read-ahead full.
     tokio::time::sleep(Duration::from_secs(6)).await;
-    effectively::kafka::ensure_topic(
-        &topic.bootstrap_servers,
-        &topic.name,
-        3,
-        1,
-        &effectively::contract::order_events_topic_configs(),
-    )
-    .await
-    .expect("create the topic");
-    assert!(
-        eventually(Duration::from_secs(60), || async {
-            pending(&pool).await == 0
-        })
-        .await,
-        "every row published once the topic exists"
-    );
-    assert_eq!(
-        scrape(&url, r#"relay_errors_total{stage="wal"}"#).await,
-        0.0,
-        "the stream never restarted"
-    );
+    create_topic_and_drain_without_a_restart(&pool, &topic, &url).await;
     assert_eq!(
         walsender_pid(&pool, &db).await,
         walsender,

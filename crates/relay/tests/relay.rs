@@ -95,6 +95,17 @@ fn relay_child(db: &TestDb, topic: &TestTopic, extra: &[(&str, &str)]) -> tokio:
     relay.spawn().expect("spawn relay")
 }
 
+/// A test event of `aggregate_id` whose payload carries `seq` (read back by
+/// [`per_key_sequences`]).
+fn seq_event(aggregate_id: Uuid, seq: usize) -> OutboxMessage {
+    OutboxMessage {
+        aggregate_id,
+        msg_id: Uuid::now_v7(),
+        event_type: "test.event".into(),
+        payload: format!(r#"{{"seq":{seq}}}"#).into_bytes(),
+    }
+}
+
 /// Appends `events_per_key` events for each of `keys` aggregates, one
 /// transaction per event, interleaving the keys; event payloads carry `seq`.
 async fn fill_outbox(pool: &PgPool, keys: &[Uuid], events_per_key: usize) {
@@ -108,15 +119,7 @@ async fn fill_outbox_seqs(pool: &PgPool, keys: &[Uuid], seqs: std::ops::Range<us
         for key in keys {
             let mut tx = pool.begin().await.expect("begin");
             outbox
-                .enqueue_batch(
-                    &mut tx,
-                    &[OutboxMessage {
-                        aggregate_id: *key,
-                        msg_id: Uuid::now_v7(),
-                        event_type: "test.event".into(),
-                        payload: format!(r#"{{"seq":{seq}}}"#).into_bytes(),
-                    }],
-                )
+                .enqueue_batch(&mut tx, &[seq_event(*key, seq)])
                 .await
                 .expect("enqueue");
             tx.commit().await.expect("commit");
@@ -794,14 +797,7 @@ async fn a_long_transaction_is_not_taken_for_a_gap() {
 
     const ROWS: usize = 20_000;
     let mut tx = pool.begin().await.expect("begin");
-    let messages: Vec<OutboxMessage> = (0..ROWS)
-        .map(|i| OutboxMessage {
-            aggregate_id: Uuid::now_v7(),
-            msg_id: Uuid::now_v7(),
-            event_type: "test.event".into(),
-            payload: format!(r#"{{"seq":{i}}}"#).into_bytes(),
-        })
-        .collect();
+    let messages: Vec<OutboxMessage> = (0..ROWS).map(|i| seq_event(Uuid::now_v7(), i)).collect();
     Outbox
         .enqueue_batch(&mut tx, &messages)
         .await
@@ -960,15 +956,8 @@ async fn a_broker_outage_longer_than_the_senders_timeout_keeps_the_stream() {
     let aggregates: Vec<Uuid> = (0..keys).map(|_| Uuid::now_v7()).collect();
     let mut conn = pool.acquire().await.expect("acquire");
     for seq in 0..events_per_key {
-        let messages: Vec<OutboxMessage> = aggregates
-            .iter()
-            .map(|key| OutboxMessage {
-                aggregate_id: *key,
-                msg_id: Uuid::now_v7(),
-                event_type: "test.event".into(),
-                payload: format!(r#"{{"seq":{seq}}}"#).into_bytes(),
-            })
-            .collect();
+        let messages: Vec<OutboxMessage> =
+            aggregates.iter().map(|key| seq_event(*key, seq)).collect();
         Outbox
             .enqueue_batch(&mut conn, &messages)
             .await

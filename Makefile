@@ -7,13 +7,13 @@ CARGO ?= cargo
 # each service's own ORDERS_DATABASE_URL, RELAY_DATABASE_URL, ...).
 -include .stack/env
 
-.PHONY: help up down status migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness demo demo-webhooks \
+.PHONY: help up down status kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness demo demo-webhooks \
         check-config check-dashboards plot-deps plot-orders chaos exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 accept
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
-up: ## start the embedded stack (PostgreSQL on 127.0.0.1), apply migrations, print .stack/env
+up: ## start the embedded stack (PostgreSQL and a 3-node Apache Kafka on 127.0.0.1), apply migrations, print .stack/env
 	@scripts/stack.sh up
 	@$(MAKE) --no-print-directory migrate
 
@@ -22,6 +22,9 @@ down: ## stop the embedded stack (data stays in .stack/ until you delete it)
 
 status: ## say what the embedded stack runs
 	@scripts/stack.sh status
+
+kafka: ## Kafka's own CLIs against the stack: make kafka ARGS="topics --describe --topic order.events" (scripts/kafka.sh --help)
+	@scripts/kafka.sh $(ARGS)
 
 migrate: ## apply the migrations to $DATABASE_URL, as the owner (creates the services' roles, grants them)
 	@. .stack/env && $(CARGO) run -q --release -p orders -- --migrate-only
@@ -36,7 +39,8 @@ lint: ## fmt check + clippy -D warnings
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test: ## the test command: lint, the compile-time SQL data fresh (.sqlx), the experiments' verdict tests and the benchmarks' helpers' tests, every test against the real stack (starts it), then two short demos (over Kafka, over webhooks) that fail on drift
+test: ## the test command (installs cargo-nextest and sqlx-cli when missing, starts the stack): lint, the compile-time SQL data fresh (.sqlx), the experiments' verdict tests and the benchmarks' helpers' tests, every test against the real stack (starts it), then two short demos (over Kafka, over webhooks) that fail on drift
+	@scripts/tools.sh cargo-tools
 	@scripts/stack.sh up >/dev/null
 	$(MAKE) --no-print-directory lint
 	scripts/check-sqlx.sh

@@ -1,26 +1,44 @@
 #!/usr/bin/env bash
-# The embedded stack: a throwaway PostgreSQL and a Kafka-protocol broker
-# (nisshi, see ../shared/KAFKA.md) on 127.0.0.1, no Docker needed.
+# The embedded stack: a throwaway PostgreSQL and a real Apache Kafka cluster
+# (3 KRaft nodes, each broker and controller) on 127.0.0.1, no Docker needed.
 #
-#   scripts/stack.sh up      start (idempotent), write .stack/env, print it
+#   scripts/stack.sh up      start (idempotent; restarts a node that died),
+#                            write .stack/env, print it
 #   scripts/stack.sh down    stop (idempotent)
 #   scripts/stack.sh status  say what runs
-#   scripts/stack.sh crash postgres|broker [DOWN_MS]
-#                            crash one the hard way (pg_ctl -m immediate,
-#                            kill -9), keep it down DOWN_MS (2000), start it
-#                            again: chaos --fault pg-crash|broker-kill
+#   scripts/stack.sh crash postgres|broker [DOWN_MS [NODE]]
+#                            crash one the hard way (pg_ctl -m immediate;
+#                            kill -9 of Kafka node NODE, by default the leader
+#                            of most of the topic's partitions), keep it down
+#                            DOWN_MS (2000), start it again and wait until it
+#                            serves: chaos --fault pg-crash|broker-kill
+#   scripts/stack.sh crash quorum [DOWN_MS]
+#                            kill -9 two of the three Kafka nodes at once (the
+#                            busiest leader and the next), start both again:
+#                            chaos --fault broker-quorum-loss
+#   scripts/stack.sh pause broker [MS [NODE]]
+#                            SIGSTOP a Kafka node for MS (15000), SIGCONT:
+#                            chaos --fault broker-pause (the ISR shrinks)
+#
+# PostgreSQL is the machine's own server (apt's postgresql-15, installed when
+# missing and root). Kafka is the version scripts/kafka/pom.xml pins, resolved
+# from Maven Central by mvn once per machine into TOOLS_CACHE (java and mvn
+# from apt when missing and root).
 #
 # Data lives in .stack/ (git-ignored). Settings, all optional:
 #   STACK_DIR      where data, logs and the env file go   (default: <repo>/.stack)
 #   STACK_PG_PORT  PostgreSQL port on 127.0.0.1           (default: 25432)
 #   STACK_DB       the database `make up` creates         (default: effectively)
-#   STACK_KAFKA_PORT  broker port on 127.0.0.1            (default: 29092)
-#   STACK_KAFKA    0 to run without the broker            (default: 1)
+#   STACK_KAFKA    0 to run without Kafka                 (default: 1)
+#   STACK_KAFKA_NODES  Kafka nodes, 3 or 1 (a small machine) (default: 3)
+#   STACK_KAFKA_PORT   node N's client port is this + N-1 (default: 29092)
+#   STACK_KAFKA_CONTROLLER_PORT  node N's quorum port is this + N-1 (default: 29192)
+#   STACK_KAFKA_HEAP   each node's JVM heap               (default: 512m)
 #   KAFKA_TOPIC, KAFKA_TOPIC_PARTITIONS  the topic `up` creates (order.events, 6)
-#   TOOLS_CACHE    machine-wide cache of built tools      (default: ~/.cache/effectively)
+#   TOOLS_CACHE    machine-wide cache of tools and jars   (default: ~/.cache/effectively)
 # The default ports lie below Linux's ephemeral range (32768-60999): under
 # load, a client's own connection could otherwise hold the port in TIME-WAIT
-# and keep the broker from binding it again after a restart.
+# and keep a broker from binding it again after a restart.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -31,16 +49,18 @@ PGDATA=$STACK_DIR/pg
 SOCK=$STACK_DIR/sock
 LOGS=$STACK_DIR/log
 ENV_FILE=$STACK_DIR/env
-KAFKA_PORT=${STACK_KAFKA_PORT:-29092}
 WITH_KAFKA=${STACK_KAFKA:-1}
+KAFKA_NODES=${STACK_KAFKA_NODES:-3}
+KAFKA_PORT=${STACK_KAFKA_PORT:-29092}
+KAFKA_CONTROLLER_PORT=${STACK_KAFKA_CONTROLLER_PORT:-29192}
+KAFKA_HEAP=${STACK_KAFKA_HEAP:-512m}
 TOPIC=${KAFKA_TOPIC:-order.events}
 PARTITIONS=${KAFKA_TOPIC_PARTITIONS:-6}
-NISSHI_VERSION=0.8.1
-TOOLS_DIR=$ROOT/.tools
 TOOLS_CACHE=${TOOLS_CACHE:-$HOME/.cache/effectively}
-NISSHI_FEATURES=libsql
-NISSHI=$TOOLS_DIR/nisshi-$NISSHI_VERSION-$NISSHI_FEATURES/bin/nisshi
+KAFKA_POM=$ROOT/scripts/kafka/pom.xml
+KAFKA_VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$KAFKA_POM")
 KAFKA_DIR=$STACK_DIR/kafka
+[[ $KAFKA_NODES =~ ^[13]$ ]] || { echo "stack: error: STACK_KAFKA_NODES must be 1 or 3, got '$KAFKA_NODES'" >&2; exit 2; }
 
 log() { printf 'stack: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -142,69 +162,183 @@ pg_down() {
 
 # --- the broker ------------------------------------------------------------
 
-# nisshi is built from crates.io once per machine, with only the storage
-# engine the stack uses (sqlite, nisshi's `libsql` feature; the default
-# features add PostgreSQL, S3 and Iceberg storage the stack never starts):
-# into the machine-wide cache, then linked into the git-ignored .tools/ of
-# each checkout. A cached binary of the pinned version is never rebuilt.
-ensure_nisshi() {
-  [ -x "$NISSHI" ] && return
-  local cached=$TOOLS_CACHE/nisshi-$NISSHI_VERSION-$NISSHI_FEATURES/bin/nisshi
-  if [ ! -x "$cached" ]; then
-    log "building nisshi $NISSHI_VERSION ($NISSHI_FEATURES storage only) from crates.io once for this machine (one time; ~13 min on 2 cores)"
-    mkdir -p "$TOOLS_CACHE"
-    cargo install nisshi --version "$NISSHI_VERSION" --locked --ignore-rust-version \
-      --no-default-features --features "$NISSHI_FEATURES" \
-      --root "$TOOLS_CACHE/nisshi-$NISSHI_VERSION-$NISSHI_FEATURES" >"$TOOLS_CACHE/nisshi-build.log" 2>&1 \
-      || die "cargo install nisshi failed, see $TOOLS_CACHE/nisshi-build.log"
-  fi
-  mkdir -p "$(dirname "$NISSHI")"
-  ln -sf "$cached" "$NISSHI"
+# Apache Kafka from Maven Central: scripts/kafka/pom.xml pins the version; its
+# jars are resolved once per machine into the cache (keyed by the pom's hash,
+# so a new pin resolves anew) and never committed.
+kafka_libs_dir() {
+  local hash
+  hash=$(sha256sum "$KAFKA_POM" | cut -c1-12)
+  echo "$TOOLS_CACHE/kafka-$KAFKA_VERSION-$hash/libs"
 }
 
-kafka_pid() {
-  local pid
-  pid=$(cat "$KAFKA_DIR/nisshi.pid" 2>/dev/null) || return 1
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && grep -q nisshi "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+ensure_java() {
+  if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then return; fi
+  [ "$(id -u)" = 0 ] || die "java and mvn are needed for the embedded Kafka; install openjdk-17-jre-headless and maven"
+  log "installing openjdk-17-jre-headless and maven from apt"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null
+  command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1 || die "java or mvn still missing after apt-get install"
+}
+
+ensure_kafka() {
+  ensure_java
+  KAFKA_LIBS=$(kafka_libs_dir)
+  [ -f "$KAFKA_LIBS/kafka_2.13-$KAFKA_VERSION.jar" ] && return
+  local tmp=$KAFKA_LIBS.tmp.$$
+  log "resolving Apache Kafka $KAFKA_VERSION from Maven Central once for this machine (~50 MB)"
+  mkdir -p "$tmp"
+  mvn -B -q -f "$KAFKA_POM" \
+    org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$tmp" >"$TOOLS_CACHE/kafka-resolve.log" 2>&1 \
+    || { rm -rf "$tmp"; die "mvn could not resolve Kafka $KAFKA_VERSION, see $TOOLS_CACHE/kafka-resolve.log"; }
+  rm -rf "$KAFKA_LIBS" && mv "$tmp" "$KAFKA_LIBS"
 }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# Node N (1-based) serves clients on KAFKA_PORT+N-1 and the KRaft quorum on
+# KAFKA_CONTROLLER_PORT+N-1.
+client_port() { echo $((KAFKA_PORT + $1 - 1)); }
+controller_port() { echo $((KAFKA_CONTROLLER_PORT + $1 - 1)); }
+node_dir() { echo "$KAFKA_DIR/node-$1"; }
+bootstrap_servers() {
+  local n out=
+  for n in $(seq 1 "$KAFKA_NODES"); do out+=${out:+,}127.0.0.1:$(client_port "$n"); done
+  echo "$out"
+}
+
+node_pid() {
+  local pid
+  pid=$(cat "$(node_dir "$1")/pid" 2>/dev/null) || return 1
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && grep -q kafka.Kafka "/proc/$pid/cmdline" 2>/dev/null && echo "$pid"
+}
+
+# One combined broker+controller per node, every node a voter of a static
+# quorum. Sized for a 2-core machine that also runs PostgreSQL, the services
+# and the load: few network and I/O threads per node, one replica fetcher,
+# 6 partitions for the group coordinator's offsets topic (50 by default;
+# RF 3 x 50 is 150 replicas to start for a handful of groups).
+# replica.lag.time.max.ms is 10 s (30 s by default) so that a broker paused
+# longer than that leaves the ISR within a fault's span (chaos broker-pause).
+write_node_config() {
+  local n=$1 dir voters= v rf=$KAFKA_NODES isr=$(( KAFKA_NODES >= 3 ? 2 : 1 ))
+  dir=$(node_dir "$n")
+  for v in $(seq 1 "$KAFKA_NODES"); do voters+=${voters:+,}$v@127.0.0.1:$(controller_port "$v"); done
+  mkdir -p "$dir"
+  cat >"$dir/server.properties" <<PROPS
+# Written by scripts/stack.sh (node $n of $KAFKA_NODES); edits are overwritten.
+process.roles=broker,controller
+node.id=$n
+controller.quorum.voters=$voters
+listeners=PLAINTEXT://127.0.0.1:$(client_port "$n"),CONTROLLER://127.0.0.1:$(controller_port "$n")
+advertised.listeners=PLAINTEXT://127.0.0.1:$(client_port "$n")
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$dir/data
+num.network.threads=2
+num.io.threads=4
+num.replica.fetchers=1
+background.threads=4
+num.recovery.threads.per.data.dir=1
+default.replication.factor=$rf
+min.insync.replicas=$isr
+offsets.topic.replication.factor=$rf
+offsets.topic.num.partitions=6
+transaction.state.log.replication.factor=$rf
+transaction.state.log.min.isr=$isr
+transaction.state.log.num.partitions=6
+replica.lag.time.max.ms=10000
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=false
+PROPS
+}
+
+java_props() { echo "-Dlog4j2.configurationFile=$1 -Djava.awt.headless=true"; }
+
+# The heap holds metadata, request buffers and the coordinators' state, not
+# the log (that is the page cache's): 512 MB per node, fixed (-Xms = -Xmx,
+# no resizing), G1 with short pauses as Kafka's own scripts set it (they
+# give 1 GB; three nodes of 1 GB on 24 GB would fit too, but nothing here
+# needs it). STACK_KAFKA_HEAP overrides it.
+start_node() {
+  local n=$1 dir log offset pid
+  dir=$(node_dir "$n")
+  log=$LOGS/kafka-$n.log
+  rm -f "$dir/pid" # stale after a kill -9
+  port_open "$(client_port "$n")" && die "port $(client_port "$n") is taken by another process; set STACK_KAFKA_PORT"
+  touch "$log"
+  offset=$(stat -c %s "$log")
+  echo "$offset" >"$dir/log-offset"
+  # shellcheck disable=SC2046 # java_props is word-split on purpose
+  nohup java -Xms"$KAFKA_HEAP" -Xmx"$KAFKA_HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+    -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent \
+    $(java_props "$ROOT/scripts/kafka/log4j2.properties") \
+    -cp "$KAFKA_LIBS/*" kafka.Kafka "$dir/server.properties" >>"$log" 2>&1 </dev/null &
+  pid=$!
+  echo "$pid" >"$dir/pid"
+  log "started kafka node $n (pid $pid) on 127.0.0.1:$(client_port "$n")"
+}
+
+# A node is ready once it logged "Kafka Server started" since its last start:
+# in KRaft that comes after it caught up with the metadata log and the
+# controller unfenced it.
+wait_node_ready() {
+  local n=$1 timeout_s=${2:-90} dir log offset i pid
+  dir=$(node_dir "$n")
+  log=$LOGS/kafka-$n.log
+  offset=$(cat "$dir/log-offset" 2>/dev/null || echo 0)
+  for i in $(seq 1 $((timeout_s * 5))); do
+    tail -c +"$((offset + 1))" "$log" 2>/dev/null | grep -q 'Kafka Server started' && return 0
+    pid=$(cat "$dir/pid" 2>/dev/null) || true
+    kill -0 "$pid" 2>/dev/null || die "kafka node $n exited at start, see $log"
+    sleep 0.2
+  done
+  die "kafka node $n not ready within ${timeout_s} s, see $log"
+}
+
 kafka_up() {
-  ensure_nisshi
+  ensure_kafka
   mkdir -p "$KAFKA_DIR" "$LOGS"
-  if kafka_pid >/dev/null; then
-    log "broker already running on 127.0.0.1:$KAFKA_PORT"
-  else
-    rm -f "$KAFKA_DIR/nisshi.pid" # stale after a kill -9
-    port_open "$KAFKA_PORT" && die "port $KAFKA_PORT is taken by another process; set STACK_KAFKA_PORT"
-    log "starting nisshi $NISSHI_VERSION on 127.0.0.1:$KAFKA_PORT (sqlite storage)"
-    # sqlite:// paths are relative to the working directory (absolute ones fail).
-    (cd "$KAFKA_DIR" && exec nohup "$NISSHI" broker \
-        --listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
-        --advertised-listener-url "tcp://127.0.0.1:$KAFKA_PORT" \
-        --group-initial-rebalance-delay 500ms \
-        --storage-engine "sqlite://nisshi.db" >>"$LOGS/nisshi.log" 2>&1 </dev/null) &
-    local pid=$!
-    echo "$pid" >"$KAFKA_DIR/nisshi.pid"
-    for _ in $(seq 1 100); do
-      port_open "$KAFKA_PORT" && break
-      # Liveness only: until the subshell has exec'd, its command line is
-      # still bash's, so kafka_pid's name check would misfire here.
-      kill -0 "$pid" 2>/dev/null || die "nisshi exited at start, see $LOGS/nisshi.log"
-      sleep 0.1
-    done
-    port_open "$KAFKA_PORT" || die "nisshi did not listen within 10 s, see $LOGS/nisshi.log"
+  if [ -f "$KAFKA_DIR/nodes" ] && [ "$(cat "$KAFKA_DIR/nodes")" != "$KAFKA_NODES" ]; then
+    die "$KAFKA_DIR holds a cluster of $(cat "$KAFKA_DIR/nodes") nodes, STACK_KAFKA_NODES asks for $KAFKA_NODES; stop the stack and delete $KAFKA_DIR to change it"
   fi
+  local n started=() id
+  if [ ! -f "$KAFKA_DIR/cluster-id" ]; then
+    # shellcheck disable=SC2046
+    id=$(java $(java_props "$ROOT/scripts/kafka/tools-log4j2.properties") -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool random-uuid) \
+      || die "kafka.tools.StorageTool random-uuid failed"
+    echo "$id" >"$KAFKA_DIR/cluster-id"
+    echo "$KAFKA_NODES" >"$KAFKA_DIR/nodes"
+  fi
+  id=$(cat "$KAFKA_DIR/cluster-id")
+  for n in $(seq 1 "$KAFKA_NODES"); do
+    write_node_config "$n"
+    if node_pid "$n" >/dev/null; then continue; fi
+    if [ ! -f "$(node_dir "$n")/data/meta.properties" ]; then
+      # Every node of a static quorum is formatted with the same cluster id
+      # (no --standalone: the voters are in controller.quorum.voters).
+      # shellcheck disable=SC2046
+      java $(java_props "$ROOT/scripts/kafka/tools-log4j2.properties") -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool \
+        format -t "$id" -c "$(node_dir "$n")/server.properties" >>"$LOGS/kafka-format.log" 2>&1 \
+        || die "formatting kafka node $n failed, see $LOGS/kafka-format.log"
+    fi
+    start_node "$n"
+    started+=("$n")
+  done
+  for n in "${started[@]}"; do wait_node_ready "$n"; done
+  if [ "${#started[@]}" = 0 ]; then log "kafka: $KAFKA_NODES nodes already running ($(bootstrap_servers))"; fi
   # Its own line: a build failure inside $(…) exits only the subshell.
   local tool
   tool=$(kafka_tool_bin) || exit 1
-  # A broker restarted on a big store listens before it serves (seen after a
-  # kill -9 with a 5.8 GB store: "Unknown broker error"): try for 20 s.
+  # Replication -1 takes the brokers' default.replication.factor (every
+  # node), min.insync.replicas the brokers' (2 of 3). Retried: a node that
+  # just started may not be unfenced everywhere yet.
   local tries=0
-  until KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT "$tool" create --topic "$TOPIC" --partitions "$PARTITIONS"; do
+  until KAFKA_BOOTSTRAP_SERVERS=$(bootstrap_servers) "$tool" create --topic "$TOPIC" --partitions "$PARTITIONS"; do
     tries=$((tries + 1))
-    [ "$tries" -lt 40 ] || die "could not create topic $TOPIC within 20 s"
+    [ "$tries" -lt 60 ] || die "could not create topic $TOPIC within 30 s"
     sleep 0.5
   done
 }
@@ -221,17 +355,37 @@ kafka_tool_bin() {
   echo "$bin"
 }
 
-kafka_down() {
-  local pid
-  if pid=$(kafka_pid); then
+stop_node() {
+  local n=$1 pid
+  if pid=$(node_pid "$n"); then
+    # SIGTERM: a controlled shutdown (leadership moved off the node first).
     kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null || true
-    log "broker stopped"
-  else
-    log "broker not running"
+    log "kafka node $n stopped"
   fi
-  rm -f "$KAFKA_DIR/nisshi.pid"
+  rm -f "$(node_dir "$n")/pid"
+}
+
+kafka_down() {
+  local n any=0
+  for n in $(seq 1 "$KAFKA_NODES"); do
+    node_pid "$n" >/dev/null && any=1
+    # In parallel: the last two nodes of three wait for each other's quorum.
+    stop_node "$n" &
+  done
+  wait
+  [ "$any" = 1 ] || log "kafka not running"
+}
+
+# The node that leads most partitions of $TOPIC (Kafka's own kafka-topics
+# --describe), or node 1 when that cannot be read.
+busiest_leader() {
+  # shellcheck disable=SC2046
+  java $(java_props "$ROOT/scripts/kafka/tools-log4j2.properties") -cp "$KAFKA_LIBS/*" org.apache.kafka.tools.TopicCommand \
+    --bootstrap-server "$(bootstrap_servers)" --describe --topic "$TOPIC" 2>/dev/null \
+    | grep -o 'Leader: [0-9]*' | awk '{c[$2]++} END {best=1; for (k in c) if (c[k] > c[best]) best=k; print best}' \
+    || echo 1
 }
 
 # DATABASE_URL is the owner's (the superuser's): migrations and the scripts'
@@ -250,13 +404,45 @@ export RELAY_DATABASE_URL=postgres://effectively_relay@$base
 export PAYMENTS_DATABASE_URL=postgres://effectively_payments@$base
 export RECON_DATABASE_URL=postgres://effectively_recon@$base
 ENV
-  if [ "$WITH_KAFKA" = 1 ] || kafka_pid >/dev/null; then
+  if [ "$WITH_KAFKA" = 1 ] || node_pid 1 >/dev/null; then
     cat >>"$ENV_FILE" <<ENV
-export KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:$KAFKA_PORT
+export KAFKA_BOOTSTRAP_SERVERS=$(bootstrap_servers)
 export KAFKA_TOPIC=$TOPIC
 ENV
   fi
   cat "$ENV_FILE"
+}
+
+# kill -9 Kafka nodes N…, and wait until they are gone.
+kill_nodes() {
+  local n pid pids=()
+  for n in "$@"; do
+    [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le "$KAFKA_NODES" ] || die "NODE must be 1..$KAFKA_NODES, got '$n'"
+    pid=$(node_pid "$n") || die "kafka node $n is not running"
+    pids+=("$pid")
+  done
+  kill -9 "${pids[@]}"
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  done
+  log "kafka node(s) $* killed (kill -9 ${pids[*]}); down for ${down_ms} ms"
+}
+
+# A Kafka node SIGSTOPped for MS milliseconds (longer than
+# replica.lag.time.max.ms, it leaves its partitions' ISR), then SIGCONTed:
+# chaos --fault broker-pause. NODE defaults to the busiest leader.
+pause() {
+  local what=${1:-} ms=${2:-15000} n=${3:-} pid
+  [ "$what" = broker ] || die "pause what? broker, got '$what'"
+  [[ $ms =~ ^[0-9]+$ ]] || die "MS must be a number of milliseconds, got '$ms'"
+  ensure_kafka
+  [ -n "$n" ] || n=$(busiest_leader)
+  pid=$(node_pid "$n") || die "kafka node $n is not running"
+  kill -STOP "$pid"
+  log "kafka node $n paused (SIGSTOP $pid) for $ms ms"
+  sleep "$(awk -v ms="$ms" 'BEGIN { printf "%.3f", ms / 1000 }')"
+  kill -CONT "$pid"
+  log "kafka node $n continued (SIGCONT $pid)"
 }
 
 # An infrastructure fault for chaos: crash one component the hard way, keep it
@@ -274,14 +460,30 @@ crash() {
       sleep "$down_s"
       pg_up ;;
     broker)
-      local pid
-      pid=$(kafka_pid) || die "the broker is not running"
-      kill -9 "$pid"
-      for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
-      log "broker killed (kill -9 $pid); down for ${down_ms} ms"
+      # The node to kill: NODE, or the leader of most of $TOPIC's partitions.
+      ensure_kafka
+      local n=${3:-}
+      [ -n "$n" ] || n=$(busiest_leader)
+      kill_nodes "$n"
       sleep "$down_s"
-      kafka_up ;;
-    *) die "crash what? postgres or broker, got '$what'" ;;
+      start_node "$n"
+      wait_node_ready "$n" ;;
+    quorum)
+      # Two of three at once, the busiest leader among them: no partition can
+      # reach min.insync.replicas=2 (and the KRaft quorum has lost its
+      # majority), so nothing is acked until both are back.
+      [ "$KAFKA_NODES" = 3 ] || die "crash quorum needs the 3-node cluster (STACK_KAFKA_NODES=3)"
+      ensure_kafka
+      local first second
+      first=$(busiest_leader)
+      second=$(( first % 3 + 1 ))
+      kill_nodes "$first" "$second"
+      sleep "$down_s"
+      start_node "$first"
+      start_node "$second"
+      wait_node_ready "$first"
+      wait_node_ready "$second" ;;
+    *) die "crash what? postgres, broker or quorum, got '$what'" ;;
   esac
 }
 
@@ -290,7 +492,10 @@ case "${1:-}" in
   down) kafka_down; pg_down ;;
   status)
     if find_pg_bin && pg_running; then echo "postgres: running on 127.0.0.1:$PG_PORT"; else echo "postgres: stopped"; fi
-    if kafka_pid >/dev/null; then echo "broker: running on 127.0.0.1:$KAFKA_PORT"; else echo "broker: stopped"; fi ;;
+    for n in $(seq 1 "$KAFKA_NODES"); do
+      if node_pid "$n" >/dev/null; then echo "kafka node $n: running on 127.0.0.1:$(client_port "$n")"; else echo "kafka node $n: stopped"; fi
+    done ;;
   crash) shift; crash "$@" ;;
-  *) echo "usage: $0 up|down|status|crash postgres|broker [DOWN_MS]" >&2; exit 2 ;;
+  pause) shift; pause "$@" ;;
+  *) echo "usage: $0 up|down|status|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]" >&2; exit 2 ;;
 esac

@@ -9,6 +9,9 @@
 #                                    as a system service
 #   scripts/tools.sh compose-schema  the Compose Specification JSON schema, taken from the npm
 #                                    package dclint (pinned) into .tools/; prints its path
+#   scripts/tools.sh cargo-tools     what `make test` runs besides cargo: cargo-nextest and
+#                                    sqlx-cli (pinned; built from crates.io into ~/.cargo/bin
+#                                    once per machine, a few minutes each), clippy and rustfmt
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -74,9 +77,28 @@ compose_schema() {
   echo "$SCHEMA"
 }
 
+# cargo install builds from source (crates.io is what these machines reach);
+# an installed binary is never rebuilt, so only a machine's first run pays.
+SQLX_CLI_VERSION=0.8.6
+cargo_tools() {
+  if ! command -v cargo-nextest >/dev/null 2>&1; then
+    log "installing cargo-nextest from crates.io (once per machine)"
+    cargo install cargo-nextest --locked >&2 || die "cargo install cargo-nextest failed"
+  fi
+  if ! command -v cargo-sqlx >/dev/null 2>&1 || ! cargo sqlx --version 2>/dev/null | grep -q " $SQLX_CLI_VERSION\$"; then
+    log "installing sqlx-cli $SQLX_CLI_VERSION from crates.io (once per machine)"
+    cargo install sqlx-cli --version "$SQLX_CLI_VERSION" --locked --no-default-features --features rustls,postgres >&2 \
+      || die "cargo install sqlx-cli failed"
+  fi
+  local installed
+  installed=$(rustup component list --installed 2>/dev/null || true)
+  grep -q '^clippy' <<<"$installed" && grep -q '^rustfmt' <<<"$installed" || rustup component add clippy rustfmt >&2
+}
+
 case "${1:-}" in
+  cargo-tools) cargo_tools ;;
   venv) venv ;;
   prometheus) prometheus ;;
   compose-schema) compose_schema ;;
-  *) echo "usage: $0 venv|prometheus|compose-schema" >&2; exit 2 ;;
+  *) echo "usage: $0 cargo-tools|venv|prometheus|compose-schema" >&2; exit 2 ;;
 esac

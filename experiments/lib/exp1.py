@@ -67,7 +67,7 @@ def others_cpu(top, bin_dir):
         if not seen or len(f) < 12:
             continue
         cmd = f[11]
-        if bin_dir in cmd or cmd.startswith(("postgres", "top ", "/usr/lib/postgresql")) or "nisshi" in cmd:
+        if bin_dir in cmd or cmd.startswith(("postgres", "top ", "/usr/lib/postgresql")) or "kafka.Kafka" in cmd:
             continue
         try:
             total += float(f[8])

@@ -80,7 +80,7 @@ def samples_of(rows):
     out = []
     for r in rows:
         s = {k: number(r.get(k)) for k in ("unix_s", "pending_rows", "oldest_pending_s", "cpu_relay",
-                                            "cpu_postgres", "cpu_nisshi", "cpu_pgbench")}
+                                            "cpu_postgres", "cpu_kafka", "cpu_pgbench")}
         if s["unix_s"] is not None:
             out.append(s)
     return out
@@ -112,7 +112,7 @@ def phase_rows(config, bounds, samples, seconds, latency, steady_rate):
                "p50_ms": number((lat.get(name) or {}).get("p50_ms")),
                "p99_ms": number((lat.get(name) or {}).get("p99_ms")),
                "max_ms": number((lat.get(name) or {}).get("max_ms"))}
-        for proc in ("relay", "postgres", "nisshi", "pgbench"):
+        for proc in ("relay", "postgres", "kafka", "pgbench"):
             row[f"cpu_{proc}"] = mean([s[f"cpu_{proc}"] for s in inside])
         rows.append(row)
     return rows
@@ -204,10 +204,10 @@ def table(s):
     cols = [("config", 13), ("phase", 10), ("target_rows_per_s", 8), ("written_per_s", 8),
             ("published_per_s", 9), ("pending_max", 8), ("growth_rows_per_s", 8), ("flat", 5),
             ("oldest_max_s", 8), ("p50_ms", 8), ("p99_ms", 8), ("cpu_relay", 6), ("cpu_postgres", 6),
-            ("cpu_nisshi", 6)]
+            ("cpu_kafka", 6)]
     heads = {"target_rows_per_s": "target", "written_per_s": "written", "published_per_s": "published",
              "pending_max": "backlog", "growth_rows_per_s": "growth", "oldest_max_s": "oldest s",
-             "cpu_relay": "relay", "cpu_postgres": "pg", "cpu_nisshi": "broker"}
+             "cpu_relay": "relay", "cpu_postgres": "pg", "cpu_kafka": "broker"}
     lines = ["  ".join(f"{heads.get(c, c):>{w}}" for c, w in cols)]
     for p in s["phases"]:
         lines.append("  ".join(f"{str(p.get(c)):>{w}}" for c, w in cols))
@@ -215,7 +215,7 @@ def table(s):
     for c in s["configs"]:
         lines.append(f"{c['config']}: drains {c['drain_rows_per_s']} rows/s (cores: relay "
                      f"{c.get('drain_cpu_relay')}, postgres {c.get('drain_cpu_postgres')}, broker "
-                     f"{c.get('drain_cpu_nisshi')}); flat up to "
+                     f"{c.get('drain_cpu_kafka')}); flat up to "
                      f"{c['flat_up_to_rows_per_s']} rows/s, grew at {c['grew_at_rows_per_s']}; "
                      f"caught up {c['caught_up_s']} s after the schedule")
     return "\n".join(lines)
@@ -229,7 +229,7 @@ def drain_cpu(drain):
         return {}
     hz = after.get("hz") or 100
     return {f"drain_cpu_{k}": round(max(0, after["ticks"].get(k, 0) - before["ticks"].get(k, 0)) / hz / drain["seconds"], 2)
-            for k in ("relay", "postgres", "nisshi")}
+            for k in ("relay", "postgres", "kafka")}
 
 
 def main(argv):

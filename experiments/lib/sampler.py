@@ -45,8 +45,10 @@ SELECT b.n, b.age, w.buffers_checkpoint, w.checkpoints_timed + w.checkpoints_req
 FROM (SELECT count(*) AS n, COALESCE(extract(epoch FROM now() - min(created_at)), 0) AS age
       FROM orders.outbox WHERE published_at IS NULL AND failed_at IS NULL) AS b, pg_stat_bgwriter AS w
 """
-# The process groups whose CPU is recorded, by the name in /proc/PID/comm.
-PROCESSES = ("orders", "relay", "payments", "loadgen", "chaos", "postgres", "nisshi", "pgbench", "python3")
+# The process groups whose CPU is recorded, by the name in /proc/PID/comm
+# (COMM_GROUPS renames one: the Kafka nodes are JVMs, comm "java").
+PROCESSES = ("orders", "relay", "payments", "loadgen", "chaos", "postgres", "kafka", "pgbench", "python3")
+COMM_GROUPS = {"java": "kafka"}
 
 
 def scrape(addr, name):
@@ -118,6 +120,7 @@ def cpu_ticks(proc="/proc"):
     {busy, iowait, steal, total: the machine's ticks}) from PROC."""
     groups = dict.fromkeys(PROCESSES, 0)
     for _, name, ticks in process_ticks(proc):
+        name = COMM_GROUPS.get(name, name)
         if name in groups:
             groups[name] += ticks
     return groups, machine_ticks(proc)

@@ -132,7 +132,7 @@ class SummaryTest(unittest.TestCase):
                + "  2 u 20 0 1 1 1 R 40.0 0.1 0:01.00 /work/t/debug/orders\n"
                + "  3 u 20 0 1 1 1 R 30.0 0.1 0:01.00 postgres: writer\n"
                + "  4 u 20 0 1 1 1 R 25.5 0.1 0:01.00 rustc --crate-name x\n"
-               + "  5 u 20 0 1 1 1 R 10.0 0.1 0:01.00 /root/.tools/nisshi serve\n")
+               + "  5 u 20 0 1 1 1 R 10.0 0.1 0:01.00 java -cp libs/* kafka.Kafka node-1/server.properties\n")
         self.assertEqual(exp1.others_cpu(top, "/work/t/debug"), 25.5)
         self.assertIsNone(exp1.others_cpu(None, "/x"))
 

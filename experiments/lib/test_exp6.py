@@ -30,7 +30,7 @@ def run(capacity=2500, steady_oldest=0.4, lost=0, writer_share=1.0):
             backlog += written - published
             oldest = steady_oldest + backlog / capacity
             samples.append({"unix_s": t + 0.5, "pending_rows": round(backlog), "oldest_pending_s": round(oldest, 3),
-                            "cpu_relay": 0.3, "cpu_postgres": 0.5, "cpu_nisshi": 0.8, "cpu_pgbench": 0.1})
+                            "cpu_relay": 0.3, "cpu_postgres": 0.5, "cpu_kafka": 0.8, "cpu_pgbench": 0.1})
             seconds.append({"second": t, "written": round(written), "published": round(published)})
     total = sum(r["written"] for r in seconds)
     totals = {"workers": 8, "batch": 1000, "written": total, "published": total - lost, "pending": lost,
@@ -51,8 +51,8 @@ def write_run(res, name, capacity=2500, **kw):
     # Over the 10 s drain: the relay 3 s of CPU, postgres 6 s, the broker 9 s.
     write_json(os.path.join(d, "drain.json"), {
         "rows": capacity * 10, "seconds": 10,
-        "cpu_before": {"hz": 100, "ticks": {"relay": 0, "postgres": 1000, "nisshi": 50}},
-        "cpu_after": {"hz": 100, "ticks": {"relay": 300, "postgres": 1600, "nisshi": 950}}})
+        "cpu_before": {"hz": 100, "ticks": {"relay": 0, "postgres": 1000, "kafka": 50}},
+        "cpu_after": {"hz": 100, "ticks": {"relay": 300, "postgres": 1600, "kafka": 950}}})
 
 
 def tag_of(name):
@@ -83,7 +83,7 @@ class Exp6Test(unittest.TestCase):
         c = s["configs"][0]
         self.assertEqual((c["drain_rows_per_s"], c["flat_up_to_rows_per_s"], c["grew_at_rows_per_s"]),
                          (2500, 2000, 3000))
-        self.assertEqual((c["drain_cpu_relay"], c["drain_cpu_postgres"], c["drain_cpu_nisshi"]), (0.3, 0.6, 0.9))
+        self.assertEqual((c["drain_cpu_relay"], c["drain_cpu_postgres"], c["drain_cpu_kafka"]), (0.3, 0.6, 0.9))
         burst3 = next(p for p in s["phases"] if p["phase"] == "burst-3x")
         self.assertFalse(burst3["flat"])
         self.assertAlmostEqual(burst3["growth_rows_per_s"], 500, delta=1)

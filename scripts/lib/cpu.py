@@ -42,7 +42,7 @@ def pg_roles(url):
 def name(comm):
     """The group a process counts in: its command name, every kernel worker
     in one (a kworker's name changes with the work it is doing)."""
-    return "kworker" if comm.startswith("kworker/") else comm
+    return "kworker" if comm.startswith("kworker/") else sampler.COMM_GROUPS.get(comm, comm)
 
 
 def snap(url=None):

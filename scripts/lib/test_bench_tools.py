@@ -22,7 +22,7 @@ class CpuDiff(unittest.TestCase):
     def test_cores_per_name_and_role_over_the_span(self):
         a = {
             "processes": {
-                "1": proc("nisshi", 100.0),
+                "1": proc("kafka", 100.0),
                 "2": proc("postgres", 10.0, "effectively_relay"),
                 "3": proc("postgres", 5.0, "effectively_orders"),
                 "9": proc("gone", 50.0),
@@ -31,7 +31,7 @@ class CpuDiff(unittest.TestCase):
         }
         b = {
             "processes": {
-                "1": proc("nisshi", 108.0),
+                "1": proc("kafka", 108.0),
                 "2": proc("postgres", 12.0, "effectively_relay"),
                 "3": proc("postgres", 9.0, "effectively_orders"),
                 # Started after A: all of its seconds are in the span.
@@ -40,7 +40,7 @@ class CpuDiff(unittest.TestCase):
             "machine": {"total": 1020.0, "busy": 515.0},
         }
         d = cpu.diff(a, b, 10.0)
-        self.assertEqual(d["cores"], {"nisshi": 0.8, "postgres": 0.8})
+        self.assertEqual(d["cores"], {"kafka": 0.8, "postgres": 0.8})
         self.assertEqual(
             d["postgres_cores_by_role"], {"effectively_orders": 0.4, "effectively_relay": 0.4}
         )

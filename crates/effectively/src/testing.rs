@@ -142,7 +142,8 @@ impl TestTopic {
             &bootstrap_servers,
             &name,
             partitions,
-            1,
+            // The brokers' default.replication.factor: 3 on the 3-node stack.
+            -1,
             &crate::contract::order_events_topic_configs(),
         )
         .await

@@ -11,7 +11,10 @@ use effectively::inspect::{self, Outgoing, ResetTo, Sender, Start, TailOptions, 
 use effectively::kafka::{TopicState, ensure_topic};
 
 /// The project's Kafka command-line tool, on the same client as the services
-/// (rdkafka): Debian's kcat is too old for the embedded broker.
+/// (rdkafka), for what Kafka's own tools (`scripts/kafka.sh`) do not do:
+/// the pipeline's topic configs by default, a tail that prints headers and
+/// bytes as text, offsets reset to a point in time with a wait for the group
+/// to empty.
 #[derive(Debug, Parser)]
 #[command(
     name = "kafka-tool",
@@ -71,8 +74,9 @@ struct CreateArgs {
     #[arg(long, env = "KAFKA_TOPIC_PARTITIONS", default_value_t = 6)]
     partitions: i32,
 
-    /// Replicas of each partition (1 on the embedded single broker).
-    #[arg(long, env = "KAFKA_TOPIC_REPLICATION", default_value_t = 1)]
+    /// Replicas of each partition; -1 takes the brokers'
+    /// `default.replication.factor` (3 on the embedded 3-node cluster).
+    #[arg(long, env = "KAFKA_TOPIC_REPLICATION", default_value_t = -1, allow_negative_numbers = true)]
     replication: i32,
 
     /// A topic config of the new topic, `KEY=VALUE`, repeatable. By default

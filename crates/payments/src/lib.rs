@@ -383,17 +383,21 @@ pub struct RebalanceContext {
     fatal: FatalState,
     commit_failures: prometheus::IntCounter,
     lag: prometheus::IntGaugeVec,
+    moved: prometheus::IntCounterVec,
 }
 
 impl RebalanceContext {
     /// A context that fires `fatal` on a fatal client error, counts failed
     /// asynchronous offset commits in `commit_failures`, and holds `lag`
     /// (labels `topic`, `partition`): set by the lag sampler for the
-    /// partitions this member owns, a revoked partition's series removed.
+    /// partitions this member owns, a revoked partition's series removed,
+    /// and counts the partitions each rebalance moves in `moved` (label
+    /// `event`: `assigned`, `revoked`).
     pub fn new(
         fatal: FatalState,
         commit_failures: prometheus::IntCounter,
         lag: prometheus::IntGaugeVec,
+        moved: prometheus::IntCounterVec,
     ) -> Self {
         Self {
             assigned: Mutex::default(),
@@ -401,6 +405,7 @@ impl RebalanceContext {
             fatal,
             commit_failures,
             lag,
+            moved,
         }
     }
 
@@ -571,7 +576,14 @@ impl ConsumerContext for RebalanceContext {
                     .lag
                     .remove_label_values(&[e.topic(), &e.partition().to_string()]);
             }
-            tracing::info!(revoked = tpl.count(), "partitions revoked");
+            self.moved
+                .with_label_values(&["revoked"])
+                .inc_by(tpl.count() as u64);
+            tracing::info!(
+                revoked = tpl.count(),
+                owned = assigned.len(),
+                "partitions revoked"
+            );
         }
     }
 
@@ -582,7 +594,14 @@ impl ConsumerContext for RebalanceContext {
             for e in tpl.elements() {
                 assigned.insert((e.topic().to_owned(), e.partition()));
             }
-            tracing::info!(assigned = tpl.count(), "partitions assigned");
+            self.moved
+                .with_label_values(&["assigned"])
+                .inc_by(tpl.count() as u64);
+            tracing::info!(
+                assigned = tpl.count(),
+                owned = assigned.len(),
+                "partitions assigned"
+            );
         }
     }
 }
@@ -590,7 +609,13 @@ impl ConsumerContext for RebalanceContext {
 /// The consumer type.
 pub type PaymentsConsumer = StreamConsumer<RebalanceContext>;
 
-/// Builds the consumer: manual offset commits, earliest reset.
+/// Builds the consumer: manual offset commits, earliest reset, and
+/// cooperative-sticky assignment: a rebalance revokes only the partitions
+/// that change owner (KIP-429), so a member joining or leaving does not
+/// stop the whole group. The in-flight batches of a revoked partition finish
+/// their transactions (the inbox makes a second owner's re-read of them a
+/// no-op) and their offsets are dropped, never committed over the new
+/// owner's ([`Commits::take`]).
 pub fn consumer(config: &Config, context: RebalanceContext) -> anyhow::Result<PaymentsConsumer> {
     let mut client = ClientConfig::new();
     if let Some(id) = &config.group_instance_id {
@@ -604,6 +629,7 @@ pub fn consumer(config: &Config, context: RebalanceContext) -> anyhow::Result<Pa
         .set("session.timeout.ms", config.session_timeout_ms.to_string())
         .set("fetch.wait.max.ms", config.fetch_wait_max_ms.to_string())
         .set("enable.partition.eof", "false")
+        .set("partition.assignment.strategy", "cooperative-sticky")
         .create_with_context(context)
         .context("create kafka consumer")?;
     consumer
@@ -737,6 +763,7 @@ impl Work<'_> {
                 .consumer_errors_total
                 .with_label_values(&["commit_callback"]),
             metrics.consumer_lag.clone(),
+            metrics.partitions_moved_total.clone(),
         );
         let consumer = Arc::new(
             tokio::task::spawn_blocking(move || consumer(&cfg, context))
@@ -1395,8 +1422,8 @@ mod tests {
     }
 
     // The broker side of fencing (a second process with the same
-    // group.instance.id) is not reproducible on the embedded broker: nisshi
-    // does not fence the older static member. The mapping of a fatal error to
+    // group.instance.id) is tested against the stack's Kafka in
+    // tests/payments.rs. The mapping of a fatal error to
     // the end of the process is `effectively::kafka::FatalState`'s, tested
     // there; this checks the consumer's own callbacks.
     #[test]
@@ -1406,7 +1433,9 @@ mod tests {
         let lag =
             prometheus::IntGaugeVec::new(prometheus::Opts::new("l", "l"), &["topic", "partition"])
                 .expect("gauge");
-        let context = RebalanceContext::new(fatal.clone(), commits.clone(), lag);
+        let moved = prometheus::IntCounterVec::new(prometheus::Opts::new("m", "m"), &["event"])
+            .expect("counter");
+        let context = RebalanceContext::new(fatal.clone(), commits.clone(), lag, moved);
         context.error(
             KafkaError::Global(RDKafkaErrorCode::Fatal),
             "static consumer fenced by other consumer with same group.instance.id",

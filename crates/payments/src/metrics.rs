@@ -75,6 +75,11 @@ pub struct PaymentsMetrics {
     /// every `--lag-sample-ms`. Messages in the partition that no committed
     /// batch covers yet.
     pub consumer_lag: IntGaugeVec,
+    /// Partitions that moved to (`event="assigned"`) or away from
+    /// (`event="revoked"`) this member in rebalances. With cooperative-sticky
+    /// assignment a member joining or leaving moves only the partitions that
+    /// change owner; the others keep being consumed through the rebalance.
+    pub partitions_moved_total: IntCounterVec,
     /// `--source http`: webhook requests by outcome (see
     /// [`WEBHOOK_OUTCOMES`]).
     pub webhook_requests_total: IntCounterVec,
@@ -204,6 +209,13 @@ impl PaymentsMetrics {
                 ),
                 &["topic", "partition"],
             )?,
+            partitions_moved_total: IntCounterVec::new(
+                Opts::new(
+                    "payments_partitions_moved_total",
+                    "Partitions assigned to or revoked from this member in rebalances",
+                ),
+                &["event"],
+            )?,
             webhook_requests_total: IntCounterVec::new(
                 Opts::new(
                     PAYMENTS_WEBHOOK_REQUESTS_TOTAL,
@@ -239,6 +251,11 @@ impl PaymentsMetrics {
             m.webhook_requests_total.with_label_values(&[outcome]);
         }
         m.registry.register(Box::new(m.consumer_lag.clone()))?;
+        m.registry
+            .register(Box::new(m.partitions_moved_total.clone()))?;
+        for event in ["assigned", "revoked"] {
+            m.partitions_moved_total.with_label_values(&[event]);
+        }
         for gauge in [
             &m.inbox_floor_age_seconds,
             &m.redelivery_horizon_seconds,

@@ -375,6 +375,10 @@ async fn run_with_crashes(
             .env("PAYMENTS_METRICS_ADDR", "127.0.0.1:0")
             .env("PAYMENTS_BATCH_SIZE", "10")
             .env("PAYMENTS_SESSION_TIMEOUT_MS", "6000")
+            // A static member, as chaos runs it: the restarted process takes
+            // the dead one's place in the group at once, without waiting for
+            // its session to expire and a rebalance.
+            .env("PAYMENTS_GROUP_INSTANCE_ID", format!("{group}-1"))
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -501,6 +505,103 @@ async fn two_consumers_in_one_group_split_the_partitions() {
     assert_eq!(count(&pool, DOUBLES).await, 0);
     a.stop().await;
     b.stop().await;
+}
+
+/// The partitions a member owns now: assigned minus revoked, from its
+/// `payments_partitions_moved_total`.
+async fn owned(member: &Running) -> f64 {
+    member
+        .metric(r#"payments_partitions_moved_total{event="assigned"}"#)
+        .await
+        - member
+            .metric(r#"payments_partitions_moved_total{event="revoked"}"#)
+            .await
+}
+
+#[tokio::test]
+async fn a_member_joining_moves_only_the_partitions_that_change_owner() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(6).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let a = Running::spawn(config(&db, &topic, "g-coop")).await;
+    let first = events(200);
+    produce_events(&topic, &first).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            owned(&a).await == 6.0 && count(&pool, CHARGES).await == 200
+        })
+        .await,
+        "the first member owns all six partitions and charged the first events"
+    );
+
+    // A second member joins while events keep coming.
+    let b = Running::spawn(config(&db, &topic, "g-coop")).await;
+    let second = events(200);
+    produce_events(&topic, &second).await;
+    assert!(
+        eventually(Duration::from_secs(90), || async {
+            owned(&a).await == 3.0 && owned(&b).await == 3.0
+        })
+        .await,
+        "the partitions split three and three: a owns {}, b owns {}",
+        owned(&a).await,
+        owned(&b).await
+    );
+    // Cooperative-sticky: the first member gave up the three that moved and
+    // kept the other three throughout (an eager rebalance revokes all six,
+    // then assigns three back).
+    let revoked = a
+        .metric(r#"payments_partitions_moved_total{event="revoked"}"#)
+        .await;
+    assert_eq!(revoked, 3.0, "the first member revoked only what moved");
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            count(&pool, CHARGES).await == 400
+        })
+        .await
+    );
+    assert_eq!(count(&pool, LEDGER).await, 400);
+    assert_eq!(count(&pool, DOUBLES).await, 0);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn a_static_member_fenced_by_a_second_process_with_its_id_exits_with_an_error() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(2).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let mut static_config = config(&db, &topic, "g-fenced");
+    static_config.group_instance_id = Some("payments-1".into());
+    let old = Running::spawn(static_config.clone()).await;
+    produce_events(&topic, &events(20)).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            count(&pool, CHARGES).await == 20
+        })
+        .await
+    );
+    // A second process with the same group.instance.id: the broker fences
+    // the older one, whose client turns fatal; it must end, with the reason.
+    let new = Running::spawn(static_config).await;
+    let ended = tokio::time::timeout(Duration::from_secs(90), old.task)
+        .await
+        .expect("the fenced member ends within 90 s")
+        .expect("join");
+    let error = ended.expect_err("the fenced member ends with an error");
+    assert!(
+        format!("{error:#}").to_lowercase().contains("fenc"),
+        "the error says it was fenced: {error:#}"
+    );
+    // The new member carries on.
+    produce_events(&topic, &events(20)).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            count(&pool, CHARGES).await == 40
+        })
+        .await
+    );
+    new.stop().await;
 }
 
 /// What a hand-made message must become.

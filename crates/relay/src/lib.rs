@@ -245,7 +245,11 @@ impl ClientContext for RelayContext {
 /// The relay's producer type.
 pub type RelayProducer = FutureProducer<RelayContext>;
 
-/// Builds the idempotent, acks=all producer. It never creates its topic
+/// Builds the idempotent, acks=all producer: every send waits for
+/// `min.insync.replicas` of the partition's replicas (2 of 3 on the stack),
+/// at most 5 requests in flight per broker (the most idempotence keeps in
+/// order across retries), and a send gives up after `--message-timeout-ms`,
+/// a term of the consumers' redelivery horizon. It never creates its topic
 /// (librdkafka's producer would by default, with the broker's default
 /// partition count and configs): a missing topic is an operator's mistake,
 /// so its sends fail, the rows stay pending and the error is logged.
@@ -254,6 +258,7 @@ pub fn producer(config: &Config, context: RelayContext) -> anyhow::Result<RelayP
         .set("bootstrap.servers", &config.kafka.kafka_bootstrap_servers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
+        .set("max.in.flight.requests.per.connection", "5")
         .set("linger.ms", config.linger_ms.to_string())
         .set("message.timeout.ms", config.message_timeout_ms.to_string())
         .set("queue.buffering.max.messages", "1000000")

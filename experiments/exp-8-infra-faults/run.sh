@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Experiment 8: infrastructure faults under load — PostgreSQL crashed, the
-# broker killed, the relay hung past its session limit, the consumer group's
+# Experiment 8: infrastructure faults under load — PostgreSQL crashed, a
+# Kafka node killed, two of three killed (quorum loss), a node paused out of
+# the ISR, the relay hung past its session limit, the consumer group's
 # offsets reset — mixed with kill -9 at every crash point and duplicate
 # delivery. See README.md beside this file.
 set -euo pipefail
@@ -12,19 +13,19 @@ exp_init "$HERE"
 
 # pg-crash and broker-kill crash the stack itself: the embedded one through
 # scripts/stack.sh; another stack needs CHAOS_STACK_SCRIPT (see README.md).
-ALL_FAULTS=pg-crash,broker-kill,relay-pause,offset-reset
+ALL_FAULTS=pg-crash,broker-kill,broker-quorum-loss,broker-pause,relay-pause,offset-reset
 ALL_POINTS=commit,publish,claim,effect
 if [ "$MODE" = quick ]; then
-  RATE=${EXP_RATE:-200} MIXED_DURATION=${EXP_DURATION:-70}
-  MIXED=(--fault "$ALL_FAULTS" --fault-count 4 --fault-interval-ms 2000..3000
-         --relay-pause-ms 4000 --fault-down-ms 1000
+  RATE=${EXP_RATE:-200} MIXED_DURATION=${EXP_DURATION:-120}
+  MIXED=(--fault "$ALL_FAULTS" --fault-count 6 --fault-interval-ms 2000..3000
+         --relay-pause-ms 4000 --fault-down-ms 1000 --broker-pause-ms 12000
          --crash-point "$ALL_POINTS" --crash-probability 0.01)
   MIN_KILLS=4 MIN_PER_FAULT=1
 else
   RATE=${EXP_RATE:-300} MIXED_DURATION=${EXP_DURATION:-1200}
   # Part 1: each fault again and again, nothing else, for clean recovery times.
   exp_chaos each-fault --rate "$RATE" --duration "${EXP_EACH_DURATION:-600}" --retry-rate 0.15 \
-    --protocol mixed --seed 8 --fault "$ALL_FAULTS" --fault-count 40 --fault-interval-ms 2000..4000 \
+    --protocol mixed --seed 8 --fault "$ALL_FAULTS" --fault-count 60 --fault-interval-ms 2000..4000 \
     --relay-pause-ms 8000 --fault-down-ms 2000 \
     --loadgen-arg=--retry-on-error --loadgen-arg=20 --loadgen-arg=--retry-on-error-delay-ms --loadgen-arg=1000 || true
   # Part 2: the long run — every crash point, random kills of every service,

@@ -11,7 +11,7 @@ import sys
 from common import (chaos_intents, chaos_report, deaths, exit_code, load_json, print_checks,
                     verdict, write_json)
 
-FAULTS = ["pg-crash", "broker-kill", "relay-pause", "offset-reset"]
+FAULTS = ["pg-crash", "broker-kill", "broker-quorum-loss", "broker-pause", "relay-pause", "offset-reset"]
 POINTS = ["commit", "publish", "claim", "effect"]
 # The each-fault run (full mode) injects every fault about ten times.
 EACH_FAULT_MIN = 8

@@ -42,8 +42,10 @@ class Exp8Test(unittest.TestCase):
 
     def test_too_few_faults_or_a_failed_injection_fail(self):
         self.assertEqual(self.failed(mixed(), min_per_fault=2)[0], "PASS")
-        self.assertEqual(len(self.failed(mixed(), min_per_fault=3)[1]), 4)
-        self.assertEqual(len(self.failed(mixed(f=faults(failed=1)))[1]), 4)
+        # One failed check per fault kind.
+        self.assertEqual(len(self.failed(mixed(), min_per_fault=3)[1]), len(exp8.FAULTS))
+        self.assertEqual(len(self.failed(mixed(f=faults(failed=1)))[1]), len(exp8.FAULTS))
+        self.assertEqual(len(exp8.FAULTS), 6)
 
     def test_kills_and_crash_points(self):
         self.assertEqual(self.failed(mixed(kills=4))[0], "PASS")

@@ -15,9 +15,22 @@ pub enum Fault {
     /// connection cut), down for `--fault-down-ms`, then started again
     /// (`STACK_SCRIPT crash postgres`).
     PgCrash,
-    /// The broker kill -9'd, down for `--fault-down-ms`, then started again
-    /// (`STACK_SCRIPT crash broker`).
+    /// One Kafka node kill -9'd (the leader of most of the topic's
+    /// partitions), down for `--fault-down-ms`, then started again
+    /// (`STACK_SCRIPT crash broker`): leaders move to the other two, the
+    /// relay's unacked sends are retried there.
     BrokerKill,
+    /// Two of the three Kafka nodes kill -9'd at once, down for
+    /// `--fault-down-ms`, then started again (`STACK_SCRIPT crash quorum`):
+    /// no partition can reach `min.insync.replicas`, so no send is acked;
+    /// the relay backs off with its rows pending (nothing is marked
+    /// published that was not acked) until both are back.
+    BrokerQuorumLoss,
+    /// One Kafka node SIGSTOPped for `--broker-pause-ms` (longer than the
+    /// brokers' `replica.lag.time.max.ms`, 10 s on the stack, so it leaves
+    /// the ISR of its partitions), then SIGCONTed (`STACK_SCRIPT pause
+    /// broker`): it catches up and rejoins the ISR.
+    BrokerPause,
     /// The relay SIGSTOPped for `--relay-pause-ms` (longer than its
     /// idle-in-transaction limit, so a transaction it held is cut), then
     /// SIGCONTed.
@@ -47,6 +60,8 @@ impl Fault {
         match self {
             Self::PgCrash => "pg-crash",
             Self::BrokerKill => "broker-kill",
+            Self::BrokerQuorumLoss => "broker-quorum-loss",
+            Self::BrokerPause => "broker-pause",
             Self::RelayPause => "relay-pause",
             Self::OffsetReset => "offset-reset",
             Self::ReceiverDown => "receiver-down",
@@ -166,7 +181,7 @@ pub struct Config {
     pub kill_interval_ms: (u64, u64),
 
     /// Infrastructure faults (comma list of pg-crash, broker-kill,
-    /// relay-pause, offset-reset; with --transport http also receiver-down,
+    /// broker-quorum-loss, broker-pause, relay-pause, offset-reset; with --transport http also receiver-down,
     /// receiver-errors, receiver-slow), injected one at a time in turn, each after
     /// a pause drawn from `--fault-interval-ms`, while the load runs. Chaos
     /// does not restart the services for them (offset-reset excepted: see
@@ -186,10 +201,16 @@ pub struct Config {
     #[arg(long, env = "CHAOS_FAULT_COUNT")]
     pub fault_count: Option<u64>,
 
-    /// How long PostgreSQL or the broker stays down in pg-crash and
-    /// broker-kill, in milliseconds.
+    /// How long PostgreSQL or the Kafka nodes stay down in pg-crash,
+    /// broker-kill and broker-quorum-loss, in milliseconds.
     #[arg(long, env = "CHAOS_FAULT_DOWN_MS", default_value_t = 2000)]
     pub fault_down_ms: u64,
+
+    /// How long broker-pause keeps a Kafka node stopped, in milliseconds:
+    /// longer than the brokers' replica.lag.time.max.ms (10 s on the stack)
+    /// for the ISR to shrink.
+    #[arg(long, env = "CHAOS_BROKER_PAUSE_MS", default_value_t = 15_000)]
+    pub broker_pause_ms: u64,
 
     /// How long relay-pause keeps the relay stopped, in milliseconds. Chaos
     /// starts the relay with an idle-in-transaction limit of half of it (and
@@ -197,8 +218,9 @@ pub struct Config {
     #[arg(long, env = "CHAOS_RELAY_PAUSE_MS", default_value_t = 12_000)]
     pub relay_pause_ms: u64,
 
-    /// The script that crashes and restarts PostgreSQL and the broker:
-    /// `SCRIPT crash postgres|broker DOWN_MS` (the embedded stack's
+    /// The script that crashes and restarts PostgreSQL and the Kafka nodes:
+    /// `SCRIPT crash postgres|broker|quorum DOWN_MS` and `SCRIPT pause broker
+    /// MS` (the embedded stack's
     /// `scripts/stack.sh` has it; for another stack, write one that does the
     /// same).
     #[arg(long, env = "CHAOS_STACK_SCRIPT", default_value = "scripts/stack.sh")]
@@ -386,7 +408,12 @@ impl Config {
                         .into(),
                 );
             }
-            for fault in [Fault::BrokerKill, Fault::OffsetReset] {
+            for fault in [
+                Fault::BrokerKill,
+                Fault::BrokerQuorumLoss,
+                Fault::BrokerPause,
+                Fault::OffsetReset,
+            ] {
                 if self.fault.contains(&fault) {
                     return Err(format!(
                         "--fault {} needs --transport kafka (no broker in the http pipeline)",

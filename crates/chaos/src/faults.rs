@@ -1,5 +1,6 @@
-//! Infrastructure faults (`--fault`): PostgreSQL crashed, the broker killed,
-//! the relay hung, the consumer group's offsets reset. One at a time, in
+//! Infrastructure faults (`--fault`): PostgreSQL crashed, one Kafka node
+//! killed, two of three killed (quorum loss), one paused out of the ISR, the
+//! relay hung, the consumer group's offsets reset. One at a time, in
 //! turn, while the load runs. Chaos does not restart the services for them
 //! (offset-reset excepted, see [`Fault::OffsetReset`]): the point is that
 //! they recover by themselves. Each fault is recorded with its outage (from
@@ -136,6 +137,16 @@ async fn inject(
         Fault::BrokerKill => {
             stack_crash(&config.stack_script, "broker", config.fault_down_ms).await
         }
+        Fault::BrokerQuorumLoss => {
+            stack_crash(&config.stack_script, "quorum", config.fault_down_ms).await
+        }
+        Fault::BrokerPause => {
+            stack_run(
+                &config.stack_script,
+                &["pause", "broker", &config.broker_pause_ms.to_string()],
+            )
+            .await
+        }
         Fault::RelayPause => {
             let relay = service(ServiceName::Relay)?;
             // Between two lives (a crash point just fired) there is no relay
@@ -199,17 +210,22 @@ async fn inject(
 /// `SCRIPT crash WHAT DOWN_MS`: the stack's own way to crash and restart one
 /// component.
 async fn stack_crash(script: &Path, what: &str, down_ms: u64) -> anyhow::Result<()> {
+    stack_run(script, &["crash", what, &down_ms.to_string()]).await
+}
+
+/// `SCRIPT ARGS…`: one of the stack's fault commands; an error carries its
+/// standard error.
+async fn stack_run(script: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let command = args.join(" ");
     let output = Command::new(script)
-        .arg("crash")
-        .arg(what)
-        .arg(down_ms.to_string())
+        .args(args)
         .kill_on_drop(true)
         .output()
         .await
-        .with_context(|| format!("run {} crash {what}", script.display()))?;
+        .with_context(|| format!("run {} {command}", script.display()))?;
     if !output.status.success() {
         bail!(
-            "{} crash {what}: {}: {}",
+            "{} {command}: {}: {}",
             script.display(),
             output.status,
             String::from_utf8_lossy(&output.stderr).trim()

@@ -9,6 +9,8 @@
 //!   the outbox row commit in one transaction, a `NOTIFY` wakes the relay);
 //! * [`text`]: untrusted text made storable in a `text` column;
 //! * [`v7`]: the time a UUIDv7 id carries (the stores expire by it);
+//! * [`clock`]: a service's clock against the database's (measured, bounded,
+//!   refused past a bound at start-up);
 //! * [`lifecycle`]: expiry in small batches for the stores that cannot drop
 //!   partitions (the outbox, the idempotency keys);
 //! * [`webhook`]: Standard Webhooks signing and verification (HMAC-SHA256
@@ -23,6 +25,7 @@
 //! Every function that writes takes `&mut PgConnection`, so the caller owns the
 //! transaction boundary: that boundary is where correctness lives.
 
+pub mod clock;
 pub mod config;
 pub mod contract;
 pub mod crash;

@@ -110,6 +110,15 @@ pub struct Config {
     #[arg(long, env = "ORDERS_CLAIM_STRATEGY", value_enum, default_value_t = ClaimStrategy::OnConflict)]
     pub claim_strategy: ClaimStrategy,
 
+    /// Refuse to start when this host's clock differs from the database's
+    /// by more than this many seconds. The order ids and msg_ids minted here
+    /// are UUIDv7s of this host's time; payments files msg_ids by it and
+    /// allows `--clock-skew` (5 minutes) for another host's clock, so keep
+    /// this below that. A skew over 1 s is logged as a warning, and
+    /// `orders_clock_skew_seconds` shows it.
+    #[arg(long, env = "ORDERS_MAX_CLOCK_SKEW_SECS", default_value_t = 60)]
+    pub max_clock_skew_secs: u64,
+
     /// Apply the database migrations and exit. Run it with the URL of the
     /// schemas' owner (the stack's DATABASE_URL), not the service's role.
     #[arg(long, env = "ORDERS_MIGRATE_ONLY")]
@@ -149,6 +158,24 @@ pub async fn run(
     }
     let pool = effectively::db::connect(&config.db, SESSION_LIMITS).await?;
     let metrics = Arc::new(OrdersMetrics::new().context("register metrics")?);
+    let clock_bounds = effectively::clock::Bounds {
+        refuse: Duration::from_secs(config.max_clock_skew_secs),
+        ..Default::default()
+    };
+    effectively::clock::check_at_start(
+        "orders",
+        &pool,
+        clock_bounds,
+        &metrics.clock_skew_seconds,
+        std::time::SystemTime::now,
+    )
+    .await?;
+    let clock_watch = tokio::spawn(effectively::clock::watch(
+        clock_bounds,
+        pool.clone(),
+        metrics.clock_skew_seconds.clone(),
+        cancel.child_token(),
+    ));
     // Its own token: it sends the wake-up of the writers' last batches after
     // they finish, then stops.
     let notify_cancel = CancellationToken::new();
@@ -249,6 +276,8 @@ pub async fn run(
     let _ = tokio::time::timeout(Duration::from_secs(1), notify_task).await;
     expiry.abort();
     let _ = expiry.await;
+    clock_watch.abort();
+    let _ = clock_watch.await;
     pool.close().await;
     first.context("server task panicked")?
 }

@@ -5,7 +5,8 @@ use effectively::contract::{
 };
 use effectively::metrics::LATENCY_BUCKETS;
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry,
 };
 
 /// Everything the Orders service counts. Registered in one [`Registry`],
@@ -41,6 +42,10 @@ pub struct OrdersMetrics {
     /// Idempotency keys deleted after the key retention
     /// (`orders.key_policy`): a retry of one of them is a new request.
     pub keys_expired_total: IntCounter,
+    /// The database's clock minus this host's, in seconds, measured at
+    /// start-up and every minute (`effectively::clock`): the order ids and
+    /// msg_ids minted here carry this host's time.
+    pub clock_skew_seconds: Gauge,
 }
 
 impl OrdersMetrics {
@@ -109,6 +114,11 @@ impl OrdersMetrics {
             "Idempotency keys deleted after the key retention (a retry of one is a new request)",
         )?;
         registry.register(Box::new(keys_expired_total.clone()))?;
+        let clock_skew_seconds = Gauge::new(
+            "orders_clock_skew_seconds",
+            "The database's clock minus this host's, in seconds (ids minted here carry this host's time)",
+        )?;
+        registry.register(Box::new(clock_skew_seconds.clone()))?;
         registry.register(Box::new(write_batch_size.clone()))?;
         registry.register(Box::new(write_inflight.clone()))?;
         registry.register(Box::new(write_abandoned_total.clone()))?;
@@ -132,6 +142,7 @@ impl OrdersMetrics {
             write_abandoned_total,
             write_errors_total,
             keys_expired_total,
+            clock_skew_seconds,
         })
     }
 }

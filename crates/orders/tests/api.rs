@@ -70,6 +70,7 @@ impl TestApp {
             inject_fault: fault,
             no_idempotency,
             claim_strategy: ClaimStrategy::OnConflict,
+            max_clock_skew_secs: 60,
         };
         tune(&mut config);
         let cancel = CancellationToken::new();
@@ -1244,4 +1245,90 @@ async fn a_retry_after_the_key_retention_is_a_new_request() {
         .expect("orders");
     assert_eq!(orders, 2);
     app.stop().await;
+}
+
+/// A key lives its full retention by the database's clock, whatever the
+/// clock that minted its order id (issue: an orders host 11 minutes slow,
+/// a 10-minute retention, and a retry 80 s later became a second order).
+/// The key is written as such a host writes it: an order id whose UUIDv7
+/// time is 11 minutes behind the database's, stamped now by the database.
+#[tokio::test]
+async fn a_key_minted_by_a_slow_clock_lives_its_full_retention() {
+    let db = TestDb::create().await;
+    let owner = PgPool::connect(&db.url).await.expect("connect");
+    sqlx::query("UPDATE orders.key_policy SET retention = interval '10 minutes'")
+        .execute(&owner)
+        .await
+        .expect("retention");
+    let slow = std::time::SystemTime::now() - Duration::from_secs(11 * 60);
+    let since = slow
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch");
+    let ts = uuid::Timestamp::from_unix(uuid::NoContext, since.as_secs(), since.subsec_nanos());
+    let order_id = uuid::Uuid::new_v7(ts);
+    sqlx::query(
+        "INSERT INTO orders.idempotency_keys \
+             (idem_key, request_hash, order_id, response_code, response_headers, response_body) \
+         VALUES ('slow-clock', '\\x00', $1, 201, '{}', '\\x7b7d')",
+    )
+    .bind(order_id)
+    .execute(&owner)
+    .await
+    .expect("insert the key");
+    let as_orders = PgPool::connect(&db.url_as(ServiceRole::Orders))
+        .await
+        .expect("connect as orders");
+    let expire = || async {
+        sqlx::query_scalar::<_, i32>("SELECT orders.keys_expire(100)")
+            .fetch_one(&as_orders)
+            .await
+            .expect("expire")
+    };
+    assert_eq!(
+        expire().await,
+        0,
+        "written a moment ago by the database's clock: kept"
+    );
+    // Ten minutes later by the database's clock, it goes.
+    sqlx::query(
+        "UPDATE orders.idempotency_keys SET created_at = now() - interval '10 minutes 1 second'",
+    )
+    .execute(&owner)
+    .await
+    .expect("age the key");
+    assert_eq!(expire().await, 1, "past its retention: expired");
+}
+
+/// Orders measures its clock against the database's at start-up and refuses
+/// to run past `--max-clock-skew-secs` (the measurement, with a shifted local
+/// clock, is `effectively::clock`'s; the service's refusal is checked here).
+#[tokio::test]
+async fn a_clock_past_the_bound_is_refused_and_a_small_skew_is_measured() {
+    let db = TestDb::create().await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let gauge = prometheus::Gauge::new("skew", "skew").expect("gauge");
+    let bounds = effectively::clock::Bounds::default();
+    let slow = || std::time::SystemTime::now() - Duration::from_secs(11 * 60);
+    let refused = effectively::clock::check_at_start("orders", &pool, bounds, &gauge, slow)
+        .await
+        .expect_err("11 minutes slow is refused");
+    assert!(
+        format!("{refused}").contains("clock differs from the database's by +66"),
+        "{refused}"
+    );
+    assert!(
+        (gauge.get() - 660.0).abs() < 5.0,
+        "the gauge shows it: {}",
+        gauge.get()
+    );
+    let skew = effectively::clock::check_at_start(
+        "orders",
+        &pool,
+        bounds,
+        &gauge,
+        std::time::SystemTime::now,
+    )
+    .await
+    .expect("the same host's clock is accepted");
+    assert!(skew.seconds.abs() < 1.0, "{skew:?}");
 }

@@ -6,7 +6,9 @@
 #      jsonschema + PyYAML from the project venv (.tools/venv), plus the checks
 #      of scripts/validate-compose.py (pinned images, 127.0.0.1 ports, ...);
 #   2. prometheus/prometheus.yml (compose) and prometheus/check.yml
-#      (make check-dashboards) with `promtool check config`;
+#      (make check-dashboards) with `promtool check config`, and the alerting
+#      rules (prometheus/alerts.yml) with their unit tests (`promtool test
+#      rules prometheus/alerts_test.yml`);
 #   3. the Grafana provisioning YAML parses and the dashboards are valid JSON.
 #
 # Installs what is missing on first use (venv, Debian's prometheus package for
@@ -25,6 +27,9 @@ echo "-- docker-compose.yml"
 echo "-- promtool check config"
 promtool check config prometheus/prometheus.yml
 promtool check config prometheus/check.yml
+
+echo "-- promtool test rules (the alerting rules)"
+promtool test rules prometheus/alerts_test.yml
 
 echo "-- grafana provisioning and dashboards"
 "$PY" - grafana/provisioning/*/*.yml grafana/dashboards/*.json <<'PY'

@@ -253,8 +253,18 @@ pub type RelayProducer = FutureProducer<RelayContext>;
 /// (librdkafka's producer would by default, with the broker's default
 /// partition count and configs): a missing topic is an operator's mistake,
 /// so its sends fail, the rows stay pending and the error is logged.
-pub fn producer(config: &Config, context: RelayContext) -> anyhow::Result<RelayProducer> {
+///
+/// `max_message_bytes` (the topic's `max.message.bytes`) becomes the
+/// producer's `message.max.bytes`, so that librdkafka refuses a row over
+/// the topic's limit itself, alone, and keeps its batches under it: the
+/// broker refuses a whole batch that is over the limit, every row in it.
+pub fn producer(
+    config: &Config,
+    context: RelayContext,
+    max_message_bytes: usize,
+) -> anyhow::Result<RelayProducer> {
     ClientConfig::new()
+        .set("message.max.bytes", max_message_bytes.to_string())
         .set("bootstrap.servers", &config.kafka.kafka_bootstrap_servers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
@@ -324,10 +334,11 @@ pub async fn run(
     if config.sink == Sink::Http {
         return run_webhooks(config, pool, metrics, metrics_listener, cancel).await;
     }
+    let max_message_bytes = topic_max_message_bytes(&config.kafka).await;
     let cfg = config.clone();
     let context = RelayContext::default();
     let fatal = context.fatal.clone();
-    let producer = tokio::task::spawn_blocking(move || producer(&cfg, context))
+    let producer = tokio::task::spawn_blocking(move || producer(&cfg, context, max_message_bytes))
         .await
         .context("create producer task")??;
     // Everything below stops on a shutdown or on a fatal producer error.
@@ -365,6 +376,7 @@ pub async fn run(
         topic: config.kafka.kafka_topic.clone(),
         batch_size: config.batch_size.max(1),
         max_attempts: config.max_attempts.max(1),
+        max_message_bytes,
         metrics: metrics.clone(),
         crasher,
         permits: Semaphore::new(workers),
@@ -558,6 +570,10 @@ struct Worker {
     topic: String,
     batch_size: i64,
     max_attempts: i32,
+    /// The topic's `max.message.bytes`: a row larger than this is refused
+    /// for itself; a smaller one refused as too large was refused for its
+    /// batch (see [`Worker::publish`]).
+    max_message_bytes: usize,
     metrics: Arc<RelayMetrics>,
     crasher: Arc<Crasher>,
     permits: Semaphore,
@@ -766,6 +782,21 @@ impl Worker {
                     .observe(age.max(0.0));
                 Publish::Delivered
             }
+            Err((error, _))
+                if error.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageSizeTooLarge)
+                    && record_bytes(&key, &value, &msg_id, &row.event_type)
+                        <= self.max_message_bytes =>
+            {
+                // The broker refused the batch this row was in, over the
+                // topic's limit because of another row: this row is fine
+                // and goes again, in another batch.
+                self.metrics
+                    .relay_errors_total
+                    .with_label_values(&["produce"])
+                    .inc();
+                tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, bytes = value.len(), %error, "refused with a batch over the topic's limit; the row itself is under it and stays pending");
+                Publish::Retry
+            }
             Err((error, _)) if rejects_the_row(&error) => {
                 self.metrics
                     .relay_errors_total
@@ -782,6 +813,49 @@ impl Worker {
                 tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, %error, "publish failed; row stays pending");
                 Publish::Retry
             }
+        }
+    }
+}
+
+/// Kafka's default `max.message.bytes`, taken when the topic's cannot be read.
+const KAFKA_DEFAULT_MAX_MESSAGE_BYTES: usize = 1_048_588;
+
+/// What a record adds to its key, value and headers in a batch (lengths,
+/// attributes, offsets and timestamps as varints, the batch header), at most.
+const RECORD_OVERHEAD_BYTES: usize = 128;
+
+/// A record's size in a batch, at most.
+fn record_bytes(key: &str, value: &[u8], msg_id: &str, event_type: &str) -> usize {
+    key.len()
+        + value.len()
+        + HEADER_MSG_ID.len()
+        + msg_id.len()
+        + HEADER_EVENT_TYPE.len()
+        + event_type.len()
+        + RECORD_OVERHEAD_BYTES
+}
+
+/// The topic's `max.message.bytes`, read from the broker at start-up;
+/// Kafka's default when it cannot be read (a topic not created yet: its
+/// sends fail until it is, see [`producer`]).
+async fn topic_max_message_bytes(kafka: &effectively::config::KafkaArgs) -> usize {
+    const KEY: &str = "max.message.bytes";
+    match effectively::kafka::topic_configs(
+        &kafka.kafka_bootstrap_servers,
+        &kafka.kafka_topic,
+        &[KEY],
+    )
+    .await
+    .map(|configs| configs.get(KEY).and_then(|v| v.parse::<usize>().ok()))
+    {
+        Ok(Some(bytes)) => {
+            tracing::info!(bytes, topic = %kafka.kafka_topic, "the topic's max.message.bytes");
+            bytes
+        }
+        Ok(None) => KAFKA_DEFAULT_MAX_MESSAGE_BYTES,
+        Err(error) => {
+            tracing::warn!(%error, topic = %kafka.kafka_topic, default = KAFKA_DEFAULT_MAX_MESSAGE_BYTES, "could not read the topic's max.message.bytes; using Kafka's default");
+            KAFKA_DEFAULT_MAX_MESSAGE_BYTES
         }
     }
 }

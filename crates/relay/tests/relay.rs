@@ -611,6 +611,86 @@ async fn a_row_that_cannot_be_published_fails_alone_and_holds_back_only_its_key(
 /// order, every row marked. A row that cannot be published is marked failed
 /// at once and holds back the later events of its key only. The slot's
 /// confirmed position moves past the last commit (heartbeats).
+/// The WAL relay holds back a key's next event when the one before it fails,
+/// even when the next one arrives while the failing one is still in flight:
+/// it must wait for the predecessor's outcome and only then decide (it used
+/// to look at the failed keys first and then wait, and published the next
+/// event of a key whose predecessor had just failed). The failing rows are
+/// refused by the broker (over the topic's max.message.bytes, so the
+/// refusal takes a round trip), fifty keys of them each followed by a good
+/// row, in one transaction.
+#[tokio::test]
+async fn wal_mode_never_publishes_an_event_after_its_keys_predecessor_failed() {
+    let db = TestDb::create().await;
+    let bootstrap_servers = effectively::testing::stack_var("KAFKA_BOOTSTRAP_SERVERS");
+    let name = format!("test-{}", Uuid::new_v4().simple());
+    let mut configs = effectively::contract::order_events_topic_configs().to_vec();
+    configs.push(("max.message.bytes", "4096".into()));
+    effectively::kafka::ensure_topic(&bootstrap_servers, &name, 3, -1, &configs)
+        .await
+        .expect("create the topic");
+    let topic = TestTopic {
+        name,
+        bootstrap_servers,
+    };
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let (cancel, task, url) = spawn_relay_scraped(wal_config(&db, &topic, 2, 10)).await;
+    wait_for_slot(&pool, &db, true).await;
+    let keys: Vec<Uuid> = (0..50).map(|_| Uuid::now_v7()).collect();
+    // Random hex does not compress below the topic's limit.
+    let blob = || -> String {
+        (0..2_000)
+            .map(|_| Uuid::new_v4().simple().to_string())
+            .collect()
+    };
+    let messages: Vec<OutboxMessage> = keys
+        .iter()
+        .flat_map(|&key| {
+            [
+                OutboxMessage {
+                    aggregate_id: key,
+                    msg_id: Uuid::now_v7(),
+                    event_type: "test.event".into(),
+                    payload: format!(r#"{{"blob":"{}"}}"#, blob()).into_bytes(),
+                },
+                seq_event(key, 1),
+            ]
+        })
+        .collect();
+    let mut conn = pool.acquire().await.expect("acquire");
+    Outbox
+        .enqueue_batch(&mut conn, &messages)
+        .await
+        .expect("enqueue");
+    assert!(
+        eventually(Duration::from_secs(90), || async {
+            scrape(&url, "outbox_failed_rows").await >= 50.0
+        })
+        .await,
+        "the fifty rows over the limit failed: {} failed, {} pending",
+        scrape(&url, "outbox_failed_rows").await,
+        pending(&pool).await
+    );
+    assert_eq!(
+        scrape(&url, "outbox_failed_rows").await,
+        50.0,
+        "only they failed"
+    );
+    let published = topic.read_all(1, Duration::from_secs(5)).await;
+    assert!(
+        published.is_empty(),
+        "no event of a key whose predecessor failed was published: {} were",
+        published.len()
+    );
+    assert_eq!(
+        pending(&pool).await,
+        100,
+        "50 failed and 50 held back, none published"
+    );
+    cancel.cancel();
+    task.await.expect("join").expect("relay ok");
+}
+
 #[tokio::test]
 async fn wal_mode_publishes_from_before_and_after_its_slot_in_per_key_order() {
     let db = TestDb::create().await;
@@ -792,7 +872,10 @@ async fn a_long_transaction_is_not_taken_for_a_gap() {
     let db = TestDb::create().await;
     let topic = TestTopic::create(3).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
-    let (cancel, task, url) = spawn_relay_scraped(wal_config(&db, &topic, 1, 10)).await;
+    // 500 rows in flight: with 10 (one worker, batches of 10) each row
+    // waits for its acks (acks=all, three replicas) in turn, and the 20,000
+    // took 60 s alone and over 120 s on a busy machine.
+    let (cancel, task, url) = spawn_relay_scraped(wal_config(&db, &topic, 1, 500)).await;
     wait_for_slot(&pool, &db, true).await;
 
     const ROWS: usize = 20_000;

@@ -615,12 +615,9 @@ impl Settle {
                     reading.first_id.get_or_insert(row.id);
                     reading.last_id = Some(row.id);
                 }
-                if self.blocked.contains(&row.aggregate_id) {
-                    self.worker.metrics.relay_wal_held_back_total.inc();
-                    return Ok(());
-                }
                 // One event of a key in flight at a time: settle up to the
-                // earlier one first.
+                // earlier one first, then look at its outcome: a key whose
+                // earlier event just failed is held back too.
                 while self.keys.contains_key(&row.aggregate_id) && self.broken.is_none() {
                     match self.queue.next().await {
                         Some(step) => self.settle(step),
@@ -629,6 +626,10 @@ impl Settle {
                 }
                 if self.broken.is_some() {
                     return Ok(()); // not sent; the restart reads it again
+                }
+                if self.blocked.contains(&row.aggregate_id) {
+                    self.worker.metrics.relay_wal_held_back_total.inc();
+                    return Ok(());
                 }
                 *self.keys.entry(row.aggregate_id).or_default() += 1;
                 self.rows_in_flight += 1;

@@ -125,15 +125,27 @@ pub async fn claim(
     .await
 }
 
-/// How many of `ids` (distinct) this statement's snapshot sees. A row read
-/// from the WAL stream can be invisible for a moment: the walsender may send
-/// a transaction once its commit record is flushed, before the committing
-/// backend has made it visible to other snapshots (FINDINGS.md §26).
-pub async fn count_visible(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<i64> {
-    sqlx::query_scalar("SELECT count(*) FROM orders.outbox WHERE id = ANY($1)")
-        .bind(ids)
-        .fetch_one(conn)
-        .await
+/// How many of `rows` (`(id, msg_id)`, distinct) are settled as far as a
+/// mark is concerned: seen by this statement's snapshot, or gone because
+/// the outbox expiry deleted them (minted before the outbox retention; only
+/// published rows are ever deleted, so such a row was published and marked
+/// before). A row read from the WAL stream can be invisible for a moment:
+/// the walsender may send a transaction once its commit record is flushed,
+/// before the committing backend has made it visible to other snapshots
+/// (FINDINGS.md §26). A row the stream reads again after a restart may have
+/// been deleted meanwhile: a relay down past the retention, whose start-up
+/// drain and expiry ran before its stream came back to the row.
+pub async fn count_settled(conn: &mut PgConnection, rows: &[(i64, Uuid)]) -> sqlx::Result<i64> {
+    let (ids, msg_ids): (Vec<i64>, Vec<Uuid>) = rows.iter().copied().unzip();
+    sqlx::query_scalar(
+        "SELECT count(*) FROM unnest($1::int8[], $2::uuid[]) AS r(id, msg_id) \
+         WHERE EXISTS (SELECT 1 FROM orders.outbox o WHERE o.id = r.id) \
+            OR r.msg_id < effectively.v7_floor(now() - (SELECT p.retention FROM orders.outbox_policy p))",
+    )
+    .bind(ids)
+    .bind(msg_ids)
+    .fetch_one(conn)
+    .await
 }
 
 /// Marks rows published. A row already published keeps its first time: the

@@ -341,6 +341,7 @@ async fn stream_once(
         rows_in_flight: 0,
         blocked,
         delivered: Vec::new(),
+        settled_rows: Vec::new(),
         rejected: Vec::new(),
         settled_lsn: 0,
         marked_lsn: 0,
@@ -471,6 +472,7 @@ enum Step {
     /// A row's publish ended.
     Row {
         id: i64,
+        msg_id: Uuid,
         aggregate: Uuid,
         result: Publish,
     },
@@ -500,6 +502,9 @@ struct Settle {
     blocked: HashSet<Uuid>,
     /// Delivered, not yet marked.
     delivered: Vec<i64>,
+    /// `(id, msg_id)` of the delivered and rejected rows, for the mark's
+    /// [`wait_visible`].
+    settled_rows: Vec<(i64, Uuid)>,
     /// The row's own failures, not yet recorded.
     rejected: Vec<(i64, String)>,
     /// End of the last transaction settled before any broker failure.
@@ -640,6 +645,7 @@ impl Settle {
                         let result = publish_in_place(&worker, &row, &cancel).await;
                         Step::Row {
                             id: row.id,
+                            msg_id: row.msg_id,
                             aggregate: row.aggregate_id,
                             result,
                         }
@@ -678,6 +684,7 @@ impl Settle {
         match step {
             Step::Row {
                 id,
+                msg_id,
                 aggregate,
                 result,
             } => {
@@ -689,8 +696,12 @@ impl Settle {
                     }
                 }
                 match result {
-                    Publish::Delivered => self.delivered.push(id),
+                    Publish::Delivered => {
+                        self.delivered.push(id);
+                        self.settled_rows.push((id, msg_id));
+                    }
                     Publish::Rejected(error) => {
+                        self.settled_rows.push((id, msg_id));
                         self.blocked.insert(aggregate);
                         self.rejected.push((id, error));
                     }
@@ -726,14 +737,9 @@ impl Settle {
     async fn mark(&mut self) -> anyhow::Result<()> {
         if !self.delivered.is_empty() || !self.rejected.is_empty() {
             let mut tx = self.worker.pool.begin().await.context("begin mark")?;
-            let ids: Vec<i64> = self
-                .delivered
-                .iter()
-                .copied()
-                .chain(self.rejected.iter().map(|(id, _)| *id))
-                .collect();
+            let rows = std::mem::take(&mut self.settled_rows);
             let worker = self.worker.clone();
-            wait_visible(&mut tx, ids, VISIBLE_WITHIN, &worker.metrics).await?;
+            wait_visible(&mut tx, rows, VISIBLE_WITHIN, &worker.metrics).await?;
             // The stream cannot come back to a row: its own failure is final
             // at its first attempt.
             self.worker
@@ -790,18 +796,18 @@ impl Settle {
 /// again).
 async fn wait_visible(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    mut ids: Vec<i64>,
+    mut rows: Vec<(i64, Uuid)>,
     within: Duration,
     metrics: &crate::metrics::RelayMetrics,
 ) -> anyhow::Result<()> {
-    ids.sort_unstable();
-    ids.dedup();
-    let want = ids.len() as i64;
+    rows.sort_unstable();
+    rows.dedup();
+    let want = rows.len() as i64;
     let started = std::time::Instant::now();
     let mut pause = Duration::from_millis(1);
     let mut waited = false;
     loop {
-        let seen = crate::outbox::count_visible(tx, &ids)
+        let seen = crate::outbox::count_settled(tx, &rows)
             .await
             .context("count the rows to mark")?;
         if seen >= want {
@@ -981,9 +987,15 @@ mod tests {
                 .expect("commit");
         });
         let started = std::time::Instant::now();
-        wait_visible(&mut tx, vec![id, id], Duration::from_secs(10), &metrics)
-            .await
-            .expect("the row becomes visible");
+        let msg_id = Uuid::now_v7();
+        wait_visible(
+            &mut tx,
+            vec![(id, msg_id), (id, msg_id)],
+            Duration::from_secs(10),
+            &metrics,
+        )
+        .await
+        .expect("the row becomes visible");
         assert!(started.elapsed() >= Duration::from_millis(250));
         commit.await.expect("writer");
         let marked = crate::outbox::mark_published(&mut tx, &[id])
@@ -1001,14 +1013,59 @@ mod tests {
         let metrics = crate::metrics::RelayMetrics::new().expect("metrics");
         let (_writer, id) = uncommitted_row(&db).await;
         let mut tx = pool.begin().await.expect("begin mark");
-        let error = wait_visible(&mut tx, vec![id], Duration::from_millis(300), &metrics)
-            .await
-            .expect_err("never visible");
+        let error = wait_visible(
+            &mut tx,
+            vec![(id, Uuid::now_v7())],
+            Duration::from_millis(300),
+            &metrics,
+        )
+        .await
+        .expect_err("never visible");
         assert!(
             error.to_string().contains("1 of 1 rows"),
             "unexpected error: {error}"
         );
         assert_eq!(metrics.relay_wal_unseen_marks_total.get(), 0);
+    }
+
+    /// A row the stream reads again after a restart may be gone: the outbox
+    /// expiry deletes published rows minted before the retention (here a
+    /// row 8 days old against the default 7). The mark counts it as settled
+    /// instead of waiting for it, which would end the stream, restart it at
+    /// the same position and wait again, for good.
+    #[tokio::test]
+    async fn a_row_the_outbox_expiry_deleted_does_not_hold_the_mark() {
+        let db = TestDb::create().await;
+        let pool = PgPool::connect(&db.url).await.expect("pool");
+        let metrics = crate::metrics::RelayMetrics::new().expect("metrics");
+        let eight_days_ago = std::time::SystemTime::now() - Duration::from_secs(8 * 86_400);
+        let since = eight_days_ago
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after the epoch");
+        let old = Uuid::new_v7(uuid::Timestamp::from_unix(
+            uuid::NoContext,
+            since.as_secs(),
+            since.subsec_nanos(),
+        ));
+        let mut tx = pool.begin().await.expect("begin mark");
+        // Ids no row has: deleted.
+        wait_visible(
+            &mut tx,
+            vec![(1_000_000_001, old)],
+            Duration::from_millis(300),
+            &metrics,
+        )
+        .await
+        .expect("an expired row is settled");
+        let error = wait_visible(
+            &mut tx,
+            vec![(1_000_000_001, old), (1_000_000_002, Uuid::now_v7())],
+            Duration::from_millis(300),
+            &metrics,
+        )
+        .await
+        .expect_err("a young row that is not there is waited for");
+        assert!(error.to_string().contains("1 of 2 rows"), "{error}");
     }
 
     fn bin(v: &[u8]) -> ColumnValue {

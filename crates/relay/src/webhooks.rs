@@ -861,16 +861,68 @@ pub enum Admin {
         /// (2026-11-24T08:00:00Z) or a duration ago (90m, 2h, 1d).
         #[arg(long, value_parser = parse_since)]
         since: Option<DateTime<Utc>>,
+        #[command(flatten)]
+        horizon: ReceiverHorizon,
     },
     /// Enables a destination a 410 Gone disabled; its waiting deliveries go.
     Enable {
         /// The destination.
         #[arg(long)]
         destination: String,
+        #[command(flatten)]
+        horizon: ReceiverHorizon,
     },
     /// Each destination's deliveries: pending, delivered, failed, and
     /// whether it is disabled.
     Status,
+}
+
+/// How far back the receiver remembers, for the commands that send old
+/// events again. Past its dedup horizon (payments' `--inbox-retention`, 16
+/// days by default) a receiver refuses an event as `after_horizon` and
+/// dead-letters it, because it can no longer tell a first delivery from a
+/// duplicate; sending such events is refused here unless told to skip them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReceiverHorizon {
+    /// The receiver's dedup horizon: its inbox retention (payments
+    /// `--inbox-retention`). Events minted longer ago than this are past it.
+    #[arg(long = "receiver-horizon", value_parser = humantime::parse_duration, default_value = "16d")]
+    pub receiver_horizon: std::time::Duration,
+    /// Leave the deliveries of events past the receiver's horizon out (they
+    /// stay failed, and `enable` marks its waiting ones failed) instead of
+    /// refusing the whole command.
+    #[arg(long)]
+    pub skip_past_horizon: bool,
+}
+
+impl Default for ReceiverHorizon {
+    fn default() -> Self {
+        Self {
+            receiver_horizon: std::time::Duration::from_secs(16 * 86_400),
+            skip_past_horizon: false,
+        }
+    }
+}
+
+impl ReceiverHorizon {
+    /// The horizon as a PostgreSQL interval's seconds.
+    fn seconds(&self) -> f64 {
+        self.receiver_horizon.as_secs_f64()
+    }
+
+    /// The refusal when `n` deliveries are past the horizon and
+    /// `--skip-past-horizon` was not given.
+    fn refusal(&self, n: i64, what: &str) -> anyhow::Error {
+        anyhow::anyhow!(
+            "{n} of the {what} carry events minted more than {} ago, past the receiver's dedup \
+             horizon (--receiver-horizon, its --inbox-retention): it would refuse them as \
+             after_horizon and dead-letter them, so nothing was done. Give --skip-past-horizon \
+             to send only the younger ones (the older stay failed); for each older one, check \
+             at the receiver whether its effect exists (payments.charges by order id) and apply \
+             the missing ones there by hand",
+            humantime::format_duration(self.receiver_horizon)
+        )
+    }
 }
 
 /// `--since`: an RFC 3339 time, or a duration before now.
@@ -895,25 +947,22 @@ impl Admin {
                 failed: _,
                 destination,
                 since,
+                horizon,
             } => {
-                let n = replay_failed(pool, destination.as_deref(), *since).await?;
-                Ok(format!("{n} failed deliveries queued again\n"))
-            }
-            Admin::Enable { destination } => {
-                let was = sqlx::query_scalar!(
-                    "UPDATE orders.webhook_destinations SET disabled_at = NULL, reason = NULL \
-                     WHERE destination = $1 RETURNING destination",
-                    destination
-                )
-                .fetch_optional(pool)
-                .await?;
-                match was {
-                    Some(_) => Ok(format!("destination {destination} enabled\n")),
-                    None => anyhow::bail!(
-                        "no destination {destination:?} (relay webhooks status lists them)"
-                    ),
+                let (replayed, skipped) =
+                    replay_failed(pool, destination.as_deref(), *since, horizon).await?;
+                let mut out = format!("{replayed} failed deliveries queued again\n");
+                if skipped > 0 {
+                    out.push_str(&format!(
+                        "{skipped} left failed: their events are past the receiver's horizon\n"
+                    ));
                 }
+                Ok(out)
             }
+            Admin::Enable {
+                destination,
+                horizon,
+            } => enable(pool, destination, horizon).await,
             Admin::Status => {
                 let rows = sqlx::query!(
                     r#"SELECT w.destination AS "destination!", w.disabled_at, w.reason,
@@ -949,24 +998,101 @@ impl Admin {
 }
 
 /// Makes failed deliveries pending again (of `destination`, failed since
-/// `since`, when given); returns how many.
+/// `since`, when given), but none whose event is past the receiver's
+/// `horizon`: with any of those selected the command is refused, or with
+/// `--skip-past-horizon` they stay failed. Returns (replayed, left failed).
 pub async fn replay_failed(
     pool: &PgPool,
     destination: Option<&str>,
     since: Option<DateTime<Utc>>,
-) -> sqlx::Result<u64> {
-    Ok(sqlx::query!(
+    horizon: &ReceiverHorizon,
+) -> anyhow::Result<(u64, i64)> {
+    let mut tx = pool.begin().await?;
+    let past: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM orders.webhook_deliveries \
+         WHERE failed_at IS NOT NULL \
+           AND ($1::text IS NULL OR destination = $1) \
+           AND ($2::timestamptz IS NULL OR failed_at >= $2) \
+           AND msg_id < effectively.v7_floor(now() - make_interval(secs => $3))",
+    )
+    .bind(destination)
+    .bind(since)
+    .bind(horizon.seconds())
+    .fetch_one(&mut *tx)
+    .await?;
+    if past > 0 && !horizon.skip_past_horizon {
+        return Err(horizon.refusal(past, "failed deliveries selected"));
+    }
+    let replayed = sqlx::query(
         "UPDATE orders.webhook_deliveries SET failed_at = NULL, attempts = 0, \
            next_attempt_at = now(), replays = replays + 1 \
          WHERE failed_at IS NOT NULL \
            AND ($1::text IS NULL OR destination = $1) \
-           AND ($2::timestamptz IS NULL OR failed_at >= $2)",
-        destination,
-        since
+           AND ($2::timestamptz IS NULL OR failed_at >= $2) \
+           AND msg_id >= effectively.v7_floor(now() - make_interval(secs => $3))",
     )
-    .execute(pool)
+    .bind(destination)
+    .bind(since)
+    .bind(horizon.seconds())
+    .execute(&mut *tx)
     .await?
-    .rows_affected())
+    .rows_affected();
+    tx.commit().await?;
+    Ok((replayed, past))
+}
+
+/// Enables `destination` (disabled by a 410); its waiting deliveries go,
+/// but none whose event is past the receiver's horizon: with any of those
+/// waiting the command is refused, or with `--skip-past-horizon` they are
+/// marked failed (with the reason) first.
+async fn enable(
+    pool: &PgPool,
+    destination: &str,
+    horizon: &ReceiverHorizon,
+) -> anyhow::Result<String> {
+    let mut tx = pool.begin().await?;
+    let past: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM orders.webhook_deliveries \
+         WHERE destination = $1 AND delivered_at IS NULL AND failed_at IS NULL \
+           AND msg_id < effectively.v7_floor(now() - make_interval(secs => $2))",
+    )
+    .bind(destination)
+    .bind(horizon.seconds())
+    .fetch_one(&mut *tx)
+    .await?;
+    if past > 0 && !horizon.skip_past_horizon {
+        return Err(horizon.refusal(past, "deliveries waiting for this destination"));
+    }
+    if past > 0 {
+        sqlx::query(
+            "UPDATE orders.webhook_deliveries SET failed_at = now(), \
+               last_error = 'past the receiver''s dedup horizon when the destination was enabled' \
+             WHERE destination = $1 AND delivered_at IS NULL AND failed_at IS NULL \
+               AND msg_id < effectively.v7_floor(now() - make_interval(secs => $2))",
+        )
+        .bind(destination)
+        .bind(horizon.seconds())
+        .execute(&mut *tx)
+        .await?;
+    }
+    let was = sqlx::query_scalar!(
+        "UPDATE orders.webhook_destinations SET disabled_at = NULL, reason = NULL \
+         WHERE destination = $1 RETURNING destination",
+        destination
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    if was.is_none() {
+        anyhow::bail!("no destination {destination:?} (relay webhooks status lists them)");
+    }
+    tx.commit().await?;
+    let mut out = format!("destination {destination} enabled\n");
+    if past > 0 {
+        out.push_str(&format!(
+            "{past} waiting deliveries marked failed: their events are past the receiver's horizon\n"
+        ));
+    }
+    Ok(out)
 }
 
 /// The start of an error answer's body, for `last_error`.

@@ -20,7 +20,7 @@ use effectively::envelope::Envelope;
 use effectively::outbox::{Outbox, OutboxMessage};
 use effectively::testing::{TestDb, eventually, series_value};
 use effectively::webhook::{self, Secret};
-use relay::webhooks::{Admin, Destination};
+use relay::webhooks::{Admin, Destination, ReceiverHorizon};
 use relay::{Config, Mode, Sink, run};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -557,6 +557,7 @@ async fn refusals_and_exhausted_retries_fail_and_gone_disables_the_destination()
         failed: true,
         destination: Some("r".into()),
         since: None,
+        horizon: ReceiverHorizon::default(),
     };
     assert_eq!(
         replay.run(&as_relay).await.expect("replay"),
@@ -564,6 +565,7 @@ async fn refusals_and_exhausted_retries_fail_and_gone_disables_the_destination()
     );
     let enable = Admin::Enable {
         destination: "gone".into(),
+        horizon: ReceiverHorizon::default(),
     };
     assert_eq!(
         enable.run(&as_relay).await.expect("enable"),
@@ -571,7 +573,8 @@ async fn refusals_and_exhausted_retries_fail_and_gone_disables_the_destination()
     );
     assert!(
         Admin::Enable {
-            destination: "nowhere".into()
+            destination: "nowhere".into(),
+            horizon: ReceiverHorizon::default(),
         }
         .run(&as_relay)
         .await
@@ -759,4 +762,106 @@ async fn the_http_sink_without_a_destination_or_with_wal_is_refused() {
         .await
         .expect_err("refused");
     assert!(error.to_string().contains("--mode poll"), "{error}");
+}
+
+/// A delivery whose event was minted before the receiver's dedup horizon
+/// would be refused there as `after_horizon` and dead-lettered: `replay
+/// --failed` and `enable` refuse to send it (nothing is changed), or leave it
+/// out with `--skip-past-horizon` (a waiting one is marked failed, with why).
+#[tokio::test]
+async fn replays_and_enables_refuse_events_past_the_receivers_horizon() {
+    let db = TestDb::create().await;
+    let owner = PgPool::connect(&db.url).await.expect("connect");
+    let as_relay = PgPool::connect(&db.url_as(ServiceRole::Relay))
+        .await
+        .expect("connect as relay");
+    let twenty_days_ago = std::time::SystemTime::now() - Duration::from_secs(20 * 86_400);
+    let since = twenty_days_ago
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after the epoch");
+    let old = Uuid::new_v7(uuid::Timestamp::from_unix(
+        uuid::NoContext,
+        since.as_secs(),
+        since.subsec_nanos(),
+    ));
+    sqlx::query("INSERT INTO orders.webhook_destinations (destination, disabled_at, reason) VALUES ('r', NULL, NULL), ('gone', now(), 'HTTP 410')")
+        .execute(&owner)
+        .await
+        .expect("destinations");
+    // r: one old and one young failed delivery; gone: one old and one young waiting.
+    for (destination, outbox_id, msg_id, failed) in [
+        ("r", 1_i64, old, true),
+        ("r", 2, Uuid::now_v7(), true),
+        ("gone", 3, old, false),
+        ("gone", 4, Uuid::now_v7(), false),
+    ] {
+        sqlx::query(
+            "INSERT INTO orders.webhook_deliveries \
+               (destination, outbox_id, aggregate_id, msg_id, body, failed_at) \
+             VALUES ($1, $2, $3, $3, '\\x7b7d', CASE WHEN $4 THEN now() END)",
+        )
+        .bind(destination)
+        .bind(outbox_id)
+        .bind(msg_id)
+        .bind(failed)
+        .execute(&owner)
+        .await
+        .expect("delivery");
+    }
+    let failed = || {
+        count(
+            &owner,
+            "SELECT count(*) FROM orders.webhook_deliveries WHERE failed_at IS NOT NULL",
+        )
+    };
+
+    let replay = |skip: bool| Admin::Replay {
+        failed: true,
+        destination: None,
+        since: None,
+        horizon: ReceiverHorizon {
+            skip_past_horizon: skip,
+            ..ReceiverHorizon::default()
+        },
+    };
+    let refused = replay(false).run(&as_relay).await.expect_err("refused");
+    assert!(
+        format!("{refused:#}").contains(
+            "1 of the failed deliveries selected carry events minted more than 16days ago"
+        ),
+        "{refused:#}"
+    );
+    assert_eq!(failed().await, 2, "nothing was replayed");
+    assert_eq!(
+        replay(true).run(&as_relay).await.expect("replay"),
+        "1 failed deliveries queued again\n1 left failed: their events are past the receiver's horizon\n"
+    );
+    assert_eq!(failed().await, 1, "the old one stays failed");
+
+    let enable = |skip: bool| Admin::Enable {
+        destination: "gone".into(),
+        horizon: ReceiverHorizon {
+            skip_past_horizon: skip,
+            ..ReceiverHorizon::default()
+        },
+    };
+    assert!(enable(false).run(&as_relay).await.is_err(), "refused");
+    assert_eq!(
+        count(
+            &owner,
+            "SELECT count(*) FROM orders.webhook_destinations WHERE disabled_at IS NOT NULL"
+        )
+        .await,
+        1,
+        "still disabled"
+    );
+    assert_eq!(
+        enable(true).run(&as_relay).await.expect("enable"),
+        "destination gone enabled\n1 waiting deliveries marked failed: their events are past the receiver's horizon\n"
+    );
+    assert_eq!(failed().await, 2);
+    assert_eq!(
+        count(&owner, "SELECT count(*) FROM orders.webhook_deliveries WHERE last_error LIKE 'past the receiver%'").await,
+        1
+    );
 }

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# make bench-recon: recon's time on a consistent pipeline of N orders (keys,
-# orders, outbox, inbox, charges, ledger: crates/recon/src/seed.sql), for
+# make bench-recon: recon's time on a consistent pipeline of N orders
+# (orders, outbox, inbox, charges, ledger: crates/recon/src/seed.sql; the
+# keys with their stored responses: crates/recon/examples/seed.rs, which
+# runs both), for
 # each size in BENCH_RECON_SIZES ("1000000 10000000"), BENCH_RECON_REPS (3)
 # runs each: median, min and max of the diff's own time (`recon --json`'s
 # diff_seconds), the seeding time and the database size. Every run must be
@@ -20,6 +22,7 @@ STACK_KAFKA=0 scripts/stack.sh up >/dev/null
 . .stack/env
 log "building (release)"
 cargo build -q --release -p orders -p recon
+cargo build -q --release -p recon --example seed
 # shellcheck source=scripts/lib/pipeline.sh
 . "$ROOT/scripts/lib/pipeline.sh"
 
@@ -28,7 +31,7 @@ for n in $SIZES; do
   pipeline_db bench_recon
   log "seeding $n orders"
   start=$(date +%s.%N)
-  psql "$DB_URL" -qAt -v ON_ERROR_STOP=1 -v n="$n" -f crates/recon/src/seed.sql >/dev/null
+  "$BIN/examples/seed" "$DB_URL" "$n"
   seed=$(echo "$(date +%s.%N) - $start" | bc)
   times=()
   for r in $(seq 1 "$REPS"); do

@@ -112,6 +112,38 @@ impl CrashPoint {
 /// orders (reads it on both protocols) and loadgen (sends it).
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
+/// The status of a created order's response (201 Created).
+pub const ORDER_CREATED_STATUS: u16 = 201;
+
+/// The response orders gives a created order, to the first request and to
+/// every retry with its idempotency key: stored in
+/// `orders.idempotency_keys` (status, headers, body) and replayed verbatim,
+/// in its HTTP form whatever protocol carried the request. Shared by orders
+/// (builds and stores it) and recon (checks each stored key's status,
+/// `Location` and `ETag` against it).
+///
+/// Status [`ORDER_CREATED_STATUS`]; headers in this order: `content-type:
+/// application/json`, `location: /orders/{order_id}`, `etag`: the first 32
+/// hex digits of the body's BLAKE3 hash, quoted; body
+/// `{"order_id":"…","status":"created"}` (the order's own id, hyphenated).
+pub fn created_response(order_id: Uuid) -> crate::idempotency::StoredResponse {
+    let body = format!(
+        r#"{{"order_id":"{order_id}","status":"{}"}}"#,
+        OrderStatus::Created.as_str()
+    )
+    .into_bytes();
+    let etag = format!("\"{}\"", &blake3::hash(&body).to_hex()[..32]);
+    crate::idempotency::StoredResponse {
+        status: ORDER_CREATED_STATUS,
+        headers: vec![
+            ("content-type".into(), "application/json".into()),
+            ("location".into(), format!("/orders/{order_id}")),
+            ("etag".into(), etag),
+        ],
+        body,
+    }
+}
+
 // --- webhooks ----------------------------------------------------------------
 
 /// The path at which payments (`--source http`) receives the `order.events`
@@ -362,6 +394,33 @@ mod tests {
     use clap::ValueEnum;
 
     use super::*;
+
+    #[test]
+    fn a_created_response_names_its_order_and_tags_its_body() {
+        let id = Uuid::parse_str("0190d9c4-7e2a-7b3c-8d4e-5f6a7b8c9d0e").expect("uuid");
+        let r = created_response(id);
+        assert_eq!(r.status, 201);
+        assert_eq!(
+            r.body,
+            br#"{"order_id":"0190d9c4-7e2a-7b3c-8d4e-5f6a7b8c9d0e","status":"created"}"#
+        );
+        assert_eq!(
+            r.header("location"),
+            Some("/orders/0190d9c4-7e2a-7b3c-8d4e-5f6a7b8c9d0e")
+        );
+        let etag = r.header("etag").expect("an etag");
+        assert_eq!(
+            etag,
+            format!("\"{}\"", &blake3::hash(&r.body).to_hex()[..32])
+        );
+        assert_eq!(etag.len(), 34);
+        assert_eq!(r.headers.len(), 3);
+        assert_eq!(r, created_response(id), "deterministic");
+        assert_ne!(
+            r.header("etag"),
+            created_response(Uuid::nil()).header("etag")
+        );
+    }
 
     #[test]
     fn every_crash_point_round_trips_through_its_name() {

@@ -6,10 +6,14 @@ use tokio_util::sync::CancellationToken;
 
 /// Exponential backoff, 50 ms doubling to 5 s, cut short by cancellation:
 /// the one schedule every retry loop of the pipeline uses (a database that
-/// is down, a lost LISTEN connection).
+/// is down, a lost LISTEN connection). [`Backoff::between`] takes other
+/// bounds, for a loop whose wait is not a failure's (work another process
+/// holds).
 #[derive(Debug, Clone)]
 pub struct Backoff {
     next: Duration,
+    min: Duration,
+    max: Duration,
 }
 
 impl Backoff {
@@ -18,9 +22,18 @@ impl Backoff {
     /// The longest wait.
     pub const MAX: Duration = Duration::from_secs(5);
 
-    /// Starts at [`Backoff::MIN`].
+    /// Starts at [`Backoff::MIN`], doubles up to [`Backoff::MAX`].
     pub fn new() -> Self {
-        Self { next: Self::MIN }
+        Self::between(Self::MIN, Self::MAX)
+    }
+
+    /// Starts at `min`, doubles up to `max` (at least `min`).
+    pub fn between(min: Duration, max: Duration) -> Self {
+        Self {
+            next: min,
+            min,
+            max: max.max(min),
+        }
     }
 
     /// The wait [`Backoff::wait`] would sleep now.
@@ -28,19 +41,19 @@ impl Backoff {
         self.next
     }
 
-    /// Back to [`Backoff::MIN`], after a success.
+    /// Back to the first wait, after a success.
     pub fn reset(&mut self) {
-        self.next = Self::MIN;
+        self.next = self.min;
     }
 
-    /// Sleeps the current wait, then doubles it (up to [`Backoff::MAX`]).
+    /// Sleeps the current wait, then doubles it (up to the longest).
     /// `false` when `cancel` fired first.
     pub async fn wait(&mut self, cancel: &CancellationToken) -> bool {
         tokio::select! {
             () = tokio::time::sleep(self.next) => {}
             () = cancel.cancelled() => return false,
         }
-        self.next = (self.next * 2).min(Self::MAX);
+        self.next = (self.next * 2).min(self.max);
         true
     }
 }
@@ -69,5 +82,29 @@ mod tests {
         assert_eq!(backoff.next(), Backoff::MIN);
         cancel.cancel();
         assert!(!backoff.wait(&cancel).await, "a cancelled wait says so");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn other_bounds_double_from_the_first_to_the_longest() {
+        let cancel = CancellationToken::new();
+        let ms = Duration::from_millis;
+        let mut backoff = Backoff::between(ms(5), ms(100));
+        let mut seen = Vec::new();
+        for _ in 0..7 {
+            seen.push(backoff.next().as_millis());
+            let started = tokio::time::Instant::now();
+            assert!(backoff.wait(&cancel).await);
+            assert_eq!(started.elapsed(), ms(*seen.last().expect("a wait") as u64));
+        }
+        assert_eq!(seen, [5, 10, 20, 40, 80, 100, 100]);
+        backoff.reset();
+        assert_eq!(backoff.next(), ms(5));
+        let mut inverted = Backoff::between(ms(5), ms(1));
+        assert!(inverted.wait(&cancel).await);
+        assert_eq!(
+            inverted.next(),
+            ms(5),
+            "a longest under the first is the first"
+        );
     }
 }

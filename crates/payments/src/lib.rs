@@ -1042,10 +1042,14 @@ async fn process(
         cancel,
     )
     .await
+    .is_some()
 }
 
 /// [`process`] of decoded deliveries, from either transport; `committed_at`
 /// holds each event's outbox commit time (for the commit-to-effect latency).
+/// Returns how many webhooks were left alone because another processor
+/// holds (or has just processed) their claim (`Applied::skipped`; always 0
+/// for Kafka messages), or `None` when `cancel` fired.
 #[tracing::instrument(level = "info", skip_all, fields(messages = deliveries.len()))]
 pub(crate) async fn process_deliveries(
     pool: &sqlx::PgPool,
@@ -1055,13 +1059,17 @@ pub(crate) async fn process_deliveries(
     crasher: &Crasher,
     metrics: &PaymentsMetrics,
     cancel: &CancellationToken,
-) -> bool {
+) -> Option<u64> {
+    let mut skipped = 0;
     // Slices still to apply, the next one last; halves keep message order.
     let mut work: Vec<&[Delivery<'_>]> = vec![deliveries];
     while let Some(slice) = work.pop() {
         match apply_with_retry(pool, apply, slice, crasher, metrics, cancel).await {
-            Attempt::Applied(applied) => record(metrics, &applied, committed_at),
-            Attempt::Cancelled => return false,
+            Attempt::Applied(applied) => {
+                skipped += applied.skipped;
+                record(metrics, &applied, committed_at);
+            }
+            Attempt::Cancelled => return None,
             Attempt::Refused(error) if slice.len() == 1 => {
                 let reason = format!("{error}");
                 let intent = slice[0].content.as_ref().ok();
@@ -1085,7 +1093,7 @@ pub(crate) async fn process_deliveries(
                 .instrument(span)
                 .await;
                 if !rejected {
-                    return false;
+                    return None;
                 }
             }
             Attempt::Refused(error) => {
@@ -1097,7 +1105,7 @@ pub(crate) async fn process_deliveries(
             }
         }
     }
-    true
+    Some(skipped)
 }
 
 /// One slice in one transaction, retried with backoff while the failure is

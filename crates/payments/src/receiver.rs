@@ -23,7 +23,11 @@
 //! locks the rows (`FOR UPDATE SKIP LOCKED`), claims their msg_ids in
 //! `payments.inbox`, writes the charges and ledger entries, and marks the
 //! rows processed. So a charge and its processed mark commit together, and
-//! two processors (two payments processes) never apply a row twice.
+//! two processors (two payments processes) never apply a row twice. A scan
+//! that applied nothing because another processor holds every row it found
+//! is followed by a backoff (5 ms doubling to the poll interval), not by
+//! the next scan at once: `SKIP LOCKED` would answer the same, as fast as
+//! the database can.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -57,6 +61,12 @@ use crate::metrics::PaymentsMetrics;
 /// The largest body taken (an event is well under a kilobyte; Kafka's
 /// default message limit is 1 MB): larger is a 413.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// The first wait of the inbox processor after a scan that found every
+/// claim held by another processor; it doubles, up to the poll interval,
+/// while they stay held. Another processor's batch usually commits within
+/// milliseconds.
+pub const HELD_BACKOFF_MIN: Duration = Duration::from_millis(5);
 
 /// The receiver's settings (`--source http`).
 #[derive(Debug, Clone, Args)]
@@ -392,7 +402,10 @@ impl Processor {
     /// rows in msg_id order, a batch at a time, and starts over from the
     /// beginning when a scan comes to its end; with nothing to do it waits
     /// for a wake or the poll interval. Rows another processor holds are
-    /// skipped by this scan and taken by a later one if still there.
+    /// skipped by this scan and taken by a later one if still there; when a
+    /// scan applied nothing and skipped rows, the next waits a backoff
+    /// ([`HELD_BACKOFF_MIN`] doubling to the poll interval, reset by a scan
+    /// that applies something; a wake cuts it short).
     pub(crate) async fn run(self, cancel: CancellationToken) {
         let Processor {
             pool,
@@ -406,6 +419,9 @@ impl Processor {
         let batch = batch.max(1);
         let mut after: Option<Uuid> = None;
         let mut backoff = Backoff::new();
+        let mut held = Backoff::between(HELD_BACKOFF_MIN, poll);
+        // The scan under way: whether it applied a row, whether it skipped one.
+        let (mut applied, mut skipped) = (false, false);
         loop {
             if cancel.is_cancelled() {
                 return;
@@ -427,32 +443,48 @@ impl Processor {
                     continue;
                 }
             };
-            if rows.is_empty() {
-                if after.take().is_some() {
-                    continue; // the end of a scan: start over
-                }
-                tokio::select! {
-                    () = wake.notified() => {}
-                    () = tokio::time::sleep(poll) => {}
-                    () = cancel.cancelled() => return,
-                }
-                continue;
+            if !rows.is_empty() {
+                metrics.consumed_total.inc_by(rows.len() as u64);
+                let (deliveries, committed_at) = classify(&rows);
+                let Some(left) = crate::process_deliveries(
+                    &pool,
+                    apply,
+                    &deliveries,
+                    &committed_at,
+                    &crasher,
+                    &metrics,
+                    &cancel,
+                )
+                .await
+                else {
+                    return;
+                };
+                applied |= left < rows.len() as u64;
+                skipped |= left > 0;
             }
-            after = (rows.len() == batch).then(|| rows[rows.len() - 1].msg_id);
-            metrics.consumed_total.inc_by(rows.len() as u64);
-            let (deliveries, committed_at) = classify(&rows);
-            if !crate::process_deliveries(
-                &pool,
-                apply,
-                &deliveries,
-                &committed_at,
-                &crasher,
-                &metrics,
-                &cancel,
-            )
-            .await
-            {
-                return;
+            if rows.len() == batch {
+                after = Some(rows[rows.len() - 1].msg_id);
+                continue; // the scan goes on
+            }
+            // The end of a scan: the next starts over from the beginning.
+            after = None;
+            match (std::mem::take(&mut applied), std::mem::take(&mut skipped)) {
+                (true, _) => held.reset(),
+                (false, true) => {
+                    // Every row found is another processor's.
+                    tokio::select! {
+                        () = wake.notified() => {}
+                        waited = held.wait(&cancel) => if !waited { return },
+                    }
+                }
+                (false, false) => {
+                    held.reset();
+                    tokio::select! {
+                        () = wake.notified() => {}
+                        () = tokio::time::sleep(poll) => {}
+                        () = cancel.cancelled() => return,
+                    }
+                }
             }
         }
     }

@@ -584,3 +584,61 @@ async fn two_processors_on_one_database_apply_each_claim_once() {
     a.stop().await;
     b.stop().await;
 }
+
+/// While every unprocessed claim is held by another processor (its
+/// transaction has the row locked, so `FOR UPDATE SKIP LOCKED` skips it),
+/// the processor backs off between scans instead of scanning again at once:
+/// over a second, a bounded handful of scans (each reads the held claim:
+/// `payments_consumed_total`), not hundreds. Once the lock is gone, the
+/// claim is applied within the backoff's bound (the poll interval, here
+/// 100 ms).
+#[tokio::test]
+async fn a_processor_that_finds_every_claim_held_backs_off_instead_of_spinning() {
+    let db = TestDb::create().await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let msg_id = Uuid::now_v7();
+    let body = event(msg_id, Uuid::now_v7(), 100);
+    payments::receiver::claim(&pool, msg_id, &body, 0)
+        .await
+        .expect("claim");
+    // The other processor, mid-batch.
+    let mut other = pool.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM payments.webhook_inbox WHERE msg_id = $1 FOR UPDATE")
+        .bind(msg_id)
+        .execute(&mut *other)
+        .await
+        .expect("lock the claim");
+    let receiver = Receiver::spawn(&db).await;
+    const SCANNED: &str = "payments_consumed_total";
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            receiver.metric(SCANNED).await >= 1.0
+        })
+        .await,
+        "the processor read the held claim"
+    );
+    let before = receiver.metric(SCANNED).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let scans = receiver.metric(SCANNED).await - before;
+    assert_eq!(count(&pool, CHARGES).await, 0, "held: not applied");
+    // Doubling from 5 ms to the 100 ms poll: about 14 in a second.
+    assert!(
+        scans <= 20.0,
+        "{scans} scans in 1 s while the only claim was held"
+    );
+    other.rollback().await.expect("release");
+    let released = std::time::Instant::now();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            count(&pool, CHARGES).await == 1
+        })
+        .await
+    );
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "applied {:?} after the release",
+        released.elapsed()
+    );
+    assert_eq!(count(&pool, UNPROCESSED).await, 0);
+    receiver.stop().await;
+}

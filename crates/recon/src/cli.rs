@@ -116,15 +116,18 @@ pub async fn run(config: Config) -> anyhow::Result<bool> {
     Ok(findings.is_clean())
 }
 
-/// What `--show-sql` prints: the diff, the dead-letter count and the drain
-/// check, each as psql takes it.
+/// What `--show-sql` prints: the diff, the stored responses read, the
+/// dead-letter count and the drain check, each as psql takes it.
 pub fn show_sql() -> String {
     format!(
         "-- the floors of the stores that expire ($3, $4 and the greater of outbox and inbox: $5)\n{};\n\n\
          -- the diff of the ids $1 to $2 (the whole: $1 = '00000000-0000-0000-0000-000000000000', \
-         $2 = 'ffffffff-ffff-ffff-ffff-ffffffffffff')\n{};\n\n-- dead letters\n{};\n\n-- drained?\n{};\n\n",
+         $2 = 'ffffffff-ffff-ffff-ffff-ffffffffffff')\n{};\n\n\
+         -- the stored responses of the same ids, compared by recon row by row\n{};\n\n\
+         -- dead letters\n{};\n\n-- drained?\n{};\n\n",
         crate::FLOORS_SQL.trim_end(),
         crate::PART_SQL.trim_end(),
+        crate::RESPONSES_SQL.trim_end(),
         crate::DEAD_LETTERS_SQL.trim_end(),
         crate::DRAINED_SQL.trim_end()
     )

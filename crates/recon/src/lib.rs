@@ -7,7 +7,8 @@
 //! The invariant, checked order by order (not as sums, which two swapped
 //! amounts would leave equal): for every accepted intent (idempotency key)
 //! exactly one order; for every order exactly one key whose stored response
-//! names it, one outbox event whose payload is that order (same id, account
+//! names it and is the one orders stores for it (status, `Location`,
+//! `ETag`: [`RESPONSES_SQL`]), one outbox event whose payload is that order (same id, account
 //! and amount), that event's msg_id in the inbox, one charge made by that
 //! msg_id for the same account and amount, and one ledger entry, the same
 //! again. Nothing missing, doubled, orphaned or different. Failed outbox rows
@@ -19,6 +20,7 @@
 //! that still cover it, and the report says what range each covers.
 
 pub mod cli;
+pub mod seed;
 
 use std::time::{Duration, Instant};
 
@@ -41,6 +43,16 @@ use uuid::Uuid;
 /// ([`Report::from_parts`]). The text is `src/sql/part.sql`, the one file
 /// both this constant and the compile-time checked query read.
 pub const PART_SQL: &str = include_str!("sql/part.sql");
+
+/// The stored responses of one range of order ids, `$1` to `$2`: each key's
+/// order id, status, `Location` and `ETag`, which recon compares with the
+/// response orders stores for that order
+/// ([`effectively::contract::created_response`]) row by row, in Rust (the
+/// `ETag` is a BLAKE3 hash PostgreSQL cannot compute; [`Responses`]). Run
+/// after [`PART_SQL`] on the same connection, in the same snapshot when
+/// in parts. Checked at run time only (`src/sql/responses.sql`, covered by
+/// the tests).
+pub const RESPONSES_SQL: &str = include_str!("sql/responses.sql");
 
 /// The floors of the stores that expire ([`Floors`]), read first, in the
 /// diff's snapshot.
@@ -126,6 +138,56 @@ pub struct Part {
     /// Outbox events in the range (of msg_ids) at or above the msg_id floor
     /// whose msg_id is in the inbox.
     pub consumed: i64,
+}
+
+/// The stored responses of one order-id range ([`RESPONSES_SQL`]) against
+/// the response orders stores for each key's order; every field adds up
+/// across the ranges of a partition.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Responses {
+    /// Keys whose stored status is not the created order's (201).
+    pub wrong_status: i64,
+    /// Keys whose stored `Location` is not `/orders/{the key's order id}`
+    /// (another order's, or none, or more than one).
+    pub wrong_location: i64,
+    /// Keys whose stored `ETag` is not the one orders computes for the
+    /// key's order (or none, or more than one).
+    pub wrong_etag: i64,
+}
+
+impl Responses {
+    fn add(self, o: &Responses) -> Responses {
+        Responses {
+            wrong_status: self.wrong_status + o.wrong_status,
+            wrong_location: self.wrong_location + o.wrong_location,
+            wrong_etag: self.wrong_etag + o.wrong_etag,
+        }
+    }
+
+    /// Counts one key's stored response against orders' for `order_id`.
+    fn check(&mut self, order_id: Uuid, status: i32, location: Option<&str>, etag: Option<&str>) {
+        let expected = effectively::contract::created_response(order_id);
+        self.wrong_status += i64::from(status != i32::from(expected.status));
+        self.wrong_location += i64::from(location != expected.header("location"));
+        self.wrong_etag += i64::from(etag != expected.header("etag"));
+    }
+
+    /// Reads the stored responses of the order ids `lo` to `hi` on `conn`
+    /// ([`RESPONSES_SQL`]) and checks each.
+    pub async fn read(conn: &mut PgConnection, lo: Uuid, hi: Uuid) -> sqlx::Result<Self> {
+        use futures::TryStreamExt;
+        let mut counts = Responses::default();
+        // Unchecked at compile time (see RESPONSES_SQL): the tests run it.
+        let mut rows =
+            sqlx::query_as::<_, (Uuid, i32, Option<String>, Option<String>)>(RESPONSES_SQL)
+                .bind(lo)
+                .bind(hi)
+                .fetch(conn);
+        while let Some((order_id, status, location, etag)) = rows.try_next().await? {
+            counts.check(order_id, status, location.as_deref(), etag.as_deref());
+        }
+        Ok(counts)
+    }
 }
 
 impl Part {
@@ -243,6 +305,14 @@ pub struct Report {
     pub orders_with_many_keys: i64,
     /// Keys whose stored response names another order than the key's.
     pub responses_naming_another_order: i64,
+    /// Keys whose stored status is not the created order's (201): a retry
+    /// would be told something else than the first request was.
+    pub responses_with_wrong_status: i64,
+    /// Keys whose stored `Location` is not `/orders/{the key's order id}`.
+    pub responses_with_wrong_location: i64,
+    /// Keys whose stored `ETag` is not the one orders computes for the
+    /// key's order.
+    pub responses_with_wrong_etag: i64,
     /// Outbox rows.
     pub outbox_rows: i64,
     /// Outbox rows marked published.
@@ -349,10 +419,16 @@ pub struct Policy {
 }
 
 impl Report {
-    /// The whole from the parts of a partition of the id space, and the
-    /// dead letters.
-    pub fn from_parts(parts: &[Part], dead: DeadLetters, floors: Floors) -> Report {
+    /// The whole from the parts of a partition of the id space (the diff's
+    /// and the stored responses'), and the dead letters.
+    pub fn from_parts(
+        parts: &[Part],
+        responses: &[Responses],
+        dead: DeadLetters,
+        floors: Floors,
+    ) -> Report {
         let p = parts.iter().fold(Part::default(), Part::add);
+        let r = responses.iter().fold(Responses::default(), Responses::add);
         Report {
             floors,
             orders_since_key_floor: p.orders_since_key_floor,
@@ -365,6 +441,9 @@ impl Report {
             orders_without_key: p.orders_without_key,
             orders_with_many_keys: p.orders_with_many_keys,
             responses_naming_another_order: p.foreign_responses,
+            responses_with_wrong_status: r.wrong_status,
+            responses_with_wrong_location: r.wrong_location,
+            responses_with_wrong_etag: r.wrong_etag,
             outbox_rows: p.events,
             published_rows: p.events - p.unpublished,
             pending_rows: p.unpublished,
@@ -412,6 +491,15 @@ impl Report {
                 "responses_naming_another_order",
                 self.responses_naming_another_order,
             ),
+            d(
+                "responses_with_wrong_status",
+                self.responses_with_wrong_status,
+            ),
+            d(
+                "responses_with_wrong_location",
+                self.responses_with_wrong_location,
+            ),
+            d("responses_with_wrong_etag", self.responses_with_wrong_etag),
             d(
                 "outbox_rows - distinct_orders",
                 self.outbox_rows_since_floor - self.orders_since_outbox_floor,
@@ -482,7 +570,7 @@ impl Report {
 
     /// The human table.
     pub fn table(&self, policy: Policy) -> String {
-        let rows: [(&str, i64); 35] = [
+        let rows: [(&str, i64); 38] = [
             ("intents (idempotency keys)", self.intents),
             ("distinct orders", self.distinct_orders),
             ("intents without order", self.intents_without_order),
@@ -492,6 +580,15 @@ impl Report {
                 "responses naming another order",
                 self.responses_naming_another_order,
             ),
+            (
+                "responses with wrong status",
+                self.responses_with_wrong_status,
+            ),
+            (
+                "responses with wrong Location",
+                self.responses_with_wrong_location,
+            ),
+            ("responses with wrong ETag", self.responses_with_wrong_etag),
             ("outbox rows", self.outbox_rows),
             ("published rows", self.published_rows),
             ("pending rows", self.pending_rows),
@@ -560,12 +657,12 @@ impl Report {
 
 /// Runs the diff as one statement over the whole id space on `conn` (a
 /// pooled connection, or a transaction: tests corrupt a database inside one
-/// and roll it back).
+/// and roll it back), then the stored responses' check.
 pub async fn reconcile(conn: &mut PgConnection) -> sqlx::Result<Report> {
     let floors = Floors::read(conn).await?;
-    let part = run_part(conn, Uuid::nil(), Uuid::max(), floors).await?;
+    let (part, responses) = run_part(conn, Uuid::nil(), Uuid::max(), floors).await?;
     let dead = DeadLetters::read(conn).await?;
-    Ok(Report::from_parts(&[part], dead, floors))
+    Ok(Report::from_parts(&[part], &[responses], dead, floors))
 }
 
 /// Runs the diff in `jobs` order-id ranges side by side, one connection
@@ -604,7 +701,8 @@ pub async fn reconcile_in_parts(pool: &PgPool, jobs: usize) -> sqlx::Result<Repo
     )
     .await?;
     let dead = DeadLetters::read(&mut txs[0]).await?;
-    Ok(Report::from_parts(&parts, dead, floors))
+    let (parts, responses): (Vec<Part>, Vec<Responses>) = parts.into_iter().unzip();
+    Ok(Report::from_parts(&parts, &responses, dead, floors))
 }
 
 /// A read-only repeatable-read transaction, on `snapshot` if given, tuned
@@ -639,13 +737,15 @@ async fn begin_snapshot(
     Ok(tx)
 }
 
+/// One range: the diff ([`PART_SQL`]), then its keys' stored responses
+/// ([`RESPONSES_SQL`]), on `conn`.
 async fn run_part(
     conn: &mut PgConnection,
     lo: Uuid,
     hi: Uuid,
     floors: Floors,
-) -> sqlx::Result<Part> {
-    sqlx::query_file_as!(
+) -> sqlx::Result<(Part, Responses)> {
+    let part = sqlx::query_file_as!(
         Part,
         "src/sql/part.sql",
         lo,
@@ -654,8 +754,10 @@ async fn run_part(
         floors.outbox,
         floors.msg()
     )
-    .fetch_one(conn)
-    .await
+    .fetch_one(&mut *conn)
+    .await?;
+    let responses = Responses::read(conn, lo, hi).await?;
+    Ok((part, responses))
 }
 
 /// At most `jobs` inclusive ranges that partition the whole UUID space,

@@ -229,8 +229,7 @@ async fn orders_with_retries_flow_to_exactly_one_charge_each() {
 async fn seeded(n: u64) -> (TestDb, PgPool) {
     let db = TestDb::create().await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
-    let sql = include_str!("../src/seed.sql").replace(":n", &n.to_string());
-    sqlx::raw_sql(&sql).execute(&pool).await.expect("seed");
+    recon::seed::seed(&pool, n).await.expect("seed");
     (db, pool)
 }
 
@@ -454,6 +453,83 @@ async fn every_per_order_check_catches_its_corruption() {
     }
 }
 
+/// Each key's stored response, replayed verbatim to a retry, must be the
+/// one orders stores for the key's own order: status 201, a `Location`
+/// naming that order, and the `ETag` orders computes for it. Each
+/// corruption alone, committed, is drift named alone, and the binary exits
+/// 1 naming it.
+#[tokio::test]
+async fn a_stored_response_with_another_status_location_or_etag_is_drift() {
+    // The header `name` of order `from`'s stored response set to `value`,
+    // in place (the other headers and their order kept).
+    let set_header = |name: &str, from: u32, value: &str| {
+        format!(
+            "UPDATE orders.idempotency_keys SET response_headers = \
+               (SELECT jsonb_agg(CASE WHEN h->>0 = '{name}' THEN jsonb_build_array('{name}', {value}) ELSE h END ORDER BY n) \
+                FROM jsonb_array_elements(response_headers) WITH ORDINALITY AS x(h, n)) \
+             WHERE order_id = '{from:032x}'::uuid"
+        )
+    };
+    let cases = [
+        (
+            "UPDATE orders.idempotency_keys SET response_code = 500 \
+             WHERE order_id = '00000000000000000000000000000003'::uuid"
+                .to_owned(),
+            "responses_with_wrong_status",
+        ),
+        (
+            // Another order's Location.
+            set_header(
+                "location",
+                4,
+                "'/orders/' || '00000000000000000000000000000005'::uuid",
+            ),
+            "responses_with_wrong_location",
+        ),
+        (
+            // Another order's ETag: well formed, not this order's.
+            set_header(
+                "etag",
+                6,
+                "(SELECT e.pair->>1 FROM orders.idempotency_keys k, jsonb_array_elements(k.response_headers) AS e(pair) \
+                  WHERE k.order_id = '00000000000000000000000000000007'::uuid AND e.pair->>0 = 'etag')",
+            ),
+            "responses_with_wrong_etag",
+        ),
+    ];
+    // Every case runs; the failures are reported together.
+    let mut wrong = Vec::new();
+    for (sql, check) in cases {
+        let (db, pool) = seeded(10).await;
+        let changed = sqlx::query(&sql)
+            .execute(&pool)
+            .await
+            .expect(&sql)
+            .rows_affected();
+        assert_eq!(changed, 1, "{sql}");
+        let mut conn = pool.acquire().await.expect("connect");
+        let report = recon::reconcile(&mut conn).await.expect("recon");
+        let drift = report.drift(Policy::default());
+        if drift != [check] {
+            wrong.push(format!("{check}: drift {drift:?} after `{sql}`"));
+        }
+        let out = std::process::Command::new(bin("recon"))
+            .env("DATABASE_URL", db.url_as(ServiceRole::Recon))
+            .env("RUST_LOG", "error")
+            .output()
+            .expect("run recon");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let named = format!("DRIFT — effects != intents ({check})");
+        if out.status.code() != Some(1) || !stdout.contains(&named) {
+            wrong.push(format!(
+                "{check}: the binary exited {:?} without `{named}`",
+                out.status.code()
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
 /// The binary: exit 0 on the clean seed; exit 1 naming the check once two
 /// orders' charged amounts are swapped (the sums still agree).
 #[tokio::test]
@@ -517,6 +593,8 @@ async fn the_ranges_add_up_to_the_whole() {
          WHERE order_id = '00000000000000000000000000000096'::uuid",
         "UPDATE payments.charges SET account_id = account_id + 1 \
          WHERE order_id = '000000000000000000000000000000c8'::uuid",
+        "UPDATE orders.idempotency_keys SET response_code = 500 \
+         WHERE order_id = '000000000000000000000000000000c9'::uuid",
         "DELETE FROM payments.inbox WHERE msg_id = \
          (SELECT msg_id FROM orders.outbox WHERE aggregate_id = '00000000000000000000000000000064'::uuid)",
         // (above every msg_id, inside the inbox's oldest partition: 2004)
@@ -541,6 +619,15 @@ async fn the_ranges_add_up_to_the_whole() {
     );
     assert_eq!(whole.inbox_without_event, 1);
     assert_eq!(whole.dead_letters, 1);
+    assert_eq!(whole.responses_with_wrong_status, 1);
+    assert_eq!(
+        (
+            whole.responses_with_wrong_location,
+            whole.responses_with_wrong_etag
+        ),
+        (1, 1),
+        "the key moved to another order id kept the first order's response"
+    );
     for jobs in 1..=7 {
         let parts = recon::reconcile_in_parts(&pool, jobs).await.expect("recon");
         assert_eq!(parts, whole, "--jobs {jobs}");

@@ -5,7 +5,7 @@ use effectively::contract::{
 };
 use effectively::metrics::LATENCY_BUCKETS;
 use prometheus::{
-    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
 
 /// Everything the relay counts.
@@ -66,6 +66,19 @@ pub struct RelayMetrics {
     /// `--sink http`: deliveries given up (`failed`) by destination: the
     /// alert. `relay webhooks replay` sends them again.
     pub relay_webhook_failed_total: IntCounterVec,
+    /// `--sink http`: the receivers' answers by `destination` and `status`:
+    /// the HTTP status code (`200`, `401`, `503`, ...), or `none` when there
+    /// was no answer (connection failed, timed out). Every non-2xx but 410
+    /// is retried: a run of 401s says the receiver cannot verify the
+    /// signatures (its clock, see `relay_webhook_clock_skew_seconds`, or a
+    /// secret it does not hold).
+    pub relay_webhook_responses_total: IntCounterVec,
+    /// `--sink http`: the receiver's clock minus the sender's, in seconds,
+    /// by destination, from the last answer's `Date` (whole seconds, so good
+    /// to about 2 s; unset until an answer carries a `Date`). Past
+    /// `webhooks::CLOCK_SKEW_WARN` either way the relay warns; past the
+    /// receiver's signature tolerance (5 minutes) it refuses every attempt.
+    pub relay_webhook_clock_skew_seconds: GaugeVec,
     /// `--sink http`: seconds per attempt (to the answer or the timeout), by
     /// destination.
     pub relay_webhook_attempt_duration_seconds: prometheus::HistogramVec,
@@ -173,6 +186,20 @@ impl RelayMetrics {
                 ),
                 &["destination"],
             )?,
+            relay_webhook_responses_total: IntCounterVec::new(
+                Opts::new(
+                    "relay_webhook_responses_total",
+                    "--sink http: receivers' answers by destination and HTTP status (none: no answer)",
+                ),
+                &["destination", "status"],
+            )?,
+            relay_webhook_clock_skew_seconds: GaugeVec::new(
+                Opts::new(
+                    "relay_webhook_clock_skew_seconds",
+                    "--sink http: the receiver's clock minus the sender's, seconds, from its last answer's Date",
+                ),
+                &["destination"],
+            )?,
             relay_webhook_attempt_duration_seconds: prometheus::HistogramVec::new(
                 HistogramOpts::new(
                     "relay_webhook_attempt_duration_seconds",
@@ -210,6 +237,10 @@ impl RelayMetrics {
             .register(Box::new(m.relay_webhook_attempts_total.clone()))?;
         m.registry
             .register(Box::new(m.relay_webhook_failed_total.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_webhook_responses_total.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_webhook_clock_skew_seconds.clone()))?;
         m.registry
             .register(Box::new(m.relay_webhook_attempt_duration_seconds.clone()))?;
         m.registry.register(Box::new(

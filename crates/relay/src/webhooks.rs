@@ -18,18 +18,26 @@
 //!    secret of the destination) and `Idempotency-Key`. The answer decides:
 //!    2xx delivered (crash point `deliver` between the 2xx and the mark: the
 //!    re-delivery is the receiver's duplicate); 410 disables the destination
-//!    (`orders.webhook_destinations`) and leaves the delivery pending; any
-//!    other 4xx but 408/409/425/429 fails it at once; anything else (5xx,
-//!    those four, no answer) is retried on the schedule of
-//!    `effectively::webhook` (5 s, 30 s, 5 min, 30 min, 4 h, ... ×[0.8, 1.2]
-//!    jitter; a `Retry-After` up to 4 h is honoured if longer) until its
-//!    last attempt, then fails (ERROR log, `relay_webhook_failed_total`).
-//!    Every attempt is also a row of `orders.webhook_attempts`.
+//!    (`orders.webhook_destinations`) and leaves the delivery pending;
+//!    anything else (every other status, 4xx included, or no answer) is
+//!    retried on the schedule of `effectively::webhook` (5 s, 30 s, 5 min,
+//!    30 min, 4 h, ... ×[0.8, 1.2] jitter; a `Retry-After` up to 4 h is
+//!    honoured if longer) until its last attempt, then fails (ERROR log,
+//!    `relay_webhook_failed_total`). No status fails a delivery at once: a
+//!    4xx is often the receiver's passing state, not the message's (a 401
+//!    from a receiver whose clock is off by more than its signature
+//!    tolerance, or whose secret was rotated before the sender's), so it
+//!    gets the whole schedule, as large webhook senders give it. Every
+//!    attempt is also a row of `orders.webhook_attempts`; every answer is
+//!    counted by status (`relay_webhook_responses_total`), and its `Date`
+//!    gives the receiver's clock skew (`relay_webhook_clock_skew_seconds`,
+//!    a WARN past [`CLOCK_SKEW_WARN`]).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
@@ -38,7 +46,7 @@ use effectively::crash::Crasher;
 use effectively::retry::Backoff;
 use effectively::webhook::{self, Secret};
 use rand::Rng;
-use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
+use reqwest::header::{CONTENT_TYPE, DATE, HeaderMap, RETRY_AFTER};
 use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::JoinSet;
@@ -60,6 +68,19 @@ const LEASE_MARGIN: Duration = Duration::from_secs(5);
 const RECORD_TRIES: u32 = 8;
 /// The most of an error answer's body kept in `last_error`.
 const ERROR_BODY_BYTES: usize = 256;
+/// How far a receiver's clock (its answer's `Date`) may be from the
+/// sender's before the sender warns. The receiver refuses a signature whose
+/// `webhook-timestamp` is further from its own clock than its tolerance
+/// (`webhook::DEFAULT_TOLERANCE`, 5 minutes, in every Standard Webhooks
+/// library), answering 401 to every attempt however often it is retried.
+/// A `Date` is whole seconds and servers cache it up to a second, so a
+/// measured skew is good to about 2 s: 60 s is far above that noise and
+/// well inside the tolerance, so the warning comes while signatures still
+/// verify, before the clocks drift far enough apart to refuse them all.
+pub const CLOCK_SKEW_WARN: Duration = Duration::from_secs(60);
+/// The least time between two clock-skew warnings for one destination (the
+/// gauge has every measurement).
+const CLOCK_SKEW_WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// One destination: where, signed with what, how patiently.
 #[derive(Clone)]
@@ -204,8 +225,9 @@ struct Claimed {
 pub enum Outcome {
     /// 2xx.
     Delivered(u16),
-    /// Worth trying again: 5xx, 408, 409, 425, 429, a 3xx, or no answer.
-    /// The receiver's `Retry-After`, if any.
+    /// Tried again on the schedule (failed after the last attempt): any
+    /// status but 2xx and 410 (a 4xx too: see the module docs), or no
+    /// answer. With the receiver's `Retry-After`, if any.
     Retry {
         /// The status, if there was an answer.
         status: Option<u16>,
@@ -214,18 +236,17 @@ pub enum Outcome {
         /// The receiver's `Retry-After`.
         retry_after: Option<Duration>,
     },
-    /// A 4xx that will not change by retrying.
-    Permanent {
-        /// The status.
-        status: u16,
-        /// Why, readable.
-        error: String,
-    },
     /// 410: the destination is gone.
     Gone(String),
 }
 
-/// The outcome of an answer's status (and its `Retry-After`).
+/// The outcome of an answer's status (and its `Retry-After`): 2xx
+/// delivered, 410 gone, anything else retried. No status fails a delivery
+/// at once: a 4xx may be the receiver's passing state (a clock off by more
+/// than its signature tolerance, a secret it rotated before the sender, a
+/// deploy that broke it) rather than the message's, and the schedule gives
+/// it days to recover; a message the receiver will never take fails after
+/// its last attempt, visibly, and waits for `relay webhooks replay`.
 pub fn judge(status: u16, retry_after: Option<Duration>, body: &str) -> Outcome {
     let error = || {
         let body = body.trim();
@@ -238,15 +259,6 @@ pub fn judge(status: u16, retry_after: Option<Duration>, body: &str) -> Outcome 
     match status {
         200..=299 => Outcome::Delivered(status),
         410 => Outcome::Gone(error()),
-        408 | 409 | 425 | 429 => Outcome::Retry {
-            status: Some(status),
-            error: error(),
-            retry_after,
-        },
-        400..=499 => Outcome::Permanent {
-            status,
-            error: error(),
-        },
         _ => Outcome::Retry {
             status: Some(status),
             error: error(),
@@ -268,6 +280,33 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     Some(Duration::from_secs(seconds).min(webhook::MAX_RETRY_AFTER))
 }
 
+/// The receiver's clock minus the sender's, in seconds, from an answer's
+/// `Date` (an HTTP-date, whole seconds) and the sender's clock `now` when
+/// the answer came; `None` without a readable `Date`.
+pub fn clock_skew(headers: &HeaderMap, now: SystemTime) -> Option<f64> {
+    let date = httpdate::parse_http_date(headers.get(DATE)?.to_str().ok()?).ok()?;
+    Some(match date.duration_since(now) {
+        Ok(ahead) => ahead.as_secs_f64(),
+        Err(behind) => -behind.duration().as_secs_f64(),
+    })
+}
+
+/// A hint for the log of an attempt that was not delivered, by status.
+fn hint(status: Option<u16>) -> &'static str {
+    match status {
+        Some(401 | 403) => {
+            "the receiver refused the request, likely a signature it cannot verify: its clock off \
+             by more than its tolerance (relay_webhook_clock_skew_seconds), or a secret it does \
+             not hold (a rotation done on one side only)"
+        }
+        Some(400..=499) => "the receiver refused the request; retried, it may be a passing state",
+        Some(300..=399) => "a redirect, not followed: configure the URL it points to",
+        Some(500..=599) => "the receiver failed",
+        Some(_) => "an unexpected status",
+        None => "no answer",
+    }
+}
+
 /// The wait before the next attempt after `failed` attempts: the schedule's
 /// wait × `scale` × a jitter factor in `[JITTER_MIN, JITTER_MAX]` (`jitter`
 /// in `[0, 1]` picks it), or the receiver's `Retry-After` if longer.
@@ -286,6 +325,8 @@ pub struct Sender {
     /// Every scheduled wait is multiplied by this (tests and experiments
     /// shrink the hours to seconds; 1 in production).
     scale: f64,
+    /// When each destination's clock skew was last warned about.
+    skew_warned: Mutex<HashMap<String, Instant>>,
 }
 
 impl Sender {
@@ -301,6 +342,7 @@ impl Sender {
             metrics,
             crasher,
             scale,
+            skew_warned: Mutex::default(),
         }
     }
 
@@ -592,9 +634,13 @@ impl Sender {
             .body(row.body.clone())
             .send()
             .await;
+        let name = destination.name.as_str();
         let outcome = match sent {
             Ok(response) => {
                 let status = response.status().as_u16();
+                if let Some(skew) = clock_skew(response.headers(), SystemTime::now()) {
+                    self.clock_skew(name, skew);
+                }
                 let after = retry_after(response.headers());
                 let body = if response.status().is_success() {
                     String::new()
@@ -610,7 +656,18 @@ impl Sender {
             },
         };
         let elapsed = started.elapsed();
-        let name = destination.name.as_str();
+        let status = match &outcome {
+            Outcome::Delivered(status) => Some(*status),
+            Outcome::Gone(_) => Some(410),
+            Outcome::Retry { status, .. } => *status,
+        };
+        self.metrics
+            .relay_webhook_responses_total
+            .with_label_values(&[
+                name,
+                &status.map_or_else(|| "none".to_owned(), |s| s.to_string()),
+            ])
+            .inc();
         self.metrics
             .relay_webhook_attempt_duration_seconds
             .with_label_values(&[name])
@@ -653,7 +710,7 @@ impl Sender {
             .with_label_values(&[name, label])
             .inc();
         if label == "failed" {
-            // Given up, after its last attempt or refused for good: the alert.
+            // Given up after its last attempt: the alert.
             self.metrics
                 .relay_webhook_failed_total
                 .with_label_values(&[name])
@@ -676,18 +733,54 @@ impl Sender {
             ),
             Outcome::Retry { error, status, .. } if label == "failed" => tracing::error!(
                 destination = name, outbox_id = row.outbox_id, msg_id = %row.msg_id,
-                attempts = row.attempts, ?status, %error,
+                attempts = row.attempts, ?status, %error, hint = hint(*status),
                 "webhook delivery failed after its last attempt (relay webhooks replay --failed)"
-            ),
-            Outcome::Permanent { status, error } => tracing::error!(
-                destination = name, outbox_id = row.outbox_id, msg_id = %row.msg_id,
-                status, %error, "webhook delivery refused for good by the receiver"
             ),
             Outcome::Retry { error, status, .. } => tracing::warn!(
                 destination = name, outbox_id = row.outbox_id, attempts = row.attempts,
-                ?status, %error, "webhook attempt failed; will retry"
+                ?status, %error, hint = hint(*status), "webhook attempt failed; will retry"
             ),
         }
+    }
+
+    /// Sets a destination's measured clock skew (receiver minus sender,
+    /// seconds) and warns, at most every `CLOCK_SKEW_WARN_EVERY`, when it is
+    /// past `CLOCK_SKEW_WARN`.
+    fn clock_skew(&self, destination: &str, skew: f64) {
+        self.metrics
+            .relay_webhook_clock_skew_seconds
+            .with_label_values(&[destination])
+            .set(skew);
+        if skew.abs() <= CLOCK_SKEW_WARN.as_secs_f64() {
+            return;
+        }
+        let now = Instant::now();
+        {
+            let Ok(mut warned) = self.skew_warned.lock() else {
+                return;
+            };
+            if warned
+                .get(destination)
+                .is_some_and(|at| now.duration_since(*at) < CLOCK_SKEW_WARN_EVERY)
+            {
+                return;
+            }
+            warned.insert(destination.to_owned(), now);
+        }
+        let (ahead, seconds) = if skew > 0.0 {
+            ("ahead of", skew)
+        } else {
+            ("behind", -skew)
+        };
+        tracing::warn!(
+            destination,
+            skew_seconds = skew,
+            "the sender's and the receiver's clocks differ by {seconds:.0} s (the receiver's \
+             answer is dated {seconds:.0} s {ahead} the sender's clock): signatures fail once \
+             that exceeds the receiver's timestamp tolerance ({} s in the Standard Webhooks \
+             libraries), and every attempt is then refused with 401; fix the clock that is wrong",
+            webhook::DEFAULT_TOLERANCE.as_secs()
+        );
     }
 
     /// Writes an attempt's outcome, fenced by the attempt number (a late
@@ -713,9 +806,6 @@ impl Sender {
                 Some(error.as_str()),
                 Some(Duration::ZERO),
             ),
-            Outcome::Permanent { status, error } => {
-                ("failed", Some(*status), Some(error.as_str()), None)
-            }
             Outcome::Retry { status, error, .. } if last => {
                 ("failed", *status, Some(error.as_str()), None)
             }
@@ -1180,19 +1270,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_answer_decides_delivered_retry_permanent_or_gone() {
+    fn the_answer_decides_delivered_gone_or_retried_and_no_status_fails_at_once() {
         assert_eq!(judge(200, None, ""), Outcome::Delivered(200));
         assert_eq!(judge(204, None, ""), Outcome::Delivered(204));
         assert!(matches!(judge(410, None, ""), Outcome::Gone(_)));
-        for status in [400, 401, 403, 404, 413, 415, 422] {
-            assert!(
-                matches!(judge(status, None, "no"), Outcome::Permanent { .. }),
-                "{status} is permanent"
-            );
-        }
-        for status in [408, 409, 425, 429, 500, 502, 503, 504, 301, 302] {
-            assert!(
-                matches!(judge(status, None, ""), Outcome::Retry { .. }),
+        // Every 4xx but 410 too: a 401 from a receiver whose clock or secret
+        // disagrees with the sender's is retried, never failed at once.
+        for status in [
+            400, 401, 403, 404, 408, 409, 413, 415, 422, 425, 429, 451, 499, 500, 502, 503, 504,
+            599, 301, 302, 304, 100,
+        ] {
+            assert_eq!(
+                judge(status, Some(Duration::from_secs(3)), "no"),
+                Outcome::Retry {
+                    status: Some(status),
+                    error: format!("HTTP {status}: no"),
+                    retry_after: Some(Duration::from_secs(3)),
+                },
                 "{status} is retried"
             );
         }
@@ -1204,6 +1298,33 @@ mod tests {
         };
         assert_eq!(retry_after, Some(Duration::from_secs(7)));
         assert_eq!(error, "HTTP 429: slow down");
+    }
+
+    #[test]
+    fn the_clock_skew_is_the_receivers_date_minus_the_senders_clock() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let mut headers = HeaderMap::new();
+        assert_eq!(clock_skew(&headers, now), None, "no Date");
+        for (off, text) in [
+            (0, "Fri, 15 Jan 2027 08:00:00 GMT"),
+            (600, "Fri, 15 Jan 2027 08:10:00 GMT"),
+            (-90, "Fri, 15 Jan 2027 07:58:30 GMT"),
+        ] {
+            headers.insert(DATE, text.parse().expect("value"));
+            assert_eq!(clock_skew(&headers, now), Some(f64::from(off)), "{text}");
+        }
+        let later = now + Duration::from_millis(400);
+        let skew = clock_skew(&headers, later).expect("a skew");
+        assert!(
+            (skew + 90.4).abs() < 1e-9,
+            "the sender's clock to the sub-second: {skew}"
+        );
+        headers.insert(DATE, "yesterday".parse().expect("value"));
+        assert_eq!(clock_skew(&headers, now), None, "not an HTTP-date");
+        assert!(
+            CLOCK_SKEW_WARN < webhook::DEFAULT_TOLERANCE,
+            "the warning comes before signatures fail"
+        );
     }
 
     #[test]

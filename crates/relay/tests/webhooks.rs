@@ -33,6 +33,9 @@ struct Reply {
     status: u16,
     retry_after: Option<u64>,
     delay: Duration,
+    /// The answer's `Date` this many seconds off the real time (the
+    /// receiver's clock is wrong); `None`: the server's own `Date`.
+    clock_off: Option<i64>,
 }
 
 impl Reply {
@@ -43,6 +46,7 @@ impl Reply {
             status,
             retry_after: None,
             delay: Duration::ZERO,
+            clock_off: None,
         }
     }
 }
@@ -148,6 +152,15 @@ async fn receive(State(r): State<Receiver>, headers: HeaderMap, body: Bytes) -> 
         response
             .headers_mut()
             .insert("retry-after", seconds.to_string().parse().expect("value"));
+    }
+    if let Some(off) = reply.clock_off {
+        let now = std::time::SystemTime::now();
+        let by = Duration::from_secs(off.unsigned_abs());
+        let at = if off >= 0 { now + by } else { now - by };
+        // Set here, the server sends no Date of its own.
+        response
+            .headers_mut()
+            .insert("date", httpdate::fmt_http_date(at).parse().expect("value"));
     }
     response
 }
@@ -441,11 +454,95 @@ async fn a_failing_first_attempt_holds_back_its_key_only_and_is_retried_on_sched
     relay.stop().await;
 }
 
-/// A 4xx other than 408/409/425/429 fails a delivery at once; a 5xx on
-/// every attempt fails it after the last; either way the key's next event
-/// goes on. A 410 disables its destination and leaves the delivery pending.
+/// A receiver whose clock runs 10 minutes ahead of the sender's refuses
+/// the first two attempts with 401 (their `webhook-timestamp` is outside its
+/// 5-minute tolerance as it sees them), and takes the third (say its
+/// operator widened the tolerance): a 401 is retried on the schedule like a
+/// 5xx, never given up at once, and the delivery ends delivered. The sender
+/// counted each answer by status and measured the skew from the answers'
+/// `Date`.
 #[tokio::test]
-async fn refusals_and_exhausted_retries_fail_and_gone_disables_the_destination() {
+async fn a_401_from_a_receiver_with_a_skewed_clock_is_retried_until_delivered() {
+    let db = TestDb::create().await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let msg_id = enqueue(&pool, Uuid::now_v7(), 0).await;
+    let ahead: i64 = 600;
+    let (r, url) = Receiver::start(move |h| Reply {
+        clock_off: Some(ahead),
+        ..Reply::status(if h.nth <= 2 { 401 } else { 200 })
+    })
+    .await;
+    let relay = Relay::spawn(config(&db, vec![r.destination("r", &url, "")], 0.01)).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            count(&pool, "SELECT count(*) FROM orders.webhook_deliveries WHERE delivered_at IS NOT NULL OR failed_at IS NOT NULL").await == 1
+        })
+        .await,
+        "{:?}",
+        r.hits()
+    );
+    let (attempts, delivered, failed): (i32, bool, bool) = sqlx::query_as(
+        "SELECT attempts, delivered_at IS NOT NULL, failed_at IS NOT NULL \
+         FROM orders.webhook_deliveries WHERE msg_id = $1",
+    )
+    .bind(msg_id)
+    .fetch_one(&pool)
+    .await
+    .expect("the delivery");
+    assert_eq!(
+        (attempts, delivered, failed),
+        (3, true, false),
+        "(attempts, delivered, failed): two 401s retried, then delivered"
+    );
+    let answers: Vec<(i32, Option<i32>, String)> = sqlx::query_as(
+        "SELECT attempt, status, outcome FROM orders.webhook_attempts ORDER BY attempt",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("attempts");
+    assert_eq!(
+        answers,
+        vec![
+            (1, Some(401), "retry".to_owned()),
+            (2, Some(401), "retry".to_owned()),
+            (3, Some(200), "delivered".to_owned()),
+        ]
+    );
+    assert_eq!(
+        relay
+            .metric(r#"relay_webhook_failed_total{destination="r"}"#)
+            .await,
+        0.0
+    );
+    assert_eq!(
+        relay
+            .metric(r#"relay_webhook_responses_total{destination="r",status="401"}"#)
+            .await,
+        2.0
+    );
+    assert_eq!(
+        relay
+            .metric(r#"relay_webhook_responses_total{destination="r",status="200"}"#)
+            .await,
+        1.0
+    );
+    // Receiver minus sender, to the Date's whole second (and the answer's
+    // time in flight).
+    let skew = relay
+        .metric(r#"relay_webhook_clock_skew_seconds{destination="r"}"#)
+        .await;
+    assert!(
+        ((ahead - 2) as f64..=(ahead + 1) as f64).contains(&skew),
+        "skew {skew}"
+    );
+    relay.stop().await;
+}
+
+/// A 4xx (here 422) or a 5xx on every attempt fails a delivery after its
+/// last attempt, not before; then the key's next event goes on. A 410
+/// disables its destination and leaves the delivery pending.
+#[tokio::test]
+async fn refusals_and_errors_fail_after_the_last_attempt_and_gone_disables_the_destination() {
     let db = TestDb::create().await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let (k1, k2) = (Uuid::now_v7(), Uuid::now_v7());
@@ -494,8 +591,8 @@ async fn refusals_and_exhausted_retries_fail_and_gone_disables_the_destination()
     let hits = r.hits();
     assert_eq!(
         hits.iter().filter(|h| h.msg_id == refused).count(),
-        1,
-        "422: once"
+        3,
+        "422: max-attempts, like a 5xx"
     );
     assert_eq!(
         hits.iter().filter(|h| h.msg_id == broken).count(),
@@ -514,7 +611,7 @@ async fn refusals_and_exhausted_retries_fail_and_gone_disables_the_destination()
     assert_eq!(failed.len(), 2);
     assert_eq!(
         (failed[0].0, failed[0].1, failed[0].2),
-        (refused, 1, Some(422))
+        (refused, 3, Some(422))
     );
     assert_eq!(
         (failed[1].0, failed[1].1, failed[1].2),

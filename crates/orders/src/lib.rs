@@ -81,6 +81,33 @@ pub struct Config {
     #[arg(long, env = "ORDERS_MAX_BODY_BYTES", default_value_t = 16 * 1024)]
     pub max_body_bytes: usize,
 
+    /// How long an HTTP client may take to send a request's head (request
+    /// line and headers), in milliseconds, counted from accept or from the
+    /// previous response on a keep-alive connection (so it is also how long
+    /// an idle keep-alive connection stays open); past it the connection is
+    /// closed. A valid client sends its head at once; without the bound a
+    /// client sending a byte a second holds its connection indefinitely.
+    #[arg(long, env = "ORDERS_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000)]
+    pub header_read_timeout_ms: u64,
+
+    /// Most time from a request's head to its response, in milliseconds,
+    /// reading the body included. Past it, HTTP answers 408
+    /// `request_timeout` (retrying with the same key is safe: a create
+    /// written meanwhile is replayed). Above the database's
+    /// own 10 s limits, so a database fault is answered as one (503) rather
+    /// than as a timeout; it bounds a client that trickles its body.
+    #[arg(long, env = "ORDERS_REQUEST_TIMEOUT_MS", default_value_t = 30_000)]
+    pub request_timeout_ms: u64,
+
+    /// HTTP connections open at once. At the cap the server accepts no more
+    /// until one closes: new clients wait in the kernel's accept backlog
+    /// (1,024; past it their SYNs are dropped and retried) rather than being
+    /// refused, so a burst is served in turn (a slow client's slot frees
+    /// within the header read timeout). Keep it under the process's
+    /// open-file limit.
+    #[arg(long, env = "ORDERS_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+
     /// On SIGTERM, how long in-flight requests may take before the process exits anyway.
     #[arg(long, env = "ORDERS_SHUTDOWN_TIMEOUT_SECS", default_value_t = 10)]
     pub shutdown_timeout_secs: u64,
@@ -220,13 +247,17 @@ pub async fn run(
     let (writes, writers) = WriteQueue::start(store.clone(), settings, metrics.clone());
     let api = OrdersApi::new(store, writes, metrics);
 
-    let app = http::router(api.clone(), config.max_body_bytes);
+    let request_timeout = Duration::from_millis(config.request_timeout_ms);
+    let header_read_timeout = Duration::from_millis(config.header_read_timeout_ms);
+    let app = http::router(api.clone(), config.max_body_bytes, request_timeout);
+    let limits = effectively::serve::Limits {
+        header_read_timeout,
+        max_connections: config.max_connections,
+    };
     let http_cancel = cancel.clone();
     let http_task = tokio::spawn(async move {
-        axum::serve(http, app)
-            .with_graceful_shutdown(http_cancel.cancelled_owned())
-            .await
-            .context("serve http")
+        effectively::serve::serve(http, app, limits, http_cancel).await;
+        anyhow::Ok(())
     });
 
     let grpc_cancel = cancel.clone();

@@ -71,6 +71,9 @@ impl TestApp {
             no_idempotency,
             claim_strategy: ClaimStrategy::OnConflict,
             max_clock_skew_secs: 60,
+            header_read_timeout_ms: 10_000,
+            request_timeout_ms: 30_000,
+            max_connections: 4096,
         };
         tune(&mut config);
         let cancel = CancellationToken::new();

@@ -94,7 +94,7 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(error) => {
-                    accept_failed(error).await;
+                    after_accept_error(&error).await;
                     continue;
                 }
             },
@@ -143,10 +143,11 @@ async fn connection(
     }
 }
 
-/// An accept error: one connection's (it is gone; go on) or the process's
-/// (out of file descriptors: wait a little for some to close, as
-/// `axum::serve` does, rather than spin).
-async fn accept_failed(error: io::Error) {
+/// What an accept loop does after an accept error: nothing for one
+/// connection's (it is gone; go on), and for the process's (out of file
+/// descriptors) logs it and waits a second for some to close, as
+/// `axum::serve` does, rather than spin.
+pub async fn after_accept_error(error: &io::Error) {
     if matches!(
         error.kind(),
         io::ErrorKind::ConnectionRefused

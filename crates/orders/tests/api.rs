@@ -74,6 +74,9 @@ impl TestApp {
             header_read_timeout_ms: 10_000,
             request_timeout_ms: 30_000,
             max_connections: 4096,
+            grpc_max_streams_per_connection: 200,
+            grpc_keepalive_interval_ms: 30_000,
+            grpc_keepalive_timeout_ms: 10_000,
         };
         tune(&mut config);
         let cancel = CancellationToken::new();

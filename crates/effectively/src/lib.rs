@@ -19,6 +19,8 @@
 //!   event type and payload, header and metric names), as types;
 //! * `kafka` (feature `kafka`): topic creation and a Kafka client's fatal
 //!   state; `inspect` (feature `kafka`): what the `kafka-tool` binary does;
+//! * `serve` (feature `http`): an axum router served over HTTP/1.1 with a
+//!   header read timeout and a cap on open connections;
 //! * [`db`] (including the transient/deterministic error split), [`config`], [`metrics`], [`telemetry`], [`shutdown`]: the plumbing
 //!   every service of the pipeline shares.
 //!
@@ -40,6 +42,8 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod outbox;
 pub mod retry;
+#[cfg(feature = "http")]
+pub mod serve;
 pub mod shutdown;
 pub mod telemetry;
 #[cfg(feature = "testing")]

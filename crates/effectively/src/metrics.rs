@@ -58,7 +58,9 @@ pub fn spawn_server(
 }
 
 /// Serves `router` on `listener` until `cancel` fires, then lets the
-/// requests in flight finish; a failure is logged as `what`'s.
+/// requests in flight finish; within the default [`crate::serve::Limits`]
+/// (a header read timeout, a cap on open connections); `what` names the
+/// server in the log.
 #[cfg(feature = "http")]
 pub fn spawn_router(
     what: &'static str,
@@ -67,12 +69,8 @@ pub fn spawn_router(
     cancel: tokio_util::sync::CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, router)
-            .with_graceful_shutdown(cancel.cancelled_owned())
-            .await
-        {
-            tracing::error!(%error, "{what} server failed");
-        }
+        crate::serve::serve(listener, router, crate::serve::Limits::default(), cancel).await;
+        tracing::debug!("{what} server stopped");
     })
 }
 

@@ -27,6 +27,10 @@ pub enum ApiError {
     /// The body could not be read.
     #[error("the body could not be read: {0}")]
     UnreadableBody(String),
+    /// The request (its body, its handling) took longer than the request
+    /// timeout; retrying with the same key is safe.
+    #[error("the request took longer than {} ms; retry with the same idempotency key", .0.as_millis())]
+    RequestTimeout(std::time::Duration),
     /// The body is not well-formed JSON.
     #[error("malformed JSON: {0}")]
     MalformedJson(String),
@@ -72,6 +76,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType => "unsupported_media_type",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::UnreadableBody(_) => "unreadable_body",
+            ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::MalformedJson(_) => "malformed_json",
             ApiError::InvalidRequest(_) => "invalid_request",
             ApiError::KeyReused => "idempotency_key_reused",
@@ -92,6 +97,7 @@ impl ApiError {
             | ApiError::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::KeyReused => StatusCode::CONFLICT,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
@@ -113,6 +119,7 @@ impl ApiError {
             | ApiError::MalformedJson(_)
             | ApiError::InvalidRequest(_) => tonic::Status::invalid_argument(message),
             ApiError::KeyReused => tonic::Status::already_exists(message),
+            ApiError::RequestTimeout(_) => tonic::Status::deadline_exceeded(message),
             ApiError::NotFound(_) => tonic::Status::not_found(message),
             ApiError::MethodNotAllowed(_) => tonic::Status::unimplemented(message),
             ApiError::Overloaded | ApiError::Unavailable => tonic::Status::unavailable(message),

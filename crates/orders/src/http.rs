@@ -1,9 +1,11 @@
 //! HTTP front end (axum): `POST /orders`, `GET /orders/{id}`, `GET /metrics`.
 //! Every error, an unknown route or a method a route does not take included,
-//! is JSON with a code (see [`ApiError`]).
+//! is JSON with a code (see [`ApiError`]). The connections are served by
+//! `effectively::serve` (a header read timeout, a cap on connections); the
+//! router bounds a request's body and handling (a request timeout).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::rejection::{BytesRejection, PathRejection};
@@ -29,13 +31,20 @@ struct AppState {
     max_body_bytes: usize,
 }
 
-/// The HTTP router, with a body limit of `max_body_bytes`.
-pub fn router(api: OrdersApi, max_body_bytes: usize) -> Router {
+/// The HTTP router, with a body limit of `max_body_bytes` and a request
+/// timeout of `request_timeout` on its routes (from the request's head to
+/// its response, the body's reading included: past it, 408
+/// `request_timeout`). Routes that do not read the body (an unknown one, a
+/// method not allowed, `/metrics`) answer at once, and an unread body
+/// closes the connection.
+pub fn router(api: OrdersApi, max_body_bytes: usize, request_timeout: Duration) -> Router {
     let metrics = Arc::new(api.metrics().clone());
     let registry = metrics.registry.clone();
     Router::new()
         .route("/orders", post(create_order))
         .route("/orders/{id}", get(get_order))
+        // Inside `track`, so that a request timed out is counted (408).
+        .route_layer(middleware::from_fn_with_state(request_timeout, time_limit))
         .route_layer(middleware::from_fn_with_state(metrics, track))
         .with_state(AppState {
             api,
@@ -137,6 +146,17 @@ async fn get_order(
     match state.api.get(order_id).await {
         Ok(order) => Json(order).into_response(),
         Err(error) => error.into_response(),
+    }
+}
+
+/// Answers 408 `request_timeout` when the request (its body read, its
+/// handling) takes longer than the request timeout. The handler's future is
+/// dropped: a create not yet taken by a writer is not written; one already
+/// written is replayed to the client's retry with the same key.
+async fn time_limit(State(limit): State<Duration>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::RequestTimeout(limit).into_response(),
     }
 }
 

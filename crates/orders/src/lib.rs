@@ -6,6 +6,7 @@ pub mod api;
 pub mod error;
 pub mod grpc;
 pub mod http;
+pub mod incoming;
 pub mod metrics;
 pub mod order;
 pub mod store;
@@ -28,7 +29,6 @@ use effectively::crash::{CrashArgs, Crasher};
 use effectively::idempotency::ClaimStrategy;
 use effectively::outbox::Notifier;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 /// The Orders service's database session limits (flags override them): its
@@ -80,6 +80,66 @@ pub struct Config {
     /// Largest accepted request body in bytes; larger ones get 413.
     #[arg(long, env = "ORDERS_MAX_BODY_BYTES", default_value_t = 16 * 1024)]
     pub max_body_bytes: usize,
+
+    /// How long a client may take to send a request's head, in
+    /// milliseconds. HTTP: the request line and headers, counted from
+    /// accept or from the previous response on a keep-alive connection (so
+    /// it is also how long an idle keep-alive connection stays open). gRPC:
+    /// the HTTP/2 connection preface, from accept. Past it the connection
+    /// is closed. A valid client sends these at once; without the bound a
+    /// client sending a byte a second holds its connection indefinitely.
+    #[arg(long, env = "ORDERS_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000)]
+    pub header_read_timeout_ms: u64,
+
+    /// Most time from a request's head to its response, in milliseconds,
+    /// reading the body included. Past it, HTTP answers 408
+    /// `request_timeout` and gRPC CANCELLED "Timeout expired" (retrying
+    /// with the same key is safe: a create written meanwhile is replayed).
+    /// Above the database's own 10 s limits, so a database fault is
+    /// answered as one (503) rather than as a timeout; it bounds a client
+    /// that trickles its body.
+    #[arg(long, env = "ORDERS_REQUEST_TIMEOUT_MS", default_value_t = 30_000)]
+    pub request_timeout_ms: u64,
+
+    /// Connections open at once, on each API (HTTP, gRPC). At the cap the
+    /// API accepts no more until one closes: new clients wait in the
+    /// kernel's accept backlog (1,024; past it their SYNs are dropped and
+    /// retried) rather than being refused, so a burst is served in turn (a
+    /// slow client's slot frees within the header read timeout). Keep twice
+    /// this under the process's open-file limit.
+    #[arg(long, env = "ORDERS_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+
+    /// gRPC: concurrent requests (HTTP/2 streams) on one connection, both
+    /// advertised to the client (SETTINGS_MAX_CONCURRENT_STREAMS) and
+    /// enforced; hyper's default. One connection cannot take the whole
+    /// write queue.
+    #[arg(
+        long,
+        env = "ORDERS_GRPC_MAX_STREAMS_PER_CONNECTION",
+        default_value_t = 200
+    )]
+    pub grpc_max_streams_per_connection: usize,
+
+    /// gRPC: how often an HTTP/2 PING checks a connection, in
+    /// milliseconds, and the TCP keepalive time of its socket; a peer that
+    /// does not answer a PING within `--grpc-keepalive-timeout-ms` is
+    /// closed (a dead or wedged client frees its connection).
+    #[arg(
+        long,
+        env = "ORDERS_GRPC_KEEPALIVE_INTERVAL_MS",
+        default_value_t = 30_000
+    )]
+    pub grpc_keepalive_interval_ms: u64,
+
+    /// gRPC: how long an HTTP/2 PING may go unanswered, in milliseconds,
+    /// before the connection is closed.
+    #[arg(
+        long,
+        env = "ORDERS_GRPC_KEEPALIVE_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    pub grpc_keepalive_timeout_ms: u64,
 
     /// On SIGTERM, how long in-flight requests may take before the process exits anyway.
     #[arg(long, env = "ORDERS_SHUTDOWN_TIMEOUT_SECS", default_value_t = 10)]
@@ -220,24 +280,37 @@ pub async fn run(
     let (writes, writers) = WriteQueue::start(store.clone(), settings, metrics.clone());
     let api = OrdersApi::new(store, writes, metrics);
 
-    let app = http::router(api.clone(), config.max_body_bytes);
+    let request_timeout = Duration::from_millis(config.request_timeout_ms);
+    let header_read_timeout = Duration::from_millis(config.header_read_timeout_ms);
+    let app = http::router(api.clone(), config.max_body_bytes, request_timeout);
+    let limits = effectively::serve::Limits {
+        header_read_timeout,
+        max_connections: config.max_connections,
+    };
     let http_cancel = cancel.clone();
     let http_task = tokio::spawn(async move {
-        axum::serve(http, app)
-            .with_graceful_shutdown(http_cancel.cancelled_owned())
-            .await
-            .context("serve http")
+        effectively::serve::serve(http, app, limits, http_cancel).await;
+        anyhow::Ok(())
     });
 
     let grpc_cancel = cancel.clone();
     let grpc_service = proto::orders_server::OrdersServer::new(grpc::OrdersGrpc::new(api));
+    let keepalive = Duration::from_millis(config.grpc_keepalive_interval_ms);
+    let incoming = incoming::bounded(grpc, config.max_connections, header_read_timeout, keepalive);
+    let streams = config.grpc_max_streams_per_connection.max(1);
+    let grpc_server = tonic::transport::Server::builder()
+        .timeout(request_timeout)
+        .concurrency_limit_per_connection(streams)
+        .max_concurrent_streams(u32::try_from(streams).unwrap_or(u32::MAX))
+        .http2_keepalive_interval(Some(keepalive))
+        .http2_keepalive_timeout(Some(Duration::from_millis(
+            config.grpc_keepalive_timeout_ms,
+        )));
     let grpc_task = tokio::spawn(async move {
-        tonic::transport::Server::builder()
+        let mut grpc_server = grpc_server;
+        grpc_server
             .add_service(grpc_service)
-            .serve_with_incoming_shutdown(
-                TcpListenerStream::new(grpc),
-                grpc_cancel.cancelled_owned(),
-            )
+            .serve_with_incoming_shutdown(incoming, grpc_cancel.cancelled_owned())
             .await
             .context("serve grpc")
     });

@@ -2,7 +2,7 @@
 //! database per test, the real `run` on port 0, HTTP and gRPC clients.
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use effectively::config::DbArgs;
 use effectively::db::ServiceRole;
@@ -15,11 +15,13 @@ use orders::{Config, run};
 use reqwest::StatusCode;
 use serde_json::Value;
 use sqlx::PgPool;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 struct TestApp {
     http: String,
+    http_addr: SocketAddr,
     grpc: SocketAddr,
     client: reqwest::Client,
     cancel: CancellationToken,
@@ -71,12 +73,19 @@ impl TestApp {
             no_idempotency,
             claim_strategy: ClaimStrategy::OnConflict,
             max_clock_skew_secs: 60,
+            header_read_timeout_ms: 10_000,
+            request_timeout_ms: 30_000,
+            max_connections: 4096,
+            grpc_max_streams_per_connection: 200,
+            grpc_keepalive_interval_ms: 30_000,
+            grpc_keepalive_timeout_ms: 10_000,
         };
         tune(&mut config);
         let cancel = CancellationToken::new();
         let task = tokio::spawn(run(config, http, grpc, cancel.clone()));
         Self {
             http: format!("http://{http_addr}"),
+            http_addr,
             grpc: grpc_addr,
             client: reqwest::Client::new(),
             cancel,
@@ -1331,4 +1340,290 @@ async fn a_clock_past_the_bound_is_refused_and_a_small_skew_is_measured() {
     .await
     .expect("the same host's clock is accepted");
     assert!(skew.seconds.abs() < 1.0, "{skew:?}");
+}
+
+/// How a slow client's connection ended.
+#[derive(Debug)]
+struct SlowEnd {
+    /// From connect to the server closing it; `None`: still open at the
+    /// client's deadline.
+    closed_after: Option<Duration>,
+    /// What the server sent.
+    received: Vec<u8>,
+}
+
+/// A client on `stream` (connected at `opened`) that sends `head` at once,
+/// then `trickle` a byte a second, and reads what the server sends, until
+/// the server closes the connection (a read of 0 bytes or an error, or a
+/// write refused) or `deadline` passes.
+async fn slow_client(
+    mut stream: TcpStream,
+    opened: Instant,
+    head: &'static [u8],
+    trickle: &'static [u8],
+    deadline: Instant,
+) -> SlowEnd {
+    let mut received = Vec::new();
+    let closed = |received| SlowEnd {
+        closed_after: Some(opened.elapsed()),
+        received,
+    };
+    if stream.write_all(head).await.is_err() {
+        return closed(received);
+    }
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut sent = 0;
+    let mut buf = [0u8; 1024];
+    loop {
+        tokio::select! {
+            read = stream.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return closed(received),
+                Ok(n) => received.extend_from_slice(&buf[..n]),
+            },
+            _ = tick.tick(), if sent < trickle.len() => {
+                if stream.write_all(&trickle[sent..=sent]).await.is_err() {
+                    return closed(received);
+                }
+                sent += 1;
+            }
+            () = tokio::time::sleep_until(deadline.into()) => {
+                return SlowEnd { closed_after: None, received };
+            }
+        }
+    }
+}
+
+/// Opens `count` connections to `addr` at once, each a [`slow_client`]
+/// with `head` and `trickle` and `patience` to be closed.
+async fn slow_clients(
+    addr: SocketAddr,
+    count: usize,
+    head: &'static [u8],
+    trickle: &'static [u8],
+    patience: Duration,
+) -> Vec<tokio::task::JoinHandle<SlowEnd>> {
+    let mut clients = Vec::with_capacity(count);
+    for _ in 0..count {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        let opened = Instant::now();
+        clients.push(tokio::spawn(slow_client(
+            stream,
+            opened,
+            head,
+            trickle,
+            opened + patience,
+        )));
+    }
+    clients
+}
+
+/// Waits for `clients`; asserts every one was closed by the server, no
+/// sooner than `timeout` after it opened and within `patience`.
+async fn all_closed(
+    what: &str,
+    clients: Vec<tokio::task::JoinHandle<SlowEnd>>,
+    timeout: Duration,
+    patience: Duration,
+) -> Vec<SlowEnd> {
+    let mut ends = Vec::with_capacity(clients.len());
+    for client in clients {
+        ends.push(client.await.expect("slow client"));
+    }
+    let open = ends.iter().filter(|e| e.closed_after.is_none()).count();
+    assert_eq!(
+        open,
+        0,
+        "{open} of {} {what} still open {patience:?} after they connected (timeout {timeout:?})",
+        ends.len()
+    );
+    let early = ends
+        .iter()
+        .filter_map(|e| e.closed_after)
+        .filter(|after| *after < timeout.mul_f64(0.9))
+        .count();
+    assert_eq!(early, 0, "{early} {what} were closed before the timeout");
+    ends
+}
+
+/// A request line and headers trickled a byte a second.
+const SLOW_HEAD: &[u8] = b"POST /orders HTTP/1.1\r\nHost: orders\r\n\
+    Content-Type: application/json\r\nIdempotency-Key: slow-head\r\n\r\n";
+
+/// A complete head whose body is then trickled a byte a second.
+const SLOW_BODY_HEAD: &[u8] = b"POST /orders HTTP/1.1\r\nHost: orders\r\n\
+    Content-Type: application/json\r\nIdempotency-Key: slow-body\r\n\
+    Content-Length: 40\r\n\r\n";
+
+/// Thousands of HTTP clients sending their request's head a byte a second
+/// (and some their body) are closed after the header read timeout (the
+/// body's after the request timeout, with a 408), an idle keep-alive
+/// connection after the header read timeout too; valid requests are
+/// answered while they are connected.
+#[tokio::test]
+async fn slow_http_clients_are_closed_after_the_timeouts_and_valid_requests_go_on() {
+    const SLOW_HEADS: usize = 1500;
+    const SLOW_BODIES: usize = 100;
+    const VALID: usize = 40;
+    let timeout = Duration::from_secs(3);
+    let patience = timeout + Duration::from_secs(4);
+    let db = TestDb::create().await;
+    let app = TestApp::spawn_tuned(&db, InjectFault::None, 4, 4096, false, |config| {
+        config.header_read_timeout_ms = 3000;
+        config.request_timeout_ms = 3000;
+    })
+    .await;
+    // Serving (the slow clients' timeouts start at accept).
+    assert_eq!(app.create("first", BODY).await.status, StatusCode::CREATED);
+
+    let started = Instant::now();
+    let mut heads = slow_clients(app.http_addr, SLOW_HEADS, b"", SLOW_HEAD, patience).await;
+    let bodies = slow_clients(
+        app.http_addr,
+        SLOW_BODIES,
+        SLOW_BODY_HEAD,
+        BODY.as_bytes(),
+        patience,
+    )
+    .await;
+    let idle = slow_clients(
+        app.http_addr,
+        1,
+        b"GET /orders/none HTTP/1.1\r\nHost: orders\r\n\r\n",
+        b"",
+        patience,
+    )
+    .await;
+    let connected = started.elapsed();
+
+    // Valid requests while the slow clients hold their connections: one at
+    // a time and all at once.
+    let valid_started = Instant::now();
+    for i in 0..VALID / 2 {
+        let reply = app.create(&format!("valid-{i}"), BODY).await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    }
+    let shared = &app;
+    let replies = futures::future::join_all(
+        (VALID / 2..VALID).map(|i| async move { shared.create(&format!("valid-{i}"), BODY).await }),
+    )
+    .await;
+    for reply in replies {
+        assert_eq!(reply.status, StatusCode::CREATED, "{reply:?}");
+    }
+    let valid_took = valid_started.elapsed();
+    // All of them on an idle machine; a busy one may take longer than the
+    // timeout to connect them all and send the valid requests.
+    let still_open = heads.iter().filter(|c| !c.is_finished()).count();
+    assert!(
+        still_open >= 1000,
+        "the valid requests were answered while {still_open} of {SLOW_HEADS} slow clients \
+         were connected (connecting took {connected:?}, the valid requests {valid_took:?})"
+    );
+
+    heads.extend(idle);
+    let ends = all_closed("slow heads", heads, timeout, patience).await;
+    let idle = ends.last().expect("the idle client");
+    assert!(
+        idle.received.starts_with(b"HTTP/1.1 404"),
+        "the idle client's request was answered: {:?}",
+        String::from_utf8_lossy(&idle.received)
+    );
+    for end in all_closed("slow bodies", bodies, timeout, patience).await {
+        let answer = String::from_utf8_lossy(&end.received);
+        assert!(
+            answer.starts_with("HTTP/1.1 408") && answer.contains("\"request_timeout\""),
+            "a slow body is answered 408 request_timeout: {answer:?}"
+        );
+    }
+    assert_eq!(
+        counts(&db).await,
+        n(1 + VALID as i64),
+        "no slow request written"
+    );
+    app.stop().await;
+}
+
+/// At the connection cap, a new client waits (in the kernel's accept
+/// backlog) until a slot frees up, and is then served; it is not refused.
+#[tokio::test]
+async fn a_client_past_the_connection_cap_waits_for_a_slot() {
+    const CAP: usize = 8;
+    let timeout = Duration::from_secs(3);
+    let patience = timeout + Duration::from_secs(4);
+    let db = TestDb::create().await;
+    let app = TestApp::spawn_tuned(&db, InjectFault::None, 4, 4096, false, |config| {
+        config.header_read_timeout_ms = 3000;
+        config.max_connections = CAP;
+    })
+    .await;
+    assert_eq!(app.create("first", BODY).await.status, StatusCode::CREATED);
+    // The first request's keep-alive connection holds a slot until the
+    // header read timeout; the slow clients hold the others.
+    let slow = slow_clients(app.http_addr, CAP - 1, b"", SLOW_HEAD, patience).await;
+    let waited = Instant::now();
+    let reply = reqwest::Client::new()
+        .post(format!("{}/orders", app.http))
+        .header("Idempotency-Key", "past-the-cap")
+        .header("Content-Type", "application/json")
+        .body(BODY)
+        .send()
+        .await
+        .expect("the client past the cap is served, not refused");
+    let waited = waited.elapsed();
+    assert_eq!(reply.status(), StatusCode::CREATED);
+    assert!(
+        waited >= timeout.mul_f64(0.8),
+        "the client past the cap waited for a slot (served after {waited:?})"
+    );
+    all_closed("slow heads", slow, timeout, patience).await;
+    app.stop().await;
+}
+
+/// The HTTP/2 preface trickled a byte a second.
+const SLOW_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Hundreds of gRPC clients sending the HTTP/2 preface a byte a second are
+/// closed after the header read timeout; valid calls are answered while
+/// they are connected.
+#[tokio::test]
+async fn slow_grpc_clients_are_closed_after_the_timeout_and_valid_calls_go_on() {
+    const SLOW: usize = 500;
+    let timeout = Duration::from_secs(3);
+    let patience = timeout + Duration::from_secs(4);
+    let db = TestDb::create().await;
+    let app = TestApp::spawn_tuned(&db, InjectFault::None, 4, 4096, false, |config| {
+        config.header_read_timeout_ms = 3000;
+    })
+    .await;
+    let mut grpc = app.grpc().await;
+    let create = |key: &str| {
+        let mut request = tonic::Request::new(CreateOrderRequest {
+            account_id: 42,
+            amount_cents: 1999,
+        });
+        request
+            .metadata_mut()
+            .insert("idempotency-key", key.parse().expect("metadata"));
+        request
+    };
+    grpc.create(create("first")).await.expect("serving");
+
+    let slow = slow_clients(app.grpc, SLOW, b"", SLOW_PREFACE, patience).await;
+    for i in 0..20 {
+        grpc.create(create(&format!("valid-{i}")))
+            .await
+            .expect("a valid call while the slow clients are connected");
+    }
+    let still_open = slow.iter().filter(|c| !c.is_finished()).count();
+    assert!(
+        still_open >= SLOW / 2,
+        "the valid calls were answered while {still_open} of {SLOW} slow clients were connected"
+    );
+    all_closed("slow gRPC prefaces", slow, timeout, patience).await;
+    // The valid client's connection was not touched.
+    grpc.create(create("after"))
+        .await
+        .expect("after the slow ones");
+    assert_eq!(counts(&db).await, n(22));
+    app.stop().await;
 }

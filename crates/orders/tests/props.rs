@@ -12,7 +12,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
@@ -57,6 +57,7 @@ fn codes_for(status: u16) -> &'static [&'static str] {
         ],
         404 => &["not_found"],
         405 => &["method_not_allowed"],
+        408 => &["request_timeout"],
         409 => &["idempotency_key_reused"],
         413 => &["payload_too_large"],
         415 => &["unsupported_media_type"],
@@ -630,7 +631,11 @@ fn service(rt: &tokio::runtime::Runtime) -> (Router, TestDb) {
             Crasher::new(CrashArgs::default()),
         ));
         let (writes, _writers) = WriteQueue::start(store.clone(), settings, metrics.clone());
-        let router = orders::http::router(OrdersApi::new(store, writes, metrics), MAX_BODY_BYTES);
+        let router = orders::http::router(
+            OrdersApi::new(store, writes, metrics),
+            MAX_BODY_BYTES,
+            Duration::from_secs(30),
+        );
         (router, db)
     })
 }

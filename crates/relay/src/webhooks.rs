@@ -1185,15 +1185,25 @@ async fn enable(
     Ok(out)
 }
 
-/// The start of an error answer's body, for `last_error`.
-async fn error_body(response: reqwest::Response) -> String {
-    match response.bytes().await {
-        Ok(bytes) => {
-            let cut = &bytes[..bytes.len().min(ERROR_BODY_BYTES)];
-            String::from_utf8_lossy(cut).into_owned()
+/// The start of an error answer's body, for `last_error`: its first
+/// `ERROR_BODY_BYTES`, read a chunk at a time and no further (the
+/// destination is not trusted: its body may be gigabytes, or endless, and
+/// reading it whole held the attempt to its timeout and the body in
+/// memory). The rest is not read: dropping the response closes the
+/// connection rather than returning it to the pool. A body that fails
+/// midway keeps what arrived.
+async fn error_body(mut response: reqwest::Response) -> String {
+    let mut kept = Vec::with_capacity(ERROR_BODY_BYTES);
+    while kept.len() < ERROR_BODY_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = ERROR_BODY_BYTES - kept.len();
+                kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
         }
-        Err(_) => String::new(),
     }
+    String::from_utf8_lossy(&kept).into_owned()
 }
 
 /// A request error, readable: what failed (connect, timeout, ...).
@@ -1268,6 +1278,68 @@ async fn claim(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A destination answering 500 with an endless body: the sender reads
+    /// `ERROR_BODY_BYTES` of it and stops, at once, not at the attempt's
+    /// timeout, and closes the connection (the destination stops sending).
+    #[tokio::test]
+    async fn an_endless_error_body_is_read_up_to_the_cap_and_no_further() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        // 16 KiB a millisecond, without end (paced, so that a sender that
+        // reads it all does not fill this machine's memory in the test).
+        const CHUNK: usize = 16 * 1024;
+        let sent = Arc::new(AtomicU64::new(0));
+        let counter = sent.clone();
+        let endless = move || {
+            let counter = counter.clone();
+            async move {
+                let chunks = futures::stream::unfold(counter, |counter| async move {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    counter.fetch_add(CHUNK as u64, Ordering::Relaxed);
+                    let chunk = bytes::Bytes::from(vec![b'x'; CHUNK]);
+                    Some((Ok::<_, std::convert::Infallible>(chunk), counter))
+                });
+                (
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    axum::body::Body::from_stream(chunks),
+                )
+            }
+        };
+        let app = axum::Router::new().route("/hook", axum::routing::post(endless));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("client");
+
+        let response = client.post(url).send().await.expect("an answer");
+        assert_eq!(response.status().as_u16(), 500);
+        let started = Instant::now();
+        let body = tokio::time::timeout(Duration::from_secs(5), error_body(response))
+            .await
+            .expect("the read stops at the cap, long before the attempt's 60 s timeout");
+        assert_eq!(body, "x".repeat(ERROR_BODY_BYTES));
+        assert!(started.elapsed() < Duration::from_secs(1));
+        // The connection is closed: the destination's writes fail and it
+        // stops, having sent what the sockets' buffers took.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let stopped_at = sent.load(Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            sent.load(Ordering::Relaxed),
+            stopped_at,
+            "the destination stopped"
+        );
+        assert!(
+            stopped_at < 64 * 1024 * 1024,
+            "{stopped_at} bytes sent: no more than the sockets' buffers"
+        );
+        server.abort();
+    }
 
     #[test]
     fn the_answer_decides_delivered_gone_or_retried_and_no_status_fails_at_once() {

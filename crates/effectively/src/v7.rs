@@ -17,9 +17,30 @@ pub fn mint_time(id: Uuid) -> DateTime<Utc> {
         .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
+/// A UUIDv7 minted as a host whose clock reads `ago` before now would mint
+/// it (tests of clocks and expiry: a slow host, an id past a retention).
+pub fn minted_ago(ago: std::time::Duration) -> Uuid {
+    let at = std::time::SystemTime::now()
+        .checked_sub(ago)
+        .unwrap_or(std::time::UNIX_EPOCH);
+    let since = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Uuid::new_v7(uuid::Timestamp::from_unix(
+        uuid::NoContext,
+        since.as_secs(),
+        since.subsec_nanos(),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn minted_ago_carries_that_time() {
+        let id = minted_ago(std::time::Duration::from_secs(3_600));
+        let age = (Utc::now() - mint_time(id)).num_seconds();
+        assert!((3_599..3_605).contains(&age), "{age} s");
+    }
 
     #[test]
     fn mint_time_reads_the_first_48_bits() {

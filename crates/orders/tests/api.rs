@@ -1269,12 +1269,7 @@ async fn a_key_minted_by_a_slow_clock_lives_its_full_retention() {
         .execute(&owner)
         .await
         .expect("retention");
-    let slow = std::time::SystemTime::now() - Duration::from_secs(11 * 60);
-    let since = slow
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after the epoch");
-    let ts = uuid::Timestamp::from_unix(uuid::NoContext, since.as_secs(), since.subsec_nanos());
-    let order_id = uuid::Uuid::new_v7(ts);
+    let order_id = effectively::v7::minted_ago(Duration::from_secs(11 * 60));
     sqlx::query(
         "INSERT INTO orders.idempotency_keys \
              (idem_key, request_hash, order_id, response_code, response_headers, response_body) \

@@ -1038,15 +1038,7 @@ mod tests {
         let db = TestDb::create().await;
         let pool = PgPool::connect(&db.url).await.expect("pool");
         let metrics = crate::metrics::RelayMetrics::new().expect("metrics");
-        let eight_days_ago = std::time::SystemTime::now() - Duration::from_secs(8 * 86_400);
-        let since = eight_days_ago
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("after the epoch");
-        let old = Uuid::new_v7(uuid::Timestamp::from_unix(
-            uuid::NoContext,
-            since.as_secs(),
-            since.subsec_nanos(),
-        ));
+        let old = effectively::v7::minted_ago(Duration::from_secs(8 * 86_400));
         let mut tx = pool.begin().await.expect("begin mark");
         // Ids no row has: deleted.
         wait_visible(

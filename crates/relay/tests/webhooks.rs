@@ -872,15 +872,7 @@ async fn replays_and_enables_refuse_events_past_the_receivers_horizon() {
     let as_relay = PgPool::connect(&db.url_as(ServiceRole::Relay))
         .await
         .expect("connect as relay");
-    let twenty_days_ago = std::time::SystemTime::now() - Duration::from_secs(20 * 86_400);
-    let since = twenty_days_ago
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after the epoch");
-    let old = Uuid::new_v7(uuid::Timestamp::from_unix(
-        uuid::NoContext,
-        since.as_secs(),
-        since.subsec_nanos(),
-    ));
+    let old = effectively::v7::minted_ago(Duration::from_secs(20 * 86_400));
     sqlx::query("INSERT INTO orders.webhook_destinations (destination, disabled_at, reason) VALUES ('r', NULL, NULL), ('gone', now(), 'HTTP 410')")
         .execute(&owner)
         .await

@@ -133,21 +133,32 @@ pub async fn check_at_start(
 ) -> anyhow::Result<Skew> {
     let skew = measure(pool, local).await?;
     gauge.set(skew.seconds);
-    match bounds.judge(skew) {
+    match report(bounds, skew) {
+        Verdict::Refuse => anyhow::bail!(bounds.refusal(service, skew)),
         Verdict::Fine => {
             tracing::info!(
                 skew_seconds = skew.seconds,
                 "clock agrees with the database's"
             )
         }
-        Verdict::Warn => tracing::warn!(
-            skew_seconds = skew.seconds,
-            warn_secs = bounds.warn.as_secs_f64(),
-            "clock differs from the database's (database minus this host); ids minted here carry this clock's time"
-        ),
-        Verdict::Refuse => anyhow::bail!(bounds.refusal(service, skew)),
+        Verdict::Warn => {}
     }
     Ok(skew)
+}
+
+/// Judges `skew` and logs a warning past the warning bound; the caller
+/// decides what a refusal means (at start-up, not to run).
+fn report(bounds: Bounds, skew: Skew) -> Verdict {
+    let verdict = bounds.judge(skew);
+    if verdict != Verdict::Fine {
+        tracing::warn!(
+            skew_seconds = skew.seconds,
+            warn_secs = bounds.warn.as_secs_f64(),
+            refuse_secs = bounds.refuse.as_secs_f64(),
+            "clock differs from the database's (database minus this host); ids minted here carry this clock's time"
+        );
+    }
+    verdict
 }
 
 /// Measures every [`WATCH_INTERVAL`] until `cancel`: sets `gauge`, warns past
@@ -168,17 +179,11 @@ pub async fn watch(
         match measure(&pool, SystemTime::now).await {
             Ok(skew) => {
                 gauge.set(skew.seconds);
-                match bounds.judge(skew) {
-                    Verdict::Fine => {}
-                    Verdict::Warn => tracing::warn!(
+                if report(bounds, skew) == Verdict::Refuse {
+                    tracing::error!(
                         skew_seconds = skew.seconds,
-                        "clock differs from the database's (database minus this host)"
-                    ),
-                    Verdict::Refuse => tracing::error!(
-                        skew_seconds = skew.seconds,
-                        refuse_secs = bounds.refuse.as_secs_f64(),
                         "clock differs from the database's past the bound this service refuses at start-up"
-                    ),
+                    );
                 }
             }
             Err(error) => tracing::debug!(%error, "measure the clock skew"),

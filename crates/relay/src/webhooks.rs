@@ -1097,38 +1097,36 @@ pub async fn replay_failed(
     since: Option<DateTime<Utc>>,
     horizon: &ReceiverHorizon,
 ) -> anyhow::Result<(u64, i64)> {
-    let mut tx = pool.begin().await?;
-    let past: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM orders.webhook_deliveries \
-         WHERE failed_at IS NOT NULL \
-           AND ($1::text IS NULL OR destination = $1) \
-           AND ($2::timestamptz IS NULL OR failed_at >= $2) \
-           AND msg_id < effectively.v7_floor(now() - make_interval(secs => $3))",
+    // One statement: the selection, which of it is past the horizon, and
+    // the replay of the rest, unless something is past it and not skipped
+    // (then nothing changes and the command is refused).
+    let (replayed, past): (i64, i64) = sqlx::query_as(
+        "WITH sel AS ( \
+           SELECT destination, outbox_id, \
+                  msg_id < effectively.v7_floor(now() - make_interval(secs => $3)) AS past \
+           FROM orders.webhook_deliveries \
+           WHERE failed_at IS NOT NULL \
+             AND ($1::text IS NULL OR destination = $1) \
+             AND ($2::timestamptz IS NULL OR failed_at >= $2)), \
+         go AS ( \
+           UPDATE orders.webhook_deliveries d SET failed_at = NULL, attempts = 0, \
+             next_attempt_at = now(), replays = d.replays + 1 \
+           FROM sel \
+           WHERE d.destination = sel.destination AND d.outbox_id = sel.outbox_id AND NOT sel.past \
+             AND ($4 OR NOT EXISTS (SELECT 1 FROM sel WHERE sel.past)) \
+           RETURNING 1) \
+         SELECT (SELECT count(*) FROM go), (SELECT count(*) FROM sel WHERE sel.past)",
     )
     .bind(destination)
     .bind(since)
     .bind(horizon.seconds())
-    .fetch_one(&mut *tx)
+    .bind(horizon.skip_past_horizon)
+    .fetch_one(pool)
     .await?;
     if past > 0 && !horizon.skip_past_horizon {
         return Err(horizon.refusal(past, "failed deliveries selected"));
     }
-    let replayed = sqlx::query(
-        "UPDATE orders.webhook_deliveries SET failed_at = NULL, attempts = 0, \
-           next_attempt_at = now(), replays = replays + 1 \
-         WHERE failed_at IS NOT NULL \
-           AND ($1::text IS NULL OR destination = $1) \
-           AND ($2::timestamptz IS NULL OR failed_at >= $2) \
-           AND msg_id >= effectively.v7_floor(now() - make_interval(secs => $3))",
-    )
-    .bind(destination)
-    .bind(since)
-    .bind(horizon.seconds())
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    tx.commit().await?;
-    Ok((replayed, past))
+    Ok((u64::try_from(replayed).unwrap_or(0), past))
 }
 
 /// Enables `destination` (disabled by a 410); its waiting deliveries go,
@@ -1141,29 +1139,27 @@ async fn enable(
     horizon: &ReceiverHorizon,
 ) -> anyhow::Result<String> {
     let mut tx = pool.begin().await?;
+    // The waiting deliveries past the horizon, marked failed only with
+    // --skip-past-horizon (otherwise the command is refused, unchanged).
     let past: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM orders.webhook_deliveries \
-         WHERE destination = $1 AND delivered_at IS NULL AND failed_at IS NULL \
-           AND msg_id < effectively.v7_floor(now() - make_interval(secs => $2))",
+        "WITH past AS ( \
+           SELECT outbox_id FROM orders.webhook_deliveries \
+           WHERE destination = $1 AND delivered_at IS NULL AND failed_at IS NULL \
+             AND msg_id < effectively.v7_floor(now() - make_interval(secs => $2))), \
+         failed AS ( \
+           UPDATE orders.webhook_deliveries d SET failed_at = now(), \
+             last_error = 'past the receiver''s dedup horizon when the destination was enabled' \
+           FROM past WHERE $3 AND d.destination = $1 AND d.outbox_id = past.outbox_id \
+           RETURNING 1) \
+         SELECT count(*) FROM past",
     )
     .bind(destination)
     .bind(horizon.seconds())
+    .bind(horizon.skip_past_horizon)
     .fetch_one(&mut *tx)
     .await?;
     if past > 0 && !horizon.skip_past_horizon {
         return Err(horizon.refusal(past, "deliveries waiting for this destination"));
-    }
-    if past > 0 {
-        sqlx::query(
-            "UPDATE orders.webhook_deliveries SET failed_at = now(), \
-               last_error = 'past the receiver''s dedup horizon when the destination was enabled' \
-             WHERE destination = $1 AND delivered_at IS NULL AND failed_at IS NULL \
-               AND msg_id < effectively.v7_floor(now() - make_interval(secs => $2))",
-        )
-        .bind(destination)
-        .bind(horizon.seconds())
-        .execute(&mut *tx)
-        .await?;
     }
     let was = sqlx::query_scalar!(
         "UPDATE orders.webhook_destinations SET disabled_at = NULL, reason = NULL \

@@ -17,9 +17,8 @@ ALL_FAULTS=pg-crash,broker-kill,broker-quorum-loss,broker-pause,relay-pause,offs
 ALL_POINTS=commit,publish,claim,effect
 if [ "$MODE" = quick ]; then
   # 180 s: a Kafka node killed -9 recovers every partition it holds before it
-  # serves again, seconds on a fresh cluster (and ~50 s with the thousand
-  # test topics `make test` leaves behind: .ci/run gives the experiments a
-  # fresh cluster).
+  # serves again: ~25 s under this load on a fresh cluster, ~50 s with the
+  # thousand-odd test topics `make test` leaves behind (CI).
   RATE=${EXP_RATE:-200} MIXED_DURATION=${EXP_DURATION:-180}
   MIXED=(--fault "$ALL_FAULTS" --fault-count 6 --fault-interval-ms 2000..3000
          --relay-pause-ms 4000 --fault-down-ms 1000 --broker-pause-ms 12000

@@ -16,9 +16,12 @@ case $RELAY_MODE in
 esac
 exp_init "$HERE"
 
+# Quick mode runs a debug build beside three Kafka JVMs on the CI machine's
+# 2 cores: at 300 intents/s the machine was 100% busy, orders answered at
+# p50 0.7-1.6 s and the client timed out; at 150/s p50 was 84-139 ms.
 if [ "$MODE" = quick ]; then
-  RATE=${EXP_RATE:-300} DURATION=${EXP_DURATION:-25} EVERY=${EXP_CRASH_EVERY:-40} MIN_KILLS=3
-  ORDERS_DURATION=15 ORDERS_EVERY=300
+  RATE=${EXP_RATE:-150} DURATION=${EXP_DURATION:-25} EVERY=${EXP_CRASH_EVERY:-40} MIN_KILLS=3
+  ORDERS_DURATION=20 ORDERS_EVERY=200
 else
   RATE=${EXP_RATE:-1000} DURATION=${EXP_DURATION:-120} EVERY=${EXP_CRASH_EVERY:-40} MIN_KILLS=20
   ORDERS_DURATION=60 ORDERS_EVERY=600

@@ -5,8 +5,9 @@
 //!
 //! Expiry drops whole partitions: no delete storm, no bloat. A message older
 //! than the oldest partition kept is refused ("after the dedup horizon"), one
-//! minted beyond the newest is refused too ("future msg_id"); neither is
-//! applied, both are dead letters with the reason (see [`Window::judge`]).
+//! minted beyond the newest is held back, neither applied nor dead-lettered,
+//! until the partitions reach it (its Kafka partition does not move past
+//! it; a webhook's claim stays unprocessed); see [`Window::judge`].
 
 use std::time::Duration;
 
@@ -25,8 +26,12 @@ use crate::metrics::PaymentsMetrics;
 pub enum Outside {
     /// Below the oldest partition kept: after the dedup horizon.
     AfterHorizon,
-    /// At or beyond the end of the partitions created so far.
+    /// At or beyond the end of the partitions created so far: a UUIDv7
+    /// minted ahead of them, recordable once they reach it.
     Future,
+    /// At or beyond the end of the partitions, and not a UUIDv7: it has no
+    /// mint time, so no partition will ever be made for it.
+    NeverRecordable,
 }
 
 /// The msg_ids a claim transaction may write: `[floor, ceiling)`, the
@@ -60,7 +65,7 @@ impl Window {
             return Some((
                 Outside::Future,
                 format!(
-                    "the inbox has no partitions, so msg_id {msg_id} cannot be recorded; not applied"
+                    "the inbox has no partitions, so msg_id {msg_id} cannot be recorded yet; held back until it has"
                 ),
             ));
         };
@@ -86,13 +91,23 @@ impl Window {
             ));
         }
         if msg_id >= ceiling {
+            let end = mint_time(ceiling).to_rfc3339();
+            if version != 7 {
+                return Some((
+                    Outside::NeverRecordable,
+                    format!(
+                        "msg_id {msg_id}{not_v7} lies at or after the end of the inbox partitions \
+                         ({end}), and no partition will ever be made for it; not applied"
+                    ),
+                ));
+            }
             return Some((
                 Outside::Future,
                 format!(
-                    "msg_id {msg_id} was minted at {minted}{not_v7}, at or after the end of the inbox \
-                     partitions created so far ({}): a producer clock far ahead, or not a UUIDv7; \
-                     not applied",
-                    mint_time(ceiling).to_rfc3339()
+                    "msg_id {msg_id} was minted at {minted}, at or after the end of the inbox \
+                     partitions created so far ({end}): a producer clock ahead, or partitions not \
+                     created for a while (payments_inbox_extend_failures_total); held back until \
+                     the partitions reach it"
                 ),
             ));
         }
@@ -164,15 +179,16 @@ pub async fn expire(pool: &PgPool, retention: Duration) -> sqlx::Result<Vec<Stri
 }
 
 /// The partitions kept: how many, and the mint time the oldest starts at.
-pub async fn partitions(pool: &PgPool) -> sqlx::Result<(i64, Option<Uuid>)> {
+pub async fn partitions(pool: &PgPool) -> sqlx::Result<(i64, Option<Uuid>, Option<Uuid>)> {
     let row = sqlx::query!(
         r#"SELECT count(*) AS "n!",
-                  (SELECT lo FROM payments.inbox_partitions ORDER BY lo LIMIT 1) AS floor
+                  (SELECT lo FROM payments.inbox_partitions ORDER BY lo LIMIT 1) AS floor,
+                  (SELECT hi FROM payments.inbox_partitions ORDER BY hi DESC LIMIT 1) AS ceiling
            FROM payments.inbox_partitions"#
     )
     .fetch_one(pool)
     .await?;
-    Ok((row.n, row.floor))
+    Ok((row.n, row.floor, row.ceiling))
 }
 
 /// Where the hop's terms of the horizon come from.
@@ -272,7 +288,10 @@ async fn next_horizon(
     metrics: &PaymentsMetrics,
 ) -> Option<Option<Duration>> {
     if let Err(error) = extend(pool, lifecycle.ahead, lifecycle.granule).await {
-        tracing::warn!(%error, "creating inbox partitions failed; retrying next round");
+        // Partitions run out after `ahead`: then every new event is held back.
+        metrics.inbox_extend_failures_total.inc();
+        tracing::error!(%error, ahead = ?lifecycle.ahead,
+            "creating inbox partitions failed; retrying next round (once the partitions run out, new events are held back, not applied)");
     }
     match read_sources(pool, hop, clock_skew).await {
         Ok(sources) => {
@@ -294,12 +313,17 @@ async fn next_horizon(
 /// Sets the partition gauges: how many, and how far back the oldest starts.
 async fn record_partitions(pool: &PgPool, metrics: &PaymentsMetrics) {
     match partitions(pool).await {
-        Ok((n, floor)) => {
+        Ok((n, floor, ceiling)) => {
             metrics.inbox_partitions.set(n);
+            let now = Utc::now();
             if let Some(floor) = floor {
-                let age = (Utc::now() - mint_time(floor)).num_milliseconds() as f64 / 1e3;
+                let age = (now - mint_time(floor)).num_milliseconds() as f64 / 1e3;
                 metrics.inbox_floor_age_seconds.set(age.max(0.0));
             }
+            let ahead = ceiling.map_or(0.0, |c| {
+                (mint_time(c) - now).num_milliseconds() as f64 / 1e3
+            });
+            metrics.inbox_ahead_seconds.set(ahead);
         }
         Err(error) => tracing::warn!(%error, "reading the inbox partitions failed"),
     }
@@ -334,8 +358,13 @@ mod tests {
         let (kind, _) = w.judge(at_ms(2_000)).expect("the ceiling is outside");
         assert_eq!(kind, Outside::Future);
         let v4 = Uuid::from_u128(0xffff_ffff_ffff_4fff_8fff_ffff_ffff_ffff);
-        let (_, reason) = w.judge(v4).expect("far ahead");
+        let (kind, reason) = w.judge(v4).expect("far ahead");
+        assert_eq!(kind, Outside::NeverRecordable, "no mint time to wait for");
         assert!(reason.contains("not a UUIDv7 but version 4"), "{reason}");
+        assert!(
+            reason.contains("no partition will ever be made"),
+            "{reason}"
+        );
         let empty = Window {
             floor: None,
             ceiling: None,

@@ -143,7 +143,9 @@ pub enum DeadLetterKind {
     /// Older than the oldest inbox partition kept: its dedup record may have
     /// expired, so it is never applied (see `expiry::Window`).
     AfterHorizon,
-    /// Minted at or after the end of the inbox partitions created so far.
+    /// At or after the end of the inbox partitions and not a UUIDv7: no
+    /// mint time, so no partition will ever cover it. (A UUIDv7 there is
+    /// held back instead: [`Applied::held`].)
     FutureMsgId,
 }
 
@@ -192,6 +194,42 @@ pub struct DeadLetter<'a> {
     pub reason: String,
 }
 
+/// A delivery held back (see [`Applied::held`]), by where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Held {
+    /// A Kafka message: its partition must not move past it.
+    Kafka {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// Offset.
+        offset: i64,
+    },
+    /// A webhook's claim, left unprocessed.
+    Webhook {
+        /// The webhook-id.
+        msg_id: Uuid,
+    },
+}
+
+impl From<Origin<'_>> for Held {
+    fn from(origin: Origin<'_>) -> Self {
+        match origin {
+            Origin::Kafka {
+                topic,
+                partition,
+                offset,
+            } => Self::Kafka {
+                topic: topic.to_owned(),
+                partition,
+                offset,
+            },
+            Origin::Webhook { msg_id } => Self::Webhook { msg_id },
+        }
+    }
+}
+
 /// What applying a batch did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Applied {
@@ -219,8 +257,16 @@ pub struct Applied {
     /// Of those, the ones whose charge row was inserted (first deliveries
     /// that came too late); the others only wrote a ledger entry.
     pub charged_after_horizon: u64,
-    /// Deliveries refused because their msg_id is beyond the partitions.
-    pub future_msg_ids: u64,
+    /// Deliveries held back because their msg_id is at or beyond the end of
+    /// the inbox's partitions (a producer's clock ahead, or partitions not
+    /// created for a while): valid events that cannot be recorded yet. They
+    /// are neither applied nor dead-lettered: a Kafka message's offset is
+    /// not committed past it, a webhook's claim stays unprocessed, and both
+    /// are tried again later ([`Held`]).
+    pub held: Vec<Held>,
+    /// Deliveries refused because their msg_id is at or beyond the end of
+    /// the partitions and is not a UUIDv7 (dead letters `future_msg_id`).
+    pub never_recordable: u64,
     /// Webhooks left alone: another processor holds their row, or has
     /// processed it since they were read.
     pub skipped: u64,
@@ -267,7 +313,7 @@ pub async fn apply_batch(
         .iter()
         .filter_map(|d| d.source.webhook_id())
         .collect();
-    let mine = if webhooks.is_empty() {
+    let mut mine = if webhooks.is_empty() {
         HashSet::new()
     } else {
         let mine = lock_webhooks(&mut tx, &webhooks).await?;
@@ -288,16 +334,18 @@ pub async fn apply_batch(
                 late.push((*intent, *source));
                 false
             }
+            Some((Outside::Future, reason)) => {
+                tracing::warn!(source = %source.origin, %reason, "holding back a delivery the inbox cannot record yet");
+                applied.held.push(source.origin.into());
+                false
+            }
             Some((outside, reason)) => {
-                let kind = match outside {
-                    Outside::AfterHorizon => {
-                        applied.after_horizon += 1;
-                        DeadLetterKind::AfterHorizon
-                    }
-                    Outside::Future => {
-                        applied.future_msg_ids += 1;
-                        DeadLetterKind::FutureMsgId
-                    }
+                let kind = if outside == Outside::AfterHorizon {
+                    applied.after_horizon += 1;
+                    DeadLetterKind::AfterHorizon
+                } else {
+                    applied.never_recordable += 1;
+                    DeadLetterKind::FutureMsgId
                 };
                 dead.push(DeadLetter {
                     source: *source,
@@ -309,6 +357,12 @@ pub async fn apply_batch(
                 false
             }
         });
+        // A held webhook's claim stays unprocessed.
+        for held in &applied.held {
+            if let Held::Webhook { msg_id } = held {
+                mine.remove(msg_id);
+            }
+        }
     }
     if !intents.is_empty() {
         let claim = claim_and_charge(&mut tx, &intents, crasher).await?;

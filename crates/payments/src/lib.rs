@@ -10,6 +10,7 @@
 pub mod decode;
 pub mod dup;
 pub mod expiry;
+mod hold;
 pub mod horizon;
 pub mod inbox;
 pub mod metrics;
@@ -43,7 +44,7 @@ use uuid::Uuid;
 use effectively::db::{ErrorClass, classify as classify_db_error};
 
 use crate::horizon::Retention;
-use crate::inbox::{Applied, ChargeIntent, Delivery, Source};
+use crate::inbox::{Applied, ChargeIntent, Delivery, Held, Source};
 use crate::metrics::PaymentsMetrics;
 
 /// Payments settings; every flag is also an environment variable.
@@ -113,6 +114,16 @@ pub struct Config {
     #[arg(long, env = "PAYMENTS_COMMIT_INTERVAL_MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub commit_interval_ms: u64,
+
+    /// How long a partition stays paused on a message the inbox cannot
+    /// record yet (a msg_id beyond the inbox's partitions: a producer's clock
+    /// ahead, or partitions not created for a while) before the message is
+    /// tried again, in milliseconds. Such a message is never dropped nor
+    /// acknowledged: its offset is not committed past it
+    /// (`payments_held_partitions`, `payments_future_msg_ids_total`).
+    #[arg(long, env = "PAYMENTS_HOLD_RETRY_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub hold_retry_ms: u64,
 
     /// Static group membership (Kafka `group.instance.id`): a restarted
     /// process with the same id gets its partitions back without waiting for
@@ -788,10 +799,14 @@ impl Work<'_> {
         let linger = Duration::from_millis(config.batch_linger_ms);
         let max = config.batch_size.max(1);
         let mut commits = Commits::new(Duration::from_millis(config.commit_interval_ms));
+        let mut holds = hold::Holds::new(Duration::from_millis(config.hold_retry_ms));
         // The batch in hand: filled here, or fetched while the previous one's
         // transaction ran.
         let mut batch: Vec<OwnedMessage> = Vec::with_capacity(max);
         loop {
+            if holds.any() {
+                holds.resume_due(&consumer, metrics);
+            }
             if batch.is_empty() {
                 tokio::select! {
                     () = fill_batch(&consumer, &mut batch, max, linger, metrics) => {}
@@ -799,6 +814,8 @@ impl Work<'_> {
                     () = commits.due_in(), if commits.any() => {
                         commits.flush(&consumer, metrics, CommitMode::Async);
                     }
+                    // A held partition's wait is over: resumed next turn.
+                    () = holds.next_due(), if holds.any() => {}
                     () = cancel.cancelled() => break,
                     () = fatal.fired() => break,
                 }
@@ -830,15 +847,32 @@ impl Work<'_> {
                     }
                 }
             };
-            if !applied {
+            let Some(held) = applied else {
                 break; // cancelled while the database was failing; nothing committed
+            };
+            // A held message's partition goes back to it and waits; what came
+            // after it in the batch was applied, but its offset is not
+            // committed past the held one, and the copies prefetched are dropped.
+            let firsts = hold::firsts(&held);
+            if !firsts.is_empty() {
+                holds.hold(&consumer, &firsts, metrics);
+                next.retain(|m| !firsts.contains_key(&(m.topic().to_owned(), m.partition())));
             }
-            commits.add(&batch);
+            commits.add(
+                batch
+                    .iter()
+                    .filter(|m| hold::before_hold(&firsts, m.topic(), m.partition(), m.offset())),
+            );
             if commits.due() {
                 commits.flush(&consumer, metrics, CommitMode::Async);
             }
-            // Injected duplicates come only now, after the originals committed.
-            let plan = injector.plan(&batch);
+            // Injected duplicates come only now, after the originals committed
+            // (none for a batch that held a message: its partition was sought).
+            let plan = if firsts.is_empty() {
+                injector.plan(&batch)
+            } else {
+                dup::Plan::default()
+            };
             let rewound = dup::seek_back(&consumer, &plan, metrics);
             // A rewound partition's messages fetched before the seek come again
             // after it, in order: drop these copies.
@@ -846,7 +880,10 @@ impl Work<'_> {
             if !plan.reprocess.is_empty() {
                 // Applied again in a transaction of its own; offsets are already
                 // committed, so nothing to commit for them.
-                if !process(pool, apply, &plan.reprocess, crasher, metrics, cancel).await {
+                if process(pool, apply, &plan.reprocess, crasher, metrics, cancel)
+                    .await
+                    .is_none()
+                {
                     break;
                 }
                 metrics
@@ -1018,8 +1055,9 @@ enum Attempt {
 /// slice is split in halves, each applied in a transaction of its own, until
 /// the one offending message is alone; it is dead-lettered with the
 /// database's reason and the rest is applied. So no message stops its
-/// partition. `false` when cancelled first (then the rest is not committed
-/// and will be redelivered; what did commit is a no-op on redelivery).
+/// partition. Returns the deliveries held back (`Applied::held`), or `None`
+/// when cancelled first (then the rest is not committed and will be
+/// redelivered; what did commit is a no-op on redelivery).
 ///
 /// Its span counts the batch's messages; a message handled alone (refused
 /// by the database) gets a span of its own with its msg_id and order_id.
@@ -1030,7 +1068,7 @@ async fn process(
     crasher: &Crasher,
     metrics: &PaymentsMetrics,
     cancel: &CancellationToken,
-) -> bool {
+) -> Option<Vec<Held>> {
     let (deliveries, committed_at) = classify(batch);
     process_deliveries(
         pool,
@@ -1042,14 +1080,22 @@ async fn process(
         cancel,
     )
     .await
-    .is_some()
+    .map(|left| left.held)
+}
+
+/// What applying a batch left undone.
+#[derive(Debug, Default)]
+pub(crate) struct Left {
+    /// Webhooks left alone because another processor holds (or has just
+    /// processed) their claim (`Applied::skipped`; always 0 for Kafka).
+    pub(crate) skipped: u64,
+    /// Deliveries held back: valid, but the inbox cannot record them yet.
+    pub(crate) held: Vec<Held>,
 }
 
 /// [`process`] of decoded deliveries, from either transport; `committed_at`
 /// holds each event's outbox commit time (for the commit-to-effect latency).
-/// Returns how many webhooks were left alone because another processor
-/// holds (or has just processed) their claim (`Applied::skipped`; always 0
-/// for Kafka messages), or `None` when `cancel` fired.
+/// Returns what it left undone, or `None` when `cancel` fired.
 #[tracing::instrument(level = "info", skip_all, fields(messages = deliveries.len()))]
 pub(crate) async fn process_deliveries(
     pool: &sqlx::PgPool,
@@ -1059,15 +1105,16 @@ pub(crate) async fn process_deliveries(
     crasher: &Crasher,
     metrics: &PaymentsMetrics,
     cancel: &CancellationToken,
-) -> Option<u64> {
-    let mut skipped = 0;
+) -> Option<Left> {
+    let mut left = Left::default();
     // Slices still to apply, the next one last; halves keep message order.
     let mut work: Vec<&[Delivery<'_>]> = vec![deliveries];
     while let Some(slice) = work.pop() {
         match apply_with_retry(pool, apply, slice, crasher, metrics, cancel).await {
-            Attempt::Applied(applied) => {
-                skipped += applied.skipped;
+            Attempt::Applied(mut applied) => {
+                left.skipped += applied.skipped;
                 record(metrics, &applied, committed_at);
+                left.held.append(&mut applied.held);
             }
             Attempt::Cancelled => return None,
             Attempt::Refused(error) if slice.len() == 1 => {
@@ -1105,7 +1152,7 @@ pub(crate) async fn process_deliveries(
             }
         }
     }
-    Some(skipped)
+    Some(left)
 }
 
 /// One slice in one transaction, retried with backoff while the failure is
@@ -1229,11 +1276,13 @@ fn record(
             "UNSAFE: deliveries after the dedup horizon applied (--unsafe-apply-after-horizon)"
         );
     }
-    metrics.future_msg_ids_total.inc_by(applied.future_msg_ids);
-    if applied.after_horizon + applied.future_msg_ids > 0 {
+    metrics
+        .future_msg_ids_total
+        .inc_by(applied.held.len() as u64);
+    if applied.after_horizon + applied.never_recordable > 0 {
         tracing::warn!(
             after_horizon = applied.after_horizon,
-            future_msg_ids = applied.future_msg_ids,
+            never_recordable = applied.never_recordable,
             "deliveries outside the inbox's partitions dead-lettered, not applied"
         );
     }
@@ -1282,7 +1331,7 @@ impl Commits {
     }
 
     /// Adds a batch whose transaction committed.
-    fn add(&mut self, batch: &[OwnedMessage]) {
+    fn add<'m>(&mut self, batch: impl IntoIterator<Item = &'m OwnedMessage>) {
         for m in batch {
             let next = m.offset() + 1;
             let e = self

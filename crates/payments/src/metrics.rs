@@ -66,6 +66,14 @@ pub struct PaymentsMetrics {
     /// How far back the inbox remembers: now minus the oldest partition's
     /// start, in seconds.
     pub inbox_floor_age_seconds: Gauge,
+    /// How far ahead the inbox's partitions reach: the newest one's end
+    /// minus now, in seconds (below 0: new events are held back).
+    pub inbox_ahead_seconds: Gauge,
+    /// Rounds whose creation of partitions ahead failed.
+    pub inbox_extend_failures_total: IntCounter,
+    /// Partitions paused on a held-back message (a msg_id beyond the
+    /// inbox's partitions), now.
+    pub held_partitions: IntGauge,
     /// The redelivery horizon derived from the settings (+Inf: unbounded).
     pub redelivery_horizon_seconds: Gauge,
     /// The configured inbox retention (+Inf: forever).
@@ -183,12 +191,24 @@ impl PaymentsMetrics {
             )?,
             future_msg_ids_total: counter(
                 "payments_future_msg_ids_total",
-                "Deliveries refused: msg_id beyond the inbox partitions created so far",
+                "Deliveries held back (not applied, not acknowledged, tried again): msg_id at or beyond the end of the inbox partitions created so far",
             )?,
             inbox_partitions: IntGauge::new("payments_inbox_partitions", "Inbox partitions kept")?,
             inbox_partitions_dropped_total: counter(
                 "payments_inbox_partitions_dropped_total",
                 "Inbox partitions dropped by expiry",
+            )?,
+            inbox_ahead_seconds: Gauge::new(
+                "payments_inbox_ahead_seconds",
+                "How far ahead the inbox's partitions reach: the newest one's end minus now (below 0: new events are held back)",
+            )?,
+            inbox_extend_failures_total: counter(
+                "payments_inbox_extend_failures_total",
+                "Rounds whose creation of inbox partitions ahead failed",
+            )?,
+            held_partitions: IntGauge::new(
+                "payments_held_partitions",
+                "Kafka partitions paused on a message whose msg_id the inbox cannot record yet",
             )?,
             inbox_floor_age_seconds: Gauge::new(
                 "payments_inbox_floor_age_seconds",
@@ -257,6 +277,7 @@ impl PaymentsMetrics {
             m.partitions_moved_total.with_label_values(&[event]);
         }
         for gauge in [
+            &m.inbox_ahead_seconds,
             &m.inbox_floor_age_seconds,
             &m.redelivery_horizon_seconds,
             &m.inbox_retention_seconds,
@@ -268,10 +289,12 @@ impl PaymentsMetrics {
             &m.applied_after_horizon_total,
             &m.future_msg_ids_total,
             &m.inbox_partitions_dropped_total,
+            &m.inbox_extend_failures_total,
         ] {
             m.registry.register(Box::new(counter.clone()))?;
         }
         m.registry.register(Box::new(m.inbox_partitions.clone()))?;
+        m.registry.register(Box::new(m.held_partitions.clone()))?;
         m.registry.register(Box::new(m.consumed_total.clone()))?;
         m.registry.register(Box::new(m.dedup_hits_total.clone()))?;
         m.registry

@@ -375,8 +375,8 @@ async fn unprocessed(pool: &PgPool, after: Option<Uuid>, limit: usize) -> sqlx::
     sqlx::query_as!(
         Row,
         "SELECT msg_id, payload FROM payments.webhook_inbox \
-         WHERE processed_at IS NULL AND msg_id > $1 ORDER BY msg_id LIMIT $2",
-        after.unwrap_or(Uuid::nil()),
+         WHERE processed_at IS NULL AND ($1::uuid IS NULL OR msg_id > $1) ORDER BY msg_id LIMIT $2",
+        after,
         limit as i64
     )
     .fetch_all(pool)
@@ -459,8 +459,12 @@ impl Processor {
                 else {
                     return;
                 };
-                applied |= left < rows.len() as u64;
-                skipped |= left > 0;
+                // Rows held back (the inbox cannot record them yet) stay
+                // unprocessed and count as skipped: a scan that found only
+                // those waits before the next.
+                let undone = left.skipped + left.held.len() as u64;
+                applied |= undone < rows.len() as u64;
+                skipped |= undone > 0;
             }
             if rows.len() == batch {
                 after = Some(rows[rows.len() - 1].msg_id);

@@ -65,6 +65,7 @@ fn config(db: &TestDb, secret: &Secret) -> Config {
         fetch_wait_max_ms: 25,
         commit_interval_ms: 1000,
         group_instance_id: None,
+        hold_retry_ms: 300,
         lag_sample_ms: 1000,
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
         unsafe_split_txn: None,
@@ -640,5 +641,93 @@ async fn a_processor_that_finds_every_claim_held_backs_off_instead_of_spinning()
         released.elapsed()
     );
     assert_eq!(count(&pool, UNPROCESSED).await, 0);
+    receiver.stop().await;
+}
+
+/// A UUIDv7 minted `ahead` after now.
+fn minted_ahead(ahead: chrono::Duration) -> Uuid {
+    let t = chrono::Utc::now() + ahead;
+    let ts = uuid::Timestamp::from_unix(
+        uuid::NoContext,
+        u64::try_from(t.timestamp()).expect("after 1970"),
+        t.timestamp_subsec_nanos(),
+    );
+    Uuid::new_v7(ts)
+}
+
+/// Over HTTP a webhook whose msg_id lies beyond the inbox's partitions (an
+/// orders clock 30 days fast) is still answered 200 (its claim is stored),
+/// and its claim waits unprocessed: not applied, not dead-lettered, while
+/// the claims after it are applied. Once the partitions reach it, it is.
+/// A claim with the nil msg_id is processed too (the scan once began after
+/// it).
+#[tokio::test]
+async fn a_claim_the_inbox_cannot_record_yet_waits_unprocessed_not_dead_lettered() {
+    let db = TestDb::create().await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let receiver = Receiver::spawn(&db).await;
+    let future = minted_ahead(chrono::Duration::days(30));
+    let (status, json) = receiver
+        .post(future, &event(future, Uuid::now_v7(), 500))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{json}");
+    assert_eq!(json["status"], "accepted");
+    for i in 0..3 {
+        let msg_id = Uuid::now_v7();
+        let (status, json) = receiver
+            .post(msg_id, &event(msg_id, Uuid::now_v7(), 100 + i))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{json}");
+    }
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            count(&pool, CHARGES).await == 3
+        })
+        .await,
+        "the claims after the held one are applied"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            receiver.metric("payments_future_msg_ids_total").await >= 2.0
+        })
+        .await,
+        "the held claim is tried again"
+    );
+    assert_eq!(count(&pool, UNPROCESSED).await, 1, "the held claim waits");
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM payments.dead_letters").await,
+        0
+    );
+    sqlx::query("SELECT payments.inbox_extend(now() + interval '31 days', interval '1 day')")
+        .execute(&pool)
+        .await
+        .expect("extend");
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            count(&pool, CHARGES).await == 4
+        })
+        .await,
+        "the held claim is applied once the inbox can record it"
+    );
+    assert_eq!(count(&pool, UNPROCESSED).await, 0);
+    assert_eq!(count(&pool, LEDGER).await, 4);
+
+    // The nil msg_id is processed too: the scan once started after it, so
+    // it was never read.
+    payments::receiver::claim(
+        &pool,
+        Uuid::nil(),
+        &event(Uuid::nil(), Uuid::now_v7(), 7),
+        0,
+    )
+    .await
+    .expect("claim");
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            count(&pool, UNPROCESSED).await == 0
+        })
+        .await,
+        "the nil msg_id's claim is processed"
+    );
     receiver.stop().await;
 }

@@ -215,8 +215,10 @@ struct Claimed {
     outbox_id: i64,
     msg_id: Uuid,
     body: Vec<u8>,
-    /// This attempt's number (1 for the first).
+    /// This attempt's number (1 for the first; a replay starts over).
     attempts: i32,
+    /// The replay this attempt belongs to (0: the first run).
+    replays: i32,
     created_at: DateTime<Utc>,
 }
 
@@ -831,7 +833,7 @@ impl Sender {
                failed_at = CASE WHEN $6 = 'failed' THEN now() END, \
                next_attempt_at = CASE WHEN $7::float8 IS NULL THEN next_attempt_at \
                                       ELSE now() + $7::float8 * interval '1 millisecond' END \
-             WHERE destination = $1 AND outbox_id = $2 AND attempts = $3 \
+             WHERE destination = $1 AND outbox_id = $2 AND attempts = $3 AND replays = $8 \
                AND delivered_at IS NULL AND failed_at IS NULL",
             destination.name,
             row.outbox_id,
@@ -839,7 +841,8 @@ impl Sender {
             status,
             error.as_deref(),
             label,
-            next_ms
+            next_ms,
+            row.replays
         )
         .execute(&mut *tx)
         .await?
@@ -850,8 +853,8 @@ impl Sender {
         }
         sqlx::query!(
             "INSERT INTO orders.webhook_attempts \
-               (destination, outbox_id, attempt, started_at, duration_ms, status, outcome, error) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+               (destination, outbox_id, replay, attempt, started_at, duration_ms, status, outcome, error) \
+             VALUES ($1, $2, $9, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
             destination.name,
             row.outbox_id,
             row.attempts,
@@ -859,7 +862,8 @@ impl Sender {
             i32::try_from(elapsed.as_millis()).unwrap_or(i32::MAX),
             status,
             label,
-            error.as_deref()
+            error.as_deref(),
+            row.replays
         )
         .execute(&mut *tx)
         .await?;
@@ -1262,7 +1266,7 @@ async fn claim(
                ORDER BY c.next_attempt_at, c.outbox_id LIMIT $2 \
                FOR UPDATE OF c SKIP LOCKED) AS picked \
          WHERE d.destination = picked.destination AND d.outbox_id = picked.outbox_id \
-         RETURNING d.outbox_id, d.msg_id, d.body, d.attempts, d.created_at",
+         RETURNING d.outbox_id, d.msg_id, d.body, d.attempts, d.replays, d.created_at",
         destination,
         i64::try_from(limit).unwrap_or(i64::MAX),
         lease.as_secs_f64() * 1000.0
@@ -1434,6 +1438,89 @@ mod tests {
             "Wed, 21 Oct 2026 07:28:00 GMT".parse().expect("value"),
         );
         assert_eq!(retry_after(&headers), None, "dates are not taken");
+    }
+
+    /// A sender paused past its lease (before the delivery failed and was
+    /// replayed) records its stale result nowhere: the replay's attempt of
+    /// the same number is another attempt. And the attempts log keeps both
+    /// runs' attempt 1.
+    #[tokio::test]
+    async fn a_stale_result_from_before_a_replay_is_not_recorded_over_it() {
+        use effectively::db::ServiceRole;
+        let db = effectively::testing::TestDb::create().await;
+        let pool = PgPool::connect(&db.url_as(ServiceRole::Relay))
+            .await
+            .expect("connect");
+        let owner = PgPool::connect(&db.url).await.expect("connect");
+        let secret = Secret::generate().to_whsec();
+        let d: Destination = format!("p=http://127.0.0.1:9/h,secret={secret}")
+            .parse()
+            .expect("destination");
+        sqlx::query(
+            "INSERT INTO orders.webhook_deliveries (destination, outbox_id, aggregate_id, msg_id, body) \
+             VALUES ('p', 1, $1, $2, '\\x7b7d')",
+        )
+        .bind(Uuid::now_v7())
+        .bind(Uuid::now_v7())
+        .execute(&owner)
+        .await
+        .expect("delivery");
+        let sender = Sender::new(
+            pool.clone(),
+            Arc::new(RelayMetrics::new().expect("metrics")),
+            Arc::new(Crasher::default()),
+            1.0,
+        );
+        let lease = Duration::from_secs(60);
+        let stale = claim(&pool, "p", 10, lease).await.expect("claim");
+        assert_eq!(stale.len(), 1);
+        // Meanwhile the delivery failed for good and an operator replayed it.
+        sqlx::query("UPDATE orders.webhook_deliveries SET failed_at = now()")
+            .execute(&owner)
+            .await
+            .expect("fail");
+        let (replayed, _) = replay_failed(&pool, None, None, &ReceiverHorizon::default())
+            .await
+            .expect("replay");
+        assert_eq!(replayed, 1);
+        let fresh = claim(&pool, "p", 10, lease).await.expect("claim");
+        assert_eq!(fresh.len(), 1);
+        assert_eq!(fresh[0].attempts, stale[0].attempts, "the same number");
+
+        let now = Utc::now();
+        let gone = Outcome::Gone("stale".into());
+        let recorded = sender
+            .record(&d, &stale[0], &gone, now, Duration::ZERO, 0.5)
+            .await
+            .expect("record");
+        assert_eq!(recorded, None, "the stale result is fenced off");
+        let disabled: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM orders.webhook_destinations WHERE disabled_at IS NOT NULL",
+        )
+        .fetch_one(&owner)
+        .await
+        .expect("destinations");
+        assert_eq!(disabled, 0, "nothing of the stale result took effect");
+        let recorded = sender
+            .record(
+                &d,
+                &fresh[0],
+                &Outcome::Delivered(200),
+                now,
+                Duration::ZERO,
+                0.5,
+            )
+            .await
+            .expect("record");
+        assert_eq!(recorded, Some("delivered"));
+        let (delivered, logged): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM orders.webhook_deliveries WHERE delivered_at IS NOT NULL), \
+                    (SELECT count(*) FROM orders.webhook_attempts WHERE replay = 1 AND attempt = 1)",
+        )
+        .fetch_one(&owner)
+        .await
+        .expect("state");
+        assert_eq!((delivered, logged), (1, 1));
     }
 
     #[test]

@@ -854,13 +854,19 @@ struct Probe {
 impl Probe {
     /// The oldest pending rows with the WAL's insert position, read in one
     /// statement: a row its snapshot sees as committed has its commit record
-    /// before that position. `None` when nothing is pending.
+    /// before that position. `None` when nothing is pending. Rows held back
+    /// by a failed row of their key are left out: they stay pending by
+    /// design, and as the oldest they filled every probe, so a row the
+    /// stream missed behind them was never looked at.
     async fn take(pool: &PgPool) -> sqlx::Result<Option<Self>> {
         let (lsn, ids): (String, Option<Vec<i64>>) = sqlx::query_as(
             "SELECT pg_current_wal_insert_lsn()::text, \
-                    (SELECT array_agg(id) FROM (SELECT id FROM orders.outbox \
-                      WHERE published_at IS NULL AND failed_at IS NULL \
-                      ORDER BY created_at, id LIMIT $1) p)",
+                    (SELECT array_agg(id) FROM (SELECT o.id FROM orders.outbox o \
+                      WHERE o.published_at IS NULL AND o.failed_at IS NULL \
+                        AND NOT EXISTS (SELECT 1 FROM orders.outbox f \
+                                        WHERE f.aggregate_id = o.aggregate_id \
+                                          AND f.published_at IS NULL AND f.failed_at IS NOT NULL) \
+                      ORDER BY o.created_at, o.id LIMIT $1) p)",
         )
         .bind(PROBE_ROWS)
         .fetch_one(pool)
@@ -964,6 +970,46 @@ mod tests {
         .await
         .expect("insert");
         (writer, id)
+    }
+
+    /// A probe follows rows that should move: not the rows held back by a
+    /// failed row of their key, which stay pending for good and, being the
+    /// oldest, once filled every probe (a missed row behind them was never
+    /// looked at).
+    #[tokio::test]
+    async fn a_probe_skips_rows_held_back_and_finds_a_missed_row_behind_them() {
+        let db = TestDb::create().await;
+        let pool = PgPool::connect(&db.url).await.expect("pool");
+        for sql in [
+            // A key whose first row failed, and more than a probe's worth of
+            // its rows held back behind it, all older than the missed row.
+            "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload, failed_at, created_at) \
+             VALUES ('00000000-0000-0000-0000-00000000000a', gen_random_uuid(), 'order.created', '{}', \
+                     now(), now() - interval '1 hour')",
+            "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload, created_at) \
+             SELECT '00000000-0000-0000-0000-00000000000a', gen_random_uuid(), 'order.created', '{}', \
+                    now() - interval '1 hour' + i * interval '1 ms' FROM generate_series(1, 150) i",
+            // The row the stream missed.
+            "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload, created_at) \
+             VALUES (gen_random_uuid(), gen_random_uuid(), 'order.created', '{}', now() - interval '1 minute')",
+        ] {
+            sqlx::query(sql).execute(&pool).await.expect(sql);
+        }
+        let missed: i64 = sqlx::query_scalar("SELECT max(id) FROM orders.outbox")
+            .fetch_one(&pool)
+            .await
+            .expect("id");
+        let probe = Probe::take(&pool)
+            .await
+            .expect("probe")
+            .expect("pending rows");
+        assert_eq!(probe.ids, vec![missed], "only the row that should move");
+        let why = probe
+            .missed(&pool)
+            .await
+            .expect("check")
+            .expect("the missed row is found");
+        assert!(why.contains(&format!("outbox row {missed} ")), "{why}");
     }
 
     #[tokio::test]

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use effectively::config::DbArgs;
 use effectively::db::ServiceRole;
 use effectively::idempotency::ClaimStrategy;
+use effectively::testing::slow::{all_closed, slow_clients};
 use effectively::testing::{TestDb, eventually};
 use orders::proto::orders_client::OrdersClient;
 use orders::proto::{CreateOrderRequest, GetOrderRequest};
@@ -15,8 +16,7 @@ use orders::{Config, run};
 use reqwest::StatusCode;
 use serde_json::Value;
 use sqlx::PgPool;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 struct TestApp {
@@ -1335,109 +1335,6 @@ async fn a_clock_past_the_bound_is_refused_and_a_small_skew_is_measured() {
     .await
     .expect("the same host's clock is accepted");
     assert!(skew.seconds.abs() < 1.0, "{skew:?}");
-}
-
-/// How a slow client's connection ended.
-#[derive(Debug)]
-struct SlowEnd {
-    /// From connect to the server closing it; `None`: still open at the
-    /// client's deadline.
-    closed_after: Option<Duration>,
-    /// What the server sent.
-    received: Vec<u8>,
-}
-
-/// A client on `stream` (connected at `opened`) that sends `head` at once,
-/// then `trickle` a byte a second, and reads what the server sends, until
-/// the server closes the connection (a read of 0 bytes or an error, or a
-/// write refused) or `deadline` passes.
-async fn slow_client(
-    mut stream: TcpStream,
-    opened: Instant,
-    head: &'static [u8],
-    trickle: &'static [u8],
-    deadline: Instant,
-) -> SlowEnd {
-    let mut received = Vec::new();
-    let closed = |received| SlowEnd {
-        closed_after: Some(opened.elapsed()),
-        received,
-    };
-    if stream.write_all(head).await.is_err() {
-        return closed(received);
-    }
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut sent = 0;
-    let mut buf = [0u8; 1024];
-    loop {
-        tokio::select! {
-            read = stream.read(&mut buf) => match read {
-                Ok(0) | Err(_) => return closed(received),
-                Ok(n) => received.extend_from_slice(&buf[..n]),
-            },
-            _ = tick.tick(), if sent < trickle.len() => {
-                if stream.write_all(&trickle[sent..=sent]).await.is_err() {
-                    return closed(received);
-                }
-                sent += 1;
-            }
-            () = tokio::time::sleep_until(deadline.into()) => {
-                return SlowEnd { closed_after: None, received };
-            }
-        }
-    }
-}
-
-/// Opens `count` connections to `addr` at once, each a [`slow_client`]
-/// with `head` and `trickle` and `patience` to be closed.
-async fn slow_clients(
-    addr: SocketAddr,
-    count: usize,
-    head: &'static [u8],
-    trickle: &'static [u8],
-    patience: Duration,
-) -> Vec<tokio::task::JoinHandle<SlowEnd>> {
-    let mut clients = Vec::with_capacity(count);
-    for _ in 0..count {
-        let stream = TcpStream::connect(addr).await.expect("connect");
-        let opened = Instant::now();
-        clients.push(tokio::spawn(slow_client(
-            stream,
-            opened,
-            head,
-            trickle,
-            opened + patience,
-        )));
-    }
-    clients
-}
-
-/// Waits for `clients`; asserts every one was closed by the server, no
-/// sooner than `timeout` after it opened and within `patience`.
-async fn all_closed(
-    what: &str,
-    clients: Vec<tokio::task::JoinHandle<SlowEnd>>,
-    timeout: Duration,
-    patience: Duration,
-) -> Vec<SlowEnd> {
-    let mut ends = Vec::with_capacity(clients.len());
-    for client in clients {
-        ends.push(client.await.expect("slow client"));
-    }
-    let open = ends.iter().filter(|e| e.closed_after.is_none()).count();
-    assert_eq!(
-        open,
-        0,
-        "{open} of {} {what} still open {patience:?} after they connected (timeout {timeout:?})",
-        ends.len()
-    );
-    let early = ends
-        .iter()
-        .filter_map(|e| e.closed_after)
-        .filter(|after| *after < timeout.mul_f64(0.9))
-        .count();
-    assert_eq!(early, 0, "{early} {what} were closed before the timeout");
-    ends
 }
 
 /// A request line and headers trickled a byte a second.

@@ -948,12 +948,10 @@ impl Work<'_> {
             self.metrics.clone(),
             wake,
         );
-        let server = effectively::metrics::spawn_router(
-            "webhook",
-            listener,
-            router,
-            self.cancel.child_token(),
-        );
+        let (limits, cancel) = (args.limits(), self.cancel.child_token());
+        let server = tokio::spawn(async move {
+            effectively::serve::serve(listener, router, limits, cancel).await;
+        });
         tracing::info!(%addr, path = effectively::contract::WEBHOOK_PATH, secrets = args.webhook_secret.len(),
             "payments receiving webhooks");
         let _ = server.await;

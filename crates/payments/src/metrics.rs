@@ -106,8 +106,10 @@ pub struct PaymentsMetrics {
 /// 200), `conflict` (claimed before with another body, 422, dead-lettered),
 /// `unauthorized` (signature or timestamp refused, 401), `bad_request` (not
 /// an event, or its id is not the webhook-id, 400), `unavailable` (the
-/// database failed, 503), `error` (the database refused the claim, 500).
-pub const WEBHOOK_OUTCOMES: [&str; 7] = [
+/// database failed, 503), `error` (the database refused the claim, 500),
+/// `overloaded` (every handling slot taken, 503 with `Retry-After: 1`),
+/// `request_timeout` (not complete within the request timeout, 408).
+pub const WEBHOOK_OUTCOMES: [&str; 9] = [
     "accepted",
     "duplicate",
     "conflict",
@@ -115,6 +117,8 @@ pub const WEBHOOK_OUTCOMES: [&str; 7] = [
     "bad_request",
     "unavailable",
     "error",
+    "overloaded",
+    "request_timeout",
 ];
 
 impl PaymentsMetrics {

@@ -17,6 +17,16 @@
 //! A crash after the claim and before the answer (crash point `respond`)
 //! makes the sender retry; the retry finds the claim and gets 200.
 //!
+//! What one client can hold is bounded (the sender retries every non-2xx,
+//! so a refusal here is a delay, never a loss): a request's head must
+//! arrive within `--webhook-header-read-timeout`, and connections are capped
+//! (`effectively::serve`); a request, its body's reading included, is
+//! answered within `--webhook-request-timeout` (408 past it: a body sent a
+//! byte a second holds its connection that long and no longer); and at most
+//! `--webhook-concurrency` requests whose body has arrived are handled at
+//! once (503 with `Retry-After: 1` past it). The body is read before a
+//! handling slot is taken, so slow bodies cannot starve valid requests.
+//!
 //! The inbox processor applies the claims: it reads unprocessed rows in
 //! msg_id order and applies them like a Kafka batch (`process_deliveries`,
 //! with its bisection and dead letters), in one transaction per batch that
@@ -37,8 +47,9 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use chrono::{DateTime, Utc};
@@ -50,7 +61,7 @@ use effectively::retry::Backoff;
 use effectively::webhook::{self, Secret};
 use serde_json::json;
 use sqlx::PgPool;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -107,6 +118,43 @@ pub struct WebhookArgs {
     #[arg(long, env = "PAYMENTS_WEBHOOK_POLL_MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub webhook_poll_ms: u64,
+
+    /// How long a client may take to send a request's head, from accept or
+    /// from its previous response (so also how long a keep-alive connection
+    /// may sit idle); past it the connection is closed.
+    #[arg(long, env = "PAYMENTS_WEBHOOK_HEADER_READ_TIMEOUT", default_value = "10s",
+          value_parser = crate::parse_duration)]
+    pub webhook_header_read_timeout: Duration,
+
+    /// How long a request may take, from its head to its answer, its
+    /// body's reading included; past it the answer is 408
+    /// `request_timeout` (the sender retries it).
+    #[arg(long, env = "PAYMENTS_WEBHOOK_REQUEST_TIMEOUT", default_value = "15s",
+          value_parser = crate::parse_duration)]
+    pub webhook_request_timeout: Duration,
+
+    /// Connections open at once; at the cap new ones wait in the kernel's
+    /// accept backlog until one closes.
+    #[arg(long, env = "PAYMENTS_WEBHOOK_MAX_CONNECTIONS", default_value_t = 4096,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub webhook_max_connections: u64,
+
+    /// Requests handled at once (verified and claimed), once their body
+    /// has arrived; past it the answer is 503 `overloaded` with
+    /// `Retry-After: 1` (the sender retries it then).
+    #[arg(long, env = "PAYMENTS_WEBHOOK_CONCURRENCY", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub webhook_concurrency: u64,
+}
+
+impl WebhookArgs {
+    /// The HTTP server's bounds.
+    pub fn limits(&self) -> effectively::serve::Limits {
+        effectively::serve::Limits {
+            header_read_timeout: self.webhook_header_read_timeout,
+            max_connections: usize::try_from(self.webhook_max_connections).unwrap_or(usize::MAX),
+        }
+    }
 }
 
 /// What the request handler shares.
@@ -118,6 +166,8 @@ struct Receiver {
     crasher: Arc<Crasher>,
     metrics: Arc<PaymentsMetrics>,
     wake: Arc<Notify>,
+    /// Handling slots ([`WebhookArgs::webhook_concurrency`]).
+    slots: Arc<Semaphore>,
 }
 
 /// The router serving [`WEBHOOK_PATH`]. `wake` is notified on every new
@@ -134,13 +184,44 @@ pub fn router(
         secrets: args.webhook_secret.clone().into(),
         tolerance: args.webhook_tolerance,
         crasher,
-        metrics,
+        metrics: metrics.clone(),
         wake,
+        slots: Arc::new(Semaphore::new(
+            usize::try_from(args.webhook_concurrency).unwrap_or(usize::MAX),
+        )),
     };
     Router::new()
         .route(WEBHOOK_PATH, post(receive))
+        .route_layer(middleware::from_fn_with_state(
+            (args.webhook_request_timeout, metrics),
+            time_limit,
+        ))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// Answers 408 `request_timeout` when the request (its body's reading
+/// included) is not answered within the limit.
+async fn time_limit(
+    State((limit, metrics)): State<(Duration, Arc<PaymentsMetrics>)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => {
+            let answer = Answer::error(
+                "request_timeout",
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the request was not complete within {limit:?}"),
+            );
+            metrics
+                .webhook_requests_total
+                .with_label_values(&[answer.outcome])
+                .inc();
+            answer.into_response()
+        }
+    }
 }
 
 /// An answer and the outcome it is counted as.
@@ -178,7 +259,18 @@ async fn receive(
 ) -> Response {
     let started = Instant::now();
     let answer = match body {
-        Ok(body) => receiver.handle(&headers, &body).await,
+        // The body has arrived: a handling slot, or 503 at once.
+        Ok(body) => match receiver.slots.clone().try_acquire_owned() {
+            Ok(_slot) => receiver.handle(&headers, &body).await,
+            Err(_) => Answer {
+                retry_after: Some(1),
+                ..Answer::error(
+                    "overloaded",
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "too many webhooks in hand; retry after a second",
+                )
+            },
+        },
         // Over the limit (413), or the body could not be read.
         Err(rejection) => Answer::error("bad_request", rejection.status(), rejection.body_text()),
     };
@@ -190,13 +282,19 @@ async fn receive(
     metrics
         .webhook_request_duration_seconds
         .observe(started.elapsed().as_secs_f64());
-    let mut response = (answer.status, axum::Json(answer.body)).into_response();
-    if let Some(seconds) = answer.retry_after {
+    answer.into_response()
+}
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body)).into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
-    response
 }
 
 /// A header's value, or "" when absent or not visible ASCII (which

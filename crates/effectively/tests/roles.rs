@@ -453,6 +453,12 @@ async fn the_grant_matrix_is_exactly_this() {
         "effectively_orders orders.key_policy SELECT",
         "effectively_orders orders.keys_expire EXECUTE",
         "effectively_recon orders USAGE",
+        // Not its spec: the signing secrets.
+        "effectively_recon orders.webhook_destinations SELECT(destination)",
+        "effectively_recon orders.webhook_destinations SELECT(disabled_at)",
+        "effectively_recon orders.webhook_destinations SELECT(reason)",
+        "effectively_recon orders.webhook_destinations SELECT(added_at)",
+        "effectively_recon orders.webhook_destinations SELECT(removed_at)",
         "effectively_recon payments USAGE",
     ]
     .into_iter()
@@ -470,7 +476,6 @@ async fn the_grant_matrix_is_exactly_this() {
         "payments.webhook_inbox",
         "orders.webhook_deliveries",
         "orders.webhook_attempts",
-        "orders.webhook_destinations",
         "orders.outbox_policy",
         "orders.key_policy",
     ] {

@@ -164,8 +164,9 @@ pub struct Config {
     pub wal_heartbeat_ms: u64,
 
     /// Where the outbox goes. `kafka`: published to --kafka-topic. `http`:
-    /// delivered as signed webhooks (Standard Webhooks) to every
-    /// --webhook-destination, each at least once, in per-key order per
+    /// delivered as signed webhooks (Standard Webhooks) to every destination
+    /// of `orders.webhook_destinations` (`relay webhooks add|remove|status`,
+    /// or --webhook-destination), each at least once, in per-key order per
     /// destination, retried on a schedule of 5s, 30s, 5m, 30m, then 4h, with
     /// jitter, up to 8 attempts (then `failed`). Needs --mode poll.
     #[arg(long, env = effectively::contract::env::RELAY_SINK, value_enum, default_value_t = Sink::Kafka)]
@@ -176,7 +177,10 @@ pub struct Config {
     /// each, for a rotation), `,timeout=10s` (per attempt, at most 30s),
     /// `,concurrency=16` (attempts in flight), `,max-attempts=8` (at most
     /// 8). Repeat the flag for more destinations; in the environment,
-    /// separate them with `;`.
+    /// separate them with `;`. At start-up each is added to (or replaces its
+    /// namesake in) `orders.webhook_destinations`, the destinations every
+    /// relay delivers to; `relay webhooks add|remove` change them while
+    /// relays run.
     #[arg(
         long,
         env = effectively::contract::env::RELAY_WEBHOOK_DESTINATIONS,
@@ -307,26 +311,15 @@ pub async fn run(
     metrics_listener: TcpListener,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
-    if config.sink == Sink::Http {
-        if config.mode != Mode::Poll {
-            anyhow::bail!("--sink http needs --mode poll (the WAL relay publishes to Kafka only)");
-        }
-        if config.webhook_destination.is_empty() {
-            anyhow::bail!(
-                "--sink http needs at least one --webhook-destination NAME=URL,secret=whsec_..."
-            );
-        }
+    if config.sink == Sink::Http && config.mode != Mode::Poll {
+        anyhow::bail!("--sink http needs --mode poll (the WAL relay publishes to Kafka only)");
     }
     let mut db = config.db.clone();
     let connections = match config.sink {
         Sink::Kafka => u32::from(config.workers),
-        // Each destination's attempts record their outcome on a connection.
-        Sink::Http => config
-            .webhook_destination
-            .iter()
-            .map(|d| u32::try_from(d.concurrency).unwrap_or(u32::MAX))
-            .fold(2u32, u32::saturating_add)
-            .min(64),
+        // Each destination's attempts record their outcome on a connection;
+        // destinations may be added while the relay runs.
+        Sink::Http => 64,
     };
     db.db_max_connections = db.db_max_connections.max(connections + 3);
     let pool = effectively::db::connect(&db, session_limits(&config)).await?;
@@ -527,11 +520,19 @@ async fn run_webhooks(
         metrics.clone(),
         work.clone(),
     )));
-    let names: Vec<&str> = config
-        .webhook_destination
-        .iter()
-        .map(|d| d.name.as_str())
-        .collect();
+    webhooks::upsert(&pool, &config.webhook_destination)
+        .await
+        .context("add the --webhook-destination flags to orders.webhook_destinations")?;
+    let destinations = webhooks::active(&pool)
+        .await
+        .context("read orders.webhook_destinations")?;
+    if destinations.is_empty() {
+        anyhow::bail!(
+            "--sink http needs a destination: --webhook-destination NAME=URL,secret=whsec_... \
+             or `relay webhooks add NAME=URL,secret=whsec_...` (orders.webhook_destinations has none)"
+        );
+    }
+    let names: Vec<&str> = destinations.iter().map(|d| d.name.as_str()).collect();
     tracing::info!(destinations = ?names, scale = config.webhook_schedule_scale, "relay delivering webhooks");
     if config.webhook_schedule_scale < 1.0 {
         tracing::warn!(
@@ -547,7 +548,6 @@ async fn run_webhooks(
     ));
     let result = sender
         .run(
-            config.webhook_destination.clone(),
             config.batch_size.max(1),
             Duration::from_millis(config.poll_interval_ms),
             wake_rx,

@@ -58,6 +58,12 @@ use crate::outbox::{self, PendingRow, SHARDS};
 
 /// The default timeout of one attempt.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a running relay reads the destinations again.
+pub const DESTINATIONS_REFRESH: Duration = Duration::from_secs(2);
+
+/// Each running destination's wake, by name: the fan-out notifies them all.
+type Wakes = Arc<Mutex<HashMap<String, Arc<Notify>>>>;
+
 /// The default number of attempts in flight to one destination.
 pub const DEFAULT_CONCURRENCY: usize = 16;
 /// How much longer than its timeout an attempt's lease lasts: a sender that
@@ -97,6 +103,9 @@ pub struct Destination {
     pub concurrency: usize,
     /// Attempts before a delivery fails (at most `webhook::MAX_ATTEMPTS`).
     pub max_attempts: u32,
+    /// The text it was parsed from (secrets included), as stored in
+    /// `orders.webhook_destinations.spec`.
+    spec: String,
 }
 
 impl fmt::Debug for Destination {
@@ -150,6 +159,7 @@ impl FromStr for Destination {
             timeout: DEFAULT_TIMEOUT,
             concurrency: DEFAULT_CONCURRENCY,
             max_attempts: webhook::MAX_ATTEMPTS,
+            spec: text.trim().to_owned(),
         };
         for part in parts {
             let (key, value) = part.split_once('=').ok_or_else(|| {
@@ -348,48 +358,94 @@ impl Sender {
         }
     }
 
-    /// Runs the fan-out and one delivery loop per destination until
-    /// `cancel` fires; attempts in flight then finish (each within its
-    /// timeout) and are recorded.
+    /// Runs the fan-out and one delivery loop per destination of
+    /// `orders.webhook_destinations` until `cancel` fires; attempts in
+    /// flight then finish (each within its timeout) and are recorded. The
+    /// destinations are read again every [`DESTINATIONS_REFRESH`]: a loop
+    /// starts for one added, stops for one removed, and restarts for one
+    /// whose spec changed.
     pub async fn run(
         self: Arc<Self>,
-        destinations: Vec<Destination>,
         batch_size: i64,
         poll: Duration,
         wake: watch::Receiver<u64>,
         cancel: CancellationToken,
     ) -> anyhow::Result<()> {
-        let names: Vec<String> = destinations.iter().map(|d| d.name.clone()).collect();
-        register(&self.pool, &names)
-            .await
-            .context("register the webhook destinations")?;
+        let wakes: Wakes = Arc::default();
         let mut loops = JoinSet::new();
-        let mut wakes = Vec::new();
-        for destination in destinations {
-            let wake = Arc::new(Notify::new());
-            wakes.push(wake.clone());
-            for outcome in crate::metrics::WEBHOOK_ATTEMPT_OUTCOMES {
-                self.metrics
-                    .relay_webhook_attempts_total
-                    .with_label_values(&[destination.name.as_str(), outcome]);
-            }
-            self.metrics
-                .relay_webhook_failed_total
-                .with_label_values(&[destination.name.as_str()]);
-            loops.spawn(
-                self.clone()
-                    .deliver_loop(destination, poll, wake, cancel.clone()),
-            );
-        }
-        loops.spawn(self.clone().sample_pending(names.clone(), cancel.clone()));
+        loops.spawn(self.clone().sample_pending(cancel.clone()));
         loops.spawn(self.clone().fan_out_loop(
-            names,
             batch_size,
             poll,
             wake,
-            wakes,
+            wakes.clone(),
             cancel.clone(),
         ));
+        // name -> (its spec, its loop's cancel)
+        let mut running: HashMap<String, (String, CancellationToken)> = HashMap::new();
+        loop {
+            match active(&self.pool).await {
+                Ok(destinations) => {
+                    let names: Vec<&str> = destinations.iter().map(|d| d.name.as_str()).collect();
+                    running.retain(|name, (_, stop)| {
+                        let keep = names.contains(&name.as_str());
+                        if !keep {
+                            tracing::info!(
+                                destination = name,
+                                "webhook destination removed; its loop stops"
+                            );
+                            stop.cancel();
+                            if let Ok(mut w) = wakes.lock() {
+                                w.remove(name);
+                            }
+                        }
+                        keep
+                    });
+                    for destination in destinations {
+                        if let Some((spec, stop)) = running.get(&destination.name) {
+                            if *spec == destination.spec {
+                                continue;
+                            }
+                            tracing::info!(destination = %destination.name, "webhook destination changed; its loop restarts");
+                            stop.cancel();
+                        }
+                        let stop = cancel.child_token();
+                        let wake = Arc::new(Notify::new());
+                        if let Ok(mut w) = wakes.lock() {
+                            w.insert(destination.name.clone(), wake.clone());
+                        }
+                        for outcome in crate::metrics::WEBHOOK_ATTEMPT_OUTCOMES {
+                            self.metrics
+                                .relay_webhook_attempts_total
+                                .with_label_values(&[destination.name.as_str(), outcome]);
+                        }
+                        self.metrics
+                            .relay_webhook_failed_total
+                            .with_label_values(&[destination.name.as_str()]);
+                        running.insert(
+                            destination.name.clone(),
+                            (destination.spec.clone(), stop.clone()),
+                        );
+                        loops.spawn(self.clone().deliver_loop(destination, poll, wake, stop));
+                    }
+                }
+                Err(error) => {
+                    self.metrics
+                        .relay_errors_total
+                        .with_label_values(&["db"])
+                        .inc();
+                    tracing::warn!(
+                        error = format!("{error:#}"),
+                        "reading the webhook destinations failed; will retry"
+                    );
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(DESTINATIONS_REFRESH) => {}
+                () = cancel.cancelled() => break,
+            }
+            while loops.try_join_next().is_some() {}
+        }
         while loops.join_next().await.is_some() {}
         Ok(())
     }
@@ -398,11 +454,10 @@ impl Sender {
     /// something to claim; then waits for a NOTIFY or the poll.
     async fn fan_out_loop(
         self: Arc<Self>,
-        names: Vec<String>,
         batch_size: i64,
         poll: Duration,
         mut wake: watch::Receiver<u64>,
-        destination_wakes: Vec<Arc<Notify>>,
+        destination_wakes: Wakes,
         cancel: CancellationToken,
     ) {
         let mut backoff = Backoff::new();
@@ -411,7 +466,7 @@ impl Sender {
             let mut moved = 0;
             let mut failed = None;
             for shard in 0..SHARDS {
-                match self.fan_out_shard(shard, &names, batch_size).await {
+                match self.fan_out_shard(shard, batch_size).await {
                     Ok(n) => moved += n,
                     Err(error) => {
                         failed = Some(error);
@@ -419,8 +474,10 @@ impl Sender {
                     }
                 }
             }
-            if moved > 0 {
-                for w in &destination_wakes {
+            if moved > 0
+                && let Ok(wakes) = destination_wakes.lock()
+            {
+                for w in wakes.values() {
                     w.notify_one();
                 }
             }
@@ -451,19 +508,28 @@ impl Sender {
         }
     }
 
-    /// One shard: claim, write the deliveries, mark published, commit.
-    /// Returns how many outbox rows moved.
-    async fn fan_out_shard(
-        &self,
-        shard: i16,
-        names: &[String],
-        batch_size: i64,
-    ) -> anyhow::Result<usize> {
+    /// One shard: claim, write the deliveries to every destination of
+    /// `orders.webhook_destinations` (read in this transaction, FOR KEY
+    /// SHARE: a removal waits for this commit), mark published, commit.
+    /// With no destination nothing is claimed: the rows wait. Returns how
+    /// many outbox rows moved.
+    async fn fan_out_shard(&self, shard: i16, batch_size: i64) -> anyhow::Result<usize> {
         let mut tx = self.pool.begin().await.context("begin")?;
         if !outbox::try_lock_shard(&mut tx, shard, 0)
             .await
             .context("lock shard")?
         {
+            return Ok(0);
+        }
+        let names: Vec<String> = sqlx::query_scalar!(
+            "SELECT destination FROM orders.webhook_destinations \
+             WHERE spec IS NOT NULL AND removed_at IS NULL ORDER BY destination FOR KEY SHARE"
+        )
+        .fetch_all(&mut *tx)
+        .await
+        .context("read the destinations")?;
+        if names.is_empty() {
+            tx.commit().await.context("commit empty fan-out")?;
             return Ok(0);
         }
         let rows = outbox::claim(&mut tx, shard, batch_size)
@@ -491,7 +557,7 @@ impl Sender {
         let mut destination = Vec::new();
         let (mut ids, mut keys, mut msg_ids, mut bodies, mut created) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for name in names {
+        for name in &names {
             for (row, body) in &ready {
                 destination.push(name.clone());
                 ids.push(row.id);
@@ -882,25 +948,25 @@ impl Sender {
     }
 
     /// Every second: each destination's open deliveries.
-    async fn sample_pending(self: Arc<Self>, names: Vec<String>, cancel: CancellationToken) {
+    async fn sample_pending(self: Arc<Self>, cancel: CancellationToken) {
         loop {
             match sqlx::query!(
-                r#"SELECT destination, count(*) AS "n!" FROM orders.webhook_deliveries
-                   WHERE delivered_at IS NULL AND failed_at IS NULL GROUP BY destination"#
+                r#"SELECT w.destination AS "destination!", count(d.outbox_id) AS "n!"
+                   FROM orders.webhook_destinations w
+                   LEFT JOIN orders.webhook_deliveries d ON d.destination = w.destination
+                     AND d.delivered_at IS NULL AND d.failed_at IS NULL
+                   WHERE w.spec IS NOT NULL AND w.removed_at IS NULL
+                   GROUP BY w.destination"#
             )
             .fetch_all(&self.pool)
             .await
             {
                 Ok(rows) => {
-                    for name in &names {
-                        let n = rows
-                            .iter()
-                            .find(|r| &r.destination == name)
-                            .map_or(0, |r| r.n);
+                    for row in rows {
                         self.metrics
                             .relay_webhook_pending
-                            .with_label_values(&[name.as_str()])
-                            .set(n);
+                            .with_label_values(&[row.destination.as_str()])
+                            .set(row.n);
                     }
                 }
                 Err(error) => tracing::debug!(%error, "sample webhook deliveries"),
@@ -967,8 +1033,25 @@ pub enum Admin {
         horizon: ReceiverHorizon,
     },
     /// Each destination's deliveries: pending, delivered, failed, and
-    /// whether it is disabled.
+    /// whether it is disabled or removed.
     Status,
+    /// Adds a destination, or replaces one's settings: every relay fans the
+    /// events committed from now on out to it too (within
+    /// `DESTINATIONS_REFRESH`), and delivers them.
+    Add {
+        /// NAME=URL,secret=whsec_...[,secret=...][,timeout=10s][,concurrency=16][,max-attempts=8]
+        destination: Destination,
+    },
+    /// Removes a destination: no later event is fanned out to it, and its
+    /// pending deliveries are marked failed at once ("the destination was
+    /// removed"); add it again and `replay --failed --destination NAME` to
+    /// send them after all. To let them be delivered first, wait until
+    /// `status` shows it has none pending.
+    Remove {
+        /// The destination's name.
+        #[arg(long)]
+        destination: String,
+    },
 }
 
 /// How far back the receiver remembers, for the commands that send old
@@ -1057,15 +1140,30 @@ impl Admin {
                 destination,
                 horizon,
             } => enable(pool, destination, horizon).await,
+            Admin::Add { destination } => {
+                upsert(pool, std::slice::from_ref(destination)).await?;
+                Ok(format!(
+                    "destination {} delivers to {}; running relays take it within {}\n",
+                    destination.name,
+                    destination.url,
+                    humantime::format_duration(DESTINATIONS_REFRESH)
+                ))
+            }
+            Admin::Remove { destination } => {
+                let failed = remove(pool, destination).await?;
+                Ok(format!(
+                    "destination {destination} removed; {failed} pending deliveries marked failed\n"
+                ))
+            }
             Admin::Status => {
                 let rows = sqlx::query!(
-                    r#"SELECT w.destination AS "destination!", w.disabled_at, w.reason,
+                    r#"SELECT w.destination AS "destination!", w.disabled_at, w.reason, w.removed_at,
                               count(d.outbox_id) FILTER (WHERE d.delivered_at IS NULL AND d.failed_at IS NULL) AS "pending!",
                               count(d.outbox_id) FILTER (WHERE d.delivered_at IS NOT NULL) AS "delivered!",
                               count(d.outbox_id) FILTER (WHERE d.failed_at IS NOT NULL) AS "failed!"
                        FROM orders.webhook_destinations w
                        LEFT JOIN orders.webhook_deliveries d ON d.destination = w.destination
-                       GROUP BY w.destination, w.disabled_at, w.reason ORDER BY w.destination"#
+                       GROUP BY w.destination, w.disabled_at, w.reason, w.removed_at ORDER BY w.destination"#
                 )
                 .fetch_all(pool)
                 .await?;
@@ -1074,11 +1172,12 @@ impl Admin {
                     "destination", "pending", "delivered", "failed"
                 );
                 for r in rows {
-                    let state = match r.disabled_at {
-                        Some(at) => {
+                    let state = match (r.removed_at, r.disabled_at) {
+                        (Some(at), _) => format!("removed since {at}"),
+                        (None, Some(at)) => {
                             format!("disabled since {at}: {}", r.reason.unwrap_or_default())
                         }
-                        None => "enabled".to_owned(),
+                        (None, None) => "enabled".to_owned(),
                     };
                     out.push_str(&format!(
                         "{:<24} {:>10} {:>12} {:>8}  {state}\n",
@@ -1225,15 +1324,87 @@ fn describe(error: &reqwest::Error) -> String {
 }
 
 /// Records the destinations (a destination's disabled state lives there).
-async fn register(pool: &PgPool, names: &[String]) -> sqlx::Result<()> {
+/// Adds `destinations` to `orders.webhook_destinations`, or replaces the
+/// spec of those there (a removed one is added again: its later events are
+/// fanned out to it; its failed deliveries wait for `relay webhooks replay`).
+pub async fn upsert(pool: &PgPool, destinations: &[Destination]) -> sqlx::Result<()> {
+    let names: Vec<&str> = destinations.iter().map(|d| d.name.as_str()).collect();
+    let specs: Vec<&str> = destinations.iter().map(|d| d.spec.as_str()).collect();
     sqlx::query!(
-        "INSERT INTO orders.webhook_destinations (destination) SELECT * FROM unnest($1::text[]) \
-         ON CONFLICT (destination) DO NOTHING",
-        names
+        "INSERT INTO orders.webhook_destinations (destination, spec) \
+         SELECT * FROM unnest($1::text[], $2::text[]) \
+         ON CONFLICT (destination) DO UPDATE SET spec = EXCLUDED.spec, removed_at = NULL, \
+           added_at = CASE WHEN orders.webhook_destinations.removed_at IS NULL \
+                                AND orders.webhook_destinations.spec IS NOT NULL \
+                           THEN orders.webhook_destinations.added_at ELSE now() END",
+        &names as &[&str],
+        &specs as &[&str]
     )
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// The destinations fanned out to: in `orders.webhook_destinations`, with a
+/// spec, not removed. A spec that no longer parses (written by another
+/// version) is left out with an ERROR.
+pub async fn active(pool: &PgPool) -> sqlx::Result<Vec<Destination>> {
+    let rows = sqlx::query!(
+        r#"SELECT destination, spec AS "spec!" FROM orders.webhook_destinations
+           WHERE spec IS NOT NULL AND removed_at IS NULL ORDER BY destination"#
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|r| match r.spec.parse::<Destination>() {
+            Ok(d) if d.name == r.destination => Some(d),
+            Ok(d) => {
+                tracing::error!(destination = r.destination, named = d.name, "a destination's spec names another destination; not delivering to it");
+                None
+            }
+            Err(error) => {
+                tracing::error!(destination = r.destination, %error, "a destination's spec does not parse; not delivering to it");
+                None
+            }
+        })
+        .collect())
+}
+
+/// Removes `name`: no later event is fanned out to it, and its pending
+/// deliveries are marked failed ("the destination was removed"), in one
+/// transaction that first locks the destination's row, so no fan-out
+/// writes a delivery for it after. Returns how many were pending.
+pub async fn remove(pool: &PgPool, name: &str) -> anyhow::Result<u64> {
+    let mut tx = pool.begin().await?;
+    let found: Option<i32> = sqlx::query_scalar!(
+        "SELECT 1 FROM orders.webhook_destinations \
+         WHERE destination = $1 AND spec IS NOT NULL AND removed_at IS NULL FOR UPDATE",
+        name
+    )
+    .fetch_optional(&mut *tx)
+    .await?
+    .flatten();
+    if found.is_none() {
+        anyhow::bail!("no destination {name:?} (relay webhooks status lists them)");
+    }
+    sqlx::query!(
+        "UPDATE orders.webhook_destinations SET removed_at = now() WHERE destination = $1",
+        name
+    )
+    .execute(&mut *tx)
+    .await?;
+    let failed = sqlx::query!(
+        "UPDATE orders.webhook_deliveries SET failed_at = now(), \
+           last_error = 'the destination was removed (relay webhooks remove)' \
+         WHERE destination = $1 AND delivered_at IS NULL AND failed_at IS NULL",
+        name
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(failed)
 }
 
 /// Claims up to `limit` due deliveries of `destination` for one attempt

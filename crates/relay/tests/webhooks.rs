@@ -954,3 +954,143 @@ async fn replays_and_enables_refuse_events_past_the_receivers_horizon() {
         1
     );
 }
+
+/// The destinations live in `orders.webhook_destinations`, one source of
+/// truth for every relay. A relay started without a destination fans out
+/// and delivers to one added by `relay webhooks add` while it runs (the
+/// events committed after the add); a second relay started with other
+/// flags adds its own and keeps the first's. A destination removed by
+/// `relay webhooks remove` gets no later event, and its pending deliveries
+/// are marked failed at once with the reason (not left open forever);
+/// `add` and `replay --failed` send them after all.
+#[tokio::test]
+async fn destinations_added_and_removed_in_the_database_are_followed_by_running_relays() {
+    let db = TestDb::create().await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let relay_pool = PgPool::connect(&db.url_as(ServiceRole::Relay))
+        .await
+        .expect("connect as the relay");
+    let (a, a_url) = Receiver::start(|_| Reply::OK).await;
+    let (b, b_url) = Receiver::start(|_| Reply::OK).await;
+    // c refuses everything: its deliveries stay pending (next try in 5 s).
+    let (c, c_url) = Receiver::start(|_| Reply::status(500)).await;
+    let first = Relay::spawn(config(&db, vec![a.destination("a", &a_url, "")], 1.0)).await;
+    let key = Uuid::now_v7();
+    enqueue(&pool, key, 0).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async { a.hits().len() == 1 }).await,
+        "a gets the first event"
+    );
+
+    // b is added by the command; c by a second relay's flag.
+    let added = Admin::Add {
+        destination: b.destination("b", &b_url, ""),
+    }
+    .run(&relay_pool)
+    .await
+    .expect("add b");
+    assert!(added.contains("destination b delivers to"), "{added}");
+    let second = Relay::spawn(config(&db, vec![c.destination("c", &c_url, "")], 1.0)).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            count(
+                &pool,
+                "SELECT count(*) FROM orders.webhook_destinations WHERE spec IS NOT NULL AND removed_at IS NULL",
+            )
+            .await
+                == 3
+        })
+        .await
+    );
+    for seq in 1..=3 {
+        enqueue(&pool, key, seq).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            a.hits().len() == 4 && b.hits().len() == 3 && !c.hits().is_empty()
+        })
+        .await,
+        "a {} (4), b {} (3: from its add on), c {} (tried)",
+        a.hits().len(),
+        b.hits().len(),
+        c.hits().len()
+    );
+    let b_seqs: Vec<i64> = b.hits().iter().map(|h| h.seq).collect();
+    assert_eq!(
+        b_seqs,
+        [1, 2, 3],
+        "b gets the events committed after its add"
+    );
+    let pending_c = count(
+        &pool,
+        "SELECT count(*) FROM orders.webhook_deliveries WHERE destination = 'c' \
+         AND delivered_at IS NULL AND failed_at IS NULL",
+    )
+    .await;
+    assert_eq!(pending_c, 3, "c's deliveries wait for their next try");
+
+    // c is removed: its pending deliveries fail at once, with the reason,
+    // and no later event is fanned out to it.
+    let removed = Admin::Remove {
+        destination: "c".into(),
+    }
+    .run(&relay_pool)
+    .await
+    .expect("remove c");
+    assert!(
+        removed.contains("3 pending deliveries marked failed"),
+        "{removed}"
+    );
+    let failed: Vec<String> = sqlx::query_scalar(
+        "SELECT last_error FROM orders.webhook_deliveries WHERE destination = 'c' AND failed_at IS NOT NULL",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("failed");
+    assert_eq!(failed.len(), 3);
+    assert!(
+        failed
+            .iter()
+            .all(|e| e.contains("the destination was removed")),
+        "{failed:?}"
+    );
+    let c_tries = c.hits().len();
+    enqueue(&pool, key, 4).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            a.hits().len() == 5 && b.hits().len() == 4
+        })
+        .await
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM orders.webhook_deliveries WHERE destination = 'c'"
+        )
+        .await,
+        3,
+        "no delivery for c after its removal"
+    );
+    tokio::time::sleep(Duration::from_secs(6)).await; // past c's next try
+    assert_eq!(c.hits().len(), c_tries, "c's loop stopped");
+    let error = Admin::Remove {
+        destination: "c".into(),
+    }
+    .run(&relay_pool)
+    .await
+    .expect_err("already removed");
+    assert!(
+        error.to_string().contains("no destination \"c\""),
+        "{error}"
+    );
+    let status = Admin::Status.run(&relay_pool).await.expect("status");
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with('c') && l.contains("removed since")),
+        "{status}"
+    );
+    assert_eq!(count(&pool, OPEN).await, 0);
+    first.stop().await;
+    second.stop().await;
+}

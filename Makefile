@@ -47,6 +47,9 @@ test: ## the test command (installs cargo-nextest and sqlx-cli when missing, sta
 	python3 -m unittest discover -s experiments/lib
 	python3 -m unittest discover -s scripts/lib
 	$(CARGO) nextest run --workspace --no-fail-fast
+	@# Each test made a topic (test-<uuid>); left there, a thousand-odd of them
+	@# make a broker killed -9 (experiment 8) recover for a minute before it serves.
+	scripts/kafka.sh topics --delete --if-exists --topic 'test-.*'
 	DEMO_PROFILE=debug DEMO_SECONDS=5 DEMO_RATE=200 scripts/demo.sh
 	DEMO_PROFILE=debug DEMO_SECONDS=5 DEMO_RATE=200 DEMO_TRANSPORT=http scripts/demo.sh
 

@@ -20,9 +20,24 @@ pub fn mint_time(id: Uuid) -> DateTime<Utc> {
 /// A UUIDv7 minted as a host whose clock reads `ago` before now would mint
 /// it (tests of clocks and expiry: a slow host, an id past a retention).
 pub fn minted_ago(ago: std::time::Duration) -> Uuid {
-    let at = std::time::SystemTime::now()
-        .checked_sub(ago)
-        .unwrap_or(std::time::UNIX_EPOCH);
+    minted_at(
+        std::time::SystemTime::now()
+            .checked_sub(ago)
+            .unwrap_or(std::time::UNIX_EPOCH),
+    )
+}
+
+/// A UUIDv7 minted as a host whose clock reads `ahead` after now would mint
+/// it (tests of a fast clock: an id beyond the inbox's partitions).
+pub fn minted_ahead(ahead: std::time::Duration) -> Uuid {
+    minted_at(
+        std::time::SystemTime::now()
+            .checked_add(ahead)
+            .unwrap_or(std::time::UNIX_EPOCH),
+    )
+}
+
+fn minted_at(at: std::time::SystemTime) -> Uuid {
     let since = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     Uuid::new_v7(uuid::Timestamp::from_unix(
         uuid::NoContext,

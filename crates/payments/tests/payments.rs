@@ -9,6 +9,7 @@ use effectively::crash::CrashArgs;
 use effectively::db::ServiceRole;
 use effectively::envelope::Envelope;
 use effectively::testing::{TestDb, TestTopic, eventually, series_value};
+use effectively::v7::{minted_ago, minted_ahead};
 use payments::dup::{DupArgs, DupKind};
 use payments::horizon::Retention;
 use payments::receiver::WebhookArgs;
@@ -846,17 +847,6 @@ async fn a_message_the_database_refuses_is_isolated_and_the_rest_applied() {
     consumer.stop().await;
 }
 
-/// A UUIDv7 minted `ago` before now (negative: ahead).
-fn minted(ago: chrono::Duration) -> Uuid {
-    let t = chrono::Utc::now() - ago;
-    let ts = uuid::Timestamp::from_unix(
-        uuid::NoContext,
-        u64::try_from(t.timestamp()).expect("after 1970"),
-        t.timestamp_subsec_nanos(),
-    );
-    Uuid::new_v7(ts)
-}
-
 /// Expiry drops whole partitions; a message older than the oldest partition
 /// kept is dead-lettered as after the dedup horizon and never applied; one
 /// minted beyond the partitions is held back (neither applied nor
@@ -870,10 +860,10 @@ async fn after_expiry_a_late_message_is_refused_not_applied() {
     // legacy partition, which an expiry with retention 0 drops.
     let mut late = events(3);
     for e in &mut late {
-        e.msg_id = minted(chrono::Duration::hours(1));
+        e.msg_id = minted_ago(Duration::from_secs(3600));
     }
     let mut future = events(1);
-    future[0].msg_id = minted(-chrono::Duration::days(30));
+    future[0].msg_id = minted_ahead(Duration::from_secs(30 * 86_400));
     let fresh = events(5);
     let dropped: Vec<String> = sqlx::query_scalar("SELECT payments.inbox_expire('0s')")
         .fetch_all(&pool)
@@ -959,7 +949,7 @@ async fn an_event_the_inbox_cannot_record_yet_is_held_until_it_can_not_dropped()
     let topic = TestTopic::create(1).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let mut future = events(1);
-    future[0].msg_id = minted(-chrono::Duration::days(30));
+    future[0].msg_id = minted_ahead(Duration::from_secs(30 * 86_400));
     let after = events(3);
     produce_events(&topic, &future).await;
     produce_events(&topic, &after).await;
@@ -1044,7 +1034,7 @@ async fn a_late_duplicate_is_applied_twice_only_when_the_refusal_is_off() {
     // In the legacy partition, which an expiry with retention 0 drops.
     let mut old = events(2);
     for e in &mut old {
-        e.msg_id = minted(chrono::Duration::hours(1));
+        e.msg_id = minted_ago(Duration::from_secs(3600));
     }
     produce_events(&topic, &old).await;
     let first = Running::spawn(config(&db, &topic, "g-first")).await;
@@ -1173,7 +1163,7 @@ async fn partitions_tile_the_window_and_an_expired_msg_id_has_no_place() {
         effectively::v7::mint_time(id).timestamp_millis()
     );
 
-    let old = minted(chrono::Duration::hours(2));
+    let old = minted_ago(Duration::from_secs(2 * 3600));
     sqlx::query("INSERT INTO payments.inbox (msg_id) VALUES ($1)")
         .bind(old)
         .execute(&pool)

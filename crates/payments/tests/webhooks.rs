@@ -658,17 +658,6 @@ async fn a_processor_that_finds_every_claim_held_backs_off_instead_of_spinning()
     receiver.stop().await;
 }
 
-/// A UUIDv7 minted `ahead` after now.
-fn minted_ahead(ahead: chrono::Duration) -> Uuid {
-    let t = chrono::Utc::now() + ahead;
-    let ts = uuid::Timestamp::from_unix(
-        uuid::NoContext,
-        u64::try_from(t.timestamp()).expect("after 1970"),
-        t.timestamp_subsec_nanos(),
-    );
-    Uuid::new_v7(ts)
-}
-
 /// Over HTTP a webhook whose msg_id lies beyond the inbox's partitions (an
 /// orders clock 30 days fast) is still answered 200 (its claim is stored),
 /// and its claim waits unprocessed: not applied, not dead-lettered, while
@@ -680,7 +669,7 @@ async fn a_claim_the_inbox_cannot_record_yet_waits_unprocessed_not_dead_lettered
     let db = TestDb::create().await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let receiver = Receiver::spawn(&db).await;
-    let future = minted_ahead(chrono::Duration::days(30));
+    let future = effectively::v7::minted_ahead(Duration::from_secs(30 * 86_400));
     let (status, json) = receiver
         .post(future, &event(future, Uuid::now_v7(), 500))
         .await;

@@ -64,11 +64,11 @@ class Exp8Test(unittest.TestCase):
         self.assertEqual(failed, ["mixed: every key the client saw succeed has exactly its order, 0 ambiguous"])
 
     def test_full_mode_judges_the_each_fault_run_without_kill_checks(self):
-        each = chaos(0, recon(), faults=faults(8), fault_log=[])
+        each = chaos(0, recon(), faults=faults(exp8.EACH_FAULT_MIN), fault_log=[])
         s = exp8.judge(mixed(), each, "full", 4, 1)
         self.assertEqual(s["verdict"], "PASS")
         self.assertFalse(any(k.startswith("each-fault") and ("kill -9" in k or "crash point" in k) for k in s["checks"]))
-        s = exp8.judge(mixed(), chaos(0, recon(), faults=faults(7), fault_log=[]), "full", 4, 1)
+        s = exp8.judge(mixed(), chaos(0, recon(), faults=faults(exp8.EACH_FAULT_MIN - 1), fault_log=[]), "full", 4, 1)
         self.assertEqual(s["verdict"], "FAIL")
 
 

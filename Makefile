@@ -4,8 +4,11 @@ SHELL := /bin/bash
 CARGO ?= cargo
 
 # Connection settings written by `make up` (DATABASE_URL, the owner's, and
-# each service's own ORDERS_DATABASE_URL, RELAY_DATABASE_URL, ...).
--include .stack/env
+# each service's own ORDERS_DATABASE_URL, RELAY_DATABASE_URL, ...), in the
+# stack's directory (STACK_DIR, as scripts/stack.sh takes it).
+STACK_DIR ?= $(CURDIR)/.stack
+export STACK_DIR
+-include $(STACK_DIR)/env
 
 .PHONY: help up down status kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness demo demo-webhooks \
         check-config check-dashboards plot-deps plot-orders chaos exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 accept
@@ -27,7 +30,7 @@ kafka: ## Kafka's own CLIs against the stack: make kafka ARGS="topics --describe
 	@scripts/kafka.sh $(ARGS)
 
 migrate: ## apply the migrations to $DATABASE_URL, as the owner (creates the services' roles, grants them)
-	@. .stack/env && $(CARGO) run -q --release -p orders -- --migrate-only
+	@. $(STACK_DIR)/env && $(CARGO) run -q --release -p orders -- --migrate-only
 
 build: ## build every binary (release)
 	$(CARGO) build --release --workspace
@@ -66,7 +69,7 @@ demo-webhooks: ## the same pipeline with its last hop over signed webhooks (rela
 	@DEMO_TRANSPORT=http scripts/demo.sh
 
 orders: ## run the orders service on the stack as its own role (HTTP :8080, gRPC :50051)
-	@. .stack/env && DATABASE_URL=$$ORDERS_DATABASE_URL $(CARGO) run --release -p orders
+	@. $(STACK_DIR)/env && DATABASE_URL=$$ORDERS_DATABASE_URL $(CARGO) run --release -p orders
 
 bench-orders: ## benchmark POST /orders against the pgbench ceiling (see FINDINGS.md)
 	@scripts/bench-orders.sh

@@ -21,13 +21,13 @@ if [ "$MODE" = quick ]; then
   CONFIGS=${EXP_CONFIGS:-wal:8:1000 8:1000} DRAIN_ROWS=${EXP_DRAIN_ROWS:-30000}
   # A recovery three times its burst: on 2 cores the relay publishes far
   # below its drain rate during a 3×S burst (the writers take the CPU), and
-  # 10 s after a 6 s burst was not always enough to drain it (CI, FINDINGS §20).
+  # 10 s after a 6 s burst was not always enough to drain it (CI, FINDINGS §8).
   STEADY_S=${EXP_STEADY_S:-6} BURST_S=${EXP_BURST_S:-5} RECOVER_S=${EXP_RECOVER_S:-15}
   # The WAL relay first, and S 0.3 of its drain: on the 3-node cluster a
   # debug build's WAL relay drains less than half of the poll relay's rate
   # (2,427-3,383 against 5,397-7,792 rows/s) and publishes below that while
   # the writers take the CPU; S taken from the poll relay left it no room
-  # for the bursts (FINDINGS §28).
+  # for the bursts (FINDINGS §8).
   SHARE=${EXP_STEADY_SHARE:-0.3}
 else
   SHARE=${EXP_STEADY_SHARE:-0.4}

@@ -27,7 +27,7 @@ if [ "$MODE" = quick ]; then
 else
   # On the 3-node cluster a round of the six faults takes ~128 s alone and
   # ~275 s in the mixed run (their recoveries: a killed node serves again
-  # after ~30 s; FINDINGS §29), so 1,000 s fit 7-8 rounds of part 1 and
+  # after ~30 s; FINDINGS §10), so 1,000 s fit 7-8 rounds of part 1 and
   # 1,650 s 6 rounds of part 2, above their minimums of 6 and 5.
   RATE=${EXP_RATE:-300} MIXED_DURATION=${EXP_DURATION:-1650}
   # Part 1: each fault again and again, nothing else, for clean recovery times.

@@ -14,7 +14,7 @@ from common import (chaos_intents, chaos_report, deaths, exit_code, load_json, p
 FAULTS = ["pg-crash", "broker-kill", "broker-quorum-loss", "broker-pause", "relay-pause", "offset-reset"]
 POINTS = ["commit", "publish", "claim", "effect"]
 # The each-fault run (full mode): one round of the six faults took 128 s on
-# the 3-node cluster (FINDINGS §29: 28 faults in 600 s), so its 1,000 s fit
+# the 3-node cluster (FINDINGS §10: 28 faults in 600 s), so its 1,000 s fit
 # 7-8 rounds; 6 leaves room for a slower recovery.
 EACH_FAULT_MIN = 6
 

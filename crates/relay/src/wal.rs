@@ -416,7 +416,7 @@ async fn blocked_aggregates(pool: &PgPool) -> anyhow::Result<HashSet<Uuid>> {
 /// is retried in place) the reader does not read, so nothing would answer
 /// the server: after `wal_sender_timeout` (1 min by default) it ended the
 /// stream, and the restart sent the whole unconfirmed window again
-/// (FINDINGS.md §26). So while it waits for room it sends the confirmed
+/// (FINDINGS.md §21). So while it waits for room it sends the confirmed
 /// position every [`FEEDBACK_EVERY`], which keeps the connection alive.
 async fn read(
     mut stream: LogicalReplicationStream,
@@ -532,7 +532,7 @@ struct Settle {
 /// per key), so its order holds, and the rest of the window goes on. A
 /// stream restart instead would send the whole unconfirmed window again: at
 /// 3×S in experiment 6 the broker's errors made the relay restart over and
-/// over (FINDINGS §20). The poll relay, likewise, tries a row until it goes.
+/// over (FINDINGS §21). The poll relay, likewise, tries a row until it goes.
 async fn publish_in_place(
     worker: &Worker,
     row: &PendingRow,
@@ -788,8 +788,8 @@ impl Settle {
 /// CPU in between for longer than a publish takes, so a mark could run
 /// before its rows are visible: its `UPDATE … WHERE id = ANY(…)` then
 /// skipped them, they stayed pending, and the slot was confirmed past
-/// their commit (the "rows the stream missed" of FINDINGS.md §20, found
-/// by `make wal-witness`, §26). Each statement here takes a new snapshot
+/// their commit (the "rows the stream missed" of FINDINGS.md §21, found
+/// by `make wal-witness`, §21). Each statement here takes a new snapshot
 /// (read committed), so once a count sees every row, so does the mark.
 /// A commit flushed but invisible for `within` ([`VISIBLE_WITHIN`]) ends
 /// the stream instead (nothing past it is confirmed; the restart reads it
@@ -836,7 +836,7 @@ async fn wait_visible(
 /// Pending rows and the WAL position they committed before. The relay is
 /// at-least-once only if every committed insert is delivered and marked; a
 /// full experiment 6 run found rows left pending behind the stream
-/// (FINDINGS.md §20: marks that could not see them yet, §26, fixed by
+/// (FINDINGS.md §21: marks that could not see them yet, §21, fixed by
 /// [`wait_visible`]), so the relay checks: once every commit up to `lsn` is
 /// marked, each of `ids` must be published, failed or held back by a failed
 /// row of its key. One that is still pending was missed, and a restart

@@ -116,10 +116,10 @@ exp-6: ## outbox lag under steady load and 2x/3x bursts, per relay workers x bat
 exp-7: ## hot keys: half the intents on 10 keys; ON CONFLICT vs advisory-lock claims, with and without coalescing
 	@QUICK=$(QUICK) experiments/exp-7-hot-keys/run.sh
 
-accept: ## the lab's acceptance run: 20 min at 5,000 req/s, orders == keys (recon, SQL attached), p99 < 25 ms, per-minute CSV
+accept: ## the acceptance run: 20 min at 5,000 req/s, orders == keys (recon, SQL attached), p99 < 25 ms, per-minute CSV
 	@QUICK=$(QUICK) experiments/accept/run.sh
 
-exp-8: ## infrastructure faults under load (PostgreSQL crash, broker kill -9, relay hung, offsets reset), mixed with kill -9 and duplicates
+exp-8: ## infrastructure faults under load (PostgreSQL crash, a Kafka node killed -9, two killed, one paused, relay hung, offsets reset), mixed with kill -9 and duplicates
 	@QUICK=$(QUICK) experiments/exp-8-infra-faults/run.sh
 
 exp-9: ## the pipeline over webhooks: receiver down, 500s, slower than the timeout, killed; the retry schedule observed; failed deliveries replayed

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The lab's acceptance run: 20 minutes at 5,000 requests/s (3,850 new intents/s
+# The acceptance run: 20 minutes at 5,000 requests/s (3,850 new intents/s
 # plus 15% same-key retries, Zipfian hot keys, HTTP and gRPC), the whole
 # pipeline on the embedded stack; distinct orders must equal distinct keys
 # exactly (recon, with its SQL attached, and the client's own intents), and

@@ -18,10 +18,12 @@
 //!    confirmed position move, to the end of the last transaction whose rows
 //!    are all settled. A crash before it re-reads the stream from the
 //!    confirmed position and re-publishes (the duplicates the inbox absorbs).
-//! 5. A broker failure ends the stream: what is in flight is settled and
-//!    marked, the confirmed position stops before the failed row, and the
-//!    stream restarts from there after a backoff. A key's later event was
-//!    never sent past its failed one (point 3), so the key stays in order.
+//! 5. A broker failure is tried again in place (`publish_in_place`: 50 ms
+//!    doubling to 5 s) until the broker takes the row, refuses it, or the
+//!    relay stops; the rest of the window goes on meanwhile, and the
+//!    confirmed position cannot pass the row until it settles. A key's
+//!    later event is never sent before its earlier one settled (point 3),
+//!    so the key stays in order.
 //! 6. A row that can never be published (not JSON, over the broker's size
 //!    limit) is marked failed at once: the stream cannot come back to it.
 //!    Like the poll relay, the later events of its key are held back (left

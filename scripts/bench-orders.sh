@@ -23,7 +23,8 @@
 # one-transaction-per-request TPS) and `batched ratio: 0.NN` (over the
 # batched ceiling's orders/s).
 #
-# The verdicts and the table are scripts/lib/bench_orders.py.
+# The verdicts and the table are scripts/lib/bench_orders.py. Each point's
+# raw files end in the run's raw.tar.gz.
 #
 # Settings (env): BENCH_START (2000), BENCH_STEP (2000), BENCH_MAX (40000),
 # BENCH_REFINE (2), BENCH_SECONDS (15 per point), BENCH_PGBENCH_CLIENTS (16),
@@ -160,3 +161,8 @@ pgbench -n -M prepared -f bench/new-order-batch64-txn.pgbench.sql -c "$BATCH_CLI
 grep -h "tps =" "$OUT/pgbench.txt" "$OUT/pgbench-batch64.txt" "$OUT/pgbench-batch64-txn.txt" >&2 || true
 
 python3 scripts/lib/bench_orders.py summary "$OUT"
+# The run stays lean: summary.json and pgbench's and perf's tables stay plain, each point's
+# files (loadgen's report, CPU snapshots, waits, batches) go into raw.tar.gz (`tar xzf
+# raw.tar.gz` to read them; bench_orders.py summary reads them from it).
+(cd "$OUT" && "$ROOT/scripts/lib/pack-raw.sh" . ./*-*.json ./*.cpu0 ./*.cpu1 ./*.waits ./*.batches) ||
+  echo "bench-orders: packing the points' files into raw.tar.gz failed (they stay plain)" >&2

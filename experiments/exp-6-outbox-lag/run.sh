@@ -192,4 +192,10 @@ if [ -x "$ROOT/.tools/venv/bin/python" ] || "$ROOT/scripts/tools.sh" venv >/dev/
       --group config --title "exp-6 ($MODE): rows written and published per second" \
       --xlabel "seconds into the schedule" --ylabel "rows/s"; } || echo "exp-6: plot failed (see timeline.csv)" >&2
 fi
+# A committed run stays lean: what exp6.py reads to judge it again, the tables and the plots
+# stay plain; the relay's and pgbench's logs go into RES/raw.tar.gz (`tar xzf raw.tar.gz`).
+if [ "$MODE" != quick ]; then
+  (cd "$RES" && "$ROOT/scripts/lib/pack-raw.sh" . ./*/relay.log ./*/pgbench-*.log) ||
+    echo "exp-6: packing the logs into raw.tar.gz failed (they stay plain)" >&2
+fi
 exit "$status"

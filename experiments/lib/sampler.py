@@ -135,7 +135,8 @@ def cpu_columns(before, after, seconds, hz, digits=3):
         return row
     (g0, m0), (g1, m1) = before, after
     for name in PROCESSES:
-        row[f"cpu_{name}"] = round(max(0, g1[name] - g0[name]) / hz / seconds, digits)
+        if name in g0 and name in g1:  # a snapshot from before a group existed has no column for it
+            row[f"cpu_{name}"] = round(max(0, g1[name] - g0[name]) / hz / seconds, digits)
     total = m1.get("total", 0) - m0.get("total", 0)
     for k in ("busy", "iowait", "steal"):
         row[f"machine_{k}"] = round((m1.get(k, 0) - m0.get(k, 0)) / total, digits) if total > 0 else ""

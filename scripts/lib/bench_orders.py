@@ -5,6 +5,9 @@ Usage: python3 scripts/lib/bench_orders.py cpu                (a CPU snapshot, J
        python3 scripts/lib/bench_orders.py passed POINT.json  (exit 0 when the point passed)
        python3 scripts/lib/bench_orders.py summary OUT        (the results folder OUT)
 
+bench-orders.sh packs each point's files into OUT/raw.tar.gz after the summary;
+`summary` reads them from there when they are not beside it.
+
 Standard library only; the CPU accounting is the experiments' sampler's.
 """
 import glob
@@ -12,6 +15,8 @@ import json
 import os
 import re
 import sys
+import tarfile
+import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "experiments", "lib"))
 import sampler  # noqa: E402
@@ -75,6 +80,19 @@ def batches(out, tag):
 
 
 def summary(out):
+    """The run's table and summary.json; each point's files are read from OUT/raw.tar.gz when
+    they are not in OUT (bench-orders.sh packs them there)."""
+    raw = os.path.join(out, "raw.tar.gz")
+    if glob.glob(os.path.join(out, "*-*.json")) or not os.path.exists(raw):
+        return summarize(out, out)
+    with tempfile.TemporaryDirectory() as points, tarfile.open(raw) as t:
+        t.extractall(points, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        return summarize(out, points)
+
+
+def summarize(out, points):
+    """summary() with each point's files (loadgen's report, CPU snapshots, waits, batches) read
+    from the folder POINTS; pgbench's tables are read from and summary.json written to OUT."""
     def tps(name):
         return float(re.search(r"tps = ([0-9.]+)", open(os.path.join(out, name)).read()).group(1))
     single, batched = tps("pgbench.txt"), tps("pgbench-batch64.txt") * 64
@@ -82,7 +100,7 @@ def summary(out):
     has_txn = os.path.exists(os.path.join(out, "pgbench-batch64-txn.txt"))
     batched_txn = tps("pgbench-batch64-txn.txt") * 64 if has_txn else None
     rows = []
-    for path in glob.glob(os.path.join(out, "*-*.json")):
+    for path in glob.glob(os.path.join(points, "*-*.json")):
         tag = os.path.basename(path)[:-5]
         r = json.load(open(path))
         rows.append({
@@ -90,7 +108,8 @@ def summary(out):
             "offered_sends": round(r["rates"]["offered_sends"]), "achieved": round(r["rates"]["achieved"]),
             "p50_ms": r["latency_ms"]["all"]["p50_ms"], "p99_ms": r["latency_ms"]["all"]["p99_ms"],
             "errors": errors(r), "dropped": r["sends"]["dropped"], "replay_mismatches": r["replay"]["mismatches"],
-            "cores": cores(out, tag), "waits": waits(out, tag), "batches": batches(out, tag), "passed": passed(r),
+            "cores": cores(points, tag), "waits": waits(points, tag), "batches": batches(points, tag),
+            "passed": passed(r),
         })
     rows.sort(key=lambda x: (x["mode"] != "unique", x["intents"], x["again"]))
     print(f"{'intents':>8} {'mode':>8} {'sends':>7} {'achieved':>9} {'p50 ms':>8} {'p99 ms':>8} {'err':>5} {'drop':>6} "

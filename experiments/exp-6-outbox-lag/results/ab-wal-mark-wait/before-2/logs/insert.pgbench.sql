@@ -1,2 +1,0 @@
-INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload)   SELECT id, (lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::int8), 12, '0') || '7'      || substr(md5(random()::text), 1, 3) || '8' || substr(md5(random()::text), 1, 15))::uuid, 'order.created',          convert_to(json_build_object('order_id', id, 'account_id', i % 100000 + 1,                     'amount_cents', i % 100000 + 1, 'status', 'created')::text, 'UTF8')   FROM (SELECT gen_random_uuid() AS id, i FROM generate_series(1, :rows) i) s; 
-SELECT pg_notify('orders_outbox', '');

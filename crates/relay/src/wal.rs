@@ -791,7 +791,7 @@ impl Settle {
 /// before its rows are visible: its `UPDATE … WHERE id = ANY(…)` then
 /// skipped them, they stayed pending, and the slot was confirmed past
 /// their commit (the "rows the stream missed" of FINDINGS.md §21, found
-/// by `make wal-witness`, §21). Each statement here takes a new snapshot
+/// by `make wal-witness`). Each statement here takes a new snapshot
 /// (read committed), so once a count sees every row, so does the mark.
 /// A commit flushed but invisible for `within` ([`VISIBLE_WITHIN`]) ends
 /// the stream instead (nothing past it is confirmed; the restart reads it
@@ -838,7 +838,7 @@ async fn wait_visible(
 /// Pending rows and the WAL position they committed before. The relay is
 /// at-least-once only if every committed insert is delivered and marked; a
 /// full experiment 6 run found rows left pending behind the stream
-/// (FINDINGS.md §21: marks that could not see them yet, §21, fixed by
+/// (FINDINGS.md §21: marks that could not see them yet, fixed by
 /// [`wait_visible`]), so the relay checks: once every commit up to `lsn` is
 /// marked, each of `ids` must be published, failed or held back by a failed
 /// row of its key. One that is still pending was missed, and a restart

@@ -53,7 +53,10 @@ pub(crate) enum ProgressMode {
         so a re-drawn index is a retry of the same intent, never a conflicting request.\n\n\
         Exit codes: 0 completed run; 1 error (target unreachable at start, output file not \
         writable, ...); 2 bad arguments; 3 replay mismatches were seen; 130 interrupted (Ctrl-C) \
-        without mismatches.",
+        without mismatches.\n\n\
+        SIGUSR1 ends the schedule early: no more first attempts, the retries already planned and \
+        the sends in flight finish, and the report is of a complete run over the seconds it ran \
+        (`ended_early`). chaos uses it to keep the load on until its faults are done.",
     after_help = "Example: loadgen --http-url http://127.0.0.1:18080 --rate 1000 --duration 10 \
         --zipf-s 0 --intents /tmp/intents.txt --json /tmp/run.json"
 )]

@@ -191,7 +191,10 @@ pub(crate) struct RunFacts {
     pub(crate) started_at_unix_ms: u64,
     /// Stopped early by Ctrl-C.
     pub(crate) interrupted: bool,
-    /// Seconds of sending (the duration, or less when interrupted).
+    /// The schedule was ended before `--duration` by SIGUSR1 (a complete
+    /// run, shorter; chaos ends its load this way).
+    pub(crate) ended_early: bool,
+    /// Seconds of sending (the duration, or less when interrupted or ended early).
     pub(crate) window_s: f64,
     /// Seconds from start to the end of the drain.
     pub(crate) elapsed_s: f64,
@@ -212,6 +215,9 @@ pub(crate) struct Report {
     pub(crate) started_at_unix_ms: u64,
     /// Stopped early by Ctrl-C.
     pub(crate) interrupted: bool,
+    /// The schedule was ended before `--duration` by SIGUSR1: a complete
+    /// run over `window_s` seconds.
+    pub(crate) ended_early: bool,
     /// Seconds of sending.
     pub(crate) window_s: f64,
     /// Seconds from start to the end of the drain.
@@ -276,6 +282,7 @@ impl Report {
             params: facts.params,
             started_at_unix_ms: facts.started_at_unix_ms,
             interrupted: facts.interrupted,
+            ended_early: facts.ended_early,
             window_s: facts.window_s,
             elapsed_s: facts.elapsed_s,
             sends: facts.sends,
@@ -334,6 +341,8 @@ impl Report {
             "loadgen {}: protocol {}, keys {keys}, retry-rate {}, prefix {}, seed {}",
             if self.interrupted {
                 "(INTERRUPTED)"
+            } else if self.ended_early {
+                "done (schedule ended early by SIGUSR1)"
             } else {
                 "done"
             },
@@ -630,6 +639,7 @@ mod tests {
             params: params(),
             started_at_unix_ms: 0,
             interrupted,
+            ended_early: false,
             window_s: 2.0,
             elapsed_s: 2.5,
             sends: SendCounts {

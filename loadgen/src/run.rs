@@ -214,6 +214,28 @@ fn watch_interrupt(flag: Arc<AtomicBool>, wake: Arc<Notify>) {
     });
 }
 
+/// Sets `flag` and wakes `wake` on each SIGUSR1: the schedule ends there,
+/// as if `--duration` had been reached (chaos ends the load this way once
+/// its faults are done; `chaos --max-duration`).
+fn watch_end(flag: Arc<AtomicBool>, wake: Arc<Notify>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut usr1 = match signal(SignalKind::user_defined1()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!(
+                "loadgen: cannot watch SIGUSR1 ({e}); the schedule runs its whole --duration"
+            );
+            return;
+        }
+    };
+    tokio::spawn(async move {
+        while usr1.recv().await.is_some() {
+            flag.store(true, Ordering::Release);
+            wake.notify_one();
+        }
+    });
+}
+
 /// Runs the whole thing and returns the exit code.
 pub(crate) async fn run(settings: Settings) -> anyhow::Result<u8> {
     let (http, grpc) = connect(&settings).await?;
@@ -252,6 +274,8 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<u8> {
     let interrupted = Arc::new(AtomicBool::new(false));
     let wake = Arc::new(Notify::new());
     watch_interrupt(interrupted.clone(), wake.clone());
+    let end = Arc::new(AtomicBool::new(false));
+    watch_end(end.clone(), wake.clone());
     let progress = Progress::start(shared.clone(), settings.progress, total, settings.duration);
 
     let mut scheduler = Scheduler {
@@ -271,10 +295,23 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<u8> {
     let hard_stop_ns =
         u64::try_from((settings.duration + settings.drain_timeout).as_nanos()).unwrap_or(u64::MAX);
     let mut window = settings.duration;
+    let mut ended_early = false;
     while let Some(next_ns) = schedule.next_at_ns() {
         if interrupted.load(Ordering::Acquire) {
             window = start.elapsed();
             break;
+        }
+        if !ended_early && end.load(Ordering::Acquire) {
+            // No more first attempts; the retries already planned go on.
+            ended_early = true;
+            window = start.elapsed();
+            schedule.end_first_attempts();
+            scheduler.counts.first_attempts_scheduled = schedule.total_first_attempts();
+            eprintln!(
+                "loadgen: SIGUSR1: schedule ended after {:.1} s",
+                window.as_secs_f64()
+            );
+            continue;
         }
         if next_ns >= hard_stop_ns {
             break;
@@ -322,6 +359,7 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<u8> {
         params: settings.params(),
         started_at_unix_ms,
         interrupted: interrupted.load(Ordering::Acquire),
+        ended_early,
         window_s: window.as_secs_f64(),
         elapsed_s: elapsed.as_secs_f64(),
         sends: scheduler.counts,

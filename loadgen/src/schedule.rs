@@ -128,6 +128,12 @@ impl Schedule {
         self.retries.len() as u64
     }
 
+    /// Ends the first attempts here: the ones handed out are the run's
+    /// whole schedule; the retries planned so far stay due.
+    pub(crate) fn end_first_attempts(&mut self) {
+        self.total = self.next_first;
+    }
+
     /// Plans a retry of `key_index` at `at_ns`.
     pub(crate) fn push_retry(&mut self, at_ns: u64, key_index: u64) {
         self.retries.push(Reverse((at_ns, self.pushed, key_index)));
@@ -239,6 +245,30 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(draw(), draw());
+    }
+
+    #[test]
+    fn an_ended_schedule_hands_out_only_its_planned_retries() {
+        let mut s = Schedule::new(10.0, Duration::from_secs(100));
+        assert!(matches!(s.pop_due(0), Some(Due::First { number: 0, .. })));
+        assert!(matches!(
+            s.pop_due(100_000_000),
+            Some(Due::First { number: 1, .. })
+        ));
+        s.push_retry(500_000_000, 7);
+        s.end_first_attempts();
+        assert_eq!(s.total_first_attempts(), 2);
+        assert_eq!(s.remaining_first_attempts(), 0);
+        assert_eq!(s.next_at_ns(), Some(500_000_000));
+        assert_eq!(
+            s.pop_due(10_000_000_000),
+            Some(Due::Retry {
+                key_index: 7,
+                at_ns: 500_000_000
+            })
+        );
+        assert_eq!(s.next_at_ns(), None);
+        assert_eq!(s.pop_due(u64::MAX), None);
     }
 
     #[test]

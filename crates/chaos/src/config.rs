@@ -128,9 +128,18 @@ pub struct Config {
     #[arg(long, env = "CHAOS_RATE", default_value_t = 300.0)]
     pub rate: f64,
 
-    /// Seconds of load; faults are injected during this time.
+    /// Seconds of load; faults are injected during this time. With
+    /// --max-duration, the least seconds of load.
     #[arg(long, env = "CHAOS_DURATION", default_value_t = 20)]
     pub duration: u64,
+
+    /// Keep the load on past --duration until --fault-count faults have
+    /// been injected and each recovered (or waited for), but no longer than
+    /// this many seconds in all. A run then holds the faults it asked for,
+    /// however long each took to recover on this machine. Needs --fault and
+    /// --fault-count.
+    #[arg(long, env = "CHAOS_MAX_DURATION", value_name = "SECONDS")]
+    pub max_duration: Option<u64>,
 
     /// Fraction of intents loadgen retries 1-3x with the same key and body.
     #[arg(long, env = "CHAOS_RETRY_RATE", default_value_t = 0.15)]
@@ -197,7 +206,7 @@ pub struct Config {
     pub fault_interval_ms: (u64, u64),
 
     /// Inject at most this many infrastructure faults (default: until the
-    /// load ends).
+    /// load ends). With --max-duration, the load waits for them.
     #[arg(long, env = "CHAOS_FAULT_COUNT")]
     pub fault_count: Option<u64>,
 
@@ -363,6 +372,21 @@ impl Config {
         if self.duration == 0 {
             return Err("--duration must be at least 1 second".into());
         }
+        if let Some(max) = self.max_duration {
+            if self.fault.is_empty() || self.fault_count.is_none() {
+                return Err(
+                    "--max-duration needs --fault and --fault-count (the load goes on until \
+                     that many faults are done)"
+                        .into(),
+                );
+            }
+            if max < self.duration {
+                return Err(format!(
+                    "--max-duration {max} is shorter than --duration {}",
+                    self.duration
+                ));
+            }
+        }
         for &point in &self.crash_point {
             if self.crash_every.unwrap_or(0) == 0 && self.crash_probability == 0.0 {
                 return Err(format!(
@@ -482,6 +506,34 @@ mod tests {
             c.validate()
                 .expect_err("refused")
                 .contains("--unsafe-split-txn")
+        );
+    }
+
+    #[test]
+    fn a_max_duration_needs_a_fault_count_and_the_floor_under_it() {
+        let err = |args: &[&str]| parse(args).validate().expect_err("refused");
+        assert!(err(&["--max-duration", "60"]).contains("--fault-count"));
+        assert!(err(&["--max-duration", "60", "--fault", "pg-crash"]).contains("--fault-count"));
+        let c = [
+            "--fault",
+            "pg-crash",
+            "--fault-count",
+            "3",
+            "--duration",
+            "30",
+        ];
+        assert!(err(&[&c[..], &["--max-duration", "20"]].concat()).contains("shorter"));
+        let ok = parse(&[&c[..], &["--max-duration", "90"]].concat());
+        assert!(ok.validate().is_ok());
+        let args = crate::spec::loadgen_args(&ok, std::path::Path::new("/tmp"));
+        let at = args
+            .iter()
+            .position(|a| a == "--duration")
+            .expect("--duration");
+        assert_eq!(
+            args[at + 1],
+            "90",
+            "loadgen's schedule is the longest the load may last"
         );
     }
 

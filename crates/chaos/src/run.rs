@@ -217,7 +217,7 @@ async fn drive(
             faults.clone(),
         ))
     });
-    let injector = tokio::spawn(faults::run(
+    let mut injector = tokio::spawn(faults::run(
         config.clone(),
         bin_dir.to_path_buf(),
         supervisors.to_vec(),
@@ -230,9 +230,31 @@ async fn drive(
     load.args(spec::loadgen_args(config, out))
         .kill_on_drop(true);
     let mut child = load.spawn().context("start loadgen")?;
-    let status = tokio::select! {
-        s = child.wait() => Some(s.context("wait for loadgen")?),
-        () = interrupt.cancelled() => None,
+    // With --max-duration loadgen's schedule is that long, and chaos ends it
+    // early (SIGUSR1) once the injector has done its --fault-count faults
+    // and --duration has passed.
+    let floor = tokio::time::Instant::now() + Duration::from_secs(config.duration);
+    let wait_for_faults = config.max_duration.is_some();
+    let mut done_faults: Option<Vec<faults::FaultRecord>> = None;
+    let mut ended = false;
+    let status = loop {
+        tokio::select! {
+            s = child.wait() => break Some(s.context("wait for loadgen")?),
+            () = interrupt.cancelled() => break None,
+            r = &mut injector, if wait_for_faults && done_faults.is_none() => {
+                let records = r.unwrap_or_default();
+                eprintln!(
+                    "chaos: {} faults done after {:.0} s",
+                    records.len(),
+                    t0.elapsed().as_secs_f64()
+                );
+                done_faults = Some(records);
+            }
+            () = tokio::time::sleep_until(floor), if done_faults.is_some() && !ended => {
+                ended = true;
+                end_load(&child);
+            }
+        }
     };
     calm.store(true, Ordering::SeqCst);
     faults.cancel();
@@ -241,7 +263,10 @@ async fn drive(
     }
     // A fault in progress finishes (PostgreSQL or the broker back up, the
     // relay continued, payments released) before anything else.
-    let fault_records = injector.await.unwrap_or_default();
+    let fault_records = match done_faults {
+        Some(records) => records,
+        None => injector.await.unwrap_or_default(),
+    };
     let Some(status) = status else {
         let _ = child.kill().await;
         eprintln!("chaos: interrupted; stopping the services");
@@ -294,6 +319,21 @@ async fn drive(
         interrupted: false,
         faults: fault_records,
     })
+}
+
+/// Ends loadgen's schedule where it is (SIGUSR1): the sends in flight and
+/// the retries planned finish, and its report is of a complete, shorter run.
+fn end_load(child: &tokio::process::Child) {
+    let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) else {
+        return; // it has exited; its wait() reports that
+    };
+    eprintln!("chaos: faults done and --duration passed; ending the load");
+    if let Err(e) = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGUSR1,
+    ) {
+        tracing::warn!(error = %e, "could not end loadgen's schedule; it runs to --max-duration");
+    }
 }
 
 fn read_json(path: &Path) -> Value {
@@ -401,10 +441,17 @@ fn print_plan(config: &Config, out: &Path) {
     if faults.is_empty() {
         faults.push("none".into());
     }
+    let length = match config.max_duration {
+        Some(max) => format!(
+            "{}..{max} s (until {} faults are done)",
+            config.duration,
+            config.fault_count.unwrap_or(0)
+        ),
+        None => format!("{} s", config.duration),
+    };
     eprintln!(
-        "chaos: {} intents/s for {} s ({} retried, {}); faults: {}; out: {}",
+        "chaos: {} intents/s for {length} ({} retried, {}); faults: {}; out: {}",
         config.rate,
-        config.duration,
         config.retry_rate,
         config.protocol,
         faults.join(", "),

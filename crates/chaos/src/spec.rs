@@ -131,7 +131,9 @@ pub fn loadgen_args(config: &Config, out: &Path) -> Vec<String> {
         "--rate".into(),
         config.rate.to_string(),
         "--duration".into(),
-        config.duration.to_string(),
+        // With --max-duration chaos ends the schedule (SIGUSR1) once its
+        // faults are done and --duration has passed.
+        config.max_duration.unwrap_or(config.duration).to_string(),
         "--retry-rate".into(),
         config.retry_rate.to_string(),
         "--protocol".into(),

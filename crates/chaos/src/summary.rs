@@ -63,8 +63,10 @@ pub struct Summary {
 pub struct Params {
     /// New intents per second.
     pub rate: f64,
-    /// Seconds of load.
+    /// Seconds of load (the least, with `max_duration_s`).
     pub duration_s: u64,
+    /// The most seconds of load, when it waited for `fault_count` faults.
+    pub max_duration_s: Option<u64>,
     /// Fraction of intents retried.
     pub retry_rate: f64,
     /// loadgen's protocol.
@@ -119,6 +121,7 @@ impl Params {
         Self {
             rate: config.rate,
             duration_s: config.duration,
+            max_duration_s: config.max_duration,
             retry_rate: config.retry_rate,
             protocol: config.protocol.clone(),
             zipf_s: config.zipf_s,
@@ -577,6 +580,7 @@ mod tests {
             "params": {
                 "rate": config.rate,
                 "duration_s": config.duration,
+                "max_duration_s": null,
                 "retry_rate": config.retry_rate,
                 "protocol": config.protocol,
                 "zipf_s": config.zipf_s,

@@ -28,7 +28,7 @@ use rdkafka::Offset;
 use rdkafka::consumer::Consumer;
 use rdkafka::message::{Message, OwnedMessage};
 
-use crate::PaymentsConsumer;
+use crate::kafka::PaymentsConsumer;
 use crate::metrics::PaymentsMetrics;
 
 /// Which duplicates `--dup-rate` injects.

@@ -14,8 +14,8 @@ use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::time::Instant;
 
-use crate::PaymentsConsumer;
 use crate::inbox::Held;
+use crate::kafka::PaymentsConsumer;
 use crate::metrics::PaymentsMetrics;
 
 /// The first held offset of each partition of a batch, by (topic, partition).

@@ -281,6 +281,11 @@ impl fmt::Display for Retention {
     }
 }
 
+/// A duration flag (5m, 1h, 1d): `humantime`, with an example in the error.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim()).map_err(|e| format!("{s:?}: {e} (e.g. 5m, 1h, 1d)"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -375,7 +375,7 @@ pub async fn apply_batch(
         dead.extend(claim.order_conflicts);
     }
     if !late.is_empty() {
-        let charged = crate::unsafe_split::insert_effects_unguarded(&mut tx, &late).await?;
+        let charged = insert_effects_unguarded(&mut tx, &late).await?;
         applied.applied_after_horizon = late.len() as u64;
         applied.charged_after_horizon = charged.len() as u64;
     }
@@ -581,6 +581,37 @@ pub async fn insert_effects(
          l AS ( \
            INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
            SELECT account_id, order_id, msg_id, amount_cents FROM c) \
+         SELECT msg_id FROM c",
+        &c.charge_ids,
+        &c.order_ids,
+        &c.msg_ids,
+        &c.accounts,
+        &c.amounts
+    )
+    .fetch_all(&mut **tx)
+    .await
+}
+
+/// The charge keeps its UNIQUE guard; the ledger entry is written for every
+/// intent regardless: the non-idempotent part of the effect. Only the
+/// counter-examples write it: `--unsafe-split-txn`'s effect transaction
+/// (`crate::unsafe_split`) and `--unsafe-apply-after-horizon` (see
+/// [`AfterHorizon`]). It lives beside [`insert_effects`] so that the two
+/// effect statements read side by side, and the counter-example depends on
+/// the inbox, never the reverse.
+pub(crate) async fn insert_effects_unguarded(
+    tx: &mut Transaction<'_, Postgres>,
+    fresh: &[(&ChargeIntent, Source<'_>)],
+) -> sqlx::Result<Vec<Uuid>> {
+    let c = EffectColumns::of(fresh);
+    sqlx::query_scalar!(
+        "WITH c AS ( \
+           INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
+           SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[]) \
+           ON CONFLICT (order_id) DO NOTHING RETURNING msg_id), \
+         l AS ( \
+           INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
+           SELECT * FROM unnest($4::int8[], $2::uuid[], $3::uuid[], $5::int8[])) \
          SELECT msg_id FROM c",
         &c.charge_ids,
         &c.order_ids,

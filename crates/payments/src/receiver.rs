@@ -101,7 +101,7 @@ pub struct WebhookArgs {
     /// either way (a captured request is replayable that long; it must cover
     /// the clock skew between the hosts).
     #[arg(long, env = "PAYMENTS_WEBHOOK_TOLERANCE", default_value = "5m",
-          value_parser = crate::parse_duration)]
+          value_parser = crate::horizon::parse_duration)]
     pub webhook_tolerance: Duration,
 
     /// How long a processed webhook's receipt is kept, answering its
@@ -109,7 +109,7 @@ pub struct WebhookArgs {
     /// redelivery horizon is the inbox's (--inbox-retention); a retry after
     /// its receipt is gone is claimed again and found applied there.
     #[arg(long, env = "PAYMENTS_WEBHOOK_RECEIPTS_KEPT", default_value = "1d",
-          value_parser = crate::parse_duration)]
+          value_parser = crate::horizon::parse_duration)]
     pub webhook_receipts_kept: Duration,
 
     /// How often the inbox processor looks for claims no request of this
@@ -123,14 +123,14 @@ pub struct WebhookArgs {
     /// from its previous response (so also how long a keep-alive connection
     /// may sit idle); past it the connection is closed.
     #[arg(long, env = "PAYMENTS_WEBHOOK_HEADER_READ_TIMEOUT", default_value = "10s",
-          value_parser = crate::parse_duration)]
+          value_parser = crate::horizon::parse_duration)]
     pub webhook_header_read_timeout: Duration,
 
     /// How long a request may take, from its head to its answer, its
     /// body's reading included; past it the answer is 408
     /// `request_timeout` (the sender retries it).
     #[arg(long, env = "PAYMENTS_WEBHOOK_REQUEST_TIMEOUT", default_value = "15s",
-          value_parser = crate::parse_duration)]
+          value_parser = crate::horizon::parse_duration)]
     pub webhook_request_timeout: Duration,
 
     /// Connections open at once; at the cap new ones wait in the kernel's
@@ -484,7 +484,7 @@ async fn unprocessed(pool: &PgPool, after: Option<Uuid>, limit: usize) -> sqlx::
 /// The inbox processor (see the module docs).
 pub(crate) struct Processor {
     pub(crate) pool: PgPool,
-    pub(crate) apply: crate::Apply,
+    pub(crate) apply: crate::process::Apply,
     pub(crate) crasher: Arc<Crasher>,
     pub(crate) metrics: Arc<PaymentsMetrics>,
     /// Most claims applied per transaction.
@@ -544,7 +544,7 @@ impl Processor {
             if !rows.is_empty() {
                 metrics.consumed_total.inc_by(rows.len() as u64);
                 let (deliveries, committed_at) = classify(&rows);
-                let Some(left) = crate::process_deliveries(
+                let Some(left) = crate::process::process_deliveries(
                     &pool,
                     apply,
                     &deliveries,

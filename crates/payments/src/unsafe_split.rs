@@ -13,12 +13,12 @@
 
 use effectively::contract::{CrashPoint, SplitTxn};
 use effectively::crash::Crasher;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::inbox::{
-    Applied, ChargeIntent, Delivery, EffectColumns, Source, claim_inbox, insert_dead_letters,
-    insert_effects, split, unique_by_msg_id,
+    Applied, ChargeIntent, Delivery, Source, claim_inbox, insert_dead_letters, insert_effects,
+    insert_effects_unguarded, split, unique_by_msg_id,
 };
 
 /// Applies a batch the wrong way; see the module docs. (Conflicting
@@ -78,31 +78,4 @@ pub async fn apply_batch(
     }
     applied.duplicates = intents.len() as u64 - applied.charged;
     Ok(applied)
-}
-
-/// The charge keeps its UNIQUE guard; the ledger entry is written for every
-/// intent regardless: the non-idempotent part of the effect. (Also what
-/// `--unsafe-apply-after-horizon` writes: see `inbox::AfterHorizon`.)
-pub(crate) async fn insert_effects_unguarded(
-    tx: &mut Transaction<'_, Postgres>,
-    fresh: &[(&ChargeIntent, Source<'_>)],
-) -> sqlx::Result<Vec<Uuid>> {
-    let c = EffectColumns::of(fresh);
-    sqlx::query_scalar!(
-        "WITH c AS ( \
-           INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
-           SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::int8[], $5::int8[]) \
-           ON CONFLICT (order_id) DO NOTHING RETURNING msg_id), \
-         l AS ( \
-           INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
-           SELECT * FROM unnest($4::int8[], $2::uuid[], $3::uuid[], $5::int8[])) \
-         SELECT msg_id FROM c",
-        &c.charge_ids,
-        &c.order_ids,
-        &c.msg_ids,
-        &c.accounts,
-        &c.amounts
-    )
-    .fetch_all(&mut **tx)
-    .await
 }

@@ -31,10 +31,13 @@ pub struct RelayMetrics {
     pub relay_publish_duration_seconds: Histogram,
     /// Seconds from an outbox row's commit to its broker ack.
     pub relay_commit_to_publish_seconds: Histogram,
-    /// Errors by stage: `db`, `produce` (the broker, transient: retried),
-    /// `rejected` (the row itself: counted against its attempts), `encode`
-    /// (payload not JSON: counted too), `listen`, `wal` (`--mode wal`: the
-    /// stream ended and restarts from the slot's confirmed position).
+    /// Errors by stage. A poll relay batch's transaction: `claim`, `mark`,
+    /// `commit` (rolled back, its rows stay pending; `publish::Stage`). A
+    /// row: `produce` (the broker, transient: retried), `rejected` (the row
+    /// itself: counted against its attempts), `encode` (payload not JSON:
+    /// counted too). `listen`; `wal` (`--mode wal`: the stream ended and
+    /// restarts from the slot's confirmed position). The webhook sink's
+    /// database work: `destinations`, `fan_out`, `claim`, `record`.
     pub relay_errors_total: IntCounterVec,
     /// Published outbox rows deleted after the outbox retention
     /// (`orders.outbox_policy`).
@@ -145,7 +148,11 @@ impl RelayMetrics {
                 .buckets(LATENCY_BUCKETS.to_vec()),
             )?,
             relay_errors_total: IntCounterVec::new(
-                Opts::new("relay_errors_total", "Relay errors by stage"),
+                Opts::new(
+                    "relay_errors_total",
+                    "Relay errors by stage: claim, mark, commit (a batch), produce, rejected, \
+                     encode (a row), listen, wal; destinations, fan_out, claim, record (webhooks)",
+                ),
                 &["stage"],
             )?,
             relay_shards_in_flight: IntGauge::new(
@@ -277,7 +284,19 @@ impl RelayMetrics {
             .register(Box::new(m.relay_wal_stream_gaps_total.clone()))?;
         m.registry
             .register(Box::new(m.relay_wal_unseen_marks_total.clone()))?;
-        for stage in ["db", "produce", "rejected", "encode", "listen", "wal"] {
+        for stage in [
+            "claim",
+            "mark",
+            "commit",
+            "produce",
+            "rejected",
+            "encode",
+            "listen",
+            "wal",
+            "destinations",
+            "fan_out",
+            "record",
+        ] {
             m.relay_errors_total.with_label_values(&[stage]);
         }
         Ok(m)

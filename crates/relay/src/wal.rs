@@ -51,7 +51,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::outbox::{PendingRow, SHARDS};
-use crate::{Publish, Worker};
+use crate::publish::{Publish, Worker};
 
 /// The publication the WAL relay reads: inserts into `orders.outbox` only
 /// (migration `…_wal_relay.sql`).

@@ -1,0 +1,210 @@
+//! The relay's settings (every flag is also an environment variable), its
+//! operator commands, and its database session settings.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+use effectively::config::{DbArgs, KafkaArgs};
+use effectively::contract::RELAY_MAX_MESSAGE_TIMEOUT;
+use effectively::crash::CrashArgs;
+
+use crate::outbox::{self, SHARDS};
+use crate::webhooks;
+
+/// Relay settings; every flag is also an environment variable.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "relay",
+    version,
+    about = "Outbox relay: publishes committed outbox rows to Kafka at least once, in per-key order"
+)]
+pub struct Config {
+    /// An operator's command instead of running the relay.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    #[command(flatten)]
+    pub db: DbArgs,
+
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+
+    #[command(flatten)]
+    pub crash: CrashArgs,
+
+    /// Most rows claimed from one shard per transaction. At most `--workers`
+    /// × this many rows are in flight to the broker at once, and the drain
+    /// rate is about that over the ack latency (on the embedded broker 8 ×
+    /// 1,000 drains faster than 8 × 500: FINDINGS §14). A crash at
+    /// `publish` re-publishes up to that many (the inbox absorbs them).
+    #[arg(long, env = "RELAY_BATCH_SIZE", default_value_t = 1000)]
+    pub batch_size: i64,
+
+    /// Shard transactions this process keeps open at once, each publishing
+    /// one shard's batch (claim, produce, await acks, mark, commit). One
+    /// shard's acks overlap the others' database work; more than the shards
+    /// (16) adds nothing.
+    #[arg(long, env = "RELAY_WORKERS", default_value_t = 8,
+          value_parser = clap::value_parser!(u16).range(1..=SHARDS as i64))]
+    pub workers: u16,
+
+    /// Transactions one shard can have in flight at once (`--mode poll`),
+    /// within `--workers`. At 1, a row committed while its shard awaits
+    /// its batch's acks waits for them, the mark and the commit; at 2, a
+    /// second transaction claims it meanwhile. Per-key order holds at any
+    /// depth: a claim skips the rows in flight and every later row of their
+    /// keys. Worth it where the broker's acks, not the CPU, are the wait: on
+    /// 2 shared cores and the embedded broker, 2 gained nothing (FINDINGS
+    /// §14).
+    #[arg(long, env = "RELAY_SHARD_DEPTH", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(1..=outbox::MAX_SHARD_DEPTH as i64))]
+    pub shard_depth: u8,
+
+    /// Fallback poll interval in milliseconds when no NOTIFY arrives.
+    #[arg(long, env = "RELAY_POLL_INTERVAL_MS", default_value_t = 500)]
+    pub poll_interval_ms: u64,
+
+    /// How often the backlog metrics are sampled, in milliseconds; less
+    /// often while a sample is slow (over a large backlog), so that it keeps
+    /// to a sixth of one database backend.
+    #[arg(long, env = "RELAY_LAG_SAMPLE_MS", default_value_t = 1000)]
+    pub lag_sample_ms: u64,
+
+    /// Address serving GET /metrics.
+    #[arg(long, env = effectively::contract::env::RELAY_METRICS_ADDR, default_value = "127.0.0.1:9101")]
+    pub metrics_addr: SocketAddr,
+
+    /// Producer linger in milliseconds (batching on the wire).
+    #[arg(long, env = "RELAY_LINGER_MS", default_value_t = 5)]
+    pub linger_ms: u64,
+
+    /// Publish attempts an outbox row gets when the failure is the row's own
+    /// (payload not JSON, over the broker's size limit) before it is marked
+    /// failed: it is then never retried, holds back only the later events of
+    /// its own key, and shows in `outbox_failed_rows` and in recon. Broker
+    /// outages and timeouts do not count: those rows are retried forever.
+    #[arg(long, env = "RELAY_MAX_ATTEMPTS", default_value_t = 5, value_parser = clap::value_parser!(i32).range(1..))]
+    pub max_attempts: i32,
+
+    /// Broker ack timeout for one message, in milliseconds; an unacked row
+    /// stays pending and is retried. At most 300000 (5 min): payments adds
+    /// that maximum to its redelivery horizon (a send still being retried can
+    /// land that late).
+    #[arg(long, env = effectively::contract::env::RELAY_MESSAGE_TIMEOUT_MS, default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(1..=RELAY_MAX_MESSAGE_TIMEOUT.as_millis() as u64))]
+    pub message_timeout_ms: u64,
+
+    /// Where the outbox is read from. `poll`: each shard's pending rows are
+    /// claimed in id order, woken by NOTIFY. `wal`: the rows arrive from
+    /// PostgreSQL's logical replication (publication `effectively_outbox`,
+    /// plugin pgoutput) in commit order; it needs `wal_level = logical` and
+    /// the REPLICATION attribute for the relay's role (the migrations grant
+    /// it when run as a superuser). Both mark rows published after the
+    /// broker's ack and keep each key in order (ARCHITECTURE.md §6).
+    #[arg(long, env = "RELAY_MODE", value_enum, default_value_t = Mode::Poll)]
+    pub mode: Mode,
+
+    /// `--mode wal`: the logical replication slot, made on first start.
+    /// Default `effectively_outbox_<database>`. While the relay is down the
+    /// slot keeps the server's WAL (up to `max_slot_wal_keep_size`, then the
+    /// server invalidates it and the relay says what to do).
+    #[arg(long, env = "RELAY_WAL_SLOT")]
+    pub wal_slot: Option<String>,
+
+    /// `--mode wal`: milliseconds between heartbeats, a logical message
+    /// whose commit lets the slot's confirmed position follow the server's
+    /// WAL when no outbox row is written.
+    #[arg(long, env = "RELAY_WAL_HEARTBEAT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(100..))]
+    pub wal_heartbeat_ms: u64,
+
+    /// Where the outbox goes. `kafka`: published to --kafka-topic. `http`:
+    /// delivered as signed webhooks (Standard Webhooks) to every destination
+    /// of `orders.webhook_destinations` (`relay webhooks add|remove|status`,
+    /// or --webhook-destination), each at least once, in per-key order per
+    /// destination, retried on a schedule of 5s, 30s, 5m, 30m, then 4h, with
+    /// jitter, up to 8 attempts (then `failed`). Needs --mode poll.
+    #[arg(long, env = effectively::contract::env::RELAY_SINK, value_enum, default_value_t = Sink::Kafka)]
+    pub sink: Sink,
+
+    /// `--sink http`: a destination, `NAME=URL,secret=whsec_...` with
+    /// optional `,secret=...` (more secrets: every request is signed with
+    /// each, for a rotation), `,timeout=10s` (per attempt, at most 30s),
+    /// `,concurrency=16` (attempts in flight), `,max-attempts=8` (at most
+    /// 8). Repeat the flag for more destinations; in the environment,
+    /// separate them with `;`. At start-up each is added to (or replaces its
+    /// namesake in) `orders.webhook_destinations`, the destinations every
+    /// relay delivers to; `relay webhooks add|remove` change them while
+    /// relays run.
+    #[arg(
+        long,
+        env = effectively::contract::env::RELAY_WEBHOOK_DESTINATIONS,
+        value_delimiter = ';',
+        hide_env_values = true
+    )]
+    pub webhook_destination: Vec<webhooks::Destination>,
+
+    /// `--sink http`, for tests and experiments: every scheduled retry wait
+    /// is multiplied by this (0.001 turns 4 h into 14 s). 1 for real: the
+    /// receivers' dedup horizon assumes the real schedule.
+    #[arg(long, env = effectively::contract::env::RELAY_WEBHOOK_SCHEDULE_SCALE, default_value_t = 1.0,
+          value_parser = parse_scale)]
+    pub webhook_schedule_scale: f64,
+}
+
+/// The relay's operator commands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// The webhook deliveries of `--sink http`.
+    #[command(subcommand)]
+    Webhooks(webhooks::Admin),
+}
+
+fn parse_scale(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("{s:?}: a factor over 0 and at most 1")),
+    }
+}
+
+/// Where the relay sends the outbox (`--sink`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Sink {
+    /// Publish to Kafka.
+    #[default]
+    Kafka,
+    /// Deliver as signed webhooks.
+    Http,
+}
+
+/// Where the relay reads the outbox from (`--mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Claim pending rows shard by shard (NOTIFY and a poll wake it).
+    Poll,
+    /// Read inserted rows from the logical replication stream.
+    Wal,
+}
+
+/// The relay's database session settings (flags override the timeouts).
+///
+/// A shard's transaction stays open while the batch is produced and its
+/// acks awaited (up to `--message-timeout-ms`), so its idle-in-transaction
+/// limit must exceed that; it is also the bound on how long a hung relay
+/// (SIGSTOP) keeps its shard locked.
+///
+/// Every statement is planned for its parameters: the outbox is a queue, its
+/// pending rows swing from none to a backlog, and the claim's generic plan,
+/// made while the outbox was empty, scans every pending row once per claimed
+/// row (3.4 s a claim at 40,000 pending rows; the acceptance run's first
+/// minute, FINDINGS §12).
+pub fn session_limits(config: &Config) -> effectively::config::SessionLimits {
+    effectively::config::SessionLimits {
+        statement_timeout: Duration::from_secs(30),
+        idle_in_transaction_timeout: Duration::from_millis(config.message_timeout_ms)
+            + Duration::from_secs(10),
+        custom_plans: true,
+        defer_outbox_notify: false,
+    }
+}

@@ -1,0 +1,129 @@
+//! `--mode poll`: every shard of the outbox has a loop of its own in each
+//! process (`--shard-depth` of them, one per lock slot); a loop claims a
+//! batch of its shard under the shard's advisory lock, publishes it and
+//! marks it ([`crate::publish`]) in one transaction, then waits for a
+//! NOTIFY ([`crate::wake`]) or the poll interval.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use effectively::retry::Backoff;
+use futures::future::join_all;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::outbox;
+use crate::publish::{BatchError, Publish, Stage, Worker};
+
+impl Worker {
+    /// One shard slot's loop (`--shard-depth` of them per shard): publish a
+    /// batch while there is one, then wait for a NOTIFY or the poll. A
+    /// batch holds one of the `--workers` permits from its claim to its
+    /// commit; the semaphore is fair, so a busy shard queues behind the
+    /// others between batches instead of starving them.
+    pub(crate) async fn run_shard(
+        self: Arc<Self>,
+        shard: i16,
+        slot: u8,
+        poll: Duration,
+        mut wake: watch::Receiver<u64>,
+        cancel: CancellationToken,
+    ) {
+        let mut backoff = Backoff::new();
+        while !cancel.is_cancelled() {
+            // Mark notifications seen *before* the batch: one arriving
+            // meanwhile makes `changed()` below return at once.
+            wake.borrow_and_update();
+            let permit = tokio::select! {
+                p = self.permits.acquire() => match p {
+                    Ok(p) => p,
+                    Err(_) => return, // closed: shutting down
+                },
+                () = cancel.cancelled() => return,
+            };
+            self.metrics.relay_shards_in_flight.inc();
+            // Not cut short by a shutdown: a batch handed to the producer is
+            // awaited and marked, so a clean stop re-publishes nothing.
+            let result = self.relay_shard(shard, slot).await;
+            self.metrics.relay_shards_in_flight.dec();
+            drop(permit);
+            match result {
+                // A full or partial batch: there may be more right away.
+                Ok(n) if n > 0 => backoff.reset(),
+                // Nothing claimable, or another relay holds the shard.
+                Ok(_) => {
+                    backoff.reset();
+                    tokio::select! {
+                        _ = wake.changed() => {}
+                        () = tokio::time::sleep(poll) => {}
+                        () = cancel.cancelled() => return,
+                    }
+                }
+                Err(error) => {
+                    self.metrics
+                        .relay_errors_total
+                        .with_label_values(&[error.stage.as_str()])
+                        .inc();
+                    tracing::warn!(
+                        shard,
+                        slot,
+                        stage = error.stage.as_str(),
+                        error = %error,
+                        retry_in_ms = backoff.next().as_millis() as u64,
+                        "relay batch failed; will retry"
+                    );
+                    if !backoff.wait(&cancel).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One transaction: lock the shard's slot, claim, publish, await acks,
+    /// mark, commit.
+    ///
+    /// Its span names the shard and, once claimed, the batch's row count, so
+    /// every log of a row's publish says which batch it was in.
+    #[tracing::instrument(level = "info", skip(self), fields(rows = tracing::field::Empty))]
+    pub(crate) async fn relay_shard(&self, shard: i16, slot: u8) -> Result<usize, BatchError> {
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(BatchError::at(Stage::Claim, "begin"))?;
+        if !outbox::try_lock_shard(&mut tx, shard, slot)
+            .await
+            .map_err(BatchError::at(Stage::Claim, "lock shard"))?
+        {
+            return Ok(0);
+        }
+        let rows = outbox::claim(&mut tx, shard, self.batch_size)
+            .await
+            .map_err(BatchError::at(Stage::Claim, "claim outbox batch"))?;
+        if rows.is_empty() {
+            tx.commit()
+                .await
+                .map_err(BatchError::at(Stage::Claim, "commit empty claim"))?;
+            return Ok(0);
+        }
+        tracing::Span::current().record("rows", rows.len());
+        let start = Instant::now();
+        let results = join_all(rows.iter().map(|row| self.publish(row))).await;
+        let mut delivered = Vec::with_capacity(rows.len());
+        let mut rejected = Vec::new();
+        for (row, result) in rows.iter().zip(results) {
+            match result {
+                Publish::Delivered => delivered.push(row.id),
+                Publish::Retry => {}
+                Publish::Rejected(error) => rejected.push((row.id, error)),
+            }
+        }
+        self.metrics
+            .relay_publish_duration_seconds
+            .observe(start.elapsed().as_secs_f64());
+        self.mark_batch(tx, &delivered, &rejected, self.max_attempts)
+            .await?;
+        Ok(delivered.len())
+    }
+}

@@ -1,0 +1,289 @@
+//! `relay webhooks ...`: what an operator does with the destinations and
+//! the deliveries.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use super::destination::{DESTINATIONS_REFRESH, Destination};
+use super::store::{remove, upsert};
+
+/// `relay webhooks ...`: what an operator does with the deliveries.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Admin {
+    /// Sends failed deliveries again: each becomes pending with its attempts
+    /// reset (its `replays` counts this). A replayed delivery goes after any
+    /// later event of its key that was delivered meanwhile. Running relays
+    /// take them within their poll interval.
+    Replay {
+        /// Replay the failed deliveries (required: the only selection so far).
+        #[arg(long, required = true)]
+        failed: bool,
+        /// Only this destination's.
+        #[arg(long)]
+        destination: Option<String>,
+        /// Only those that failed since: an RFC 3339 time
+        /// (2026-11-24T08:00:00Z) or a duration ago (90m, 2h, 1d).
+        #[arg(long, value_parser = parse_since)]
+        since: Option<DateTime<Utc>>,
+        #[command(flatten)]
+        horizon: ReceiverHorizon,
+    },
+    /// Enables a destination a 410 Gone disabled; its waiting deliveries go.
+    Enable {
+        /// The destination.
+        #[arg(long)]
+        destination: String,
+        #[command(flatten)]
+        horizon: ReceiverHorizon,
+    },
+    /// Each destination's deliveries: pending, delivered, failed, and
+    /// whether it is disabled or removed.
+    Status,
+    /// Adds a destination, or replaces one's settings: every relay fans the
+    /// events committed from now on out to it too (within
+    /// `DESTINATIONS_REFRESH`), and delivers them.
+    Add {
+        /// NAME=URL,secret=whsec_...[,secret=...][,timeout=10s][,concurrency=16][,max-attempts=8]
+        destination: Destination,
+    },
+    /// Removes a destination: no later event is fanned out to it, and its
+    /// pending deliveries are marked failed at once ("the destination was
+    /// removed"); add it again and `replay --failed --destination NAME` to
+    /// send them after all. To let them be delivered first, wait until
+    /// `status` shows it has none pending.
+    Remove {
+        /// The destination's name.
+        #[arg(long)]
+        destination: String,
+    },
+}
+
+/// How far back the receiver remembers, for the commands that send old
+/// events again. Past its dedup horizon (payments' `--inbox-retention`, 16
+/// days by default) a receiver refuses an event as `after_horizon` and
+/// dead-letters it, because it can no longer tell a first delivery from a
+/// duplicate; sending such events is refused here unless told to skip them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReceiverHorizon {
+    /// The receiver's dedup horizon: its inbox retention (payments
+    /// `--inbox-retention`). Events minted longer ago than this are past it.
+    #[arg(long = "receiver-horizon", value_parser = humantime::parse_duration, default_value = "16d")]
+    pub receiver_horizon: std::time::Duration,
+    /// Leave the deliveries of events past the receiver's horizon out (they
+    /// stay failed, and `enable` marks its waiting ones failed) instead of
+    /// refusing the whole command.
+    #[arg(long)]
+    pub skip_past_horizon: bool,
+}
+
+impl Default for ReceiverHorizon {
+    fn default() -> Self {
+        Self {
+            receiver_horizon: std::time::Duration::from_secs(16 * 86_400),
+            skip_past_horizon: false,
+        }
+    }
+}
+
+impl ReceiverHorizon {
+    /// The horizon as a PostgreSQL interval's seconds.
+    fn seconds(&self) -> f64 {
+        self.receiver_horizon.as_secs_f64()
+    }
+
+    /// The refusal when `n` deliveries are past the horizon and
+    /// `--skip-past-horizon` was not given.
+    fn refusal(&self, n: i64, what: &str) -> anyhow::Error {
+        anyhow::anyhow!(
+            "{n} of the {what} carry events minted more than {} ago, past the receiver's dedup \
+             horizon (--receiver-horizon, its --inbox-retention): it would refuse them as \
+             after_horizon and dead-letter them, so nothing was done. Give --skip-past-horizon \
+             to send only the younger ones (the older stay failed); for each older one, check \
+             at the receiver whether its effect exists (payments.charges by order id) and apply \
+             the missing ones there by hand",
+            humantime::format_duration(self.receiver_horizon)
+        )
+    }
+}
+
+/// `--since`: an RFC 3339 time, or a duration before now.
+fn parse_since(s: &str) -> Result<DateTime<Utc>, String> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(s.trim()) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    let ago = humantime::parse_duration(s.trim()).map_err(|_| {
+        format!("{s:?}: an RFC 3339 time (2026-11-24T08:00:00Z) or a duration ago (90m, 2h, 1d)")
+    })?;
+    chrono::Duration::from_std(ago)
+        .ok()
+        .and_then(|d| Utc::now().checked_sub_signed(d))
+        .ok_or_else(|| format!("{s:?}: too far back"))
+}
+
+impl Admin {
+    /// Runs the command; returns what to print.
+    pub async fn run(&self, pool: &PgPool) -> anyhow::Result<String> {
+        match self {
+            Admin::Replay {
+                failed: _,
+                destination,
+                since,
+                horizon,
+            } => {
+                let (replayed, skipped) =
+                    replay_failed(pool, destination.as_deref(), *since, horizon).await?;
+                let mut out = format!("{replayed} failed deliveries queued again\n");
+                if skipped > 0 {
+                    out.push_str(&format!(
+                        "{skipped} left failed: their events are past the receiver's horizon\n"
+                    ));
+                }
+                Ok(out)
+            }
+            Admin::Enable {
+                destination,
+                horizon,
+            } => enable(pool, destination, horizon).await,
+            Admin::Add { destination } => {
+                upsert(pool, std::slice::from_ref(destination)).await?;
+                Ok(format!(
+                    "destination {} delivers to {}; running relays take it within {}\n",
+                    destination.name,
+                    destination.url,
+                    humantime::format_duration(DESTINATIONS_REFRESH)
+                ))
+            }
+            Admin::Remove { destination } => {
+                let failed = remove(pool, destination).await?;
+                Ok(format!(
+                    "destination {destination} removed; {failed} pending deliveries marked failed\n"
+                ))
+            }
+            Admin::Status => {
+                let rows = sqlx::query!(
+                    r#"SELECT w.destination AS "destination!", w.disabled_at, w.reason, w.removed_at,
+                              count(d.outbox_id) FILTER (WHERE d.delivered_at IS NULL AND d.failed_at IS NULL) AS "pending!",
+                              count(d.outbox_id) FILTER (WHERE d.delivered_at IS NOT NULL) AS "delivered!",
+                              count(d.outbox_id) FILTER (WHERE d.failed_at IS NOT NULL) AS "failed!"
+                       FROM orders.webhook_destinations w
+                       LEFT JOIN orders.webhook_deliveries d ON d.destination = w.destination
+                       GROUP BY w.destination, w.disabled_at, w.reason, w.removed_at ORDER BY w.destination"#
+                )
+                .fetch_all(pool)
+                .await?;
+                let mut out = format!(
+                    "{:<24} {:>10} {:>12} {:>8}  state\n",
+                    "destination", "pending", "delivered", "failed"
+                );
+                for r in rows {
+                    let state = match (r.removed_at, r.disabled_at) {
+                        (Some(at), _) => format!("removed since {at}"),
+                        (None, Some(at)) => {
+                            format!("disabled since {at}: {}", r.reason.unwrap_or_default())
+                        }
+                        (None, None) => "enabled".to_owned(),
+                    };
+                    out.push_str(&format!(
+                        "{:<24} {:>10} {:>12} {:>8}  {state}\n",
+                        r.destination, r.pending, r.delivered, r.failed
+                    ));
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// Makes failed deliveries pending again (of `destination`, failed since
+/// `since`, when given), but none whose event is past the receiver's
+/// `horizon`: with any of those selected the command is refused, or with
+/// `--skip-past-horizon` they stay failed. Returns (replayed, left failed).
+pub async fn replay_failed(
+    pool: &PgPool,
+    destination: Option<&str>,
+    since: Option<DateTime<Utc>>,
+    horizon: &ReceiverHorizon,
+) -> anyhow::Result<(u64, i64)> {
+    // One statement: the selection, which of it is past the horizon, and
+    // the replay of the rest, unless something is past it and not skipped
+    // (then nothing changes and the command is refused).
+    let (replayed, past): (i64, i64) = sqlx::query_as(
+        "WITH sel AS ( \
+           SELECT destination, outbox_id, \
+                  msg_id < effectively.v7_floor(now() - make_interval(secs => $3)) AS past \
+           FROM orders.webhook_deliveries \
+           WHERE failed_at IS NOT NULL \
+             AND ($1::text IS NULL OR destination = $1) \
+             AND ($2::timestamptz IS NULL OR failed_at >= $2)), \
+         go AS ( \
+           UPDATE orders.webhook_deliveries d SET failed_at = NULL, attempts = 0, \
+             next_attempt_at = now(), replays = d.replays + 1 \
+           FROM sel \
+           WHERE d.destination = sel.destination AND d.outbox_id = sel.outbox_id AND NOT sel.past \
+             AND ($4 OR NOT EXISTS (SELECT 1 FROM sel WHERE sel.past)) \
+           RETURNING 1) \
+         SELECT (SELECT count(*) FROM go), (SELECT count(*) FROM sel WHERE sel.past)",
+    )
+    .bind(destination)
+    .bind(since)
+    .bind(horizon.seconds())
+    .bind(horizon.skip_past_horizon)
+    .fetch_one(pool)
+    .await?;
+    if past > 0 && !horizon.skip_past_horizon {
+        return Err(horizon.refusal(past, "failed deliveries selected"));
+    }
+    Ok((u64::try_from(replayed).unwrap_or(0), past))
+}
+
+/// Enables `destination` (disabled by a 410); its waiting deliveries go,
+/// but none whose event is past the receiver's horizon: with any of those
+/// waiting the command is refused, or with `--skip-past-horizon` they are
+/// marked failed (with the reason) first.
+async fn enable(
+    pool: &PgPool,
+    destination: &str,
+    horizon: &ReceiverHorizon,
+) -> anyhow::Result<String> {
+    let mut tx = pool.begin().await?;
+    // The waiting deliveries past the horizon, marked failed only with
+    // --skip-past-horizon (otherwise the command is refused, unchanged).
+    let past: i64 = sqlx::query_scalar(
+        "WITH past AS ( \
+           SELECT outbox_id FROM orders.webhook_deliveries \
+           WHERE destination = $1 AND delivered_at IS NULL AND failed_at IS NULL \
+             AND msg_id < effectively.v7_floor(now() - make_interval(secs => $2))), \
+         failed AS ( \
+           UPDATE orders.webhook_deliveries d SET failed_at = now(), \
+             last_error = 'past the receiver''s dedup horizon when the destination was enabled' \
+           FROM past WHERE $3 AND d.destination = $1 AND d.outbox_id = past.outbox_id \
+           RETURNING 1) \
+         SELECT count(*) FROM past",
+    )
+    .bind(destination)
+    .bind(horizon.seconds())
+    .bind(horizon.skip_past_horizon)
+    .fetch_one(&mut *tx)
+    .await?;
+    if past > 0 && !horizon.skip_past_horizon {
+        return Err(horizon.refusal(past, "deliveries waiting for this destination"));
+    }
+    let was = sqlx::query_scalar!(
+        "UPDATE orders.webhook_destinations SET disabled_at = NULL, reason = NULL \
+         WHERE destination = $1 RETURNING destination",
+        destination
+    )
+    .fetch_optional(&mut *tx)
+    .await?;
+    if was.is_none() {
+        anyhow::bail!("no destination {destination:?} (relay webhooks status lists them)");
+    }
+    tx.commit().await?;
+    let mut out = format!("destination {destination} enabled\n");
+    if past > 0 {
+        out.push_str(&format!(
+            "{past} waiting deliveries marked failed: their events are past the receiver's horizon\n"
+        ));
+    }
+    Ok(out)
+}

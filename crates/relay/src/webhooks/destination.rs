@@ -1,0 +1,201 @@
+//! A destination: its name, URL, secrets, timeout and concurrency, as the
+//! `--webhook-destination` flag and `relay webhooks add` parse it.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use effectively::webhook::{self, Secret};
+
+/// How often a running relay reads the destinations again.
+pub const DESTINATIONS_REFRESH: Duration = Duration::from_secs(2);
+
+/// The default timeout of one attempt.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default number of attempts in flight to one destination.
+pub const DEFAULT_CONCURRENCY: usize = 16;
+
+/// One destination: where, signed with what, how patiently.
+#[derive(Clone)]
+pub struct Destination {
+    /// Its name: the label of its metrics and its rows.
+    pub name: String,
+    /// The URL posted to.
+    pub url: reqwest::Url,
+    /// The signing secrets (several during a rotation).
+    pub secrets: Vec<Secret>,
+    /// One attempt's timeout (at most `webhook::MAX_ATTEMPT_TIMEOUT`).
+    pub timeout: Duration,
+    /// Attempts in flight at once.
+    pub concurrency: usize,
+    /// Attempts before a delivery fails (at most `webhook::MAX_ATTEMPTS`).
+    pub max_attempts: u32,
+    /// The text it was parsed from (secrets included), as stored in
+    /// `orders.webhook_destinations.spec`.
+    pub(super) spec: String,
+}
+
+impl fmt::Debug for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Destination")
+            .field("name", &self.name)
+            .field("url", &self.url.as_str())
+            .field("secrets", &self.secrets.len())
+            .field("timeout", &self.timeout)
+            .field("concurrency", &self.concurrency)
+            .field("max_attempts", &self.max_attempts)
+            .finish()
+    }
+}
+
+/// `--webhook-destination`'s syntax, for its errors.
+const DESTINATION_SYNTAX: &str =
+    "NAME=URL,secret=whsec_...[,secret=...][,timeout=10s][,concurrency=16][,max-attempts=8]";
+
+impl FromStr for Destination {
+    type Err = String;
+
+    /// `NAME=URL,secret=whsec_…[,secret=…][,timeout=10s][,concurrency=16][,max-attempts=8]`.
+    /// The errors never quote a secret.
+    fn from_str(text: &str) -> Result<Self, String> {
+        let mut parts = text.trim().split(',');
+        let head = parts.next().unwrap_or_default();
+        let (name, url) = head
+            .split_once('=')
+            .ok_or_else(|| format!("a destination is {DESTINATION_SYNTAX}"))?;
+        let name = name.trim();
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(format!(
+                "destination name {name:?}: 1 to 64 letters, digits, '-' or '_'"
+            ));
+        }
+        let url = reqwest::Url::parse(url.trim())
+            .map_err(|e| format!("destination {name}: URL {:?}: {e}", url.trim()))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!("destination {name}: the URL must be http or https"));
+        }
+        let mut destination = Destination {
+            name: name.to_owned(),
+            url,
+            secrets: Vec::new(),
+            timeout: DEFAULT_TIMEOUT,
+            concurrency: DEFAULT_CONCURRENCY,
+            max_attempts: webhook::MAX_ATTEMPTS,
+            spec: text.trim().to_owned(),
+        };
+        for part in parts {
+            let (key, value) = part.split_once('=').ok_or_else(|| {
+                format!("destination {name}: {part:?} is not key=value ({DESTINATION_SYNTAX})")
+            })?;
+            let value = value.trim();
+            match key.trim() {
+                "secret" => destination
+                    .secrets
+                    .push(Secret::parse(value).map_err(|e| format!("destination {name}: {e}"))?),
+                "timeout" => {
+                    let t = humantime::parse_duration(value)
+                        .map_err(|e| format!("destination {name}: timeout {value:?}: {e}"))?;
+                    if t.is_zero() || t > webhook::MAX_ATTEMPT_TIMEOUT {
+                        return Err(format!(
+                            "destination {name}: timeout {value} must be over 0 and at most {}",
+                            humantime::format_duration(webhook::MAX_ATTEMPT_TIMEOUT)
+                        ));
+                    }
+                    destination.timeout = t;
+                }
+                "concurrency" => {
+                    destination.concurrency = value
+                        .parse()
+                        .ok()
+                        .filter(|c| (1..=1024).contains(c))
+                        .ok_or_else(|| {
+                            format!("destination {name}: concurrency {value:?} must be 1 to 1024")
+                        })?;
+                }
+                "max-attempts" => {
+                    destination.max_attempts = value
+                        .parse()
+                        .ok()
+                        .filter(|a| (1..=webhook::MAX_ATTEMPTS).contains(a))
+                        .ok_or_else(|| {
+                            format!(
+                                "destination {name}: max-attempts {value:?} must be 1 to {} \
+                                 (the receiver's horizon assumes no more)",
+                                webhook::MAX_ATTEMPTS
+                            )
+                        })?;
+                }
+                other => {
+                    return Err(format!(
+                        "destination {name}: unknown setting {other:?} ({DESTINATION_SYNTAX})"
+                    ));
+                }
+            }
+        }
+        if destination.secrets.is_empty() {
+            return Err(format!(
+                "destination {name}: a secret=whsec_... is required (every request is signed)"
+            ));
+        }
+        Ok(destination)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_destination_parses_with_its_defaults_and_refuses_what_is_wrong() {
+        let secret = Secret::generate().to_whsec();
+        let d: Destination =
+            format!("payments=http://127.0.0.1:9103/webhooks/orders,secret={secret}")
+                .parse()
+                .expect("parses");
+        assert_eq!(d.name, "payments");
+        assert_eq!(d.url.as_str(), "http://127.0.0.1:9103/webhooks/orders");
+        assert_eq!(
+            (d.timeout, d.concurrency, d.max_attempts, d.secrets.len()),
+            (DEFAULT_TIMEOUT, DEFAULT_CONCURRENCY, 8, 1)
+        );
+        let other = Secret::generate().to_whsec();
+        let d: Destination = format!(
+            "a_b-1=https://example.com/h,secret={secret},secret={other},timeout=2s,concurrency=4,max-attempts=3"
+        )
+        .parse()
+        .expect("parses");
+        assert_eq!(
+            (d.timeout, d.concurrency, d.max_attempts, d.secrets.len()),
+            (Duration::from_secs(2), 4, 3, 2)
+        );
+        assert!(
+            !format!("{d:?}").contains(&secret[6..]),
+            "no secret in Debug"
+        );
+        for (text, wanted) in [
+            ("payments", "NAME=URL"),
+            ("=http://x/,secret=S", "destination name"),
+            ("p=ftp://x/,secret=S", "http or https"),
+            ("p=not a url,secret=S", "URL"),
+            ("p=http://x/", "secret=whsec_"),
+            ("p=http://x/,secret=short", "base64"),
+            ("p=http://x/,secret=S,timeout=31s", "at most 30s"),
+            ("p=http://x/,secret=S,concurrency=0", "concurrency"),
+            ("p=http://x/,secret=S,max-attempts=9", "max-attempts"),
+            ("p=http://x/,secret=S,colour=blue", "unknown setting"),
+        ] {
+            let text = text.replace("secret=S", &format!("secret={secret}"));
+            let error = text.parse::<Destination>().expect_err(&text);
+            assert!(error.contains(wanted), "{text}: {error}");
+            assert!(
+                !error.contains(&secret[6..]),
+                "{text}: the error quotes no secret"
+            );
+        }
+    }
+}

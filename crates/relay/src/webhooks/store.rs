@@ -1,0 +1,170 @@
+//! The webhook tables' statements: destinations recorded, read and removed,
+//! due deliveries claimed for an attempt, delivered ones expired.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::destination::Destination;
+
+/// A delivery claimed for one attempt.
+#[derive(Debug, Clone)]
+pub(super) struct Claimed {
+    pub(super) outbox_id: i64,
+    pub(super) msg_id: Uuid,
+    pub(super) body: Vec<u8>,
+    /// This attempt's number (1 for the first; a replay starts over).
+    pub(super) attempts: i32,
+    /// The replay this attempt belongs to (0: the first run).
+    pub(super) replays: i32,
+    pub(super) created_at: DateTime<Utc>,
+}
+
+/// Deletes up to `batch` deliveries delivered longer ago than the outbox
+/// retention (`orders.outbox_policy`), with their attempts; returns how
+/// many. Pending and failed deliveries are never deleted (a failed one waits
+/// for `relay webhooks replay` or an operator).
+pub async fn expire(pool: &PgPool, batch: i32) -> sqlx::Result<i32> {
+    let n = sqlx::query_scalar!(
+        r#"WITH gone AS (
+             DELETE FROM orders.webhook_deliveries d
+             WHERE (d.destination, d.outbox_id) IN (
+               SELECT e.destination, e.outbox_id FROM orders.webhook_deliveries e
+               WHERE e.delivered_at < now() - (SELECT p.retention FROM orders.outbox_policy p)
+               LIMIT $1)
+             RETURNING d.destination, d.outbox_id),
+           a AS (
+             DELETE FROM orders.webhook_attempts t USING gone
+             WHERE t.destination = gone.destination AND t.outbox_id = gone.outbox_id)
+           SELECT count(*) AS "n!" FROM gone"#,
+        i64::from(batch)
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(i32::try_from(n).unwrap_or(i32::MAX))
+}
+
+/// Records the destinations (a destination's disabled state lives there).
+/// Adds `destinations` to `orders.webhook_destinations`, or replaces the
+/// spec of those there (a removed one is added again: its later events are
+/// fanned out to it; its failed deliveries wait for `relay webhooks replay`).
+pub async fn upsert(pool: &PgPool, destinations: &[Destination]) -> sqlx::Result<()> {
+    let names: Vec<&str> = destinations.iter().map(|d| d.name.as_str()).collect();
+    let specs: Vec<&str> = destinations.iter().map(|d| d.spec.as_str()).collect();
+    sqlx::query!(
+        "INSERT INTO orders.webhook_destinations (destination, spec) \
+         SELECT * FROM unnest($1::text[], $2::text[]) \
+         ON CONFLICT (destination) DO UPDATE SET spec = EXCLUDED.spec, removed_at = NULL, \
+           added_at = CASE WHEN orders.webhook_destinations.removed_at IS NULL \
+                                AND orders.webhook_destinations.spec IS NOT NULL \
+                           THEN orders.webhook_destinations.added_at ELSE now() END",
+        &names as &[&str],
+        &specs as &[&str]
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The destinations fanned out to: in `orders.webhook_destinations`, with a
+/// spec, not removed. A spec that no longer parses (written by another
+/// version) is left out with an ERROR.
+pub async fn active(pool: &PgPool) -> sqlx::Result<Vec<Destination>> {
+    let rows = sqlx::query!(
+        r#"SELECT destination, spec AS "spec!" FROM orders.webhook_destinations
+           WHERE spec IS NOT NULL AND removed_at IS NULL ORDER BY destination"#
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|r| match r.spec.parse::<Destination>() {
+            Ok(d) if d.name == r.destination => Some(d),
+            Ok(d) => {
+                tracing::error!(destination = r.destination, named = d.name, "a destination's spec names another destination; not delivering to it");
+                None
+            }
+            Err(error) => {
+                tracing::error!(destination = r.destination, %error, "a destination's spec does not parse; not delivering to it");
+                None
+            }
+        })
+        .collect())
+}
+
+/// Removes `name`: no later event is fanned out to it, and its pending
+/// deliveries are marked failed ("the destination was removed"), in one
+/// transaction that first locks the destination's row, so no fan-out
+/// writes a delivery for it after. Returns how many were pending.
+pub async fn remove(pool: &PgPool, name: &str) -> anyhow::Result<u64> {
+    let mut tx = pool.begin().await?;
+    let found: Option<i32> = sqlx::query_scalar!(
+        "SELECT 1 FROM orders.webhook_destinations \
+         WHERE destination = $1 AND spec IS NOT NULL AND removed_at IS NULL FOR UPDATE",
+        name
+    )
+    .fetch_optional(&mut *tx)
+    .await?
+    .flatten();
+    if found.is_none() {
+        anyhow::bail!("no destination {name:?} (relay webhooks status lists them)");
+    }
+    sqlx::query!(
+        "UPDATE orders.webhook_destinations SET removed_at = now() WHERE destination = $1",
+        name
+    )
+    .execute(&mut *tx)
+    .await?;
+    let failed = sqlx::query!(
+        "UPDATE orders.webhook_deliveries SET failed_at = now(), \
+           last_error = 'the destination was removed (relay webhooks remove)' \
+         WHERE destination = $1 AND delivered_at IS NULL AND failed_at IS NULL",
+        name
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(failed)
+}
+
+/// Claims up to `limit` due deliveries of `destination` for one attempt
+/// each: none while the destination is disabled (a 410), and only those
+/// whose key has no earlier open delivery to it (`OFFSET 0` keeps the
+/// `NOT EXISTS` a probe per candidate, as in `outbox::claim`). Counts the
+/// attempt and moves `next_attempt_at` a lease ahead.
+pub(super) async fn claim(
+    pool: &PgPool,
+    destination: &str,
+    limit: usize,
+    lease: Duration,
+) -> sqlx::Result<Vec<Claimed>> {
+    sqlx::query_as!(
+        Claimed,
+        "UPDATE orders.webhook_deliveries d \
+         SET attempts = d.attempts + 1, last_attempt_at = now(), \
+             next_attempt_at = now() + $3::float8 * interval '1 millisecond' \
+         FROM (SELECT c.destination, c.outbox_id FROM orders.webhook_deliveries c \
+               WHERE c.destination = $1 AND c.delivered_at IS NULL AND c.failed_at IS NULL \
+                 AND c.next_attempt_at <= now() \
+                 AND NOT EXISTS (SELECT 1 FROM orders.webhook_destinations w \
+                                 WHERE w.destination = $1 AND w.disabled_at IS NOT NULL) \
+                 AND NOT EXISTS (SELECT 1 FROM orders.webhook_deliveries e \
+                                 WHERE e.destination = c.destination \
+                                   AND e.aggregate_id = c.aggregate_id \
+                                   AND e.outbox_id < c.outbox_id \
+                                   AND e.delivered_at IS NULL AND e.failed_at IS NULL \
+                                 OFFSET 0) \
+               ORDER BY c.next_attempt_at, c.outbox_id LIMIT $2 \
+               FOR UPDATE OF c SKIP LOCKED) AS picked \
+         WHERE d.destination = picked.destination AND d.outbox_id = picked.outbox_id \
+         RETURNING d.outbox_id, d.msg_id, d.body, d.attempts, d.replays, d.created_at",
+        destination,
+        i64::try_from(limit).unwrap_or(i64::MAX),
+        lease.as_secs_f64() * 1000.0
+    )
+    .fetch_all(pool)
+    .await
+}

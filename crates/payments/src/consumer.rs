@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::kafka::{PaymentsConsumer, RebalanceContext, sample_lag};
-use crate::metrics::PaymentsMetrics;
+use crate::metrics::{PaymentsMetrics, Stage};
 use crate::process::{Apply, process};
 use crate::{dup, hold};
 
@@ -69,7 +69,7 @@ pub(crate) async fn consume(
         fatal.clone(),
         metrics
             .consumer_errors_total
-            .with_label_values(&["commit_callback"]),
+            .with_label_values(&[Stage::CommitCallback.as_str()]),
         metrics.consumer_lag.clone(),
         metrics.partitions_moved_total.clone(),
     );
@@ -252,10 +252,7 @@ fn keep(
             true
         }
         Err(error) => {
-            metrics
-                .consumer_errors_total
-                .with_label_values(&["kafka"])
-                .inc();
+            metrics.error(Stage::Consume);
             tracing::warn!(%error, "kafka receive failed");
             false
         }
@@ -351,10 +348,7 @@ impl Commits {
         match consumer.commit(&tpl, mode) {
             Ok(()) => context.record_commit(&tpl),
             Err(error) => {
-                metrics
-                    .consumer_errors_total
-                    .with_label_values(&["commit"])
-                    .inc();
+                metrics.error(Stage::Commit);
                 tracing::warn!(%error, "offset commit failed; the batches will be redelivered (no-ops)");
             }
         }

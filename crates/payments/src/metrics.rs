@@ -41,10 +41,13 @@ pub struct PaymentsMetrics {
     pub processing_duration_seconds: Histogram,
     /// Seconds from the outbox row's commit to the charge's commit.
     pub commit_to_effect_seconds: Histogram,
-    /// Errors by stage: `db` (transient, retried), `db_refused` (the data of
-    /// the batch was refused: it is split), `kafka`, `commit` (an offset
-    /// commit refused at once), `commit_callback` (an asynchronous offset
-    /// commit the broker did not take).
+    /// Errors by stage: `consume` (a Kafka receive), `apply` (the batch's
+    /// transaction, transient: retried), `db_refused` (the data of the batch
+    /// was refused: it is split), `dead_letter` (writing a dead letter,
+    /// transient: retried), `scan` (the webhook processor reading its
+    /// claims), `commit` (an offset commit refused at once),
+    /// `commit_callback` (an asynchronous offset commit the broker did not
+    /// take).
     pub consumer_errors_total: IntCounterVec,
     /// Duplicate deliveries injected on purpose (`--dup-rate`), by kind:
     /// `reprocess` (applied again after the commit, as if redelivered) and
@@ -324,9 +327,64 @@ impl PaymentsMetrics {
             m.injected_duplicates_total
                 .with_label_values(&[kind.as_str()]);
         }
-        for stage in ["db", "db_refused", "kafka", "commit", "commit_callback"] {
-            m.consumer_errors_total.with_label_values(&[stage]);
+        for stage in Stage::ALL {
+            m.consumer_errors_total.with_label_values(&[stage.as_str()]);
         }
         Ok(m)
+    }
+}
+
+/// Where payments' work failed, the `stage` of
+/// `payments_consumer_errors_total`; the logs of each say it too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// A Kafka receive.
+    Consume,
+    /// A batch's transaction, transiently (retried).
+    Apply,
+    /// A batch the database refused for its data (it is split).
+    Refused,
+    /// Writing a dead letter, transiently (retried).
+    DeadLetter,
+    /// The webhook processor reading its claims.
+    Scan,
+    /// An offset commit refused at once.
+    Commit,
+    /// An asynchronous offset commit the broker did not take.
+    CommitCallback,
+}
+
+impl Stage {
+    /// Every stage, for the series shown before the first error.
+    pub const ALL: [Self; 7] = [
+        Self::Consume,
+        Self::Apply,
+        Self::Refused,
+        Self::DeadLetter,
+        Self::Scan,
+        Self::Commit,
+        Self::CommitCallback,
+    ];
+
+    /// The stage's label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Consume => "consume",
+            Self::Apply => "apply",
+            Self::Refused => "db_refused",
+            Self::DeadLetter => "dead_letter",
+            Self::Scan => "scan",
+            Self::Commit => "commit",
+            Self::CommitCallback => "commit_callback",
+        }
+    }
+}
+
+impl PaymentsMetrics {
+    /// Counts an error of `stage`.
+    pub fn error(&self, stage: Stage) {
+        self.consumer_errors_total
+            .with_label_values(&[stage.as_str()])
+            .inc();
     }
 }

@@ -17,7 +17,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::inbox::{self, Applied, ChargeIntent, Delivery, Held, Source};
-use crate::metrics::PaymentsMetrics;
+use crate::metrics::{PaymentsMetrics, Stage};
 use crate::{decode, unsafe_split};
 
 /// How a slice is applied: the consume transaction, or one of the UNSAFE
@@ -199,17 +199,11 @@ async fn apply_with_retry(
                 return Attempt::Applied(applied);
             }
             Err(error) if classify_db_error(&error) == ErrorClass::Deterministic => {
-                metrics
-                    .consumer_errors_total
-                    .with_label_values(&["db_refused"])
-                    .inc();
+                metrics.error(Stage::Refused);
                 return Attempt::Refused(error);
             }
             Err(error) => {
-                metrics
-                    .consumer_errors_total
-                    .with_label_values(&["db"])
-                    .inc();
+                metrics.error(Stage::Apply);
                 tracing::warn!(%error, "applying batch failed; retrying");
                 if !backoff.wait(cancel).await {
                     return Attempt::Cancelled;
@@ -252,10 +246,7 @@ async fn reject_with_retry(
                 source.payload = None;
             }
             Err(error) => {
-                metrics
-                    .consumer_errors_total
-                    .with_label_values(&["db"])
-                    .inc();
+                metrics.error(Stage::DeadLetter);
                 tracing::warn!(%error, "writing a dead letter failed; retrying");
                 if !backoff.wait(cancel).await {
                     return false;

@@ -67,7 +67,7 @@ use uuid::Uuid;
 
 use crate::decode;
 use crate::inbox::{DeadLetter, DeadLetterKind, Delivery, Source};
-use crate::metrics::PaymentsMetrics;
+use crate::metrics::{PaymentsMetrics, Stage};
 
 /// The largest body taken (an event is well under a kilobyte; Kafka's
 /// default message limit is 1 MB): larger is a 413.
@@ -530,10 +530,7 @@ impl Processor {
                     rows
                 }
                 Err(error) => {
-                    metrics
-                        .consumer_errors_total
-                        .with_label_values(&["db"])
-                        .inc();
+                    metrics.error(Stage::Scan);
                     tracing::warn!(%error, "reading the webhook claims failed; retrying");
                     if !backoff.wait(&cancel).await {
                         return;

@@ -210,6 +210,106 @@ pub fn series_value(exposition: &str, series: &str) -> Option<f64> {
         })
 }
 
+/// A service's `run` in a test: on a metrics listener bound to a free port,
+/// in a task of its own, its `/metrics` scraped, stopped with a deadline.
+/// The services' tests share it (`orders`, `relay` and `payments` each have
+/// a `run(config, metrics_listener, cancel)`).
+pub struct Service {
+    name: &'static str,
+    metrics_url: String,
+    cancel: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Service {
+    /// Binds a listener on 127.0.0.1 and spawns `run(listener, cancel)`;
+    /// `name` is for the panics.
+    ///
+    /// # Panics
+    /// When no port can be bound.
+    pub async fn spawn<F, Fut>(name: &'static str, run: F) -> Self
+    where
+        F: FnOnce(tokio::net::TcpListener, tokio_util::sync::CancellationToken) -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+    {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a metrics listener");
+        let metrics_url = format!(
+            "http://{}/metrics",
+            listener.local_addr().expect("listener address")
+        );
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(run(listener, cancel.clone()));
+        Self {
+            name,
+            metrics_url,
+            cancel,
+            task,
+        }
+    }
+
+    /// Its `/metrics` URL.
+    pub fn metrics_url(&self) -> &str {
+        &self.metrics_url
+    }
+
+    /// The value of `series` in its metrics now (see [`series_value`]); 0
+    /// when the series is not exposed yet.
+    ///
+    /// # Panics
+    /// When the scrape fails.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let text = reqwest::get(&self.metrics_url)
+            .await
+            .unwrap_or_else(|e| panic!("scrape {}: {e}", self.name))
+            .text()
+            .await
+            .unwrap_or_else(|e| panic!("read {}'s metrics: {e}", self.name));
+        series_value(&text, series).unwrap_or(0.0)
+    }
+
+    /// Whether its task has ended (by itself: an error, or a fatal state).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Waits, without cancelling it, for its `run` to end by itself (an
+    /// error, a fatal state) and returns how.
+    ///
+    /// # Panics
+    /// When it is still running after `within`, or its task panicked.
+    pub async fn ended(self, within: std::time::Duration) -> anyhow::Result<()> {
+        tokio::time::timeout(within, self.task)
+            .await
+            .unwrap_or_else(|_| panic!("{} still runs after {within:?}", self.name))
+            .unwrap_or_else(|e| panic!("{}'s task: {e}", self.name))
+    }
+
+    /// Cancels it and returns how its `run` ended.
+    ///
+    /// # Panics
+    /// When it does not stop within 30 s, or its task panicked.
+    pub async fn stop_with_result(self) -> anyhow::Result<()> {
+        self.cancel.cancel();
+        tokio::time::timeout(std::time::Duration::from_secs(30), self.task)
+            .await
+            .unwrap_or_else(|_| panic!("{} did not stop within 30 s", self.name))
+            .unwrap_or_else(|e| panic!("{}'s task: {e}", self.name))
+    }
+
+    /// Cancels it; it must stop within 30 s without an error.
+    ///
+    /// # Panics
+    /// When it does not, with the error.
+    pub async fn stop(self) {
+        let name = self.name;
+        if let Err(error) = self.stop_with_result().await {
+            panic!("{name} ended with an error: {error:#}");
+        }
+    }
+}
+
 /// A case count from the environment variable `var` (property tests'
 /// `PROPS_*_CASES`), or `default` when it is not set.
 ///

@@ -8,7 +8,7 @@ use effectively::config::DbArgs;
 use effectively::crash::CrashArgs;
 use effectively::db::ServiceRole;
 use effectively::envelope::Envelope;
-use effectively::testing::{TestDb, TestTopic, eventually, series_value};
+use effectively::testing::{Service, TestDb, TestTopic, eventually};
 use effectively::v7::{minted_ago, minted_ahead};
 use payments::dup::{DupArgs, DupKind};
 use payments::horizon::Retention;
@@ -17,8 +17,6 @@ use payments::{Config, Transport, run};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::PgPool;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 struct Event {
@@ -117,43 +115,9 @@ fn config(db: &TestDb, topic: &TestTopic, group: &str) -> Config {
     }
 }
 
-struct Running {
-    metrics_url: String,
-    cancel: CancellationToken,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
-
-impl Running {
-    async fn spawn(config: Config) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let metrics_url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(run(config, listener, cancel.clone()));
-        Self {
-            metrics_url,
-            cancel,
-            task,
-        }
-    }
-
-    async fn metric(&self, name: &str) -> f64 {
-        let text = reqwest::get(&self.metrics_url)
-            .await
-            .expect("scrape")
-            .text()
-            .await
-            .expect("text");
-        series_value(&text, name).unwrap_or(0.0)
-    }
-
-    async fn stop(self) {
-        self.cancel.cancel();
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .expect("stops in time")
-            .expect("join")
-            .expect("payments ok");
-    }
+/// Payments on `config`, in this process.
+async fn spawn_payments(config: Config) -> Service {
+    Service::spawn("payments", |metrics, cancel| run(config, metrics, cancel)).await
 }
 
 async fn count(pool: &PgPool, sql: &str) -> i64 {
@@ -174,7 +138,7 @@ async fn charges_each_event_once_and_a_republish_is_a_noop() {
     let events = events(100);
     produce_events(&topic, &events).await;
 
-    let consumer = Running::spawn(config(&db, &topic, "g-republish")).await;
+    let consumer = spawn_payments(config(&db, &topic, "g-republish")).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
             count(&pool, CHARGES).await == 100
@@ -205,8 +169,8 @@ async fn charges_each_event_once_and_a_republish_is_a_noop() {
 
 /// The series of `payments_consumer_lag` (one per owned partition): how
 /// many there are and their sum.
-async fn consumer_lag(consumer: &Running) -> (usize, f64) {
-    let text = reqwest::get(&consumer.metrics_url)
+async fn consumer_lag(consumer: &Service) -> (usize, f64) {
+    let text = reqwest::get(consumer.metrics_url())
         .await
         .expect("scrape")
         .text()
@@ -227,7 +191,7 @@ async fn consumer_lag_per_partition_is_what_no_commit_covers() {
     let db = TestDb::create().await;
     let topic = TestTopic::create(3).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
-    let consumer = Running::spawn(config(&db, &topic, "g-lag")).await;
+    let consumer = spawn_payments(config(&db, &topic, "g-lag")).await;
     produce_events(&topic, &events(6)).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
@@ -282,7 +246,7 @@ async fn injected_duplicates_of_both_kinds_are_absorbed_by_the_inbox() {
         dup_rate: 1.0,
         dup_kind: DupKind::Both,
     };
-    let consumer = Running::spawn(cfg).await;
+    let consumer = spawn_payments(cfg).await;
     // Every message arrives twice (once injected, each kind about half), and
     // every second arrival is an inbox hit.
     assert!(
@@ -330,7 +294,7 @@ async fn a_malformed_message_is_dead_lettered_and_the_next_one_is_charged() {
         ],
     )
     .await;
-    let consumer = Running::spawn(config(&db, &topic, "g-dead")).await;
+    let consumer = spawn_payments(config(&db, &topic, "g-dead")).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
             count(&pool, CHARGES).await == 1
@@ -489,8 +453,8 @@ async fn two_consumers_in_one_group_split_the_partitions() {
     let db = TestDb::create().await;
     let topic = TestTopic::create(6).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
-    let a = Running::spawn(config(&db, &topic, "g-split")).await;
-    let b = Running::spawn(config(&db, &topic, "g-split")).await;
+    let a = spawn_payments(config(&db, &topic, "g-split")).await;
+    let b = spawn_payments(config(&db, &topic, "g-split")).await;
     let events = events(300);
     produce_events(&topic, &events).await;
     assert!(
@@ -515,7 +479,7 @@ async fn two_consumers_in_one_group_split_the_partitions() {
 
 /// The partitions a member owns now: assigned minus revoked, from its
 /// `payments_partitions_moved_total`.
-async fn owned(member: &Running) -> f64 {
+async fn owned(member: &Service) -> f64 {
     member
         .metric(r#"payments_partitions_moved_total{event="assigned"}"#)
         .await
@@ -529,7 +493,7 @@ async fn a_member_joining_moves_only_the_partitions_that_change_owner() {
     let db = TestDb::create().await;
     let topic = TestTopic::create(6).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
-    let a = Running::spawn(config(&db, &topic, "g-coop")).await;
+    let a = spawn_payments(config(&db, &topic, "g-coop")).await;
     let first = events(200);
     produce_events(&topic, &first).await;
     assert!(
@@ -541,7 +505,7 @@ async fn a_member_joining_moves_only_the_partitions_that_change_owner() {
     );
 
     // A second member joins while events keep coming.
-    let b = Running::spawn(config(&db, &topic, "g-coop")).await;
+    let b = spawn_payments(config(&db, &topic, "g-coop")).await;
     let second = events(200);
     produce_events(&topic, &second).await;
     assert!(
@@ -579,7 +543,7 @@ async fn a_static_member_fenced_by_a_second_process_with_its_id_exits_with_an_er
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let mut static_config = config(&db, &topic, "g-fenced");
     static_config.group_instance_id = Some("payments-1".into());
-    let old = Running::spawn(static_config.clone()).await;
+    let old = spawn_payments(static_config.clone()).await;
     produce_events(&topic, &events(20)).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
@@ -589,11 +553,8 @@ async fn a_static_member_fenced_by_a_second_process_with_its_id_exits_with_an_er
     );
     // A second process with the same group.instance.id: the broker fences
     // the older one, whose client turns fatal; it must end, with the reason.
-    let new = Running::spawn(static_config).await;
-    let ended = tokio::time::timeout(Duration::from_secs(90), old.task)
-        .await
-        .expect("the fenced member ends within 90 s")
-        .expect("join");
+    let new = spawn_payments(static_config).await;
+    let ended = old.ended(Duration::from_secs(90)).await;
     let error = ended.expect_err("the fenced member ends with an error");
     assert!(
         format!("{error:#}").to_lowercase().contains("fenc"),
@@ -724,7 +685,7 @@ async fn no_message_however_malformed_stops_the_partition() {
         .collect();
     produce_raw(&topic, &raw).await;
 
-    let consumer = Running::spawn(config(&db, &topic, "g-hostile")).await;
+    let consumer = spawn_payments(config(&db, &topic, "g-hostile")).await;
     let dead_expected = messages
         .iter()
         .filter(|m| matches!(m.2, Expect::Dead(..)))
@@ -810,7 +771,7 @@ async fn a_message_the_database_refuses_is_isolated_and_the_rest_applied() {
     events[31].amount_cents = 666;
     produce_events(&topic, &events).await;
 
-    let consumer = Running::spawn(config(&db, &topic, "g-refused")).await;
+    let consumer = spawn_payments(config(&db, &topic, "g-refused")).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
             count(&pool, CHARGES).await == 38
@@ -878,7 +839,7 @@ async fn after_expiry_a_late_message_is_refused_not_applied() {
     produce_events(&topic, &future).await;
     produce_events(&topic, &fresh).await;
 
-    let consumer = Running::spawn(config(&db, &topic, "g-late")).await;
+    let consumer = spawn_payments(config(&db, &topic, "g-late")).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
             count(&pool, CHARGES).await == 5
@@ -954,7 +915,7 @@ async fn an_event_the_inbox_cannot_record_yet_is_held_until_it_can_not_dropped()
     produce_events(&topic, &future).await;
     produce_events(&topic, &after).await;
 
-    let consumer = Running::spawn(config(&db, &topic, "g-held")).await;
+    let consumer = spawn_payments(config(&db, &topic, "g-held")).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
             count(&pool, CHARGES).await == 3
@@ -1037,7 +998,7 @@ async fn a_late_duplicate_is_applied_twice_only_when_the_refusal_is_off() {
         e.msg_id = minted_ago(Duration::from_secs(3600));
     }
     produce_events(&topic, &old).await;
-    let first = Running::spawn(config(&db, &topic, "g-first")).await;
+    let first = spawn_payments(config(&db, &topic, "g-first")).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
             count(&pool, LEDGER).await == 2
@@ -1055,7 +1016,7 @@ async fn a_late_duplicate_is_applied_twice_only_when_the_refusal_is_off() {
     // A new group reads the topic from the start: the same two events again.
     let mut unsafe_config = config(&db, &topic, "g-unsafe");
     unsafe_config.unsafe_apply_after_horizon = true;
-    let replay = Running::spawn(unsafe_config).await;
+    let replay = spawn_payments(unsafe_config).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
             count(&pool, LEDGER).await == 4
@@ -1083,7 +1044,7 @@ async fn a_late_duplicate_is_applied_twice_only_when_the_refusal_is_off() {
         0
     );
 
-    let refusing = Running::spawn(config(&db, &topic, "g-safe")).await;
+    let refusing = spawn_payments(config(&db, &topic, "g-safe")).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
             count(&pool, "SELECT count(*) FROM payments.dead_letters").await == 2

@@ -11,7 +11,7 @@ use effectively::contract::WEBHOOK_PATH;
 use effectively::crash::CrashArgs;
 use effectively::db::ServiceRole;
 use effectively::envelope::Envelope;
-use effectively::testing::{TestDb, eventually, series_value};
+use effectively::testing::{Service, TestDb, eventually};
 use effectively::webhook::{self, Secret};
 use payments::dup::DupArgs;
 use payments::horizon::Retention;
@@ -83,11 +83,9 @@ fn config(db: &TestDb, secret: &Secret) -> Config {
 
 struct Receiver {
     url: String,
-    metrics_url: String,
     secret: Secret,
     client: reqwest::Client,
-    cancel: CancellationToken,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    service: Service,
 }
 
 /// A dead letter: transport, kind, msg_id, payload, topic.
@@ -121,24 +119,22 @@ impl Receiver {
         secret: Secret,
         tune: impl FnOnce(&mut WebhookArgs),
     ) -> Self {
-        let metrics = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let webhooks = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let metrics_url = format!("http://{}/metrics", metrics.local_addr().expect("addr"));
         let url = format!(
             "http://{}{WEBHOOK_PATH}",
             webhooks.local_addr().expect("addr")
         );
-        let cancel = CancellationToken::new();
         let mut config = config(db, &secret);
         tune(&mut config.webhook);
-        let task = tokio::spawn(run_on(config, metrics, Some(webhooks), cancel.clone()));
+        let service = Service::spawn("payments", move |metrics, cancel| {
+            run_on(config, metrics, Some(webhooks), cancel)
+        })
+        .await;
         Self {
             url,
-            metrics_url,
             secret,
             client: reqwest::Client::new(),
-            cancel,
-            task,
+            service,
         }
     }
 
@@ -184,22 +180,11 @@ impl Receiver {
     }
 
     async fn metric(&self, series: &str) -> f64 {
-        let text = reqwest::get(&self.metrics_url)
-            .await
-            .expect("scrape")
-            .text()
-            .await
-            .expect("text");
-        series_value(&text, series).unwrap_or(0.0)
+        self.service.metric(series).await
     }
 
     async fn stop(self) {
-        self.cancel.cancel();
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .expect("stops in time")
-            .expect("join")
-            .expect("payments ok");
+        self.service.stop().await;
     }
 }
 

@@ -10,10 +10,9 @@ use effectively::crash::CrashArgs;
 use effectively::db::ServiceRole;
 use effectively::envelope::Envelope;
 use effectively::outbox::{Outbox, OutboxMessage};
-use effectively::testing::{TestDb, TestTopic, TopicMessage, eventually, series_value};
+use effectively::testing::{Service, TestDb, TestTopic, TopicMessage, eventually};
 use relay::{Config, Mode, Sink, run};
 use sqlx::PgPool;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -42,29 +41,9 @@ fn config(db: &TestDb, topic: &TestTopic, workers: u16, batch_size: i64) -> Conf
     }
 }
 
-async fn spawn_relay(
-    config: Config,
-) -> (
-    CancellationToken,
-    tokio::task::JoinHandle<anyhow::Result<()>>,
-) {
-    let (cancel, task, _) = spawn_relay_scraped(config).await;
-    (cancel, task)
-}
-
-/// [`spawn_relay`], and the URL of its /metrics (for [`scrape`]).
-async fn spawn_relay_scraped(
-    config: Config,
-) -> (
-    CancellationToken,
-    tokio::task::JoinHandle<anyhow::Result<()>>,
-    String,
-) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
-    let cancel = CancellationToken::new();
-    let task = tokio::spawn(run(config, listener, cancel.clone()));
-    (cancel, task, url)
+/// The relay on `config`, in this process.
+async fn spawn_relay(config: Config) -> Service {
+    Service::spawn("relay", |metrics, cancel| run(config, metrics, cancel)).await
 }
 
 /// [`config`] for `--mode wal`, with heartbeats every 200 ms.
@@ -196,7 +175,7 @@ async fn publishes_every_pending_row_in_per_key_order_and_marks_it() {
     let keys: Vec<Uuid> = (0..60).map(|_| Uuid::now_v7()).collect();
     fill_outbox(&pool, &keys, 3).await;
 
-    let (cancel, task) = spawn_relay(config(&db, &topic, 2, 50)).await;
+    let relay = spawn_relay(config(&db, &topic, 2, 50)).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
             pending(&pool).await == 0
@@ -222,8 +201,7 @@ async fn publishes_every_pending_row_in_per_key_order_and_marks_it() {
         })
         .await
     );
-    cancel.cancel();
-    task.await.expect("join").expect("relay ok");
+    relay.stop().await;
 }
 
 #[tokio::test]
@@ -233,8 +211,8 @@ async fn two_relays_at_once_keep_every_key_in_order() {
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let keys: Vec<Uuid> = (0..40).map(|_| Uuid::now_v7()).collect();
 
-    let (c1, t1) = spawn_relay(config(&db, &topic, 2, 7)).await;
-    let (c2, t2) = spawn_relay(config(&db, &topic, 3, 5)).await;
+    let r1 = spawn_relay(config(&db, &topic, 2, 7)).await;
+    let r2 = spawn_relay(config(&db, &topic, 3, 5)).await;
     // Write while both relays run, so they race for the same shards.
     fill_outbox(&pool, &keys, 8).await;
     assert!(
@@ -252,10 +230,8 @@ async fn two_relays_at_once_keep_every_key_in_order() {
         320,
         "every event published"
     );
-    c1.cancel();
-    c2.cancel();
-    t1.await.expect("join").expect("relay 1 ok");
-    t2.await.expect("join").expect("relay 2 ok");
+    r1.stop().await;
+    r2.stop().await;
 }
 
 /// Up to `--workers` shard transactions are open at once (one shard's acks
@@ -270,7 +246,7 @@ async fn shards_in_flight_at_once_keep_every_key_in_order() {
     let keys: Vec<Uuid> = (0..100).map(|_| Uuid::now_v7()).collect();
     fill_outbox(&pool, &keys, 4).await;
 
-    let (cancel, task, metrics) = spawn_relay_scraped(config(&db, &topic, 8, 5)).await;
+    let relay = spawn_relay(config(&db, &topic, 8, 5)).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let mut most_in_flight = 0.0f64;
     while pending(&pool).await > 0 {
@@ -278,7 +254,7 @@ async fn shards_in_flight_at_once_keep_every_key_in_order() {
             std::time::Instant::now() < deadline,
             "relay drained the outbox"
         );
-        most_in_flight = most_in_flight.max(scrape(&metrics, "relay_shards_in_flight").await);
+        most_in_flight = most_in_flight.max(relay.metric("relay_shards_in_flight").await);
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(
@@ -287,8 +263,7 @@ async fn shards_in_flight_at_once_keep_every_key_in_order() {
     );
     assert!(most_in_flight <= 8.0, "never more than --workers");
     assert_each_event_once_in_order(&topic, 100, 4).await;
-    cancel.cancel();
-    task.await.expect("join").expect("relay ok");
+    relay.stop().await;
 }
 
 /// `--shard-depth`: one shard's transactions overlap (a claim while another
@@ -341,12 +316,12 @@ async fn one_shards_transactions_in_flight_at_once_keep_every_key_in_order() {
             most
         }
     });
-    let (c1, t1) = spawn_relay(Config {
+    let r1 = spawn_relay(Config {
         shard_depth: 4,
         ..config(&db, &topic, 8, 3)
     })
     .await;
-    let (c2, t2) = spawn_relay(Config {
+    let r2 = spawn_relay(Config {
         shard_depth: 2,
         ..config(&db, &topic, 4, 5)
     })
@@ -366,10 +341,8 @@ async fn one_shards_transactions_in_flight_at_once_keep_every_key_in_order() {
         most_awaiting >= 2,
         "two transactions of one shard awaited acks at once (most seen: {most_awaiting})"
     );
-    c1.cancel();
-    c2.cancel();
-    t1.await.expect("join").expect("relay 1 ok");
-    t2.await.expect("join").expect("relay 2 ok");
+    r1.stop().await;
+    r2.stop().await;
 }
 
 /// The relay binary SIGKILLs itself after the broker acked a batch and before
@@ -443,15 +416,14 @@ async fn killed_between_publish_and_mark(mode: Mode) {
     // A final life without the crash point, in-process, finishes any rest.
     let mut cfg = config(&db, &topic, 1, 10);
     cfg.mode = mode;
-    let (cancel, task) = spawn_relay(cfg).await;
+    let relay = spawn_relay(cfg).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
             pending(&pool).await == 0
         })
         .await
     );
-    cancel.cancel();
-    task.await.expect("join").expect("relay ok");
+    relay.stop().await;
     if mode == Mode::Wal {
         drop_slot(&pool, &db).await;
     }
@@ -522,16 +494,6 @@ async fn insert_raw(pool: &PgPool, aggregate: Uuid, payload: &[u8]) -> Uuid {
     msg_id
 }
 
-async fn scrape(url: &str, name: &str) -> f64 {
-    let text = reqwest::get(url)
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("text");
-    series_value(&text, name).unwrap_or(0.0)
-}
-
 /// Outbox rows that can never be published (payload not JSON, over the
 /// broker's size limit) are tried `--max-attempts` times, then marked failed
 /// with their error; they hold back the later events of their own key and
@@ -552,10 +514,10 @@ async fn a_row_that_cannot_be_published_fails_alone_and_holds_back_only_its_key(
 
     let mut cfg = config(&db, &topic, 1, 10);
     cfg.max_attempts = 3;
-    let (cancel, task, url) = spawn_relay_scraped(cfg).await;
+    let relay = spawn_relay(cfg).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
-            pending(&pool).await == 4 && scrape(&url, "outbox_failed_rows").await == 2.0
+            pending(&pool).await == 4 && relay.metric("outbox_failed_rows").await == 2.0
         })
         .await,
         "everything else published, the two bad rows failed (pending {})",
@@ -591,9 +553,9 @@ async fn a_row_that_cannot_be_published_fails_alone_and_holds_back_only_its_key(
         (too_big, 0, false),
         "held back, never tried"
     );
-    assert_eq!(scrape(&url, "relay_rows_failed_total").await, 2.0);
+    assert_eq!(relay.metric("relay_rows_failed_total").await, 2.0);
     assert_eq!(
-        scrape(&url, "outbox_pending_rows").await,
+        relay.metric("outbox_pending_rows").await,
         2.0,
         "failed rows are not pending"
     );
@@ -602,8 +564,7 @@ async fn a_row_that_cannot_be_published_fails_alone_and_holds_back_only_its_key(
     let (seqs, _) = per_key_sequences(&messages);
     assert_eq!(seqs.len(), 40, "only the good keys were published");
     assert_first_occurrences_in_order(&seqs, 2);
-    cancel.cancel();
-    task.await.expect("join").expect("relay ok");
+    relay.stop().await;
 }
 
 /// `--mode wal`: rows committed before the slot existed are published by
@@ -634,7 +595,7 @@ async fn wal_mode_never_publishes_an_event_after_its_keys_predecessor_failed() {
         bootstrap_servers,
     };
     let pool = PgPool::connect(&db.url).await.expect("connect");
-    let (cancel, task, url) = spawn_relay_scraped(wal_config(&db, &topic, 2, 10)).await;
+    let relay = spawn_relay(wal_config(&db, &topic, 2, 10)).await;
     wait_for_slot(&pool, &db, true).await;
     let keys: Vec<Uuid> = (0..50).map(|_| Uuid::now_v7()).collect();
     // Random hex does not compress below the topic's limit.
@@ -664,15 +625,15 @@ async fn wal_mode_never_publishes_an_event_after_its_keys_predecessor_failed() {
         .expect("enqueue");
     assert!(
         eventually(Duration::from_secs(90), || async {
-            scrape(&url, "outbox_failed_rows").await >= 50.0
+            relay.metric("outbox_failed_rows").await >= 50.0
         })
         .await,
         "the fifty rows over the limit failed: {} failed, {} pending",
-        scrape(&url, "outbox_failed_rows").await,
+        relay.metric("outbox_failed_rows").await,
         pending(&pool).await
     );
     assert_eq!(
-        scrape(&url, "outbox_failed_rows").await,
+        relay.metric("outbox_failed_rows").await,
         50.0,
         "only they failed"
     );
@@ -687,8 +648,7 @@ async fn wal_mode_never_publishes_an_event_after_its_keys_predecessor_failed() {
         100,
         "50 failed and 50 held back, none published"
     );
-    cancel.cancel();
-    task.await.expect("join").expect("relay ok");
+    relay.stop().await;
 }
 
 #[tokio::test]
@@ -699,7 +659,7 @@ async fn wal_mode_publishes_from_before_and_after_its_slot_in_per_key_order() {
     let keys: Vec<Uuid> = (0..20).map(|_| Uuid::now_v7()).collect();
     fill_outbox_seqs(&pool, &keys, 0..2).await;
 
-    let (cancel, task, url) = spawn_relay_scraped(wal_config(&db, &topic, 2, 10)).await;
+    let relay = spawn_relay(wal_config(&db, &topic, 2, 10)).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
             pending(&pool).await == 0
@@ -724,7 +684,7 @@ async fn wal_mode_publishes_from_before_and_after_its_slot_in_per_key_order() {
         .expect("lsn");
     assert!(
         eventually(Duration::from_secs(60), || async {
-            pending(&pool).await == 4 && scrape(&url, "outbox_failed_rows").await == 2.0
+            pending(&pool).await == 4 && relay.metric("outbox_failed_rows").await == 2.0
         })
         .await,
         "everything else published, the two bad rows failed, the next of their keys held back (pending {})",
@@ -750,8 +710,8 @@ async fn wal_mode_publishes_from_before_and_after_its_slot_in_per_key_order() {
     );
     assert!(rows[0].2.as_deref().unwrap_or("").contains("not JSON"));
     assert!(rows[2].2.as_deref().unwrap_or("").contains("too large"));
-    assert_eq!(scrape(&url, "relay_wal_held_back_total").await, 2.0);
-    assert_eq!(scrape(&url, "relay_rows_failed_total").await, 2.0);
+    assert_eq!(relay.metric("relay_wal_held_back_total").await, 2.0);
+    assert_eq!(relay.metric("relay_rows_failed_total").await, 2.0);
 
     let messages = topic.read_all(80, Duration::from_secs(30)).await;
     let (seqs, msg_ids) = per_key_sequences(&messages);
@@ -763,8 +723,7 @@ async fn wal_mode_publishes_from_before_and_after_its_slot_in_per_key_order() {
     // A heartbeat after the last commit lets the slot confirm past it; a
     // clean stop sends the last confirmation.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    cancel.cancel();
-    task.await.expect("join").expect("relay ok");
+    relay.stop().await;
     let confirmed: bool = sqlx::query_scalar(
         "SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2",
     )
@@ -787,10 +746,10 @@ async fn a_standby_wal_relay_takes_over_and_every_key_stays_in_order() {
     let topic = TestTopic::create(6).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let keys: Vec<Uuid> = (0..30).map(|_| Uuid::now_v7()).collect();
-    let (c1, t1) = spawn_relay(wal_config(&db, &topic, 2, 7)).await;
+    let r1 = spawn_relay(wal_config(&db, &topic, 2, 7)).await;
     wait_for_slot(&pool, &db, true).await;
-    let (c2, t2) = spawn_relay(wal_config(&db, &topic, 3, 5)).await;
-    let (c3, t3) = spawn_relay(config(&db, &topic, 2, 5)).await;
+    let r2 = spawn_relay(wal_config(&db, &topic, 3, 5)).await;
+    let r3 = spawn_relay(config(&db, &topic, 2, 5)).await;
     fill_outbox_seqs(&pool, &keys, 0..4).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
@@ -798,10 +757,8 @@ async fn a_standby_wal_relay_takes_over_and_every_key_stays_in_order() {
         })
         .await
     );
-    c1.cancel();
-    t1.await.expect("join").expect("WAL relay 1 ok");
-    c3.cancel();
-    t3.await.expect("join").expect("poll relay ok");
+    r1.stop().await;
+    r3.stop().await;
     fill_outbox_seqs(&pool, &keys, 4..8).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
@@ -819,8 +776,7 @@ async fn a_standby_wal_relay_takes_over_and_every_key_stays_in_order() {
         240,
         "every event published"
     );
-    c2.cancel();
-    t2.await.expect("join").expect("WAL relay 2 ok");
+    r2.stop().await;
     drop_slot(&pool, &db).await;
 }
 
@@ -832,7 +788,7 @@ async fn a_row_the_stream_never_delivered_is_found_and_published() {
     let db = TestDb::create().await;
     let topic = TestTopic::create(3).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
-    let (cancel, task, url) = spawn_relay_scraped(wal_config(&db, &topic, 2, 10)).await;
+    let relay = spawn_relay(wal_config(&db, &topic, 2, 10)).await;
     wait_for_slot(&pool, &db, true).await;
 
     let key = Uuid::now_v7();
@@ -852,12 +808,11 @@ async fn a_row_the_stream_never_delivered_is_found_and_published() {
         .await,
         "the row the stream skipped was published"
     );
-    assert!(scrape(&url, "relay_wal_stream_gaps_total").await >= 1.0);
+    assert!(relay.metric("relay_wal_stream_gaps_total").await >= 1.0);
     let messages = topic.read_all(1, Duration::from_secs(30)).await;
     let (seqs, _) = per_key_sequences(&messages);
     assert_eq!(seqs.get(&key.to_string()), Some(&vec![0]));
-    cancel.cancel();
-    task.await.expect("join").expect("relay ok");
+    relay.stop().await;
     drop_slot(&pool, &db).await;
 }
 
@@ -875,7 +830,7 @@ async fn a_long_transaction_is_not_taken_for_a_gap() {
     // 500 rows in flight: with 10 (one worker, batches of 10) each row
     // waits for its acks (acks=all, three replicas) in turn, and the 20,000
     // took 60 s alone and over 120 s on a busy machine.
-    let (cancel, task, url) = spawn_relay_scraped(wal_config(&db, &topic, 1, 500)).await;
+    let relay = spawn_relay(wal_config(&db, &topic, 1, 500)).await;
     wait_for_slot(&pool, &db, true).await;
 
     const ROWS: usize = 20_000;
@@ -898,14 +853,13 @@ async fn a_long_transaction_is_not_taken_for_a_gap() {
     );
     // Two more checks' periods with nothing pending.
     tokio::time::sleep(Duration::from_secs(6)).await;
-    assert_eq!(scrape(&url, "relay_wal_stream_gaps_total").await, 0.0);
+    assert_eq!(relay.metric("relay_wal_stream_gaps_total").await, 0.0);
     assert_eq!(
-        scrape(&url, r#"relay_errors_total{stage="wal"}"#).await,
+        relay.metric(r#"relay_errors_total{stage="wal"}"#).await,
         0.0,
         "the stream never restarted"
     );
-    cancel.cancel();
-    task.await.expect("join").expect("relay ok");
+    relay.stop().await;
     drop_slot(&pool, &db).await;
 }
 
@@ -918,11 +872,11 @@ fn missing_topic() -> TestTopic {
     }
 }
 
-/// Waits for the relay (metrics at `url`) to fail a send.
-async fn wait_for_a_failed_send(url: &str) {
+/// Waits for the relay to fail a send.
+async fn wait_for_a_failed_send(relay: &Service) {
     assert!(
         eventually(Duration::from_secs(30), || async {
-            scrape(url, r#"relay_errors_total{stage="produce"}"#).await >= 1.0
+            relay.metric(r#"relay_errors_total{stage="produce"}"#).await >= 1.0
         })
         .await,
         "the sends failed"
@@ -931,7 +885,11 @@ async fn wait_for_a_failed_send(url: &str) {
 
 /// Creates the [`missing_topic`], waits until every row is published, and
 /// checks that the WAL relay's stream never restarted meanwhile.
-async fn create_topic_and_drain_without_a_restart(pool: &PgPool, topic: &TestTopic, url: &str) {
+async fn create_topic_and_drain_without_a_restart(
+    pool: &PgPool,
+    topic: &TestTopic,
+    relay: &Service,
+) {
     effectively::kafka::ensure_topic(
         &topic.bootstrap_servers,
         &topic.name,
@@ -949,7 +907,7 @@ async fn create_topic_and_drain_without_a_restart(pool: &PgPool, topic: &TestTop
         "every row published once the topic exists"
     );
     assert_eq!(
-        scrape(url, r#"relay_errors_total{stage="wal"}"#).await,
+        relay.metric(r#"relay_errors_total{stage="wal"}"#).await,
         0.0,
         "the stream never restarted"
     );
@@ -968,7 +926,7 @@ async fn a_failed_publish_is_retried_in_place_without_a_stream_restart() {
         message_timeout_ms: 1_000,
         ..wal_config(&db, &topic, 1, 10)
     };
-    let (cancel, task, url) = spawn_relay_scraped(config).await;
+    let relay = spawn_relay(config).await;
     wait_for_slot(&pool, &db, true).await;
 
     let keys: Vec<Uuid> = (0..5).map(|_| Uuid::now_v7()).collect();
@@ -977,8 +935,8 @@ async fn a_failed_publish_is_retried_in_place_without_a_stream_restart() {
             insert_raw(&pool, *key, format!(r#"{{"seq":{seq}}}"#).as_bytes()).await;
         }
     }
-    wait_for_a_failed_send(&url).await;
-    create_topic_and_drain_without_a_restart(&pool, &topic, &url).await;
+    wait_for_a_failed_send(&relay).await;
+    create_topic_and_drain_without_a_restart(&pool, &topic, &relay).await;
     let messages = topic.read_all(15, Duration::from_secs(30)).await;
     let (seqs, _) = per_key_sequences(&messages);
     for key in &keys {
@@ -988,8 +946,7 @@ async fn a_failed_publish_is_retried_in_place_without_a_stream_restart() {
             "key {key}"
         );
     }
-    cancel.cancel();
-    task.await.expect("join").expect("relay ok");
+    relay.stop().await;
     drop_slot(&pool, &db).await;
 }
 
@@ -1028,7 +985,7 @@ async fn a_broker_outage_longer_than_the_senders_timeout_keeps_the_stream() {
         message_timeout_ms: 1_000,
         ..wal_config(&db, &topic, 1, 50)
     };
-    let (cancel, task, url) = spawn_relay_scraped(config).await;
+    let relay = spawn_relay(config).await;
     wait_for_slot(&pool, &db, true).await;
     let walsender = walsender_pid(&pool, &db).await;
     assert!(walsender.is_some(), "the relay streams");
@@ -1047,18 +1004,17 @@ async fn a_broker_outage_longer_than_the_senders_timeout_keeps_the_stream() {
             .expect("enqueue");
     }
     drop(conn);
-    wait_for_a_failed_send(&url).await;
+    wait_for_a_failed_send(&relay).await;
     // Three of the server's timeouts with the read-ahead full.
     tokio::time::sleep(Duration::from_secs(6)).await;
-    create_topic_and_drain_without_a_restart(&pool, &topic, &url).await;
+    create_topic_and_drain_without_a_restart(&pool, &topic, &relay).await;
     assert_eq!(
         walsender_pid(&pool, &db).await,
         walsender,
         "the same walsender streams"
     );
     assert_each_event_once_in_order(&topic, keys, events_per_key).await;
-    cancel.cancel();
-    task.await.expect("join").expect("relay ok");
+    relay.stop().await;
     drop_slot(&pool, &db).await;
 }
 
@@ -1074,7 +1030,7 @@ async fn a_hot_key_backlog_does_not_starve_its_shard() {
     let others: Vec<Uuid> = (0..50).map(|_| Uuid::now_v7()).collect();
     fill_outbox(&pool, &others, 1).await;
 
-    let (cancel, task) = spawn_relay(config(&db, &topic, 1, 10)).await;
+    let relay = spawn_relay(config(&db, &topic, 1, 10)).await;
     let hot_pending = || async {
         sqlx::query_scalar::<_, i64>(
             "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL AND aggregate_id = $1",
@@ -1109,8 +1065,7 @@ async fn a_hot_key_backlog_does_not_starve_its_shard() {
         &HashMap::from([(hot.to_string(), seqs[&hot.to_string()].clone())]),
         300,
     );
-    cancel.cancel();
-    task.await.expect("join").expect("relay ok");
+    relay.stop().await;
 }
 
 /// The claim's plan holds when the statistics were taken while nothing was
@@ -1211,7 +1166,7 @@ async fn a_hung_relay_loses_its_shard_within_the_idle_in_transaction_limit() {
     assert_eq!(locked, 1, "the hung relay holds its shard");
 
     let taken_over = std::time::Instant::now();
-    let (cancel, task) = spawn_relay(config(&db, &topic, 2, 10)).await;
+    let relay = spawn_relay(config(&db, &topic, 2, 10)).await;
     assert!(
         eventually(Duration::from_secs(60), || async {
             pending(&pool).await == 0
@@ -1232,8 +1187,7 @@ async fn a_hung_relay_loses_its_shard_within_the_idle_in_transaction_limit() {
         nix::sys::signal::Signal::SIGCONT,
     )
     .expect("SIGCONT");
-    cancel.cancel();
-    task.await.expect("join").expect("relay ok");
+    relay.stop().await;
     hung.kill().await.expect("kill");
 
     let messages = topic.read_all(usize::MAX, Duration::from_secs(10)).await;
@@ -1297,8 +1251,8 @@ async fn a_lost_listen_connection_is_reestablished_and_wakes_the_relay_again() {
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let mut cfg = config(&db, &topic, 1, 10);
     cfg.poll_interval_ms = 60_000;
-    let (cancel, task, url) = spawn_relay_scraped(cfg).await;
-    let listen_errors = || scrape(&url, "relay_errors_total{stage=\"listen\"}");
+    let relay = spawn_relay(cfg).await;
+    let listen_errors = || relay.metric("relay_errors_total{stage=\"listen\"}");
 
     let mut pid = None;
     for round in 0..=3 {
@@ -1338,8 +1292,7 @@ async fn a_lost_listen_connection_is_reestablished_and_wakes_the_relay_again() {
     }
     let topic_messages = topic.read_all(4, Duration::from_secs(20)).await;
     assert_eq!(topic_messages.len(), 4);
-    cancel.cancel();
-    task.await.expect("join").expect("relay");
+    relay.stop().await;
 }
 
 /// Published rows older than the outbox retention are deleted in batches,

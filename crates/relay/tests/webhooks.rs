@@ -18,7 +18,7 @@ use effectively::crash::CrashArgs;
 use effectively::db::ServiceRole;
 use effectively::envelope::Envelope;
 use effectively::outbox::{Outbox, OutboxMessage};
-use effectively::testing::{TestDb, eventually, series_value};
+use effectively::testing::{Service, TestDb, eventually};
 use effectively::webhook::{self, Secret};
 use relay::webhooks::{Admin, Destination, ReceiverHorizon};
 use relay::{Config, Mode, Sink, run};
@@ -193,43 +193,9 @@ fn config(db: &TestDb, destinations: Vec<Destination>, scale: f64) -> Config {
     }
 }
 
-struct Relay {
-    metrics_url: String,
-    cancel: CancellationToken,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
-}
-
-impl Relay {
-    async fn spawn(config: Config) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let metrics_url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
-        let cancel = CancellationToken::new();
-        let task = tokio::spawn(run(config, listener, cancel.clone()));
-        Self {
-            metrics_url,
-            cancel,
-            task,
-        }
-    }
-
-    async fn metric(&self, series: &str) -> f64 {
-        let text = reqwest::get(&self.metrics_url)
-            .await
-            .expect("scrape")
-            .text()
-            .await
-            .expect("text");
-        series_value(&text, series).unwrap_or(0.0)
-    }
-
-    async fn stop(self) {
-        self.cancel.cancel();
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .expect("stops in time")
-            .expect("join")
-            .expect("relay ok");
-    }
+/// The relay on `config`, in this process.
+async fn spawn_relay(config: Config) -> Service {
+    Service::spawn("relay", |metrics, cancel| run(config, metrics, cancel)).await
 }
 
 /// Appends an event of `key` with payload `{"seq": seq}`; returns its msg_id.
@@ -282,7 +248,7 @@ async fn every_row_is_delivered_signed_to_every_destination_in_per_key_order() {
             enqueue(&pool, *key, seq).await;
         }
     }
-    let relay = Relay::spawn(config(
+    let relay = spawn_relay(config(
         &db,
         vec![
             a.destination("a", &a_url, ",concurrency=8"),
@@ -402,7 +368,7 @@ async fn a_failing_first_attempt_holds_back_its_key_only_and_is_retried_on_sched
         }
     })
     .await;
-    let relay = Relay::spawn(config(&db, vec![r.destination("r", &url, "")], 0.01)).await;
+    let relay = spawn_relay(config(&db, vec![r.destination("r", &url, "")], 0.01)).await;
     assert!(
         eventually(Duration::from_secs(30), || async {
             count(&pool, OPEN).await == 0 && r.hits().len() == 10
@@ -472,7 +438,7 @@ async fn a_401_from_a_receiver_with_a_skewed_clock_is_retried_until_delivered() 
         ..Reply::status(if h.nth <= 2 { 401 } else { 200 })
     })
     .await;
-    let relay = Relay::spawn(config(&db, vec![r.destination("r", &url, "")], 0.01)).await;
+    let relay = spawn_relay(config(&db, vec![r.destination("r", &url, "")], 0.01)).await;
     assert!(
         eventually(Duration::from_secs(30), || async {
             count(&pool, "SELECT count(*) FROM orders.webhook_deliveries WHERE delivered_at IS NOT NULL OR failed_at IS NOT NULL").await == 1
@@ -573,7 +539,7 @@ async fn refusals_and_errors_fail_after_the_last_attempt_and_gone_disables_the_d
         }
     })
     .await;
-    let relay = Relay::spawn(config(
+    let relay = spawn_relay(config(
         &db,
         vec![
             r.destination("r", &url, ",max-attempts=3"),
@@ -734,7 +700,7 @@ async fn retry_after_is_honoured_and_a_slow_destination_delays_no_other() {
     .await;
     let (fast, fast_url) = Receiver::start(|_| Reply::OK).await;
     let started = Instant::now();
-    let relay = Relay::spawn(config(
+    let relay = spawn_relay(config(
         &db,
         vec![
             slow.destination("slow", &slow_url, ",timeout=1s,concurrency=2"),
@@ -974,7 +940,7 @@ async fn destinations_added_and_removed_in_the_database_are_followed_by_running_
     let (b, b_url) = Receiver::start(|_| Reply::OK).await;
     // c refuses everything: its deliveries stay pending (next try in 5 s).
     let (c, c_url) = Receiver::start(|_| Reply::status(500)).await;
-    let first = Relay::spawn(config(&db, vec![a.destination("a", &a_url, "")], 1.0)).await;
+    let first = spawn_relay(config(&db, vec![a.destination("a", &a_url, "")], 1.0)).await;
     let key = Uuid::now_v7();
     enqueue(&pool, key, 0).await;
     assert!(
@@ -990,7 +956,7 @@ async fn destinations_added_and_removed_in_the_database_are_followed_by_running_
     .await
     .expect("add b");
     assert!(added.contains("destination b delivers to"), "{added}");
-    let second = Relay::spawn(config(&db, vec![c.destination("c", &c_url, "")], 1.0)).await;
+    let second = spawn_relay(config(&db, vec![c.destination("c", &c_url, "")], 1.0)).await;
     assert!(
         eventually(Duration::from_secs(20), || async {
             count(

@@ -121,8 +121,11 @@ class Exp6Test(unittest.TestCase):
     def test_a_lost_row_or_a_short_load_fails(self):
         _, _, failed = self.judge([("w8-b1000", 2500)], lost=3)
         self.assertEqual(failed, ["w8-b1000: every row written was published, none failed"])
-        _, _, failed = self.judge([("w8-b1000", 2500)], writer_share=0.85)
-        self.assertEqual(failed, ["w8-b1000: the writers delivered ≥ 90% of the schedule's rows"])
+        # Quick mode (the judge here) asks for 80% of the schedule.
+        _, _, failed = self.judge([("w8-b1000", 2500)], writer_share=0.75)
+        self.assertEqual(failed, ["w8-b1000: the writers delivered ≥ 80% of the schedule's rows"])
+        code, _, failed = self.judge([("w8-b1000", 2500)], writer_share=0.85)
+        self.assertEqual((code, failed), (0, []))
 
     def test_a_slow_steady_phase_fails_the_slo(self):
         _, _, failed = self.judge([("w8-b1000", 2500)], steady_oldest=2.5)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make wal-witness: does the WAL relay read every committed outbox insert?
 # FINDINGS §21 saw its stream skip whole transactions once (23 rows, in a
-# full experiment 6); the relay's gap check (relay/src/wal.rs, Probe) repairs
+# full experiment 6); the relay's gap check (relay/src/wal/settle.rs, Probe) repairs
 # such a skip, but says nothing of where it happened. Here a second logical
 # slot, read with PostgreSQL's own output plugin (test_decoding), witnesses
 # the same WAL; the relay logs every transaction it read (RUST_LOG

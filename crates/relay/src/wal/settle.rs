@@ -1,36 +1,9 @@
-//! `relay --mode wal`: the outbox read from PostgreSQL's logical replication
-//! stream (the `pgoutput` plugin, publication [`PUBLICATION`]) instead of
-//! polled.
-//!
-//! The poll relay's contract stays: at least once, each key's events in
-//! order, a row marked published only after the broker acked it. How:
-//!
-//! 1. The slot is made first (when missing), so every row committed from
-//!    then on is in the stream.
-//! 2. Rows pending from before it (a first start, a slot dropped after it
-//!    was lost) are published by the poll path, shard by shard, until none is
-//!    claimable. Only then does the stream start, so those go first.
-//! 3. The stream's outbox inserts are produced as they arrive, in commit
-//!    order, up to `--workers` × `--batch-size` in flight. At most one event
-//!    of a key is in flight: the next one waits for that one's ack.
-//! 4. Results are settled in stream order. Delivered rows are marked
-//!    published in batches, and only after that commit does the slot's
-//!    confirmed position move, to the end of the last transaction whose rows
-//!    are all settled. A crash before it re-reads the stream from the
-//!    confirmed position and re-publishes (the duplicates the inbox absorbs).
-//! 5. A broker failure is tried again in place (`publish_in_place`: 50 ms
-//!    doubling to 5 s) until the broker takes the row, refuses it, or the
-//!    relay stops; the rest of the window goes on meanwhile, and the
-//!    confirmed position cannot pass the row until it settles. A key's
-//!    later event is never sent before its earlier one settled (point 3),
-//!    so the key stays in order.
-//! 6. A row that can never be published (not JSON, over the broker's size
-//!    limit) is marked failed at once: the stream cannot come back to it.
-//!    Like the poll relay, the later events of its key are held back (left
-//!    pending), and of no other key; recon reports them.
-//!
-//! Rows stay marked as the poll relay marks them, so recon's proof, the lag
-//! metrics and the poll relay (the recovery from a lost slot) work unchanged.
+//! What happens to each event the stream reads: its publish (one event of
+//! a key in flight at a time, a broker failure tried again in place), the
+//! results settled in stream order, the delivered rows marked in batches
+//! once they are visible, and only then the slot's confirmed position moved
+//! to the end of the last transaction wholly settled. A [`Probe`] compares
+//! the table with the stream now and then.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -41,32 +14,15 @@ use chrono::{DateTime, Utc};
 use effectively::retry::Backoff;
 use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{FuturesOrdered, StreamExt};
-use pg_walstream::{
-    ChangeEvent, ColumnValue, EventType, LogicalReplicationStream, ReplicationStreamConfig,
-    RowData, SharedLsnFeedback, StreamingMode, format_lsn, parse_lsn,
-};
+use pg_walstream::{ChangeEvent, EventType, SharedLsnFeedback, format_lsn, parse_lsn};
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::outbox::{PendingRow, SHARDS};
+use super::decode::decode_row;
+use crate::outbox::PendingRow;
 use crate::publish::{Publish, Worker};
-
-/// The publication the WAL relay reads: inserts into `orders.outbox` only
-/// (migration `…_wal_relay.sql`).
-pub const PUBLICATION: &str = "effectively_outbox";
-
-/// Prefix of the logical message a heartbeat writes.
-const HEARTBEAT_PREFIX: &str = "effectively.relay.heartbeat";
-
-/// Events read ahead of the producer.
-const READ_AHEAD: usize = 4096;
-
-/// How often the relay tells the server its confirmed position: by the
-/// stream while it reads, and by the reader while the read-ahead is full
-/// ([`read`]).
-const FEEDBACK_EVERY: Duration = Duration::from_secs(1);
 
 /// How often the table is compared with the stream ([`Probe`]).
 const GAP_CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -81,392 +37,14 @@ const MARK_EVERY: Duration = Duration::from_millis(50);
 /// ([`wait_visible`]) before it ends the stream.
 const VISIBLE_WITHIN: Duration = Duration::from_secs(10);
 
-/// What the WAL relay needs besides the poll relay's [`Worker`].
-pub(crate) struct WalConfig {
-    /// The relay role's database URL, as for the pool.
-    pub database_url: String,
-    /// The slot: `--wal-slot`, or [`slot_name`]'s default for the database.
-    pub slot: String,
-    /// Most rows in flight to the broker.
-    pub max_in_flight: usize,
-    /// Rows marked per statement.
-    pub mark_batch: usize,
-    /// How often a heartbeat is written while the relay runs.
-    pub heartbeat: Duration,
-}
-
 /// How a stream's life ended.
-enum End {
+pub(super) enum End {
     /// `cancel` fired; everything settled is marked and confirmed.
     Cancelled,
     /// Worth another try after a backoff (the broker, the connection).
     Retry(anyhow::Error),
     /// Another WAL relay streams from the slot: try again later.
     Busy,
-}
-
-/// A stream that lived this long before it ended starts the backoff over.
-const STREAM_HELD: Duration = Duration::from_secs(5);
-
-/// The slot's name: `--wal-slot`, or `effectively_outbox_<database>` (a
-/// slot belongs to one database, its name to the whole server).
-pub async fn slot_name(pool: &PgPool, configured: Option<&str>) -> anyhow::Result<String> {
-    if let Some(slot) = configured {
-        return Ok(slot.to_owned());
-    }
-    let db: String = sqlx::query_scalar("SELECT current_database()::text")
-        .fetch_one(pool)
-        .await
-        .context("read the database's name")?;
-    Ok(default_slot_name(&db))
-}
-
-/// `effectively_outbox_<database>`, with what a slot name cannot hold
-/// (anything but a-z, 0-9 and `_`) replaced by `_`, cut to 63 bytes.
-pub fn default_slot_name(database: &str) -> String {
-    let mut name: String = format!("{PUBLICATION}_{database}")
-        .chars()
-        .map(|c| {
-            let c = c.to_ascii_lowercase();
-            if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    name.truncate(63);
-    name
-}
-
-/// A replication slot as `pg_replication_slots` shows it.
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct SlotState {
-    /// `reserved`, `extended`, `unreserved` or `lost` (invalidated).
-    pub wal_status: String,
-    /// The WAL it holds back from removal, in bytes.
-    pub retained_bytes: i64,
-    /// Whether a replication connection streams from it now.
-    pub active: bool,
-    /// Where a stream from it starts: everything committed before is
-    /// confirmed (`confirmed_flush_lsn`).
-    pub confirmed_flush: Option<String>,
-}
-
-/// The slot's state; `None`: no such slot.
-pub async fn slot_state(pool: &PgPool, slot: &str) -> sqlx::Result<Option<SlotState>> {
-    sqlx::query_as(
-        "SELECT COALESCE(wal_status, 'unknown') AS wal_status, \
-                COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::int8 AS retained_bytes, \
-                active, confirmed_flush_lsn::text AS confirmed_flush \
-         FROM pg_replication_slots WHERE slot_name = $1",
-    )
-    .bind(slot)
-    .fetch_optional(pool)
-    .await
-}
-
-/// Runs the WAL relay until `cancel` fires or the slot is lost.
-pub(crate) async fn run(
-    worker: Arc<Worker>,
-    config: WalConfig,
-    cancel: CancellationToken,
-) -> anyhow::Result<()> {
-    let slot = config.slot.as_str();
-    tracing::info!(%slot, publication = PUBLICATION, "relay reads the outbox from the WAL");
-    let heartbeat = tokio::spawn(heartbeats(
-        worker.pool.clone(),
-        config.heartbeat,
-        cancel.clone(),
-    ));
-    let mut backoff = Backoff::new();
-    let mut waiting = false;
-    let result = loop {
-        let started = std::time::Instant::now();
-        let end = stream_once(&worker, &config, slot, &cancel).await;
-        if started.elapsed() >= STREAM_HELD {
-            backoff.reset();
-        }
-        match end {
-            Ok(End::Cancelled) => break Ok(()),
-            Ok(End::Busy) => {
-                if !waiting {
-                    tracing::info!(%slot, "another WAL relay streams from the slot; standing by");
-                    waiting = true;
-                }
-                if !backoff.wait(&cancel).await {
-                    break Ok(());
-                }
-            }
-            Ok(End::Retry(error)) => {
-                worker
-                    .metrics
-                    .relay_errors_total
-                    .with_label_values(&["wal"])
-                    .inc();
-                tracing::warn!(
-                    %slot,
-                    error = format!("{error:#}"),
-                    retry_in_ms = backoff.next().as_millis() as u64,
-                    "WAL stream ended; restarting from the slot's confirmed position"
-                );
-                if !backoff.wait(&cancel).await {
-                    break Ok(());
-                }
-            }
-            Err(fatal) => break Err(fatal),
-        }
-    };
-    heartbeat.abort();
-    result
-}
-
-/// Writes a transactional logical message every `every`: its commit reaches
-/// the stream even when no outbox row does, so the slot's confirmed position
-/// follows the server's WAL instead of holding all of it since the last
-/// outbox commit.
-async fn heartbeats(pool: PgPool, every: Duration, cancel: CancellationToken) {
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(every) => {}
-            () = cancel.cancelled() => return,
-        }
-        if let Err(error) = sqlx::query("SELECT pg_logical_emit_message(true, $1, ''::text)")
-            .bind(HEARTBEAT_PREFIX)
-            .execute(&pool)
-            .await
-        {
-            tracing::warn!(%error, "WAL relay heartbeat failed");
-        }
-    }
-}
-
-/// The URL of a replication connection to the same database.
-fn replication_url(url: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}replication=database")
-}
-
-/// One life of the stream: slot, drain, stream, until cancelled or broken.
-/// `Err`: the relay cannot go on (a lost slot, an undecodable row).
-async fn stream_once(
-    worker: &Arc<Worker>,
-    config: &WalConfig,
-    slot: &str,
-    cancel: &CancellationToken,
-) -> anyhow::Result<End> {
-    if let Some(state) = slot_state(&worker.pool, slot)
-        .await
-        .context("read the slot")?
-    {
-        if state.wal_status == "lost" {
-            anyhow::bail!(lost_slot(slot));
-        }
-        // Another WAL relay streams from it: wait, without draining (its
-        // rows would be published twice).
-        if state.active {
-            return Ok(End::Busy);
-        }
-    }
-    let stream_config = ReplicationStreamConfig::builder(slot, PUBLICATION)
-        .with_protocol_version(1)
-        .with_streaming_mode(StreamingMode::Off)
-        .with_binary(true)
-        .with_messages(true)
-        .with_feedback_interval(FEEDBACK_EVERY);
-    let mut stream =
-        match LogicalReplicationStream::new(&replication_url(&config.database_url), stream_config)
-            .await
-        {
-            Ok(stream) => stream,
-            Err(error) => {
-                return Ok(End::Retry(anyhow::anyhow!(
-                    "connect for replication: {error}"
-                )));
-            }
-        };
-    if let Err(error) = stream.ensure_replication_slot().await {
-        return Ok(End::Retry(anyhow::anyhow!(
-            "create replication slot {slot}: {error}"
-        )));
-    }
-    // Rows committed before the slot: by the poll path, before the stream.
-    let drained = match drain(worker, cancel).await {
-        Ok(n) => n,
-        Err(error) => {
-            return Ok(End::Retry(
-                error.context("drain the rows pending before the slot"),
-            ));
-        }
-    };
-    if drained > 0 {
-        tracing::info!(
-            rows = drained,
-            "published the rows pending before the stream"
-        );
-    }
-    if cancel.is_cancelled() {
-        return Ok(End::Cancelled);
-    }
-    if let Err(error) = stream.start(None).await {
-        if let Ok(Some(state)) = slot_state(&worker.pool, slot).await
-            && state.wal_status == "lost"
-        {
-            anyhow::bail!(lost_slot(slot));
-        }
-        return Ok(End::Retry(anyhow::anyhow!("start replication: {error}")));
-    }
-    if let Ok(Some(state)) = slot_state(&worker.pool, slot).await {
-        tracing::info!(
-            %slot,
-            confirmed = state.confirmed_flush.as_deref().unwrap_or("none"),
-            "streaming from the slot's confirmed position"
-        );
-    }
-    let feedback = stream.shared_lsn_feedback.clone();
-    let blocked = blocked_aggregates(&worker.pool)
-        .await
-        .context("read the aggregates held back by failed rows");
-    let blocked = match blocked {
-        Ok(b) => b,
-        Err(error) => return Ok(End::Retry(error)),
-    };
-
-    let (tx, rx) = mpsc::channel(READ_AHEAD);
-    let reader_cancel = pg_walstream::CancellationToken::new();
-    let reader = tokio::spawn(read(stream, tx, reader_cancel.clone()));
-    let mut settle = Settle {
-        worker: worker.clone(),
-        feedback,
-        queue: FuturesOrdered::new(),
-        keys: HashMap::new(),
-        rows_in_flight: 0,
-        blocked,
-        delivered: Vec::new(),
-        settled_rows: Vec::new(),
-        rejected: Vec::new(),
-        settled_lsn: 0,
-        marked_lsn: 0,
-        probe: None,
-        reading: None,
-        gap_checked: std::time::Instant::now(),
-        broken: None,
-        cancel: cancel.clone(),
-    };
-    let end = settle.pump(rx, config, cancel).await;
-    reader_cancel.cancel();
-    let _ = reader.await;
-    end
-}
-
-/// The message for a slot PostgreSQL invalidated.
-fn lost_slot(slot: &str) -> String {
-    format!(
-        "replication slot {slot} was invalidated: it fell more than max_slot_wal_keep_size behind \
-         and PostgreSQL removed the WAL it needed. Nothing is lost (rows are marked published only \
-         after the broker acked them), but this slot can never be read again. Drop it \
-         (SELECT pg_drop_replication_slot('{slot}');) and start the relay again: it makes a new \
-         slot and publishes every row still pending first (or run it with --mode poll)."
-    )
-}
-
-/// Publishes every claimable pending row by the poll path: each shard's
-/// batches until it has none (or another relay holds it).
-async fn drain(worker: &Arc<Worker>, cancel: &CancellationToken) -> anyhow::Result<usize> {
-    let shards = (0..SHARDS).map(|shard| {
-        let worker = worker.clone();
-        let cancel = cancel.clone();
-        async move {
-            let mut total = 0;
-            while !cancel.is_cancelled() {
-                let permit = worker.permits.acquire().await?;
-                let n = worker.relay_shard(shard, 0).await;
-                drop(permit);
-                match n? {
-                    0 => break,
-                    n => total += n,
-                }
-            }
-            anyhow::Ok(total)
-        }
-    });
-    let mut total = 0;
-    for n in futures::future::join_all(shards).await {
-        total += n?;
-    }
-    Ok(total)
-}
-
-/// Aggregates with a failed row still pending: their later events are held
-/// back (left pending), as the poll relay's claim does.
-async fn blocked_aggregates(pool: &PgPool) -> anyhow::Result<HashSet<Uuid>> {
-    let rows: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT DISTINCT aggregate_id FROM orders.outbox \
-         WHERE published_at IS NULL AND failed_at IS NOT NULL",
-    )
-    .fetch_all(pool)
-    .await?;
-    Ok(rows.into_iter().collect())
-}
-
-/// The reader: the stream's events, in order, into `tx`, until cancelled,
-/// an error (sent on), or the receiver gone. `next_event` is not raced
-/// against anything (a frame half read would be lost); it is stopped through
-/// its token. Stopping sends the last feedback (the confirmed position).
-///
-/// While the read-ahead is full (the broker fails, and every row in flight
-/// is retried in place) the reader does not read, so nothing would answer
-/// the server: after `wal_sender_timeout` (1 min by default) it ended the
-/// stream, and the restart sent the whole unconfirmed window again
-/// (FINDINGS.md §21). So while it waits for room it sends the confirmed
-/// position every [`FEEDBACK_EVERY`], which keeps the connection alive.
-async fn read(
-    mut stream: LogicalReplicationStream,
-    tx: mpsc::Sender<Result<ChangeEvent, String>>,
-    cancel: pg_walstream::CancellationToken,
-) {
-    'events: loop {
-        match stream.next_event(&cancel).await {
-            Ok(event) => {
-                let event = match tx.try_send(Ok(event)) {
-                    Ok(()) => continue,
-                    Err(mpsc::error::TrySendError::Closed(_)) => break,
-                    Err(mpsc::error::TrySendError::Full(event)) => event,
-                };
-                let room = tx.reserve();
-                tokio::pin!(room);
-                let mut feedback = tokio::time::interval_at(
-                    tokio::time::Instant::now() + FEEDBACK_EVERY,
-                    FEEDBACK_EVERY,
-                );
-                loop {
-                    tokio::select! {
-                        biased;
-                        permit = &mut room => match permit {
-                            Ok(permit) => {
-                                permit.send(event);
-                                break;
-                            }
-                            Err(_) => break 'events,
-                        },
-                        _ = feedback.tick() => {
-                            if let Err(error) = stream.send_feedback().await {
-                                tracing::debug!(%error, "feedback while the read-ahead is full");
-                            }
-                        }
-                    }
-                }
-            }
-            Err(pg_walstream::ReplicationError::Cancelled(_)) => break,
-            Err(error) => {
-                let _ = tx.send(Err(error.to_string())).await;
-                break;
-            }
-        }
-    }
-    if let Err(error) = stream.stop().await {
-        tracing::debug!(%error, "stop the replication stream");
-    }
 }
 
 /// One settled step of the stream, in stream order.
@@ -492,7 +70,7 @@ struct Reading {
 }
 
 /// The stream's state between the reader and the marks.
-struct Settle {
+pub(super) struct Settle {
     worker: Arc<Worker>,
     feedback: Arc<SharedLsnFeedback>,
     /// Publishes in flight and commit boundaries, in stream order.
@@ -526,6 +104,10 @@ struct Settle {
     broken: Option<String>,
     /// The relay's: cuts a row's retries in place short.
     cancel: CancellationToken,
+    /// Most rows in flight to the broker.
+    max_in_flight: usize,
+    /// Delivered rows that make a mark before the next tick.
+    mark_batch: usize,
 }
 
 /// Publishes a row; a broker failure is tried again in place ([`Backoff`]:
@@ -550,11 +132,42 @@ async fn publish_in_place(
 }
 
 impl Settle {
+    /// A stream's state before its first event: nothing in flight, settled
+    /// or marked; `blocked`: the aggregates a failed row holds back.
+    pub(super) fn new(
+        worker: Arc<Worker>,
+        feedback: Arc<SharedLsnFeedback>,
+        blocked: HashSet<Uuid>,
+        max_in_flight: usize,
+        mark_batch: usize,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self {
+            worker,
+            feedback,
+            queue: FuturesOrdered::new(),
+            keys: HashMap::new(),
+            rows_in_flight: 0,
+            blocked,
+            delivered: Vec::new(),
+            settled_rows: Vec::new(),
+            rejected: Vec::new(),
+            settled_lsn: 0,
+            marked_lsn: 0,
+            probe: None,
+            reading: None,
+            gap_checked: std::time::Instant::now(),
+            broken: None,
+            cancel,
+            max_in_flight,
+            mark_batch,
+        }
+    }
+
     /// Reads events and settles results until cancelled or broken.
-    async fn pump(
+    pub(super) async fn pump(
         &mut self,
         mut rx: mpsc::Receiver<Result<ChangeEvent, String>>,
-        config: &WalConfig,
         cancel: &CancellationToken,
     ) -> anyhow::Result<End> {
         let mut tick = tokio::time::interval(MARK_EVERY);
@@ -568,11 +181,11 @@ impl Settle {
                 () = cancel.cancelled() => break,
                 Some(step) = self.queue.next(), if !self.queue.is_empty() => {
                     self.settle(step);
-                    if self.delivered.len() >= config.mark_batch {
+                    if self.delivered.len() >= self.mark_batch {
                         self.mark_or_break().await;
                     }
                 }
-                event = rx.recv(), if self.rows_in_flight < config.max_in_flight => match event {
+                event = rx.recv(), if self.rows_in_flight < self.max_in_flight => match event {
                     Some(Ok(event)) => self.take(event).await?,
                     Some(Err(error)) => {
                         self.broken = Some(format!("replication stream: {error}"));
@@ -901,61 +514,12 @@ impl Probe {
     }
 }
 
-/// An `orders.outbox` insert as the stream carries it (binary format).
-fn decode_row(data: &RowData) -> Result<PendingRow, String> {
-    Ok(PendingRow {
-        id: int8(data, "id")?,
-        aggregate_id: uuid(data, "aggregate_id")?,
-        msg_id: uuid(data, "msg_id")?,
-        event_type: String::from_utf8(bytes(data, "event_type")?.to_vec())
-            .map_err(|_| "event_type is not UTF-8".to_string())?,
-        payload: bytes(data, "payload")?.to_vec(),
-        created_at: timestamptz(data, "created_at")?,
-        attempts: 0,
-    })
-}
-
-/// A non-NULL binary column.
-fn bytes<'a>(data: &'a RowData, name: &str) -> Result<&'a [u8], String> {
-    match data.get(name) {
-        None => Err(format!("no column {name}")),
-        Some(ColumnValue::Null) => Err(format!("{name} is NULL")),
-        Some(ColumnValue::Text(_)) => Err(format!("{name} came as text, not binary")),
-        Some(ColumnValue::Binary(b)) => Ok(b),
-    }
-}
-
-fn int8(data: &RowData, name: &str) -> Result<i64, String> {
-    let b: [u8; 8] = bytes(data, name)?
-        .try_into()
-        .map_err(|_| format!("{name} is not an int8"))?;
-    Ok(i64::from_be_bytes(b))
-}
-
-fn uuid(data: &RowData, name: &str) -> Result<Uuid, String> {
-    Uuid::from_slice(bytes(data, name)?).map_err(|_| format!("{name} is not a uuid"))
-}
-
-/// PostgreSQL's binary timestamptz: microseconds since 2000-01-01 UTC.
-fn timestamptz(data: &RowData, name: &str) -> Result<DateTime<Utc>, String> {
-    let b: [u8; 8] = bytes(data, name)?
-        .try_into()
-        .map_err(|_| format!("{name} is not a timestamptz"))?;
-    let micros = i64::from_be_bytes(b);
-    const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
-    micros
-        .checked_add(PG_EPOCH_UNIX_MICROS)
-        .and_then(DateTime::from_timestamp_micros)
-        .ok_or_else(|| format!("{name} is out of range"))
-}
-
 #[cfg(test)]
 mod tests {
     use effectively::testing::TestDb;
     use sqlx::{Connection, PgConnection};
 
     use super::*;
-    use bytes::Bytes;
 
     /// An outbox row inserted by an open transaction on its own connection.
     async fn uncommitted_row(db: &TestDb) -> (PgConnection, i64) {
@@ -1106,97 +670,5 @@ mod tests {
         .await
         .expect_err("a young row that is not there is waited for");
         assert!(error.to_string().contains("1 of 2 rows"), "{error}");
-    }
-
-    fn bin(v: &[u8]) -> ColumnValue {
-        ColumnValue::Binary(Bytes::copy_from_slice(v))
-    }
-
-    fn row(cols: Vec<(&str, ColumnValue)>) -> RowData {
-        RowData::from_pairs(cols)
-    }
-
-    #[test]
-    fn an_outbox_insert_decodes_from_the_binary_format() {
-        let agg = Uuid::now_v7();
-        let msg = Uuid::now_v7();
-        // 2026-11-24T00:00:00Z in microseconds since 2000-01-01.
-        let at = DateTime::parse_from_rfc3339("2026-11-24T00:00:00.123456Z")
-            .expect("time")
-            .with_timezone(&Utc);
-        let micros = at.timestamp_micros() - 946_684_800_000_000;
-        let data = row(vec![
-            ("id", bin(&42i64.to_be_bytes())),
-            ("aggregate_id", bin(agg.as_bytes())),
-            ("msg_id", bin(msg.as_bytes())),
-            ("event_type", bin(b"order.created")),
-            ("payload", bin(br#"{"a":1}"#)),
-            ("created_at", bin(&micros.to_be_bytes())),
-            ("published_at", ColumnValue::Null),
-        ]);
-        let r = decode_row(&data).expect("decodes");
-        assert_eq!(r.id, 42);
-        assert_eq!(r.aggregate_id, agg);
-        assert_eq!(r.msg_id, msg);
-        assert_eq!(r.event_type, "order.created");
-        assert_eq!(r.payload, br#"{"a":1}"#);
-        assert_eq!(r.created_at, at);
-    }
-
-    #[test]
-    fn a_malformed_insert_is_an_error_not_a_panic() {
-        let good = |name: &str| -> ColumnValue {
-            match name {
-                "id" | "created_at" => bin(&1i64.to_be_bytes()),
-                "aggregate_id" | "msg_id" => bin(Uuid::nil().as_bytes()),
-                _ => bin(b"x"),
-            }
-        };
-        let names = [
-            "id",
-            "aggregate_id",
-            "msg_id",
-            "event_type",
-            "payload",
-            "created_at",
-        ];
-        for broken in names {
-            for bad in [
-                None,
-                Some(ColumnValue::Null),
-                Some(ColumnValue::text("1")),
-                Some(bin(b"\xff\xfe\xfd")),
-            ] {
-                let cols: Vec<(&str, ColumnValue)> = names
-                    .iter()
-                    .filter_map(|&n| {
-                        if n == broken {
-                            bad.clone().map(|v| (n, v))
-                        } else {
-                            Some((n, good(n)))
-                        }
-                    })
-                    .collect();
-                let result = decode_row(&row(cols));
-                // Three bytes are valid for the text and bytea columns.
-                let ok_anyway = matches!(&bad, Some(ColumnValue::Binary(_))) && broken == "payload";
-                assert_eq!(result.is_ok(), ok_anyway, "{broken} as {bad:?}: {result:?}");
-            }
-        }
-    }
-
-    #[test]
-    fn the_default_slot_name_is_a_valid_slot_name() {
-        assert_eq!(
-            default_slot_name("effectively"),
-            "effectively_outbox_effectively"
-        );
-        let odd = default_slot_name(&format!("Test-DB.{}", "x".repeat(80)));
-        assert!(odd.len() <= 63, "{odd}");
-        assert!(
-            odd.chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
-            "{odd}"
-        );
     }
 }

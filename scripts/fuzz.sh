@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make fuzz: the property tests at fuzzing scale. The same properties as in
-# `make test` (crates/orders/tests/props.rs: the HTTP router in process on a
-# real database; crates/payments/tests/props.rs: the message decoder, and
+# `make test` (crates/orders/tests/it/props.rs: the HTTP router in process on a
+# real database; crates/payments/tests/it/props.rs: the message decoder, and
 # the dead letters written to a real database), with many more cases:
 #   FUZZ_DECODE_CASES       decoder batches, no database      (1,000,000)
 #   FUZZ_ROUTER_CASES       requests through the router        (1,000,000)
@@ -26,11 +26,11 @@ fi
 OUT=$(mktemp)
 trap 'rm -f "$OUT"' EXIT
 log "building the property tests ($PROFILE)"
-cargo nextest run --cargo-quiet --cargo-profile "$PROFILE" -p orders -p payments --test props --no-run
+cargo nextest run --cargo-quiet --cargo-profile "$PROFILE" -p orders -p payments --test it --no-run
 log "running: $DECODE decoder, $ROUTER router, $DEAD dead-letter cases"
 start=$(date +%s)
 PROPS_DECODE_CASES=$DECODE PROPS_ROUTER_CASES=$ROUTER PROPS_DEAD_LETTER_CASES=$DEAD \
-  cargo nextest run --cargo-quiet --cargo-profile "$PROFILE" -p orders -p payments --test props \
+  cargo nextest run --cargo-quiet --cargo-profile "$PROFILE" -p orders -p payments --test it props:: \
   --success-output final --failure-output final --no-fail-fast >"$OUT" 2>&1 || {
   cat "$OUT"
   log "FAILED after $(($(date +%s) - start)) s"

@@ -14,7 +14,7 @@ use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
 fn bin(name: &str) -> PathBuf {
-    // target/<profile>/deps/e2e-<hash> → target/<profile>/<name>
+    // target/<profile>/deps/it-<hash> → target/<profile>/<name>
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
     let path = dir.join(name);

@@ -1,0 +1,9 @@
+//! The payments crate's integration tests, in one binary
+//! (`cargo nextest run -p payments`), against the stack of `make up`.
+
+// The consumer over Kafka.
+mod kafka;
+// Property tests of decoding and dead-lettering.
+mod props;
+// The consumer over signed HTTP webhooks (`--source http`).
+mod webhooks;

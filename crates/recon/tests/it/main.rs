@@ -1,0 +1,5 @@
+//! The recon crate's integration tests, in one binary
+//! (`cargo nextest run -p recon`), against the stack of `make up`.
+
+// The whole pipeline as processes, then recon's diff.
+mod e2e;

@@ -11,10 +11,11 @@ use effectively::crash::CrashArgs;
 use effectively::retry::Backoff;
 use tokio_util::sync::CancellationToken;
 
+use crate::delivery::AfterHorizon;
 use crate::horizon::{Retention, parse_duration};
 use crate::metrics::PaymentsMetrics;
 use crate::process::Apply;
-use crate::{dup, expiry, inbox, receiver};
+use crate::{dup, expiry, receiver};
 
 /// Payments settings; every flag is also an environment variable.
 #[derive(Debug, Clone, Parser)]
@@ -224,10 +225,8 @@ impl Config {
     pub(crate) fn apply(&self) -> Apply {
         match self.unsafe_split_txn {
             Some(mode) => Apply::Split(mode),
-            None if self.unsafe_apply_after_horizon => {
-                Apply::Inbox(inbox::AfterHorizon::UnsafeApply)
-            }
-            None => Apply::Inbox(inbox::AfterHorizon::Refuse),
+            None if self.unsafe_apply_after_horizon => Apply::Inbox(AfterHorizon::UnsafeApply),
+            None => Apply::Inbox(AfterHorizon::Refuse),
         }
     }
 

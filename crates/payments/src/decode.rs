@@ -3,7 +3,7 @@
 use effectively::contract::{ORDER_CREATED, OrderCreated};
 use effectively::envelope::Envelope;
 
-use crate::inbox::ChargeIntent;
+use crate::delivery::ChargeIntent;
 
 /// Decodes a message value. `Err` carries the dead-letter reason (which may
 /// quote the input: it is made storable where it is written).

@@ -14,7 +14,7 @@ use rdkafka::consumer::Consumer;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::time::Instant;
 
-use crate::inbox::Held;
+use crate::delivery::Held;
 use crate::kafka::PaymentsConsumer;
 use crate::metrics::PaymentsMetrics;
 

@@ -15,6 +15,7 @@
 pub mod config;
 pub mod consumer;
 pub mod decode;
+pub mod delivery;
 pub mod dup;
 pub mod expiry;
 mod hold;
@@ -110,10 +111,10 @@ pub async fn run_on(
             ?mode,
             "UNSAFE: inbox and effect in two transactions (--unsafe-split-txn); crashes WILL lose or double effects"
         ),
-        Apply::Inbox(inbox::AfterHorizon::UnsafeApply) => tracing::warn!(
+        Apply::Inbox(delivery::AfterHorizon::UnsafeApply) => tracing::warn!(
             "UNSAFE: messages after the dedup horizon are applied (--unsafe-apply-after-horizon); a late duplicate WILL be applied twice"
         ),
-        Apply::Inbox(inbox::AfterHorizon::Refuse) => {}
+        Apply::Inbox(delivery::AfterHorizon::Refuse) => {}
     }
     let outcome = match config.source {
         Transport::Kafka => {

@@ -16,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::inbox::{self, Applied, ChargeIntent, Delivery, Held, Source};
+use crate::delivery::{AfterHorizon, Applied, ChargeIntent, Delivery, Held, Source};
+use crate::inbox;
 use crate::metrics::{PaymentsMetrics, Stage};
 use crate::{decode, unsafe_split};
 
@@ -25,7 +26,7 @@ use crate::{decode, unsafe_split};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Apply {
     /// [`inbox::apply_batch`], with what it does after the dedup horizon.
-    Inbox(inbox::AfterHorizon),
+    Inbox(AfterHorizon),
     /// [`unsafe_split::apply_batch`].
     Split(SplitTxn),
 }

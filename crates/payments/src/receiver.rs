@@ -66,7 +66,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::decode;
-use crate::inbox::{DeadLetter, DeadLetterKind, Delivery, Source};
+use crate::delivery::{DeadLetter, DeadLetterKind, Delivery, Source};
 use crate::metrics::{PaymentsMetrics, Stage};
 
 /// The largest body taken (an event is well under a kilobyte; Kafka's

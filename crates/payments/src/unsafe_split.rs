@@ -16,9 +16,10 @@ use effectively::crash::Crasher;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::delivery::{Applied, ChargeIntent, Delivery, Source};
 use crate::inbox::{
-    Applied, ChargeIntent, Delivery, Source, claim_inbox, insert_dead_letters, insert_effects,
-    insert_effects_unguarded, split, unique_by_msg_id,
+    claim_inbox, insert_dead_letters, insert_effects, insert_effects_unguarded, split,
+    unique_by_msg_id,
 };
 
 /// Applies a batch the wrong way; see the module docs. (Conflicting

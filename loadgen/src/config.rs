@@ -23,6 +23,27 @@ pub(crate) enum Protocol {
     Mixed,
 }
 
+/// Which orders instance each send goes to, when there are several
+/// (`--http-url` / `--grpc-url` with more than one URL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Spread {
+    /// Each protocol's sends take its instances in turn, retries included.
+    RoundRobin,
+    /// Each send draws an instance uniformly (from the run's seed).
+    Random,
+}
+
+impl Spread {
+    /// The flag's value.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::RoundRobin => "round-robin",
+            Self::Random => "random",
+        }
+    }
+}
+
 /// How progress is shown on stderr while the run goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum ProgressMode {
@@ -62,20 +83,32 @@ pub(crate) enum ProgressMode {
 )]
 pub(crate) struct Config {
     /// Base URL of the HTTP API (plain http only); creates go to `{url}/orders`.
+    /// Several orders instances: several URLs, comma-separated or the flag
+    /// repeated; each send goes to one of them as --spread says, so one key's
+    /// retries reach different instances.
     #[arg(
         long,
         env = "LOADGEN_HTTP_URL",
-        default_value = "http://127.0.0.1:8080"
+        default_value = "http://127.0.0.1:8080",
+        value_delimiter = ','
     )]
-    pub(crate) http_url: String,
+    pub(crate) http_url: Vec<String>,
 
-    /// URL of the gRPC API (plain http/2 only).
+    /// URL of the gRPC API (plain http/2 only); several, like --http-url.
     #[arg(
         long,
         env = "LOADGEN_GRPC_URL",
-        default_value = "http://127.0.0.1:50051"
+        default_value = "http://127.0.0.1:50051",
+        value_delimiter = ','
     )]
-    pub(crate) grpc_url: String,
+    pub(crate) grpc_url: Vec<String>,
+
+    /// With several URLs of a protocol: `round-robin` (each protocol's
+    /// sends take its instances in turn) or `random` (an instance drawn per
+    /// send from the seed). A send retried for want of an answer
+    /// (--retry-on-error) goes to the next instance, as behind a balancer.
+    #[arg(long, env = "LOADGEN_SPREAD", value_enum, default_value_t = Spread::RoundRobin)]
+    pub(crate) spread: Spread,
 
     /// Protocol of every send; `mixed` picks one at random per send, retries included.
     #[arg(long, env = "LOADGEN_PROTOCOL", value_enum, default_value_t = Protocol::Http)]
@@ -215,10 +248,12 @@ pub(crate) struct Config {
 /// Validated settings, with the defaults that are drawn at random resolved.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
-    /// HTTP base URL, without a trailing slash.
-    pub(crate) http_url: String,
-    /// gRPC URL.
-    pub(crate) grpc_url: String,
+    /// HTTP base URLs (one per orders instance), without a trailing slash.
+    pub(crate) http_urls: Vec<String>,
+    /// gRPC URLs (one per orders instance).
+    pub(crate) grpc_urls: Vec<String>,
+    /// How sends are spread over the instances.
+    pub(crate) spread: Spread,
     /// Protocol choice.
     pub(crate) protocol: Protocol,
     /// First attempts per second.
@@ -272,10 +307,12 @@ pub(crate) struct Settings {
 pub(crate) struct Params {
     /// Protocol choice.
     pub(crate) protocol: Protocol,
-    /// HTTP base URL.
-    pub(crate) http_url: String,
-    /// gRPC URL.
-    pub(crate) grpc_url: String,
+    /// HTTP base URLs.
+    pub(crate) http_urls: Vec<String>,
+    /// gRPC URLs.
+    pub(crate) grpc_urls: Vec<String>,
+    /// How sends are spread over the instances.
+    pub(crate) spread: Spread,
     /// First attempts per second.
     pub(crate) rate: f64,
     /// Send window in seconds.
@@ -338,16 +375,8 @@ impl Config {
             }
             None => keys::random_prefix(),
         };
-        let http_url = self.http_url.trim_end_matches('/').to_owned();
-        if !http_url.starts_with("http://") {
-            bail!("--http-url must be a plain http:// URL, got {http_url:?}");
-        }
-        if !self.grpc_url.starts_with("http://") {
-            bail!(
-                "--grpc-url must be a plain http:// URL, got {:?}",
-                self.grpc_url
-            );
-        }
+        let http_urls = urls("--http-url", &self.http_url)?;
+        let grpc_urls = urls("--grpc-url", &self.grpc_url)?;
         let ambiguous = self.ambiguous.or_else(|| {
             self.intents.as_ref().map(|p| {
                 let mut name = p.clone().into_os_string();
@@ -356,8 +385,9 @@ impl Config {
             })
         });
         Ok(Settings {
-            http_url,
-            grpc_url: self.grpc_url,
+            http_urls,
+            grpc_urls,
+            spread: self.spread,
             protocol: self.protocol,
             rate: self.rate,
             duration: Duration::from_secs(self.duration),
@@ -400,8 +430,9 @@ impl Settings {
     pub(crate) fn params(&self) -> Params {
         Params {
             protocol: self.protocol,
-            http_url: self.http_url.clone(),
-            grpc_url: self.grpc_url.clone(),
+            http_urls: self.http_urls.clone(),
+            grpc_urls: self.grpc_urls.clone(),
+            spread: self.spread,
             rate: self.rate,
             duration_s: self.duration.as_secs(),
             max_in_flight: self.max_in_flight,
@@ -421,6 +452,33 @@ impl Settings {
             threads: self.threads,
         }
     }
+}
+
+/// Most instances one protocol's sends are spread over.
+pub(crate) const MAX_TARGETS: usize = 64;
+
+/// The URLs of one flag, checked: plain `http://`, no trailing slash, at
+/// least one, at most [`MAX_TARGETS`], none twice (a repeated instance would
+/// take two shares of the load, which is never what was meant).
+fn urls(flag: &str, given: &[String]) -> anyhow::Result<Vec<String>> {
+    let mut out: Vec<String> = Vec::with_capacity(given.len());
+    for url in given {
+        let url = url.trim().trim_end_matches('/').to_owned();
+        if !url.starts_with("http://") || url.len() == "http://".len() {
+            bail!("{flag} must be plain http:// URLs, got {url:?}");
+        }
+        if out.contains(&url) {
+            bail!("{flag} names {url} twice");
+        }
+        out.push(url);
+    }
+    if out.is_empty() {
+        bail!("{flag} needs at least one URL");
+    }
+    if out.len() > MAX_TARGETS {
+        bail!("{flag}: at most {MAX_TARGETS} URLs, got {}", out.len());
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -487,6 +545,45 @@ mod tests {
         assert!(parse(&["--key-prefix", "has space"]).is_err());
         assert!(parse(&["--http-url", "https://x"]).is_err());
         assert!(parse(&["--duration", "0"]).is_err());
-        assert!(parse(&["--http-url", "http://h:1/"]).is_ok_and(|s| s.http_url == "http://h:1"));
+        assert!(parse(&["--http-url", "http://h:1/"]).is_ok_and(|s| s.http_urls == ["http://h:1"]));
+    }
+
+    #[test]
+    fn several_instances_are_listed_or_repeated_and_checked() {
+        let s = parse(&[
+            "--http-url",
+            "http://a:1,http://b:2/",
+            "--grpc-url",
+            "http://c:3",
+        ])
+        .expect("settings");
+        assert_eq!(s.http_urls, ["http://a:1", "http://b:2"]);
+        assert_eq!(s.grpc_urls, ["http://c:3"]);
+        assert_eq!(s.spread, Spread::RoundRobin);
+        let s = parse(&[
+            "--http-url",
+            "http://a:1",
+            "--http-url",
+            "http://b:2",
+            "--spread",
+            "random",
+        ])
+        .expect("repeated");
+        assert_eq!(s.http_urls, ["http://a:1", "http://b:2"]);
+        assert_eq!(s.spread, Spread::Random);
+        let json = serde_json::to_value(s.params()).expect("json");
+        assert_eq!(json["http_urls"][1], "http://b:2");
+        assert_eq!(json["spread"], "random");
+        for bad in [
+            "http://a:1,http://a:1/",
+            "http://a:1,https://b:2",
+            "http://a:1,",
+            "http://",
+        ] {
+            let err = parse(&["--http-url", bad]).expect_err(bad).to_string();
+            assert!(err.contains("--http-url"), "{bad}: {err}");
+        }
+        let many: Vec<String> = (0..=MAX_TARGETS).map(|i| format!("http://h:{i}")).collect();
+        assert!(parse(&["--grpc-url", &many.join(",")]).is_err());
     }
 }

@@ -12,6 +12,7 @@ mod run;
 mod schedule;
 mod shared;
 mod stats;
+mod targets;
 mod verify;
 
 /// Types generated from `proto/orders.proto` (client side only).

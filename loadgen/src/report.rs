@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::config::Params;
 use crate::keys::KeySpace;
 use crate::stats::{ClassStats, Collector, KeyCounts, OutcomeCounts, ReplayCounts, Second};
+use crate::targets::TargetReport;
 
 /// Exit code of a run with replay mismatches.
 pub(crate) const EXIT_MISMATCH: u8 = 3;
@@ -202,6 +203,8 @@ pub(crate) struct RunFacts {
     pub(crate) sends: SendCounts,
     /// Sends still outstanding after the hard stop (should be 0).
     pub(crate) unfinished: u64,
+    /// What each orders instance was sent.
+    pub(crate) targets: Vec<TargetReport>,
 }
 
 /// The report: printed as a summary and written as JSON.
@@ -226,6 +229,8 @@ pub(crate) struct Report {
     pub(crate) rates: Rates,
     /// Scheduler counts.
     pub(crate) sends: SendCounts,
+    /// Sends and successes per orders instance.
+    pub(crate) targets: Vec<TargetReport>,
     /// Outcome counts.
     pub(crate) outcomes: OutcomeCounts,
     /// Answers by status class (gRPC codes mapped to their HTTP class).
@@ -286,6 +291,7 @@ impl Report {
             window_s: facts.window_s,
             elapsed_s: facts.elapsed_s,
             sends: facts.sends,
+            targets: facts.targets,
             outcomes: collector.counts.clone(),
             status_classes: collector.classes.clone(),
             http_status: collector
@@ -377,6 +383,26 @@ impl Report {
             s.unsent,
             s.peak_in_flight
         );
+        let several = |protocol| {
+            self.targets
+                .iter()
+                .filter(|t| t.protocol == protocol)
+                .count()
+                > 1
+        };
+        if several("http") || several("grpc") {
+            let targets = self
+                .targets
+                .iter()
+                .map(|t| format!("{} ({}) {} sent {} ok", t.url, t.protocol, t.sent, t.ok))
+                .collect::<Vec<_>>()
+                .join("; ");
+            let _ = writeln!(
+                out,
+                "  instances   {targets} (--spread {})",
+                p.spread.name()
+            );
+        }
         let _ = writeln!(
             out,
             "  intents     {} scheduled: {} new keys, {} re-drawn",
@@ -606,15 +632,16 @@ mod tests {
     use uuid::Uuid;
 
     use super::*;
-    use crate::config::Protocol;
+    use crate::config::{Protocol, Spread};
     use crate::outcome::{Answer, HttpReply, Outcome, Success};
     use crate::stats::{SendKind, new_histogram};
 
     fn params() -> Params {
         Params {
             protocol: Protocol::Mixed,
-            http_url: "http://h".into(),
-            grpc_url: "http://g".into(),
+            http_urls: vec!["http://h".into()],
+            grpc_urls: vec!["http://g".into()],
+            spread: Spread::RoundRobin,
             rate: 100.0,
             duration_s: 2,
             max_in_flight: 10,
@@ -649,6 +676,7 @@ mod tests {
                 ..SendCounts::default()
             },
             unfinished: 0,
+            targets: vec![],
         }
     }
 
@@ -724,6 +752,36 @@ mod tests {
         assert_eq!(json["params"]["hot_keys"], 0);
         assert!(!text.contains("  hot "), "{text}");
         assert!(!text.contains("  cold "), "{text}");
+        assert!(!text.contains("instances"), "one instance: {text}");
+
+        // Several orders instances: each one's sends, in the JSON and the text.
+        let mut spread = facts(false);
+        spread.targets = ["http://a:1", "http://b:2"]
+            .iter()
+            .enumerate()
+            .map(|(i, url)| TargetReport {
+                protocol: "http",
+                url: (*url).to_owned(),
+                sent: 10 + i as u64,
+                ok: 9,
+            })
+            .collect();
+        let mut one_each = spread.clone();
+        one_each.targets[1].protocol = "grpc";
+        let report = Report::assemble(spread, &c);
+        let json = serde_json::to_value(&report).expect("json");
+        assert_eq!(json["targets"][1]["url"], "http://b:2");
+        assert_eq!(json["targets"][1]["sent"], 11);
+        let text = report.summary();
+        assert!(
+            text.contains(
+                "instances   http://a:1 (http) 10 sent 9 ok; http://b:2 (http) 11 sent 9 ok (--spread round-robin)"
+            ),
+            "{text}"
+        );
+        // One instance per protocol is not a spread: no line.
+        let text = Report::assemble(one_each, &c).summary();
+        assert!(!text.contains("instances"), "{text}");
 
         assert_eq!(
             Report::assemble(facts(true), &c).exit_code,

@@ -11,13 +11,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::Context;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::client::{GrpcTarget, HttpTarget};
 use crate::config::{Protocol, Settings};
 use crate::keys::{KeyPicker, KeySpace};
 use crate::outcome::Outcome;
@@ -26,6 +24,7 @@ use crate::report::{self, Report, RunFacts, SendCounts};
 use crate::schedule::{Due, RetryPlan, Schedule};
 use crate::shared::Shared;
 use crate::stats::{Collector, SendKind};
+use crate::targets::{Spreader, Targets};
 use crate::verify::Via;
 
 /// Sends handed out in one go before the scheduler yields, so that on a
@@ -33,8 +32,6 @@ use crate::verify::Via;
 const BATCH: u32 = 64;
 /// How long after the hard stop to wait for sends to notice it.
 const STOP_GRACE: Duration = Duration::from_secs(2);
-/// Shortest time the reachability probe is given.
-const MIN_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// One send, as the scheduler decided it.
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +41,8 @@ struct SendSpec {
     /// Scheduled offset from the start: latency is measured from here.
     at_ns: u64,
     via: Via,
+    /// Which of the protocol's instances it goes to.
+    target: usize,
 }
 
 /// Gives the in-flight slot back however the send task ends.
@@ -81,13 +80,7 @@ async fn send_one(shared: Arc<Shared>, mut spec: SendSpec) {
         } else {
             (shared.hard_stop, true)
         };
-        let call = async {
-            match (spec.via, &shared.http, &shared.grpc) {
-                (Via::Http, Some(http), _) => http.create(&key, body).await,
-                (Via::Grpc, _, Some(grpc)) => grpc.create(&key, body).await,
-                _ => Outcome::NotSent,
-            }
-        };
+        let call = shared.targets.create(spec.via, spec.target, &key, body);
         let outcome = match tokio::time::timeout_at(deadline, call).await {
             Ok(outcome) => outcome,
             Err(_) if hard => Outcome::Abandoned,
@@ -118,6 +111,8 @@ async fn send_one(shared: Arc<Shared>, mut spec: SendSpec) {
         shared.lock().record_error_retry(spec.key_index);
         spec.kind = SendKind::Retry;
         spec.at_ns = elapsed_ns(shared.start);
+        // No answer from this instance: the next one, as behind a balancer.
+        spec.target = (spec.target + 1) % shared.targets.len(spec.via).max(1);
     }
 }
 
@@ -129,6 +124,7 @@ struct Scheduler {
     /// Indexes drawn so far (not the fresh sequential ones, which are all new).
     seen: HashSet<u64>,
     protocol: Protocol,
+    spreader: Spreader,
     retry_rate: f64,
     retry_delay: Duration,
     max_in_flight: usize,
@@ -171,6 +167,7 @@ impl Scheduler {
                 }
             }
         };
+        let target = self.spreader.pick(via, &mut self.rng);
         let in_flight = self.shared.in_flight.load(Ordering::Acquire);
         if in_flight >= self.max_in_flight {
             self.counts.dropped += 1;
@@ -194,6 +191,7 @@ impl Scheduler {
             key_index,
             at_ns,
             via,
+            target,
         };
         tokio::spawn(send_one(self.shared.clone(), spec));
     }
@@ -238,7 +236,12 @@ fn watch_end(flag: Arc<AtomicBool>, wake: Arc<Notify>) {
 
 /// Runs the whole thing and returns the exit code.
 pub(crate) async fn run(settings: Settings) -> anyhow::Result<u8> {
-    let (http, grpc) = connect(&settings).await?;
+    let targets = Targets::connect(&settings).await?;
+    let spreader = Spreader::new(
+        settings.spread,
+        targets.len(Via::Http),
+        targets.len(Via::Grpc),
+    );
     let picker = KeyPicker::new(
         settings.zipf_s,
         settings.keys,
@@ -256,8 +259,7 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<u8> {
     let hard_stop = start + settings.duration + settings.drain_timeout;
     let shared = Arc::new(Shared {
         keys: KeySpace::new(settings.key_prefix.clone(), settings.seed),
-        http,
-        grpc,
+        targets,
         timeout: settings.timeout,
         start,
         hard_stop,
@@ -284,6 +286,7 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<u8> {
         picker,
         seen: HashSet::new(),
         protocol: settings.protocol,
+        spreader,
         retry_rate: settings.retry_rate,
         retry_delay: settings.retry_delay,
         max_in_flight: settings.max_in_flight,
@@ -364,45 +367,13 @@ pub(crate) async fn run(settings: Settings) -> anyhow::Result<u8> {
         elapsed_s: elapsed.as_secs_f64(),
         sends: scheduler.counts,
         unfinished,
+        targets: shared.targets.report(),
     };
     let report = Report::assemble(facts, &collector);
     print!("{}", report.summary());
 
     write_outputs(&settings, &report, &collector, &shared.keys)?;
     Ok(report.exit_code)
-}
-
-/// Builds the clients the protocol needs and probes each target once, before
-/// the clock starts, so an unreachable target fails fast and clearly.
-async fn connect(settings: &Settings) -> anyhow::Result<(Option<HttpTarget>, Option<GrpcTarget>)> {
-    let probe_timeout = settings.timeout.max(MIN_PROBE_TIMEOUT);
-    let http = if settings.uses_http() {
-        let target = HttpTarget::new(&settings.http_url, settings.timeout)?;
-        target.probe(probe_timeout).await.with_context(|| {
-            format!(
-                "HTTP target {} is not reachable or not the Orders service",
-                settings.http_url
-            )
-        })?;
-        Some(target)
-    } else {
-        None
-    };
-    let grpc = if settings.uses_grpc() {
-        let target = GrpcTarget::connect(&settings.grpc_url, probe_timeout, settings.max_in_flight)
-            .await
-            .with_context(|| format!("gRPC target {} is not reachable", settings.grpc_url))?;
-        target.probe(probe_timeout).await.with_context(|| {
-            format!(
-                "gRPC target {} is not reachable or not the Orders service",
-                settings.grpc_url
-            )
-        })?;
-        Some(target)
-    } else {
-        None
-    };
-    Ok((http, grpc))
 }
 
 /// Writes every requested file, even if one fails; returns the first failure.

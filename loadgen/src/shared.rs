@@ -10,19 +10,17 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::client::{GrpcTarget, HttpTarget};
 use crate::keys::KeySpace;
 use crate::stats::Collector;
+use crate::targets::Targets;
 
 /// State shared by the scheduler, the send tasks and the progress display.
 #[derive(Debug)]
 pub(crate) struct Shared {
     /// Keys and bodies.
     pub(crate) keys: KeySpace,
-    /// HTTP client, when HTTP is used.
-    pub(crate) http: Option<HttpTarget>,
-    /// gRPC client, when gRPC is used.
-    pub(crate) grpc: Option<GrpcTarget>,
+    /// The orders instances, with a client each.
+    pub(crate) targets: Targets,
     /// Per-request timeout.
     pub(crate) timeout: Duration,
     /// The clock's zero.

@@ -299,15 +299,38 @@ pub struct Config {
     pub webhook_secret: Option<effectively::webhook::Secret>,
 
     // --- services -----------------------------------------------------------
-    /// Orders HTTP address.
+    /// Orders instances, each its own process on its own ports (instance i
+    /// on --http-addr and --grpc-addr with the port plus 100·i); loadgen
+    /// spreads its sends over all of them (`--loadgen-arg=--spread` chooses
+    /// how), so one key's retries reach different instances.
+    #[arg(long, env = "CHAOS_ORDERS", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=MAX_INSTANCES as i64))]
+    pub orders: u16,
+
+    /// Relay instances, sharing the outbox by its shard leases (instance i's
+    /// metrics on --relay-metrics-addr's port plus 100·i). With `RELAY_MODE=wal`
+    /// one holds the slot and the others wait for it.
+    #[arg(long, env = "CHAOS_RELAYS", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=MAX_INSTANCES as i64))]
+    pub relays: u16,
+
+    /// Payments instances, one consumer group (instance i's metrics on
+    /// --payments-metrics-addr's port plus 100·i); more than the topic's
+    /// partitions leaves the rest idle until a member dies. One with
+    /// --transport http (one receiver behind the proxy).
+    #[arg(long, env = "CHAOS_PAYMENTS", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=MAX_INSTANCES as i64))]
+    pub payments: u16,
+
+    /// Orders HTTP address (of the first instance; see --orders).
     #[arg(long, env = "CHAOS_HTTP_ADDR", default_value = "127.0.0.1:18480")]
     pub http_addr: SocketAddr,
 
-    /// Orders gRPC address.
+    /// Orders gRPC address (of the first instance).
     #[arg(long, env = "CHAOS_GRPC_ADDR", default_value = "127.0.0.1:18451")]
     pub grpc_addr: SocketAddr,
 
-    /// Relay metrics address.
+    /// Relay metrics address (of the first instance; see --relays).
     #[arg(
         long,
         env = "CHAOS_RELAY_METRICS_ADDR",
@@ -315,7 +338,7 @@ pub struct Config {
     )]
     pub relay_metrics_addr: SocketAddr,
 
-    /// Payments metrics address.
+    /// Payments metrics address (of the first instance; see --payments).
     #[arg(
         long,
         env = "CHAOS_PAYMENTS_METRICS_ADDR",
@@ -339,6 +362,46 @@ pub struct Config {
     /// --wait-drained) before recon reports anyway.
     #[arg(long, env = "CHAOS_DRAIN_TIMEOUT", default_value_t = 120)]
     pub drain_timeout: u64,
+}
+
+/// Most instances of one service.
+pub const MAX_INSTANCES: u16 = 16;
+
+/// Instance i of a service listens on its first address's port plus
+/// `PORT_STRIDE`·i: with the default addresses (ports 18401 to 18480, all
+/// different modulo 100) no two instances of any services meet.
+pub const PORT_STRIDE: u16 = 100;
+
+/// One process chaos runs: which service, and which of its instances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Instance {
+    /// The service.
+    pub service: ServiceName,
+    /// 0-based.
+    pub index: u16,
+    /// How many instances the service has.
+    pub of: u16,
+}
+
+impl Instance {
+    /// Its name in logs, files and the summary: the service's own name when
+    /// it runs alone (`relay`), else numbered from 1 (`relay-2`).
+    pub fn label(&self) -> String {
+        if self.of <= 1 {
+            self.service.as_str().to_owned()
+        } else {
+            format!("{}-{}", self.service.as_str(), self.index + 1)
+        }
+    }
+
+    /// `base` with the port this instance uses (see [`PORT_STRIDE`]); `None`
+    /// past the last port.
+    pub fn addr(&self, base: SocketAddr) -> Option<SocketAddr> {
+        let port = base
+            .port()
+            .checked_add(PORT_STRIDE.checked_mul(self.index)?)?;
+        Some(SocketAddr::new(base.ip(), port))
+    }
 }
 
 fn parse_range(s: &str) -> Result<(u64, u64), String> {
@@ -458,7 +521,94 @@ impl Config {
                 self.relay_pause_ms
             ));
         }
+        if http && self.payments > 1 {
+            return Err(format!(
+                "--payments {} needs --transport kafka (over http one receiver sits behind \
+                 chaos's proxy)",
+                self.payments
+            ));
+        }
+        self.check_addresses()
+    }
+
+    /// Every address a child listens on, with the flag it comes from: none
+    /// past the last port, no two alike.
+    fn check_addresses(&self) -> Result<(), String> {
+        let mut taken: Vec<(SocketAddr, String)> = Vec::new();
+        let mut take = |base: SocketAddr, flag: &str, instance: Option<Instance>| {
+            let (addr, who) = match instance {
+                Some(i) => (i.addr(base), format!("{flag} of {}", i.label())),
+                None => (Some(base), flag.to_owned()),
+            };
+            let addr = addr.ok_or_else(|| {
+                format!("{who}: {base}'s port plus {PORT_STRIDE} per instance is past 65535")
+            })?;
+            if let Some((_, other)) = taken.iter().find(|(a, _)| *a == addr) {
+                return Err(format!(
+                    "{who} and {other} would both listen on {addr}: choose other addresses"
+                ));
+            }
+            taken.push((addr, who));
+            Ok(())
+        };
+        for i in self.instances() {
+            match i.service {
+                ServiceName::Orders => {
+                    take(self.http_addr, "--http-addr", Some(i))?;
+                    take(self.grpc_addr, "--grpc-addr", Some(i))?;
+                }
+                ServiceName::Relay => {
+                    take(self.relay_metrics_addr, "--relay-metrics-addr", Some(i))?
+                }
+                ServiceName::Payments => {
+                    take(
+                        self.payments_metrics_addr,
+                        "--payments-metrics-addr",
+                        Some(i),
+                    )?;
+                }
+            }
+        }
+        if self.transport == Transport::Http {
+            take(self.webhook_addr, "--webhook-addr", None)?;
+            take(self.webhook_proxy_addr, "--webhook-proxy-addr", None)?;
+        }
         Ok(())
+    }
+
+    /// How many instances `service` runs as.
+    pub fn count(&self, service: ServiceName) -> u16 {
+        match service {
+            ServiceName::Orders => self.orders,
+            ServiceName::Relay => self.relays,
+            ServiceName::Payments => self.payments,
+        }
+        .max(1)
+    }
+
+    /// Every process chaos runs, service by service, in instance order.
+    pub fn instances(&self) -> Vec<Instance> {
+        ServiceName::ALL
+            .iter()
+            .flat_map(|&service| {
+                let of = self.count(service);
+                (0..of).map(move |index| Instance { service, index, of })
+            })
+            .collect()
+    }
+
+    /// Each orders instance's (HTTP, gRPC) address.
+    pub fn orders_addrs(&self) -> Vec<(SocketAddr, SocketAddr)> {
+        self.instances()
+            .into_iter()
+            .filter(|i| i.service == ServiceName::Orders)
+            .map(|i| {
+                (
+                    i.addr(self.http_addr).unwrap_or(self.http_addr),
+                    i.addr(self.grpc_addr).unwrap_or(self.grpc_addr),
+                )
+            })
+            .collect()
     }
 
     /// The crash points armed in `service`, as its `CRASH_POINT` takes them.
@@ -472,14 +622,20 @@ impl Config {
         (!points.is_empty()).then(|| points.join(","))
     }
 
-    /// The metrics URL of `service`.
-    pub fn metrics_url(&self, service: ServiceName) -> String {
-        let addr = match service {
+    /// The address `instance` serves `/metrics` on (orders: its HTTP
+    /// address). Checked by [`Self::validate`] to exist.
+    pub fn metrics_addr(&self, instance: Instance) -> SocketAddr {
+        let base = match instance.service {
             ServiceName::Orders => self.http_addr,
             ServiceName::Relay => self.relay_metrics_addr,
             ServiceName::Payments => self.payments_metrics_addr,
         };
-        format!("http://{addr}/metrics")
+        instance.addr(base).unwrap_or(base)
+    }
+
+    /// The metrics URL of `instance`.
+    pub fn metrics_url(&self, instance: Instance) -> String {
+        format!("http://{}/metrics", self.metrics_addr(instance))
     }
 }
 
@@ -535,6 +691,35 @@ mod tests {
             "90",
             "loadgen's schedule is the longest the load may last"
         );
+    }
+
+    #[test]
+    fn instances_need_free_distinct_addresses_and_one_receiver_over_http() {
+        let err = |args: &[&str]| parse(args).validate().expect_err("refused");
+        assert!(
+            parse(&["--orders", "16", "--relays", "16", "--payments", "16"])
+                .validate()
+                .is_ok()
+        );
+        assert!(err(&["--transport", "http", "--payments", "2"]).contains("--transport kafka"));
+        assert!(
+            parse(&["--transport", "http", "--orders", "3", "--relays", "2"])
+                .validate()
+                .is_ok()
+        );
+        // Orders' second gRPC port lands on the relay's first metrics port.
+        let e = err(&["--orders", "2", "--grpc-addr", "127.0.0.1:18301"]);
+        assert!(
+            e.contains("--grpc-addr of orders-2") && e.contains("--relay-metrics-addr"),
+            "{e}"
+        );
+        let e = err(&["--relays", "3", "--relay-metrics-addr", "127.0.0.1:65400"]);
+        assert!(e.contains("past 65535"), "{e}");
+        assert!(
+            Config::try_parse_from(["chaos", "--payments", "17"]).is_err(),
+            "at most {MAX_INSTANCES}"
+        );
+        assert!(Config::try_parse_from(["chaos", "--orders", "0"]).is_err());
     }
 
     #[test]

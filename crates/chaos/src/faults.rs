@@ -5,7 +5,9 @@
 //! (offset-reset excepted, see [`Fault::OffsetReset`]): the point is that
 //! they recover by themselves. Each fault is recorded with its outage (from
 //! the injection to the component being back) and its recovery (from the
-//! injection until every service's work counter moved again).
+//! injection until every service's work counter moved again: of a service
+//! run as several instances, one instance's is enough, since one may have no
+//! work of its own, a consumer without partitions or a relay without shards).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -91,11 +93,12 @@ pub async fn run(
                     supervisors.iter().map(|s| s.progress_mark()).collect();
                 let deadline = Instant::now() + RECOVERY_TIMEOUT;
                 loop {
-                    if supervisors
-                        .iter()
-                        .zip(&marks)
-                        .all(|(s, mark)| s.moved_since(*mark))
-                    {
+                    if every_service_moved(
+                        supervisors
+                            .iter()
+                            .zip(&marks)
+                            .map(|(s, mark)| (s.name(), s.moved_since(*mark))),
+                    ) {
                         record.recovery_ms = Some(injected.elapsed().as_millis() as u64);
                         break;
                     }
@@ -126,11 +129,8 @@ async fn inject(
     proxy: Option<&Proxy>,
     fault: Fault,
 ) -> anyhow::Result<()> {
-    let service = |name: ServiceName| {
-        supervisors
-            .iter()
-            .find(|s| s.name() == name)
-            .context("no such service")
+    let instances = |name: ServiceName| -> Vec<&Arc<Supervisor>> {
+        supervisors.iter().filter(|s| s.name() == name).collect()
     };
     match fault {
         Fault::PgCrash => stack_crash(&config.stack_script, "postgres", config.fault_down_ms).await,
@@ -148,12 +148,17 @@ async fn inject(
             .await
         }
         Fault::RelayPause => {
-            let relay = service(ServiceName::Relay)?;
-            // Between two lives (a crash point just fired) there is no relay
-            // to stop: wait for the next one.
+            // One relay, drawn among the instances; between two lives (a
+            // crash point just fired) there is none to stop: wait for the next.
+            let relays = instances(ServiceName::Relay);
+            if relays.is_empty() {
+                bail!("no relay in this run");
+            }
+            let relay = relays[rand::rng().random_range(0..relays.len())];
             let deadline = Instant::now() + Duration::from_secs(30);
             let pid = loop {
                 if let Some(pid) = relay.signal(Signal::SIGSTOP) {
+                    tracing::info!(relay = relay.label(), pid, "relay-pause: SIGSTOP");
                     break pid;
                 }
                 if Instant::now() > deadline {
@@ -168,29 +173,19 @@ async fn inject(
             Ok(())
         }
         Fault::OffsetReset => {
-            let payments = service(ServiceName::Payments)?;
-            if !payments
-                .stop_for(Fault::OffsetReset.as_str(), Duration::from_secs(30))
-                .await
-            {
-                payments.release();
-                bail!("payments did not stop within 30 s");
-            }
+            // The group must be empty for its offsets to be reset: every
+            // payments instance stops.
+            let payments = instances(ServiceName::Payments);
+            stop_all(&payments, Fault::OffsetReset).await?;
             let reset = reset_offsets(&bin_dir.join(KAFKA_TOOL), &config.payments_group).await;
-            payments.release();
+            release_all(&payments);
             reset
         }
         Fault::ReceiverDown => {
-            let payments = service(ServiceName::Payments)?;
-            if !payments
-                .stop_for(Fault::ReceiverDown.as_str(), Duration::from_secs(30))
-                .await
-            {
-                payments.release();
-                bail!("payments did not stop within 30 s");
-            }
+            let payments = instances(ServiceName::Payments);
+            stop_all(&payments, Fault::ReceiverDown).await?;
             tokio::time::sleep(Duration::from_millis(config.fault_down_ms)).await;
-            payments.release();
+            release_all(&payments);
             Ok(())
         }
         Fault::ReceiverErrors | Fault::ReceiverSlow => {
@@ -204,6 +199,46 @@ async fn inject(
             proxy.set(ProxyMode::Pass);
             Ok(())
         }
+    }
+}
+
+/// Whether every service worked since a fault: `moved` holds, per instance,
+/// its service and whether its work counter moved; a service moved when one
+/// of its instances did.
+fn every_service_moved(moved: impl IntoIterator<Item = (ServiceName, bool)>) -> bool {
+    let mut seen = [None::<bool>; 3];
+    for (service, did) in moved {
+        let i = ServiceName::ALL
+            .iter()
+            .position(|s| *s == service)
+            .unwrap_or(0);
+        seen[i] = Some(seen[i].unwrap_or(false) || did);
+    }
+    seen.iter().all(|s| s.unwrap_or(true))
+}
+
+/// Stops every one of `instances` for `fault` (SIGTERM, no next life until
+/// [`release_all`]); on a failure releases them all again.
+async fn stop_all(instances: &[&Arc<Supervisor>], fault: Fault) -> anyhow::Result<()> {
+    if instances.is_empty() {
+        bail!("no such service in this run");
+    }
+    let stopped = futures::future::join_all(
+        instances
+            .iter()
+            .map(|s| s.stop_for(fault.as_str(), Duration::from_secs(30))),
+    )
+    .await;
+    if let Some(late) = stopped.iter().position(|ok| !ok) {
+        release_all(instances);
+        bail!("{} did not stop within 30 s", instances[late].label());
+    }
+    Ok(())
+}
+
+fn release_all(instances: &[&Arc<Supervisor>]) {
+    for s in instances {
+        s.release();
     }
 }
 
@@ -257,4 +292,37 @@ async fn reset_offsets(kafka_tool: &Path, group: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_service_moved_when_one_of_its_instances_did() {
+        use ServiceName::{Orders, Payments, Relay};
+        assert!(every_service_moved([
+            (Orders, true),
+            (Relay, true),
+            (Payments, true)
+        ]));
+        assert!(!every_service_moved([
+            (Orders, true),
+            (Relay, false),
+            (Payments, true)
+        ]));
+        // Three payments instances, one with no partition of its own.
+        let mut moved = vec![(Orders, true), (Relay, true)];
+        moved.extend([(Payments, false), (Payments, true), (Payments, false)]);
+        assert!(every_service_moved(moved.clone()));
+        moved[3].1 = false;
+        assert!(!every_service_moved(moved));
+        // Two relays, neither moved.
+        assert!(!every_service_moved([
+            (Orders, true),
+            (Relay, false),
+            (Relay, false),
+            (Payments, true)
+        ]));
+    }
 }

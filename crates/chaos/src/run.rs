@@ -63,19 +63,20 @@ pub async fn run(mut config: Config, interrupt: CancellationToken) -> anyhow::Re
     std::fs::create_dir_all(&config.out)
         .with_context(|| format!("create {}", config.out.display()))?;
     let out = config.out.canonicalize().context("resolve --out")?;
-    for name in ServiceName::ALL {
-        // Every life appends to its service's log; a new run starts it afresh.
-        let _ = std::fs::remove_file(out.join(format!("{}.log", name.as_str())));
+    let instances = config.instances();
+    for instance in &instances {
+        // Every life appends to its instance's log; a new run starts it afresh.
+        let _ = std::fs::remove_file(out.join(format!("{}.log", instance.label())));
     }
 
     let t0 = Instant::now();
     let calm = Arc::new(AtomicBool::new(false));
     let stop = CancellationToken::new();
-    let supervisors: Vec<Arc<Supervisor>> = ServiceName::ALL
+    let supervisors: Vec<Arc<Supervisor>> = instances
         .iter()
-        .map(|&name| {
+        .map(|&instance| {
             Arc::new(Supervisor::new(
-                spec::service(&config, &bin_dir, &out, name),
+                spec::service(&config, &bin_dir, &out, instance),
                 calm.clone(),
                 t0,
             ))
@@ -148,8 +149,14 @@ pub async fn run(mut config: Config, interrupt: CancellationToken) -> anyhow::Re
         }
     });
     let recon_code = outcome.recon_code;
-    let lives: Vec<(ServiceName, Vec<_>)> =
-        supervisors.iter().map(|s| (s.name(), s.lives())).collect();
+    let lives: Vec<summary::InstanceLives> = supervisors
+        .iter()
+        .map(|s| summary::InstanceLives {
+            service: s.name(),
+            label: s.label().to_owned(),
+            lives: s.lives(),
+        })
+        .collect();
     let recon = read_json(&out.join("recon.json"));
     let mut summary = summary::summarize(&config, &out, &lives, outcome, recon, t0);
     summary.totals.extend(proxied);
@@ -192,7 +199,7 @@ async fn drive(
             let late: Vec<&str> = supervisors
                 .iter()
                 .filter(|s| !s.ready())
-                .map(|s| s.name().as_str())
+                .map(|s| s.label())
                 .collect();
             bail!(
                 "not ready within {} s: {late:?}; see their logs in {}",
@@ -379,7 +386,7 @@ async fn random_kills(
         }
         let target = &targets[pick];
         if target.kill_now() {
-            tracing::info!(service = target.name().as_str(), "random kill: SIGKILL");
+            tracing::info!(service = target.label(), "random kill: SIGKILL");
         }
     }
 }
@@ -449,8 +456,16 @@ fn print_plan(config: &Config, out: &Path) {
         ),
         None => format!("{} s", config.duration),
     };
+    let instances = if config.instances().len() > ServiceName::ALL.len() {
+        format!(
+            "; instances: orders x{}, relay x{}, payments x{}",
+            config.orders, config.relays, config.payments
+        )
+    } else {
+        String::new()
+    };
     eprintln!(
-        "chaos: {} intents/s for {length} ({} retried, {}); faults: {}; out: {}",
+        "chaos: {} intents/s for {length} ({} retried, {}); faults: {}{instances}; out: {}",
         config.rate,
         config.retry_rate,
         config.protocol,

@@ -8,7 +8,7 @@ use effectively::db::ServiceRole;
 
 use effectively::contract::{ServiceName, UNSAFE_SPLIT_TXN_ENV, WEBHOOK_PATH, env};
 
-use crate::config::{Config, Fault, Transport};
+use crate::config::{Config, Fault, Instance, Transport};
 use crate::supervisor::Spec;
 
 /// `DATABASE_URL` for a child running as `role`: the role's own URL
@@ -20,8 +20,11 @@ pub fn role_database_url(role: ServiceRole) -> Option<(String, String)> {
         .map(|url| (env::DATABASE_URL.to_owned(), url))
 }
 
-/// How to run service `name` of the binaries in `bin_dir`, its files in `out`.
-pub fn service(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -> Spec {
+/// How to run `instance` of the binaries in `bin_dir`, its files in `out`
+/// (named by [`Instance::label`]).
+pub fn service(config: &Config, bin_dir: &Path, out: &Path, instance: Instance) -> Spec {
+    let name = instance.service;
+    let label = instance.label();
     let rust_log = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
     let mut env = vec![("RUST_LOG".to_owned(), rust_log)];
     env.extend(role_database_url(match name {
@@ -33,13 +36,14 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -
     let s = |a: &dyn ToString| a.to_string();
     match name {
         ServiceName::Orders => {
-            env.push((env::ORDERS_HTTP_ADDR.into(), s(&config.http_addr)));
-            env.push((env::ORDERS_GRPC_ADDR.into(), s(&config.grpc_addr)));
+            let (http, grpc) = config.orders_addrs()[usize::from(instance.index)];
+            env.push((env::ORDERS_HTTP_ADDR.into(), s(&http)));
+            env.push((env::ORDERS_GRPC_ADDR.into(), s(&grpc)));
         }
         ServiceName::Relay => {
             env.push((
                 env::RELAY_METRICS_ADDR.into(),
-                s(&config.relay_metrics_addr),
+                s(&config.metrics_addr(instance)),
             ));
             if config.transport == Transport::Http {
                 env.push((env::RELAY_SINK.into(), "http".into()));
@@ -75,13 +79,14 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -
         ServiceName::Payments => {
             env.push((
                 env::PAYMENTS_METRICS_ADDR.into(),
-                s(&config.payments_metrics_addr),
+                s(&config.metrics_addr(instance)),
             ));
             if config.static_membership {
-                // One id for every life of this run, unique to this run.
+                // One id for every life of this instance, unique to this
+                // run and instance.
                 env.push((
                     env::PAYMENTS_GROUP_INSTANCE_ID.into(),
-                    format!("chaos-payments-{}", std::process::id()),
+                    format!("chaos-{label}-{}", std::process::id()),
                 ));
             }
             if config.transport == Transport::Http {
@@ -114,20 +119,29 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, name: ServiceName) -
         env,
         armed_env,
         crash_point,
-        crash_marker: out.join(format!("{}.crash-point", name.as_str())),
-        metrics_url: config.metrics_url(name),
-        log: out.join(format!("{}.log", name.as_str())),
+        crash_marker: out.join(format!("{label}.crash-point")),
+        metrics_url: config.metrics_url(instance),
+        log: out.join(format!("{label}.log")),
+        label,
         ready_timeout: Duration::from_secs(config.ready_timeout),
     }
 }
 
 /// loadgen's command line: the load of `config`, its outputs in `out`.
 pub fn loadgen_args(config: &Config, out: &Path) -> Vec<String> {
+    let urls = |pick: fn(&(std::net::SocketAddr, std::net::SocketAddr)) -> std::net::SocketAddr| {
+        config
+            .orders_addrs()
+            .iter()
+            .map(|a| format!("http://{}", pick(a)))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
     let mut args: Vec<String> = vec![
         "--http-url".into(),
-        format!("http://{}", config.http_addr),
+        urls(|a| a.0),
         "--grpc-url".into(),
-        format!("http://{}", config.grpc_addr),
+        urls(|a| a.1),
         "--rate".into(),
         config.rate.to_string(),
         "--duration".into(),
@@ -163,6 +177,106 @@ fn path_arg(p: &Path) -> String {
 mod tests {
     use super::*;
 
+    /// The only instance of `service`.
+    fn alone(service: ServiceName) -> Instance {
+        Instance {
+            service,
+            index: 0,
+            of: 1,
+        }
+    }
+
+    fn get(spec: &Spec, key: &str) -> Option<String> {
+        spec.env
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn each_instance_has_its_own_ports_files_and_group_member_id() {
+        use clap::Parser;
+        let config =
+            Config::try_parse_from(["chaos", "--orders", "2", "--relays", "3", "--payments", "2"])
+                .expect("parses");
+        config.validate().expect("valid");
+        let dir = Path::new("/out");
+        let specs: Vec<Spec> = config
+            .instances()
+            .into_iter()
+            .map(|i| service(&config, dir, dir, i))
+            .collect();
+        let labels: Vec<&str> = specs.iter().map(|s| s.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "orders-1",
+                "orders-2",
+                "relay-1",
+                "relay-2",
+                "relay-3",
+                "payments-1",
+                "payments-2"
+            ]
+        );
+        assert_eq!(
+            get(&specs[1], env::ORDERS_HTTP_ADDR).as_deref(),
+            Some("127.0.0.1:18580")
+        );
+        assert_eq!(
+            get(&specs[1], env::ORDERS_GRPC_ADDR).as_deref(),
+            Some("127.0.0.1:18551")
+        );
+        assert_eq!(specs[1].metrics_url, "http://127.0.0.1:18580/metrics");
+        assert_eq!(
+            get(&specs[4], env::RELAY_METRICS_ADDR).as_deref(),
+            Some("127.0.0.1:18601")
+        );
+        assert_eq!(specs[6].metrics_url, "http://127.0.0.1:18502/metrics");
+        assert_eq!(specs[6].log, dir.join("payments-2.log"));
+        assert_eq!(specs[6].crash_marker, dir.join("payments-2.crash-point"));
+        let members: Vec<String> = specs[5..]
+            .iter()
+            .filter_map(|s| get(s, env::PAYMENTS_GROUP_INSTANCE_ID))
+            .collect();
+        assert_eq!(members.len(), 2);
+        assert_ne!(members[0], members[1], "one static member id per instance");
+        let mut urls: Vec<&String> = specs.iter().map(|s| &s.metrics_url).collect();
+        urls.sort();
+        urls.dedup();
+        assert_eq!(urls.len(), specs.len(), "no two share a metrics address");
+
+        let args = loadgen_args(&config, dir);
+        let at = |flag: &str| &args[args.iter().position(|a| a == flag).expect(flag) + 1];
+        assert_eq!(
+            at("--http-url"),
+            "http://127.0.0.1:18480,http://127.0.0.1:18580"
+        );
+        assert_eq!(
+            at("--grpc-url"),
+            "http://127.0.0.1:18451,http://127.0.0.1:18551"
+        );
+    }
+
+    #[test]
+    fn one_instance_keeps_the_plain_names_and_addresses() {
+        use clap::Parser;
+        let config = Config::try_parse_from(["chaos"]).expect("parses");
+        let dir = Path::new("/out");
+        let orders = service(&config, dir, dir, alone(ServiceName::Orders));
+        assert_eq!(orders.label, "orders");
+        assert_eq!(orders.log, dir.join("orders.log"));
+        assert_eq!(
+            get(&orders, env::ORDERS_HTTP_ADDR).as_deref(),
+            Some("127.0.0.1:18480")
+        );
+        let args = loadgen_args(&config, dir);
+        assert!(
+            args.contains(&"http://127.0.0.1:18480".to_owned()),
+            "{args:?}"
+        );
+    }
+
     #[test]
     fn crash_env_goes_to_the_owning_service_only() {
         use clap::Parser;
@@ -177,7 +291,7 @@ mod tests {
         ])
         .expect("parses");
         let dir = Path::new("/bin");
-        let relay = service(&config, dir, dir, ServiceName::Relay);
+        let relay = service(&config, dir, dir, alone(ServiceName::Relay));
         assert!(
             relay
                 .armed_env
@@ -188,14 +302,14 @@ mod tests {
                 .armed_env
                 .contains(&(env::CRASH_EVERY.into(), "7".into()))
         );
-        let payments = service(&config, dir, dir, ServiceName::Payments);
+        let payments = service(&config, dir, dir, alone(ServiceName::Payments));
         assert!(!payments.armed_env.iter().any(|(k, _)| k == "CRASH_POINT"));
         assert!(
             payments
                 .armed_env
                 .contains(&(env::PAYMENTS_DUP_RATE.into(), "0.3".into()))
         );
-        let orders = service(&config, dir, dir, ServiceName::Orders);
+        let orders = service(&config, dir, dir, alone(ServiceName::Orders));
         assert!(orders.armed_env.is_empty());
     }
 
@@ -206,14 +320,8 @@ mod tests {
         let secret = effectively::webhook::Secret::generate();
         config.webhook_secret = Some(secret.clone());
         let dir = Path::new("/bin");
-        let get = |spec: &Spec, key: &str| {
-            spec.env
-                .iter()
-                .find(|(k, _)| k == key)
-                .map(|(_, v)| v.clone())
-        };
-        let relay = service(&config, dir, dir, ServiceName::Relay);
-        let payments = service(&config, dir, dir, ServiceName::Payments);
+        let relay = service(&config, dir, dir, alone(ServiceName::Relay));
+        let payments = service(&config, dir, dir, alone(ServiceName::Payments));
         assert_eq!(get(&relay, env::RELAY_SINK).as_deref(), Some("http"));
         assert_eq!(
             get(&relay, env::RELAY_WEBHOOK_DESTINATIONS),

@@ -40,7 +40,7 @@ pub struct Summary {
     pub faults: BTreeMap<String, FaultSummary>,
     /// Every infrastructure fault, in order.
     pub fault_log: Vec<FaultRecord>,
-    /// Per service (`orders`, `relay`, `payments`).
+    /// Per service (`orders`, `relay`, `payments`), over all its instances.
     pub services: BTreeMap<String, ServiceSummary>,
     /// The counters of [`scrape::COUNTERS`] summed over services and lives.
     pub totals: BTreeMap<&'static str, f64>,
@@ -73,6 +73,12 @@ pub struct Params {
     pub protocol: String,
     /// loadgen's Zipf exponent.
     pub zipf_s: f64,
+    /// Orders instances.
+    pub orders: u16,
+    /// Relay instances.
+    pub relays: u16,
+    /// Payments instances.
+    pub payments: u16,
     /// loadgen's seed.
     pub seed: Option<u64>,
     /// Armed crash points.
@@ -125,6 +131,9 @@ impl Params {
             retry_rate: config.retry_rate,
             protocol: config.protocol.clone(),
             zipf_s: config.zipf_s,
+            orders: config.count(ServiceName::Orders),
+            relays: config.count(ServiceName::Relay),
+            payments: config.count(ServiceName::Payments),
             seed: config.seed,
             crash_point: config.crash_point.clone(),
             crash_every: config.crash_every,
@@ -149,12 +158,12 @@ impl Params {
     }
 }
 
-/// One service over the run.
+/// One service over the run, its instances together.
 #[derive(Debug, Clone, Serialize)]
 pub struct ServiceSummary {
-    /// Process lives.
+    /// Process lives, of all its instances.
     pub lives: usize,
-    /// Lives after the first.
+    /// Lives after each instance's first.
     pub restarts: usize,
     /// Deaths by [`End::label`] (`crash_point:publish`, `random_kill`, ...);
     /// the stop at the end and stops for a fault are not deaths.
@@ -163,8 +172,32 @@ pub struct ServiceSummary {
     pub recovery_ms: RecoverySummary,
     /// The service's counters summed over its lives.
     pub counters: BTreeMap<&'static str, f64>,
-    /// Every life.
+    /// Every life, instance by instance (see `instances` for how many each).
     pub life_log: Vec<Life>,
+    /// Each instance (one when the service runs alone), in order.
+    pub instances: Vec<InstanceSummary>,
+}
+
+/// One instance of a service over the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct InstanceSummary {
+    /// Its name (`relay`, or `relay-2` of several).
+    pub label: String,
+    /// Its process lives.
+    pub lives: usize,
+    /// Its deaths, by [`End::label`].
+    pub deaths: BTreeMap<String, u64>,
+}
+
+/// One instance's lives, as the run hands them to [`summarize`].
+#[derive(Debug, Clone)]
+pub struct InstanceLives {
+    /// The service.
+    pub service: ServiceName,
+    /// The instance's name.
+    pub label: String,
+    /// Its lives.
+    pub lives: Vec<Life>,
 }
 
 /// A service's recovery times (see [`supervisor::recoveries`]).
@@ -262,12 +295,12 @@ pub struct Outcome {
     pub faults: Vec<FaultRecord>,
 }
 
-/// Builds the summary from the settings, each service's lives, what the run
+/// Builds the summary from the settings, each instance's lives, what the run
 /// produced and recon's report (`null` if none).
 pub fn summarize(
     config: &Config,
     out: &Path,
-    services: &[(ServiceName, Vec<Life>)],
+    services: &[InstanceLives],
     outcome: Outcome,
     recon: Value,
     t0: Instant,
@@ -281,35 +314,51 @@ pub fn summarize(
     let mut by_service = BTreeMap::new();
     let mut all_counters: BTreeMap<&'static str, f64> = BTreeMap::new();
     let mut total_kills = 0u64;
-    for (name, lives) in services {
+    for name in ServiceName::ALL {
+        let of: Vec<&InstanceLives> = services.iter().filter(|i| i.service == name).collect();
+        if of.is_empty() {
+            continue;
+        }
         let mut deaths: BTreeMap<String, u64> = BTreeMap::new();
-        for end in lives.iter().filter_map(|l| l.end.as_ref()) {
-            if !matches!(end, End::Stopped | End::Fault { .. }) {
-                *deaths.entry(end.label()).or_insert(0) += 1;
+        let mut instances = Vec::with_capacity(of.len());
+        let (mut to_ready, mut to_progress) = (Vec::new(), Vec::new());
+        for instance in &of {
+            let mine = deaths_of(&instance.lives);
+            for (k, v) in &mine {
+                *deaths.entry(k.clone()).or_insert(0) += v;
             }
+            let recovery = supervisor::recoveries(&instance.lives);
+            to_ready.extend(recovery.ready_ms);
+            to_progress.extend(recovery.progress_ms);
+            instances.push(InstanceSummary {
+                label: instance.label.clone(),
+                lives: instance.lives.len(),
+                deaths: mine,
+            });
         }
         total_kills += deaths
             .iter()
             .filter(|(k, _)| k.starts_with("crash_point") || *k == "random_kill")
             .map(|(_, v)| v)
             .sum::<u64>();
+        let lives: Vec<Life> = of.iter().flat_map(|i| i.lives.iter().cloned()).collect();
         let counters = scrape::sum_lives(lives.iter().map(|l| &l.counters));
         for (k, v) in &counters {
             *all_counters.entry(k).or_insert(0.0) += v;
         }
-        let recovery = supervisor::recoveries(lives);
         by_service.insert(
             name.as_str().to_owned(),
             ServiceSummary {
                 lives: lives.len(),
-                restarts: lives.len().saturating_sub(1),
+                restarts: lives.len().saturating_sub(of.len()),
                 deaths,
                 recovery_ms: RecoverySummary {
-                    to_ready: Stats::of(recovery.ready_ms),
-                    to_progress: Stats::of(recovery.progress_ms),
+                    to_ready: Stats::of(to_ready),
+                    to_progress: Stats::of(to_progress),
                 },
                 counters,
-                life_log: lives.clone(),
+                life_log: lives,
+                instances,
             },
         );
     }
@@ -338,6 +387,18 @@ pub fn summarize(
         result: Verdict::of(recon_code),
         out_dir: out.to_string_lossy().into_owned(),
     }
+}
+
+/// The deaths among `lives`, by [`End::label`]: the stop at the end and
+/// stops for a fault are not deaths.
+fn deaths_of(lives: &[Life]) -> BTreeMap<String, u64> {
+    let mut deaths = BTreeMap::new();
+    for end in lives.iter().filter_map(|l| l.end.as_ref()) {
+        if !matches!(end, End::Stopped | End::Fault { .. }) {
+            *deaths.entry(end.label()).or_insert(0) += 1;
+        }
+    }
+    deaths
 }
 
 /// Per fault kind: how many, how many recovered, outage and recovery
@@ -378,11 +439,16 @@ pub fn to_json(summary: &Summary) -> serde_json::Result<String> {
 pub fn print(summary: &Summary, path: &Path) {
     println!("\n== chaos summary");
     println!(
-        "{:<9} {:>5} {:<44} {:>22} {:>22}",
+        "{:<12} {:>5} {:<44} {:>22} {:>22}",
         "service", "lives", "deaths", "death→ready p50/max ms", "death→work p50/max ms"
     );
     let pair = |s: &Stats| format!("{}/{}", show(s.p50), show(s.max));
     for (name, s) in &summary.services {
+        let name = if s.instances.len() > 1 {
+            format!("{name} x{}", s.instances.len())
+        } else {
+            name.clone()
+        };
         let deaths = s
             .deaths
             .iter()
@@ -395,7 +461,7 @@ pub fn print(summary: &Summary, path: &Path) {
             deaths
         };
         println!(
-            "{:<9} {:>5} {:<44} {:>22} {:>22}",
+            "{:<12} {:>5} {:<44} {:>22} {:>22}",
             name,
             s.lives,
             deaths,
@@ -564,8 +630,16 @@ mod tests {
             &config,
             Path::new("/tmp/chaos"),
             &[
-                (ServiceName::Relay, relay),
-                (ServiceName::Payments, payments),
+                InstanceLives {
+                    service: ServiceName::Relay,
+                    label: "relay".into(),
+                    lives: relay,
+                },
+                InstanceLives {
+                    service: ServiceName::Payments,
+                    label: "payments".into(),
+                    lives: payments,
+                },
             ],
             outcome,
             json!({"clean": true}),
@@ -584,6 +658,9 @@ mod tests {
                 "retry_rate": config.retry_rate,
                 "protocol": config.protocol,
                 "zipf_s": config.zipf_s,
+                "orders": 1,
+                "relays": 1,
+                "payments": 1,
                 "seed": 3,
                 "crash_point": ["publish"],
                 "crash_every": 7,
@@ -640,6 +717,7 @@ mod tests {
                         "armed": true,
                         "end": {"kind": "stopped"},
                     }],
+                    "instances": [{"label": "payments", "lives": 1, "deaths": {}}],
                 },
                 "relay": {
                     "lives": 2,
@@ -668,6 +746,9 @@ mod tests {
                             "end": {"kind": "stopped"},
                         },
                     ],
+                    "instances": [
+                        {"label": "relay", "lives": 2, "deaths": {"crash_point:publish": 1}},
+                    ],
                 },
             },
             "totals": {"consumed": 100.0, "injected_reprocess": 3.0, "published": 100.0},
@@ -679,5 +760,60 @@ mod tests {
             "out_dir": "/tmp/chaos",
         });
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_services_instances_add_up_and_recover_each_from_its_own_deaths() {
+        use clap::Parser;
+        let config = Config::try_parse_from(["chaos", "--payments", "2"]).expect("parses");
+        let life = |started_ms: u64, end: End, consumed: f64| Life {
+            started_ms,
+            ready_ms: Some(started_ms + 100),
+            progress_ms: Some(started_ms + 200),
+            ended_ms: Some(started_ms + 1_000),
+            armed: true,
+            end: Some(end),
+            counters: [("payments_consumed_total".to_owned(), consumed)].into(),
+        };
+        // payments-1 killed once (restarted 50 ms later); payments-2 never.
+        let one = vec![
+            life(0, End::RandomKill, 10.0),
+            life(1_050, End::Stopped, 5.0),
+        ];
+        let two = vec![life(0, End::Stopped, 20.0)];
+        let summary = summarize(
+            &config,
+            Path::new("/tmp/chaos"),
+            &[
+                InstanceLives {
+                    service: ServiceName::Payments,
+                    label: "payments-1".into(),
+                    lives: one,
+                },
+                InstanceLives {
+                    service: ServiceName::Payments,
+                    label: "payments-2".into(),
+                    lives: two,
+                },
+            ],
+            Outcome::default(),
+            Value::Null,
+            Instant::now(),
+        );
+        let p = &summary.services["payments"];
+        assert_eq!((p.lives, p.restarts), (3, 1), "one restart, not two");
+        assert_eq!(p.deaths.get("random_kill"), Some(&1));
+        assert_eq!(summary.kills_total, 1);
+        assert_eq!(p.counters.get("consumed"), Some(&35.0));
+        assert_eq!(p.recovery_ms.to_ready.count, 1);
+        assert_eq!(p.recovery_ms.to_ready.max, Some(150));
+        let labels: Vec<(&str, usize)> = p
+            .instances
+            .iter()
+            .map(|i| (i.label.as_str(), i.lives))
+            .collect();
+        assert_eq!(labels, [("payments-1", 2), ("payments-2", 1)]);
+        assert!(p.instances[1].deaths.is_empty());
+        assert_eq!(summary.params.payments, 2);
     }
 }

@@ -29,6 +29,9 @@ use crate::scrape;
 pub struct Spec {
     /// Which service.
     pub name: ServiceName,
+    /// Which instance of it, as logs and the summary name it
+    /// (`config::Instance::label`: `relay`, or `relay-2` of several).
+    pub label: String,
     /// The binary.
     pub program: PathBuf,
     /// Environment of every life.
@@ -147,6 +150,11 @@ impl Supervisor {
     /// The service.
     pub fn name(&self) -> ServiceName {
         self.spec.name
+    }
+
+    /// The instance's name (`relay`, or `relay-2` of several).
+    pub fn label(&self) -> &str {
+        &self.spec.label
     }
 
     fn now_ms(&self) -> u64 {
@@ -349,7 +357,7 @@ impl Supervisor {
             child
         };
         let started = Instant::now();
-        tracing::info!(service = self.spec.name.as_str(), pid = ?child.id(), armed, "started");
+        tracing::info!(service = self.spec.label.as_str(), pid = ?child.id(), armed, "started");
 
         let mut ready = false;
         let status = loop {
@@ -364,7 +372,7 @@ impl Supervisor {
                             l.ready_ms = Some(now);
                         }
                     } else if started.elapsed() > self.spec.ready_timeout {
-                        tracing::warn!(service = self.spec.name.as_str(), "not ready in time; killing it");
+                        tracing::warn!(service = self.spec.label.as_str(), "not ready in time; killing it");
                         let _ = child.start_kill();
                     }
                 }
@@ -404,7 +412,7 @@ impl Supervisor {
             end,
             End::Stopped | End::CrashPoint { .. } | End::RandomKill | End::Fault { .. }
         ) {
-            tracing::warn!(service = self.spec.name.as_str(), end = %end.label(), "died unexpectedly; see its log");
+            tracing::warn!(service = self.spec.label.as_str(), end = %end.label(), "died unexpectedly; see its log");
         }
         let mut s = self.state();
         s.pid = None;
@@ -424,7 +432,7 @@ impl Supervisor {
             .is_err()
         {
             tracing::warn!(
-                service = self.spec.name.as_str(),
+                service = self.spec.label.as_str(),
                 "no exit 15 s after SIGTERM; SIGKILL"
             );
             let _ = child.kill().await;

@@ -1,6 +1,6 @@
 //! Crash points: named places where a process SIGKILLs itself when a chaos
 //! run asks it to, so the experiments can die at the worst possible moment
-//! on purpose (DESIGN.md §6). Off unless `--crash-point` names a point.
+//! on purpose (README, "Faults"). Off unless `--crash-point` names a point.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -40,6 +40,15 @@ pub enum Fault {
     /// payments is stopped (SIGTERM), the offsets are committed as the
     /// group's (`kafka-tool offsets reset`), and payments is started again.
     OffsetReset,
+    /// The payments group scaled to the next count of `--payments-scale`
+    /// (in turn: 1, 6, 2, 6, ...): instances past it stopped (SIGTERM, a
+    /// clean leave), those below started, so partitions move with batches in
+    /// flight. It waits until the group has settled (all `--partitions`
+    /// owned, each member with its share), then its outage runs until the
+    /// group has settled on the running members (the moved partitions had
+    /// no consumer for part of it); the record names the step and the inbox hits (re-reads)
+    /// until the pipeline moved again. Needs `--payments` of at least 2.
+    PaymentsScale,
     /// `--transport http`: the webhook receiver (payments) stopped for
     /// `--fault-down-ms`, then started again; the sender's attempts fail
     /// meanwhile and are retried on its schedule.
@@ -64,6 +73,7 @@ impl Fault {
             Self::BrokerPause => "broker-pause",
             Self::RelayPause => "relay-pause",
             Self::OffsetReset => "offset-reset",
+            Self::PaymentsScale => "payments-scale",
             Self::ReceiverDown => "receiver-down",
             Self::ReceiverErrors => "receiver-errors",
             Self::ReceiverSlow => "receiver-slow",
@@ -235,6 +245,13 @@ pub struct Config {
     #[arg(long, env = "CHAOS_STACK_SCRIPT", default_value = "scripts/stack.sh")]
     pub stack_script: PathBuf,
 
+    /// The partitions of KAFKA_TOPIC (the stack's topics have 6): the
+    /// payments-scale fault waits until the running members own them all,
+    /// before and after each step.
+    #[arg(long, env = "CHAOS_PARTITIONS", default_value_t = 6,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub partitions: u32,
+
     /// The consumer group payments uses (offset-reset resets it).
     #[arg(long, env = "PAYMENTS_GROUP_ID", default_value = "payments")]
     pub payments_group: String,
@@ -321,6 +338,12 @@ pub struct Config {
     #[arg(long, env = "CHAOS_PAYMENTS", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=MAX_INSTANCES as i64))]
     pub payments: u16,
+
+    /// The payments-scale fault's counts of running payments instances, in
+    /// turn (comma list, each 1 to --payments). Default: 1, then --payments.
+    #[arg(long, env = "CHAOS_PAYMENTS_SCALE", value_delimiter = ',',
+          value_parser = clap::value_parser!(u16).range(1..=MAX_INSTANCES as i64))]
+    pub payments_scale: Vec<u16>,
 
     /// Orders HTTP address (of the first instance; see --orders).
     #[arg(long, env = "CHAOS_HTTP_ADDR", default_value = "127.0.0.1:18480")]
@@ -500,6 +523,7 @@ impl Config {
                 Fault::BrokerQuorumLoss,
                 Fault::BrokerPause,
                 Fault::OffsetReset,
+                Fault::PaymentsScale,
             ] {
                 if self.fault.contains(&fault) {
                     return Err(format!(
@@ -520,6 +544,17 @@ impl Config {
                 "--relay-pause-ms must be at least 2000 (the relay's idle limit is half of it), got {}",
                 self.relay_pause_ms
             ));
+        }
+        if self.fault.contains(&Fault::PaymentsScale) {
+            if self.payments < 2 {
+                return Err("--fault payments-scale needs --payments 2 or more".into());
+            }
+            if let Some(n) = self.payments_scale.iter().find(|&&n| n > self.payments) {
+                return Err(format!(
+                    "--payments-scale {n} is more than --payments {}",
+                    self.payments
+                ));
+            }
         }
         if http && self.payments > 1 {
             return Err(format!(
@@ -574,6 +609,16 @@ impl Config {
             take(self.webhook_proxy_addr, "--webhook-proxy-addr", None)?;
         }
         Ok(())
+    }
+
+    /// The payments-scale fault's `round`-th count (0-based), in turn.
+    pub fn payments_scale_step(&self, round: usize) -> u16 {
+        let steps = if self.payments_scale.is_empty() {
+            vec![1, self.count(ServiceName::Payments)]
+        } else {
+            self.payments_scale.clone()
+        };
+        steps[round % steps.len()]
     }
 
     /// How many instances `service` runs as.
@@ -720,6 +765,34 @@ mod tests {
             "at most {MAX_INSTANCES}"
         );
         assert!(Config::try_parse_from(["chaos", "--orders", "0"]).is_err());
+    }
+
+    #[test]
+    fn payments_scale_needs_instances_and_steps_within_them() {
+        let err = |args: &[&str]| parse(args).validate().expect_err("refused");
+        assert!(err(&["--fault", "payments-scale"]).contains("--payments 2"));
+        let e = err(&[
+            "--fault",
+            "payments-scale",
+            "--payments",
+            "3",
+            "--payments-scale",
+            "1,4",
+        ]);
+        assert!(e.contains("--payments-scale 4"), "{e}");
+        let c = parse(&[
+            "--fault",
+            "payments-scale",
+            "--payments",
+            "6",
+            "--payments-scale",
+            "1,6,2",
+        ]);
+        assert!(c.validate().is_ok());
+        let steps: Vec<u16> = (0..5).map(|r| c.payments_scale_step(r)).collect();
+        assert_eq!(steps, [1, 6, 2, 1, 6]);
+        let c = parse(&["--fault", "payments-scale", "--payments", "4"]);
+        assert_eq!((c.payments_scale_step(0), c.payments_scale_step(1)), (1, 4));
     }
 
     #[test]

@@ -47,6 +47,13 @@ pub struct FaultRecord {
     pub recovery_ms: Option<u64>,
     /// Why the fault could not be injected, if it could not.
     pub error: Option<String>,
+    /// What the fault did, when it says more than its name (payments-scale:
+    /// `payments 6 -> 2`).
+    pub note: Option<String>,
+    /// Messages payments found already in the inbox (re-reads and
+    /// redeliveries, injected duplicates included) from the injection until
+    /// the pipeline moved again; absent if it did not.
+    pub inbox_hits: Option<u64>,
 }
 
 /// Injects `config.fault` in turn until `faults` is cancelled or
@@ -65,6 +72,12 @@ pub async fn run(
     if kinds.is_empty() {
         return records;
     }
+    let payments: Vec<Arc<Supervisor>> = supervisors
+        .iter()
+        .filter(|s| s.name() == ServiceName::Payments)
+        .cloned()
+        .collect();
+    let inbox_hits = || -> f64 { payments.iter().map(|s| s.total("inbox_hits")).sum() };
     for i in 0.. {
         if config.fault_count.is_some_and(|n| i >= n) {
             break;
@@ -76,18 +89,36 @@ pub async fn run(
             () = faults.cancelled() => break,
         }
         let fault = kinds[(i as usize) % kinds.len()];
+        // How many of this kind came before (payments-scale takes its steps in turn).
+        let round = records
+            .iter()
+            .filter(|r: &&FaultRecord| r.fault == fault)
+            .count();
         let injected = Instant::now();
+        let hits_before = inbox_hits();
         let mut record = FaultRecord {
             fault,
             injected_ms: t0.elapsed().as_millis() as u64,
             outage_ms: None,
             recovery_ms: None,
             error: None,
+            note: None,
+            inbox_hits: None,
         };
         tracing::info!(fault = fault.as_str(), "injecting");
         eprintln!("chaos: fault {}", fault.as_str());
-        match inject(&config, &bin_dir, &supervisors, proxy.as_deref(), fault).await {
-            Ok(()) => {
+        match inject(
+            &config,
+            &bin_dir,
+            &supervisors,
+            proxy.as_deref(),
+            fault,
+            round,
+        )
+        .await
+        {
+            Ok(note) => {
+                record.note = note;
                 record.outage_ms = Some(injected.elapsed().as_millis() as u64);
                 let marks: Vec<(usize, f64)> =
                     supervisors.iter().map(|s| s.progress_mark()).collect();
@@ -100,6 +131,7 @@ pub async fn run(
                             .map(|(s, mark)| (s.name(), s.moved_since(*mark))),
                     ) {
                         record.recovery_ms = Some(injected.elapsed().as_millis() as u64);
+                        record.inbox_hits = Some((inbox_hits() - hits_before).max(0.0) as u64);
                         break;
                     }
                     if Instant::now() > deadline || faults.is_cancelled() {
@@ -128,25 +160,29 @@ async fn inject(
     supervisors: &[Arc<Supervisor>],
     proxy: Option<&Proxy>,
     fault: Fault,
-) -> anyhow::Result<()> {
+    round: usize,
+) -> anyhow::Result<Option<String>> {
     let instances = |name: ServiceName| -> Vec<&Arc<Supervisor>> {
         supervisors.iter().filter(|s| s.name() == name).collect()
     };
     match fault {
-        Fault::PgCrash => stack_crash(&config.stack_script, "postgres", config.fault_down_ms).await,
-        Fault::BrokerKill => {
-            stack_crash(&config.stack_script, "broker", config.fault_down_ms).await
-        }
-        Fault::BrokerQuorumLoss => {
-            stack_crash(&config.stack_script, "quorum", config.fault_down_ms).await
-        }
-        Fault::BrokerPause => {
-            stack_run(
-                &config.stack_script,
-                &["pause", "broker", &config.broker_pause_ms.to_string()],
-            )
+        Fault::PgCrash => stack_crash(&config.stack_script, "postgres", config.fault_down_ms)
             .await
+            .map(|()| None),
+        Fault::BrokerKill => stack_crash(&config.stack_script, "broker", config.fault_down_ms)
+            .await
+            .map(|()| None),
+        Fault::BrokerQuorumLoss => {
+            stack_crash(&config.stack_script, "quorum", config.fault_down_ms)
+                .await
+                .map(|()| None)
         }
+        Fault::BrokerPause => stack_run(
+            &config.stack_script,
+            &["pause", "broker", &config.broker_pause_ms.to_string()],
+        )
+        .await
+        .map(|()| None),
         Fault::RelayPause => {
             // One relay, drawn among the instances; between two lives (a
             // crash point just fired) there is none to stop: wait for the next.
@@ -170,7 +206,7 @@ async fn inject(
             // The same process (it may have been killed meanwhile: then the
             // supervisor has started another, which was never stopped).
             let _ = kill(Pid::from_raw(pid as i32), Signal::SIGCONT);
-            Ok(())
+            Ok((relays.len() > 1).then(|| relay.label().to_owned()))
         }
         Fault::OffsetReset => {
             // The group must be empty for its offsets to be reset: every
@@ -179,14 +215,24 @@ async fn inject(
             stop_all(&payments, Fault::OffsetReset).await?;
             let reset = reset_offsets(&bin_dir.join(KAFKA_TOOL), &config.payments_group).await;
             release_all(&payments);
-            reset
+            reset.map(|()| None)
+        }
+        Fault::PaymentsScale => {
+            let target = usize::from(config.payments_scale_step(round));
+            scale_payments(
+                &instances(ServiceName::Payments),
+                target,
+                f64::from(config.partitions),
+            )
+            .await
+            .map(Some)
         }
         Fault::ReceiverDown => {
             let payments = instances(ServiceName::Payments);
             stop_all(&payments, Fault::ReceiverDown).await?;
             tokio::time::sleep(Duration::from_millis(config.fault_down_ms)).await;
             release_all(&payments);
-            Ok(())
+            Ok(None)
         }
         Fault::ReceiverErrors | Fault::ReceiverSlow => {
             let proxy = proxy.context("no webhook proxy (--transport http)")?;
@@ -197,8 +243,66 @@ async fn inject(
             });
             tokio::time::sleep(Duration::from_millis(config.fault_down_ms)).await;
             proxy.set(ProxyMode::Pass);
-            Ok(())
+            Ok(None)
         }
+    }
+}
+
+/// Waits until the group has settled (its running members own all
+/// `partitions`, each its share: a member killed just before may still hold
+/// some), runs the first `target` of the payments instances and stops the
+/// rest (SIGTERM: each commits what it applied and leaves the group), then
+/// waits until the group has settled again on the running members: the
+/// step's outage, within which the moved partitions spent some time without
+/// a consumer. Says `payments N -> M`.
+async fn scale_payments(
+    payments: &[&Arc<Supervisor>],
+    target: usize,
+    partitions: f64,
+) -> anyhow::Result<String> {
+    let (run, stop) = payments.split_at(target.min(payments.len()));
+    // Settled: every member of `set` runs and has been scraped (not between
+    // two lives: a member rejoining after a kill is a rebalance in progress),
+    // together they own every partition, and each its share (one at least,
+    // while there are no more members than partitions).
+    let settled = |set: &[&Arc<Supervisor>]| {
+        let owned: Vec<f64> = set.iter().filter_map(|s| s.owned_partitions()).collect();
+        let total: f64 = owned.iter().sum();
+        let shared = owned.len() as f64 > partitions || owned.iter().all(|&o| o >= 1.0);
+        (
+            owned.len() == set.len() && total >= partitions && shared,
+            total,
+        )
+    };
+    let live: Vec<&Arc<Supervisor>> = payments.iter().copied().filter(|s| !s.held()).collect();
+    wait_for(|| settled(&live), "before the step").await?;
+    let from = payments.iter().filter(|s| s.ready()).count();
+    release_all(run);
+    if !stop.is_empty() {
+        stop_all(stop, Fault::PaymentsScale).await?;
+    }
+    let step = format!("payments {from} -> {}", run.len());
+    wait_for(|| settled(run), &step).await?;
+    Ok(step)
+}
+
+/// Polls `settled` (whether, and how many partitions the members own) until
+/// it holds, at most [`RECOVERY_TIMEOUT`]; the error says `when`.
+async fn wait_for(settled: impl Fn() -> (bool, f64), when: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + RECOVERY_TIMEOUT;
+    loop {
+        let (done, owned) = settled();
+        if done {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{when}: the running payments members own {owned} partitions after {} s, not all \
+                 (--partitions)",
+                RECOVERY_TIMEOUT.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -16,8 +16,8 @@ use effectively::contract::{
     ORDERS_WRITE_ERRORS_TOTAL, PAYMENTS_AFTER_HORIZON_TOTAL, PAYMENTS_APPLIED_AFTER_HORIZON_TOTAL,
     PAYMENTS_CHARGES_TOTAL, PAYMENTS_CONSUMED_TOTAL, PAYMENTS_DEAD_LETTERS_TOTAL,
     PAYMENTS_DEDUP_HITS_TOTAL, PAYMENTS_DEDUP_MISSES_TOTAL, PAYMENTS_INJECTED_DUPLICATES_TOTAL,
-    PAYMENTS_WEBHOOK_REQUESTS_TOTAL, RELAY_PUBLISHED_TOTAL, RELAY_WEBHOOK_ATTEMPTS_TOTAL,
-    ServiceName, WEBHOOK_OUTCOME_LABEL,
+    PAYMENTS_PARTITIONS_MOVED_TOTAL, PAYMENTS_WEBHOOK_REQUESTS_TOTAL, RELAY_PUBLISHED_TOTAL,
+    RELAY_WEBHOOK_ATTEMPTS_TOTAL, ServiceName, WEBHOOK_OUTCOME_LABEL,
 };
 
 /// The counters chaos reports: (series as exposed, summary name). The names
@@ -30,6 +30,7 @@ pub static COUNTERS: LazyLock<Vec<(String, &'static str)>> = LazyLock::new(|| {
             kind.as_str()
         )
     };
+    let moved = |event: &str| format!("{PAYMENTS_PARTITIONS_MOVED_TOTAL}{{event=\"{event}\"}}");
     let write_errors = |kind: &str| {
         format!("{ORDERS_WRITE_ERRORS_TOTAL}{{{ORDERS_WRITE_ERROR_LABEL}=\"{kind}\"}}")
     };
@@ -60,6 +61,8 @@ pub static COUNTERS: LazyLock<Vec<(String, &'static str)>> = LazyLock::new(|| {
             PAYMENTS_APPLIED_AFTER_HORIZON_TOTAL.to_owned(),
             "applied_after_horizon",
         ),
+        (moved("assigned"), "partitions_assigned"),
+        (moved("revoked"), "partitions_revoked"),
         (injected(InjectedDuplicate::Reprocess), "injected_reprocess"),
         (injected(InjectedDuplicate::Redeliver), "injected_redeliver"),
         // --transport http: retries the receiver answered as duplicates, and
@@ -120,6 +123,17 @@ pub async fn fetch(client: &reqwest::Client, url: &str) -> Option<BTreeMap<Strin
     Some(parse(&response.text().await.ok()?))
 }
 
+/// The partitions a payments life owns now, from its counters: assigned
+/// minus revoked (each life starts owning none).
+pub fn owned_partitions(life: &BTreeMap<String, f64>) -> Option<f64> {
+    let get = |event: &str| {
+        life.get(&format!(
+            "{PAYMENTS_PARTITIONS_MOVED_TOTAL}{{event=\"{event}\"}}"
+        ))
+    };
+    Some(get("assigned")? - get("revoked").copied().unwrap_or(0.0))
+}
+
 /// Sums per-life counters into the summary names of [`COUNTERS`].
 pub fn sum_lives<'a>(
     lives: impl IntoIterator<Item = &'a BTreeMap<String, f64>>,
@@ -169,5 +183,18 @@ mod tests {
         assert_eq!(t.get("inbox_hits"), Some(&8.0));
         assert_eq!(t.get("injected_reprocess"), Some(&3.0));
         assert_eq!(t.get("charges"), None);
+    }
+
+    #[test]
+    fn a_life_owns_what_was_assigned_and_not_revoked() {
+        let m = parse(
+            "payments_partitions_moved_total{event=\"assigned\"} 8\n\
+             payments_partitions_moved_total{event=\"revoked\"} 6\n",
+        );
+        assert_eq!(owned_partitions(&m), Some(2.0));
+        assert_eq!(
+            owned_partitions(&parse("payments_consumed_total 1\n")),
+            None
+        );
     }
 }

@@ -222,6 +222,8 @@ pub struct FaultSummary {
     pub outage_ms: Stats,
     /// Injection → every service working again.
     pub recovery_ms: Stats,
+    /// Inbox hits (re-reads) from the injection to the recovery.
+    pub inbox_hits: Stats,
 }
 
 /// Count and percentiles of a sample of milliseconds (`null` when empty).
@@ -412,6 +414,7 @@ pub fn fault_summary(records: &[FaultRecord]) -> BTreeMap<String, FaultSummary> 
         }
         let outage: Vec<u64> = of.iter().filter_map(|r| r.outage_ms).collect();
         let recovery: Vec<u64> = of.iter().filter_map(|r| r.recovery_ms).collect();
+        let hits: Vec<u64> = of.iter().filter_map(|r| r.inbox_hits).collect();
         by_kind.insert(
             fault.as_str().to_owned(),
             FaultSummary {
@@ -420,6 +423,7 @@ pub fn fault_summary(records: &[FaultRecord]) -> BTreeMap<String, FaultSummary> 
                 recovered: recovery.len(),
                 outage_ms: Stats::of(outage),
                 recovery_ms: Stats::of(recovery),
+                inbox_hits: Stats::of(hits),
             },
         );
     }
@@ -495,17 +499,34 @@ pub fn print(summary: &Summary, path: &Path) {
     }
     if !summary.faults.is_empty() {
         println!(
-            "{:<13} {:>8} {:>10} {:>24} {:>24}",
-            "fault", "injected", "recovered", "outage p50/max ms", "recovery p50/max ms"
+            "{:<14} {:>8} {:>10} {:>24} {:>24} {:>18}",
+            "fault",
+            "injected",
+            "recovered",
+            "outage p50/max ms",
+            "recovery p50/max ms",
+            "inbox hits p50/max"
         );
         for (name, f) in &summary.faults {
             println!(
-                "{:<13} {:>8} {:>10} {:>24} {:>24}",
+                "{:<14} {:>8} {:>10} {:>24} {:>24} {:>18}",
                 name,
                 show(f.injected),
                 show(f.recovered),
                 pair(&f.outage_ms),
-                pair(&f.recovery_ms)
+                pair(&f.recovery_ms),
+                pair(&f.inbox_hits)
+            );
+        }
+        for r in summary.fault_log.iter().filter(|r| r.note.is_some()) {
+            println!(
+                "  at {} ms {}: {}, outage {} ms, recovery {} ms, inbox hits {}",
+                r.injected_ms,
+                r.fault.as_str(),
+                r.note.as_deref().unwrap_or_default(),
+                show(r.outage_ms),
+                show(r.recovery_ms),
+                show(r.inbox_hits)
             );
         }
     }
@@ -624,6 +645,8 @@ mod tests {
                 outage_ms: Some(2_000),
                 recovery_ms: Some(3_500),
                 error: None,
+                note: None,
+                inbox_hits: Some(12),
             }],
         };
         let mut summary = summarize(
@@ -690,6 +713,7 @@ mod tests {
                     "recovered": 1,
                     "outage_ms": {"count": 1, "p50": 2000, "p99": 2000, "max": 2000},
                     "recovery_ms": {"count": 1, "p50": 3500, "p99": 3500, "max": 3500},
+                    "inbox_hits": {"count": 1, "p50": 12, "p99": 12, "max": 12},
                 },
             },
             "fault_log": [{
@@ -698,6 +722,8 @@ mod tests {
                 "outage_ms": 2000,
                 "recovery_ms": 3500,
                 "error": null,
+                "note": null,
+                "inbox_hits": 12,
             }],
             "services": {
                 "payments": {

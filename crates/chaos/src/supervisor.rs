@@ -217,6 +217,11 @@ impl Supervisor {
         true
     }
 
+    /// Whether it is held by [`Self::stop_for`] (no life until released).
+    pub fn held(&self) -> bool {
+        self.state().hold.is_some()
+    }
+
     /// Lets the next life start after [`Self::stop_for`].
     pub fn release(&self) {
         self.state().hold = None;
@@ -245,6 +250,25 @@ impl Supervisor {
         } else {
             now.1 > 0.0
         }
+    }
+
+    /// The partitions the current life owns (payments), when it is running
+    /// and was scraped since it was ready.
+    pub fn owned_partitions(&self) -> Option<f64> {
+        let s = self.state();
+        s.pid?;
+        let life = s.lives.last().filter(|l| l.ready_ms.is_some())?;
+        scrape::owned_partitions(&life.counters)
+    }
+
+    /// `counter` (a summary name of [`scrape::COUNTERS`]) summed over every
+    /// life so far.
+    pub fn total(&self, counter: &str) -> f64 {
+        let s = self.state();
+        scrape::sum_lives(s.lives.iter().map(|l| &l.counters))
+            .get(counter)
+            .copied()
+            .unwrap_or(0.0)
     }
 
     /// Scrapes the current life once and keeps its counters.

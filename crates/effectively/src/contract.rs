@@ -338,6 +338,10 @@ pub const RELAY_PUBLISHED_TOTAL: &str = "relay_published_total";
 pub const PAYMENTS_CONSUMED_TOTAL: &str = "payments_consumed_total";
 /// Payments: messages whose msg_id was already in the inbox (no-ops).
 pub const PAYMENTS_DEDUP_HITS_TOTAL: &str = "payments_dedup_hits_total";
+/// Payments: partitions assigned to or revoked from this member, by the
+/// label `event` (`assigned`, `revoked`): their difference is what the
+/// member owns now (chaos's payments-scale fault waits on it).
+pub const PAYMENTS_PARTITIONS_MOVED_TOTAL: &str = "payments_partitions_moved_total";
 /// Payments: messages whose msg_id was new (claimed and charged).
 pub const PAYMENTS_DEDUP_MISSES_TOTAL: &str = "payments_dedup_misses_total";
 /// Payments `--source http`: webhook requests, by [`WEBHOOK_OUTCOME_LABEL`]

@@ -238,7 +238,7 @@ impl PaymentsMetrics {
             )?,
             partitions_moved_total: IntCounterVec::new(
                 Opts::new(
-                    "payments_partitions_moved_total",
+                    effectively::contract::PAYMENTS_PARTITIONS_MOVED_TOTAL,
                     "Partitions assigned to or revoked from this member in rebalances",
                 ),
                 &["event"],

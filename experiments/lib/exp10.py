@@ -1,0 +1,154 @@
+"""Experiment 10's verdict from chaos's summaries in RES: every service as
+several instances, the payments group scaled up and down under load, kill -9
+of any instance; the checks, a digest per run in RES/summary.json, one line
+per run; exit 0 on PASS.
+
+Usage: python3 experiments/lib/exp10.py RES MODE MIN_KILLS
+(run.sh passes them; run it alone to judge results again).
+"""
+import os
+import sys
+
+from common import (chaos_intents, chaos_report, exit_code, load_json, print_checks, verdict,
+                    write_json)
+
+# The runs run.sh makes, in order: the scale runs (dynamic, and in full mode
+# static group membership) and the run with every service killed.
+SCALE_RUNS = {"quick": ["scale-dynamic"], "full": ["scale-dynamic", "scale-static"]}
+KILL_RUN = "instances"
+SERVICES = ["orders", "relay", "payments"]
+
+
+def correct(c, tag):
+    """The checks every run must pass: nothing lost, nothing doubled, every
+    client success backed, no replay mismatch."""
+    r = chaos_report(c)
+    intents = chaos_intents(c)
+    load = c.get("load") or {}
+    return {
+        f"{tag}: recon CLEAN (0 lost, 0 doubled, every check)": c["recon_exit"] == 0,
+        f"{tag}: no double charge": r.get("double_charges", -1) == 0,
+        f"{tag}: no order without its charge": r.get("orders_without_charge", -1) == 0,
+        f"{tag}: every key the client saw succeed has exactly its order": (
+            intents.get("matched") is not None and intents.get("matched") == intents.get("client_succeeded")),
+        f"{tag}: 0 replay mismatches across the orders instances": (
+            (load.get("replay") or {}).get("mismatches", -1) == 0),
+    }
+
+
+def instances_used(c, tag):
+    """Each service ran as its instances, and loadgen sent to every orders
+    instance."""
+    checks = {}
+    params = c.get("params") or {}
+    for service, key in (("orders", "orders"), ("relay", "relays"), ("payments", "payments")):
+        want = params.get(key, 1)
+        got = len(((c.get("services") or {}).get(service) or {}).get("instances") or [])
+        checks[f"{tag}: {service} ran as {want} instances"] = got == want
+    targets = (c.get("load") or {}).get("targets") or []
+    checks[f"{tag}: loadgen sent to every orders instance"] = (
+        len({t.get("url") for t in targets if t.get("sent", 0) > 0}) >= params.get("orders", 1))
+    return checks
+
+
+def scale_steps(c):
+    """Each payments-scale step: (note, outage ms, recovery ms, inbox hits)."""
+    return [(r.get("note"), r.get("outage_ms"), r.get("recovery_ms"), r.get("inbox_hits"))
+            for r in c.get("fault_log") or [] if r.get("fault") == "payments-scale"]
+
+
+def scale_checks(c, tag, min_steps):
+    """The payments group was scaled MIN_STEPS times, every step settled
+    (the running members owned every partition again) and the pipeline moved
+    on after it; the run's last step may have its recovery cut short by the
+    end of the load."""
+    log = [r for r in c.get("fault_log") or [] if r.get("fault") == "payments-scale"]
+    last = (c.get("fault_log") or [None])[-1]
+    unobserved = sum(1 for r in log if r is last and r.get("recovery_ms") is None and r.get("error") is None)
+    return {
+        f"{tag}: the payments group scaled at least {min_steps}x, down and up": (
+            len(log) >= min_steps and any("-> 1" in (r.get("note") or "") for r in log)),
+        f"{tag}: every step settled (every partition owned again), none failed": (
+            all(r.get("error") is None and r.get("outage_ms") is not None for r in log)),
+        f"{tag}: the pipeline moved on after every step": (
+            sum(1 for r in log if r.get("recovery_ms") is not None) + unobserved == len(log)),
+    }
+
+
+def kill_checks(c, tag, min_kills):
+    """Every service's instances were killed, MIN_KILLS in all."""
+    checks = {f"{tag}: at least {min_kills} kill -9 over all instances": c.get("kills_total", 0) >= min_kills}
+    for service in SERVICES:
+        s = (c.get("services") or {}).get(service) or {}
+        killed = sum(1 for i in s.get("instances") or [] if sum((i.get("deaths") or {}).values()) > 0)
+        checks[f"{tag}: {service}: more than one instance killed"] = killed >= 2
+    return checks
+
+
+def digest(c):
+    """Run C's numbers for summary.json."""
+    load = c.get("load") or {}
+    services = c.get("services") or {}
+    return {
+        "params": c.get("params"),
+        "elapsed_s": c.get("elapsed_s"),
+        "kills_total": c.get("kills_total"),
+        "deaths": {s: (services.get(s) or {}).get("deaths") for s in SERVICES},
+        "instances": {s: [(i.get("label"), i.get("lives")) for i in (services.get(s) or {}).get("instances") or []]
+                      for s in SERVICES},
+        "scale_steps": scale_steps(c),
+        "targets": load.get("targets"),
+        "latency_ms": (load.get("latency_ms") or {}).get("all"),
+        "inbox_hits": (c.get("totals") or {}).get("inbox_hits"),
+        "distinct_orders": chaos_report(c).get("distinct_orders"),
+        "recon_exit": c.get("recon_exit"),
+    }
+
+
+def judge(runs, mode, min_kills, min_steps):
+    """The summary of the RUNS (tag -> chaos summary) of MODE."""
+    checks, digests = {}, {}
+    for tag in SCALE_RUNS[mode]:
+        c = runs[tag]
+        checks.update(correct(c, tag))
+        checks.update(instances_used(c, tag))
+        checks.update(scale_checks(c, tag, min_steps))
+        digests[tag] = digest(c)
+    c = runs[KILL_RUN]
+    checks.update(correct(c, KILL_RUN))
+    checks.update(instances_used(c, KILL_RUN))
+    checks.update(kill_checks(c, KILL_RUN, min_kills))
+    digests[KILL_RUN] = digest(c)
+    return {"experiment": "exp-10-scale-out", "mode": mode, "runs": digests, "checks": checks,
+            "verdict": verdict(checks)}
+
+
+def run_line(tag, run):
+    """One line per run: instances, kills, scale steps, orders, recon."""
+    inst = ", ".join(f"{s} x{len(run['instances'][s])}" for s in SERVICES)
+    steps = "; ".join(f"{n}: settled in {o} ms, moving in {r} ms, {h} inbox hits"
+                      for n, o, r, h in run["scale_steps"])
+    return (f"exp-10 {tag}: {inst}; {run['kills_total']} kill -9"
+            + (f"; {steps}" if steps else "")
+            + f"; {run['distinct_orders']} orders, recon exit {run['recon_exit']}")
+
+
+def main(argv):
+    """Judge RES (argv: RES MODE MIN_KILLS MIN_STEPS); the exit status."""
+    res, mode, min_kills, min_steps = argv[0], argv[1], int(argv[2]), int(argv[3])
+    runs = {tag: load_json(os.path.join(res, f"{tag}.json")) for tag in SCALE_RUNS[mode] + [KILL_RUN]}
+    missing = [tag for tag, c in runs.items() if c is None]
+    if missing:
+        print(f"exp-10: FAIL chaos summaries missing in {res}: {missing} (see its logs/)")
+        return 1
+    s = judge(runs, mode, min_kills, min_steps)
+    write_json(os.path.join(res, "summary.json"), s)
+    print_checks(s["checks"])
+    for tag, run in s["runs"].items():
+        print(run_line(tag, run))
+    print(f"exp-10: {s['verdict']} ({mode}; {res}/summary.json)")
+    return exit_code(s)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

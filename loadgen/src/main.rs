@@ -17,9 +17,7 @@ mod verify;
 
 /// Types generated from `proto/orders.proto` (client side only).
 #[allow(unreachable_pub, clippy::all, missing_docs)]
-mod proto {
-    tonic::include_proto!("orders.v1");
-}
+mod proto;
 
 use std::process::ExitCode;
 

@@ -1,6 +1,6 @@
 use anyhow::Context;
 use clap::Parser;
-use orders::Config;
+use orders::config::Config;
 use tokio::net::TcpListener;
 
 #[tokio::main]
@@ -11,7 +11,7 @@ async fn main() -> anyhow::Result<()> {
         // Whatever DB_MIGRATE says: migrating is the whole point here.
         let mut db = config.db.clone();
         db.db_migrate = true;
-        effectively::db::connect(&db, orders::SESSION_LIMITS).await?;
+        effectively::db::connect(&db, orders::config::SESSION_LIMITS).await?;
         tracing::info!("migrations applied");
         return Ok(());
     }

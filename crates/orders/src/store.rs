@@ -336,7 +336,7 @@ const ATTEMPTS: usize = 3;
 /// into a join: its plan is an index lookup per key whatever the table's
 /// statistics. A plain `LEFT JOIN` got a generic plan, made after five
 /// executions on a near-empty table, that hashed the batch and scanned the
-/// whole key table for every batch (FINDINGS §13).
+/// whole key table for every batch (FINDINGS §14).
 async fn write_statement(
     conn: &mut PgConnection,
     batch: &[&Create],

@@ -615,7 +615,7 @@ fn service(rt: &tokio::runtime::Runtime) -> (Router, TestDb) {
         let db = TestDb::create().await;
         let mut args = DbArgs::for_url(&db.url);
         args.db_migrate = false; // TestDb::create migrated it
-        let pool = effectively::db::connect(&args, orders::SESSION_LIMITS)
+        let pool = effectively::db::connect(&args, orders::config::SESSION_LIMITS)
             .await
             .expect("connect");
         let metrics = Arc::new(OrdersMetrics::new().expect("metrics"));

@@ -10,7 +10,7 @@
 #    raw_producer.rs) sends as many of the relay's messages (an order.created
 #    envelope with its two headers) with the same producer settings
 #    (idempotent, acks=all, lz4, linger), to a topic with as many partitions
-#    as the relay's, and no database. Before FINDINGS §14 it sent filler
+#    as the relay's, and no database. Before FINDINGS §15 it sent filler
 #    bytes (lz4 shrinks them to almost nothing) to a topic the broker made
 #    with its default 4 partitions; RAW_PAYLOAD=filler sends filler again.
 # 2. Payments reads that topic twice in fresh groups: first every msg_id new,
@@ -94,7 +94,7 @@ BYTES=$(q "$URL" "SELECT round(avg(length(payload)))::int + 160 FROM orders.outb
 # The drain is watched on the relay's relay_published_total, not by counting
 # the pending rows: over a 1M-row backlog that count costs PostgreSQL about a
 # second, and taken 4 times a second it took a fifth of the drain's rate
-# (FINDINGS §14). One count at the end checks that nothing is left.
+# (FINDINGS §15). One count at the end checks that nothing is left.
 drain() { # NAME BIN TOPIC → records relay_drain
   local name=$1 bin=$2 topic=$3 t0 t1 pid port=19201 left
   log "relay ($name) draining $ROWS rows to $topic"

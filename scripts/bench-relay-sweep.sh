@@ -41,7 +41,7 @@ for point in $POINTS; do
     RELAY_METRICS_ADDR=127.0.0.1:19206 RUST_LOG=warn "$RELAY_BIN" &
   pid=$!
   # Watched on the relay's counter: counting the pending rows would load the
-  # database it measures (FINDINGS §14).
+  # database it measures (FINDINGS §15).
   while [ "$(pipeline_metric 19206 relay_published_total)" -lt "$ROWS" ]; do
     kill -0 "$pid" 2>/dev/null || { echo "the relay exited" >&2; exit 1; }
     sleep 0.1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make wal-witness: does the WAL relay read every committed outbox insert?
-# FINDINGS §21 saw its stream skip whole transactions once (23 rows, in a
+# FINDINGS §22 saw its stream skip whole transactions once (23 rows, in a
 # full experiment 6); the relay's gap check (relay/src/wal/settle.rs, Probe) repairs
 # such a skip, but says nothing of where it happened. Here a second logical
 # slot, read with PostgreSQL's own output plugin (test_decoding), witnesses
@@ -14,7 +14,7 @@
 #     transaction the witness saw insert outbox rows must be one the relay
 #     read, with as many rows.
 # The WAL relay runs 2 × 500 (WITNESS_WORKERS, WITNESS_BATCH), the
-# configuration of §21's skip.
+# configuration of §22's skip.
 # Results in .stack/wal-witness/ (WITNESS_OUT): the witness's and the
 # relay's transactions, the relay's log, result.json. Exit 1 when a
 # transaction was missed or read with other rows, the relay's gap check

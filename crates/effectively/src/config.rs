@@ -55,7 +55,7 @@ pub struct SessionLimits {
     /// statistics. For a service that reads a queue table whose size swings
     /// from empty to a backlog: PostgreSQL switches a prepared statement to a
     /// generic plan after five executions, and a generic plan made while the
-    /// table was empty stays in use until the next ANALYZE (FINDINGS §12).
+    /// table was empty stays in use until the next ANALYZE (FINDINGS §13).
     pub custom_plans: bool,
     /// The outbox trigger's `NOTIFY` is off for this session's inserts
     /// ([`crate::outbox::NOTIFY_SETTING`]): the service wakes the relay

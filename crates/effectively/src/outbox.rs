@@ -13,7 +13,7 @@
 //! many sessions at a high rate (Orders) turns the trigger's `NOTIFY` off in
 //! its sessions ([`NOTIFY_SETTING`], `SessionLimits::defer_outbox_notify`)
 //! and wakes the relay with a [`Notifier`] instead: one `NOTIFY` at a time,
-//! in a transaction of its own, outside its write transactions (FINDINGS §13).
+//! in a transaction of its own, outside its write transactions (FINDINGS §14).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -68,7 +68,7 @@ pub struct Config {
     /// Kafka answers a held fetch as soon as data arrives; the embedded broker
     /// holds it to the end, so a message could wait for the rest of it before
     /// payments saw it: at 1,000 orders/s, 25 ms instead of 500 cut
-    /// commit→effect p99 by 125–170 ms (FINDINGS §14). Lower costs only more
+    /// commit→effect p99 by 125–170 ms (FINDINGS §15). Lower costs only more
     /// requests while the topic is idle.
     #[arg(long, env = "PAYMENTS_FETCH_WAIT_MAX_MS", default_value_t = DEFAULT_FETCH_WAIT_MAX_MS,
           value_parser = clap::value_parser!(u64).range(1..=10_000))]
@@ -79,7 +79,7 @@ pub struct Config {
     /// since. 0 commits after every batch. Each commit is a request to the
     /// group coordinator; one per batch (a dozen a second) made the embedded
     /// broker answer heartbeats late enough to time the session out
-    /// (FINDINGS §14). A crash redelivers what was applied after the last
+    /// (FINDINGS §15). A crash redelivers what was applied after the last
     /// commit, up to this long's worth: inbox hits, no effect.
     #[arg(long, env = "PAYMENTS_COMMIT_INTERVAL_MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(0..=60_000))]

@@ -7,7 +7,7 @@
 //!
 //! Each message is the relay's: an `order.created` envelope for a fresh
 //! order, with its two headers. `RAW_PAYLOAD=filler` sends `<bytes>` bytes of
-//! one repeated letter instead (what this baseline sent before FINDINGS §14:
+//! one repeated letter instead (what this baseline sent before FINDINGS §15:
 //! lz4 shrinks it to almost nothing on the wire); `RAW_HEADERS=0` drops the
 //! headers. Create the topic first with the relay topic's partition count:
 //! the producer does not create it (a broker's default count differs).

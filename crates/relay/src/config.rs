@@ -36,7 +36,7 @@ pub struct Config {
     /// Most rows claimed from one shard per transaction. At most `--workers`
     /// × this many rows are in flight to the broker at once, and the drain
     /// rate is about that over the ack latency (on the embedded broker 8 ×
-    /// 1,000 drains faster than 8 × 500: FINDINGS §14). A crash at
+    /// 1,000 drains faster than 8 × 500: FINDINGS §15). A crash at
     /// `publish` re-publishes up to that many (the inbox absorbs them).
     #[arg(long, env = "RELAY_BATCH_SIZE", default_value_t = 1000)]
     pub batch_size: i64,
@@ -56,7 +56,7 @@ pub struct Config {
     /// depth: a claim skips the rows in flight and every later row of their
     /// keys. Worth it where the broker's acks, not the CPU, are the wait: on
     /// 2 shared cores and the embedded broker, 2 gained nothing (FINDINGS
-    /// §14).
+    /// §15).
     #[arg(long, env = "RELAY_SHARD_DEPTH", default_value_t = 1,
           value_parser = clap::value_parser!(u8).range(1..=outbox::MAX_SHARD_DEPTH as i64))]
     pub shard_depth: u8,
@@ -198,7 +198,7 @@ pub enum Mode {
 /// pending rows swing from none to a backlog, and the claim's generic plan,
 /// made while the outbox was empty, scans every pending row once per claimed
 /// row (3.4 s a claim at 40,000 pending rows; the acceptance run's first
-/// minute, FINDINGS §12).
+/// minute, FINDINGS §13).
 pub fn session_limits(config: &Config) -> effectively::config::SessionLimits {
     effectively::config::SessionLimits {
         statement_timeout: Duration::from_secs(30),

@@ -101,7 +101,7 @@ pub async fn try_lock_shard(
 /// each candidate costs one probe of `outbox_pending_by_aggregate`. As an
 /// anti-join, with statistics that said "no row pending", it scanned every
 /// pending row per candidate: a 1,000-row claim took minutes over a large
-/// backlog (FINDINGS.md §15; test `a_claim_after_an_empty_outbox_was_analyzed_…`).
+/// backlog (FINDINGS.md §16; test `a_claim_after_an_empty_outbox_was_analyzed_…`).
 pub async fn claim(
     conn: &mut PgConnection,
     shard: i16,
@@ -132,7 +132,7 @@ pub async fn claim(
 /// before). A row read from the WAL stream can be invisible for a moment:
 /// the walsender may send a transaction once its commit record is flushed,
 /// before the committing backend has made it visible to other snapshots
-/// (FINDINGS.md §21). A row the stream reads again after a restart may have
+/// (FINDINGS.md §22). A row the stream reads again after a restart may have
 /// been deleted meanwhile: a relay down past the retention, whose start-up
 /// drain and expiry ran before its stream came back to the row.
 pub async fn count_settled(conn: &mut PgConnection, rows: &[(i64, Uuid)]) -> sqlx::Result<i64> {
@@ -151,7 +151,7 @@ pub async fn count_settled(conn: &mut PgConnection, rows: &[(i64, Uuid)]) -> sql
 /// Marks rows published. A row already published keeps its first time: the
 /// WAL relay reads rows again after a restart, and re-marking them made
 /// experiment 6's commit→publish show the restart, not the first publish
-/// (FINDINGS.md §21).
+/// (FINDINGS.md §22).
 pub async fn mark_published(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<u64> {
     Ok(sqlx::query!(
         "UPDATE orders.outbox SET published_at = now() WHERE id = ANY($1) AND published_at IS NULL",

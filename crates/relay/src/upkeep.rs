@@ -63,7 +63,7 @@ const LAG_SAMPLE_DUTY: u32 = 5;
 /// the sample was slow, so that sampling keeps to at most 1 /
 /// (1 + [`LAG_SAMPLE_DUTY`]) of one database backend. Over a 1M-row backlog
 /// a sample took 1.2–1.5 s; taken every second, it kept a backend busy
-/// throughout the drain it was measuring (FINDINGS §14).
+/// throughout the drain it was measuring (FINDINGS §15).
 fn lag_sample_wait(every: Duration, took: Duration) -> Duration {
     every.max(took.saturating_mul(LAG_SAMPLE_DUTY))
 }

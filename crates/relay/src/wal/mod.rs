@@ -318,7 +318,7 @@ async fn blocked_aggregates(pool: &PgPool) -> anyhow::Result<HashSet<Uuid>> {
 /// is retried in place) the reader does not read, so nothing would answer
 /// the server: after `wal_sender_timeout` (1 min by default) it ended the
 /// stream, and the restart sent the whole unconfirmed window again
-/// (FINDINGS.md §21). So while it waits for room it sends the confirmed
+/// (FINDINGS.md §22). So while it waits for room it sends the confirmed
 /// position every [`FEEDBACK_EVERY`], which keeps the connection alive.
 async fn read(
     mut stream: LogicalReplicationStream,

@@ -116,7 +116,7 @@ pub(super) struct Settle {
 /// per key), so its order holds, and the rest of the window goes on. A
 /// stream restart instead would send the whole unconfirmed window again: at
 /// 3×S in experiment 6 the broker's errors made the relay restart over and
-/// over (FINDINGS §21). The poll relay, likewise, tries a row until it goes.
+/// over (FINDINGS §22). The poll relay, likewise, tries a row until it goes.
 async fn publish_in_place(
     worker: &Worker,
     row: &PendingRow,
@@ -403,7 +403,7 @@ impl Settle {
 /// CPU in between for longer than a publish takes, so a mark could run
 /// before its rows are visible: its `UPDATE … WHERE id = ANY(…)` then
 /// skipped them, they stayed pending, and the slot was confirmed past
-/// their commit (the "rows the stream missed" of FINDINGS.md §21, found
+/// their commit (the "rows the stream missed" of FINDINGS.md §22, found
 /// by `make wal-witness`). Each statement here takes a new snapshot
 /// (read committed), so once a count sees every row, so does the mark.
 /// A commit flushed but invisible for `within` ([`VISIBLE_WITHIN`]) ends
@@ -451,7 +451,7 @@ async fn wait_visible(
 /// Pending rows and the WAL position they committed before. The relay is
 /// at-least-once only if every committed insert is delivered and marked; a
 /// full experiment 6 run found rows left pending behind the stream
-/// (FINDINGS.md §21: marks that could not see them yet, fixed by
+/// (FINDINGS.md §22: marks that could not see them yet, fixed by
 /// [`wait_visible`]), so the relay checks: once every commit up to `lsn` is
 /// marked, each of `ids` must be published, failed or held back by a failed
 /// row of its key. One that is still pending was missed, and a restart

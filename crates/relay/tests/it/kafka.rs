@@ -964,7 +964,7 @@ async fn walsender_pid(pool: &PgPool, db: &TestDb) -> Option<i32> {
 /// (2 s here, for the relay's role in the test's database) does not end the stream: while
 /// its read-ahead is full, the WAL relay still tells the server where it
 /// stands. Before, nothing answered the server then, the walsender gave
-/// up, and the restart sent the unconfirmed window again (FINDINGS §21).
+/// up, and the restart sent the unconfirmed window again (FINDINGS §22).
 #[tokio::test]
 async fn a_broker_outage_longer_than_the_senders_timeout_keeps_the_stream() {
     let db = TestDb::create().await;
@@ -1072,7 +1072,7 @@ async fn a_hot_key_backlog_does_not_starve_its_shard() {
 /// pending (a drained queue, analyzed) and a backlog arrived before the next
 /// analyze: the claims read about one row of the table per row they return.
 /// The anti-join the planner chose under such statistics read every pending
-/// row per row returned (FINDINGS.md §15). The count is this transaction's
+/// row per row returned (FINDINGS.md §16). The count is this transaction's
 /// own reads (pg_stat_xact_user_tables), not a time.
 #[tokio::test]
 async fn a_claim_after_an_empty_outbox_was_analyzed_reads_each_row_once() {

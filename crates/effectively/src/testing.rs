@@ -8,6 +8,35 @@ use uuid::Uuid;
 
 use crate::db::ServiceRole;
 
+/// A free TCP port on 127.0.0.1 for a child process to listen on: the
+/// system picks it, and it is released before the child binds it.
+///
+/// # Panics
+/// When no port can be bound.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port on 127.0.0.1")
+}
+
+/// A binary of the workspace, built beside the running test binary
+/// (`target/<profile>/deps/<test>-<hash>` → `target/<profile>/<name>`).
+///
+/// # Panics
+/// When it is not there: the workspace's binaries were not built.
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} missing: build the workspace first (`cargo build --workspace`)",
+        path.display()
+    );
+    path
+}
+
 /// Reads `NAME` from the environment, or else from the stack env file
 /// (`.stack/env` at the workspace root) written by `scripts/stack.sh up`.
 ///

@@ -5,34 +5,15 @@
 //! answer. The database is the judge: the keys loadgen saw succeed against
 //! `orders.idempotency_keys` and `orders.orders`.
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use effectively::db::ServiceRole;
-use effectively::testing::{TestDb, eventually};
+use effectively::testing::{TestDb, eventually, free_port, workspace_bin};
 use tokio::process::{Child, Command};
 
-/// A binary of the workspace, next to this test's own directory
-/// (`target/<profile>/deps/it-<hash>` → `target/<profile>/<name>`).
-fn workspace_bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} missing: build the workspace first (`cargo build --workspace`)",
-        path.display()
-    );
-    path
-}
-
 fn free_addr() -> String {
-    let addr = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port");
-    addr.to_string()
+    format!("127.0.0.1:{}", free_port())
 }
 
 /// One orders process on its own ports; killed when dropped.

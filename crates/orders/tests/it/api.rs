@@ -8,7 +8,7 @@ use effectively::config::DbArgs;
 use effectively::db::ServiceRole;
 use effectively::idempotency::ClaimStrategy;
 use effectively::testing::slow::{all_closed, slow_clients};
-use effectively::testing::{TestDb, eventually};
+use effectively::testing::{TestDb, eventually, free_port};
 use orders::config::Config;
 use orders::proto::orders_client::OrdersClient;
 use orders::proto::{CreateOrderRequest, GetOrderRequest};
@@ -937,14 +937,7 @@ async fn a_full_write_queue_answers_503_and_the_retry_succeeds() {
 #[tokio::test]
 async fn a_crash_between_commit_and_response_is_healed_by_the_retry() {
     let db = TestDb::create().await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port();
-    let grpc_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port();
+    let (port, grpc_port) = (free_port(), free_port());
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_orders"))
         .env("DATABASE_URL", db.url_as(ServiceRole::Orders))
         .env("ORDERS_HTTP_ADDR", format!("127.0.0.1:{port}"))

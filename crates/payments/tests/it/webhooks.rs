@@ -11,7 +11,7 @@ use effectively::contract::WEBHOOK_PATH;
 use effectively::crash::CrashArgs;
 use effectively::db::ServiceRole;
 use effectively::envelope::Envelope;
-use effectively::testing::{Service, TestDb, eventually};
+use effectively::testing::{Service, TestDb, eventually, free_port};
 use effectively::webhook::{self, Secret};
 use payments::dup::DupArgs;
 use payments::horizon::Retention;
@@ -449,10 +449,7 @@ async fn a_receiver_killed_before_it_answers_is_retried_into_a_duplicate() {
     let db = TestDb::create().await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let secret = Secret::generate();
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr").port()
-    };
+    let port = free_port();
     let url = format!("http://127.0.0.1:{port}{WEBHOOK_PATH}");
     let spawn = |crash: bool| {
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"));

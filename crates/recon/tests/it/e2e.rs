@@ -3,35 +3,16 @@
 //! then recon's diff. The binaries are the workspace's own, built by the same
 //! `cargo nextest run --workspace` / `cargo build` as this test.
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
 use effectively::db::ServiceRole;
-use effectively::testing::{TestDb, TestTopic, eventually, series_value};
+use effectively::testing::{
+    TestDb, TestTopic, eventually, free_port, series_value, workspace_bin as bin,
+};
 use recon::Policy;
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
-
-fn bin(name: &str) -> PathBuf {
-    // target/<profile>/deps/it-<hash> → target/<profile>/<name>
-    let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} missing: build the workspace first (`cargo build --workspace`)",
-        path.display()
-    );
-    path
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
 
 struct Stack {
     db: TestDb,

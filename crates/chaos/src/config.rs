@@ -647,13 +647,17 @@ impl Config {
         self.instances()
             .into_iter()
             .filter(|i| i.service == ServiceName::Orders)
-            .map(|i| {
-                (
-                    i.addr(self.http_addr).unwrap_or(self.http_addr),
-                    i.addr(self.grpc_addr).unwrap_or(self.grpc_addr),
-                )
-            })
+            .map(|i| self.orders_addr(i))
             .collect()
+    }
+
+    /// An orders instance's (HTTP, gRPC) address. Checked by
+    /// [`Self::validate`] to exist.
+    pub fn orders_addr(&self, instance: Instance) -> (SocketAddr, SocketAddr) {
+        (
+            instance.addr(self.http_addr).unwrap_or(self.http_addr),
+            instance.addr(self.grpc_addr).unwrap_or(self.grpc_addr),
+        )
     }
 
     /// The crash points armed in `service`, as its `CRASH_POINT` takes them.

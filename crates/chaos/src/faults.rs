@@ -310,15 +310,11 @@ async fn wait_for(settled: impl Fn() -> (bool, f64), when: &str) -> anyhow::Resu
 /// its service and whether its work counter moved; a service moved when one
 /// of its instances did.
 fn every_service_moved(moved: impl IntoIterator<Item = (ServiceName, bool)>) -> bool {
-    let mut seen = [None::<bool>; 3];
-    for (service, did) in moved {
-        let i = ServiceName::ALL
-            .iter()
-            .position(|s| *s == service)
-            .unwrap_or(0);
-        seen[i] = Some(seen[i].unwrap_or(false) || did);
-    }
-    seen.iter().all(|s| s.unwrap_or(true))
+    let moved: Vec<(ServiceName, bool)> = moved.into_iter().collect();
+    ServiceName::ALL.iter().all(|&name| {
+        let mut of = moved.iter().filter(|(s, _)| *s == name).peekable();
+        of.peek().is_none() || of.any(|&(_, did)| did)
+    })
 }
 
 /// Stops every one of `instances` for `fault` (SIGTERM, no next life until

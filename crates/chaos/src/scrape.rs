@@ -30,7 +30,6 @@ pub static COUNTERS: LazyLock<Vec<(String, &'static str)>> = LazyLock::new(|| {
             kind.as_str()
         )
     };
-    let moved = |event: &str| format!("{PAYMENTS_PARTITIONS_MOVED_TOTAL}{{event=\"{event}\"}}");
     let write_errors = |kind: &str| {
         format!("{ORDERS_WRITE_ERRORS_TOTAL}{{{ORDERS_WRITE_ERROR_LABEL}=\"{kind}\"}}")
     };
@@ -61,8 +60,8 @@ pub static COUNTERS: LazyLock<Vec<(String, &'static str)>> = LazyLock::new(|| {
             PAYMENTS_APPLIED_AFTER_HORIZON_TOTAL.to_owned(),
             "applied_after_horizon",
         ),
-        (moved("assigned"), "partitions_assigned"),
-        (moved("revoked"), "partitions_revoked"),
+        (moved_series("assigned"), "partitions_assigned"),
+        (moved_series("revoked"), "partitions_revoked"),
         (injected(InjectedDuplicate::Reprocess), "injected_reprocess"),
         (injected(InjectedDuplicate::Redeliver), "injected_redeliver"),
         // --transport http: retries the receiver answered as duplicates, and
@@ -126,12 +125,14 @@ pub async fn fetch(client: &reqwest::Client, url: &str) -> Option<BTreeMap<Strin
 /// The partitions a payments life owns now, from its counters: assigned
 /// minus revoked (each life starts owning none).
 pub fn owned_partitions(life: &BTreeMap<String, f64>) -> Option<f64> {
-    let get = |event: &str| {
-        life.get(&format!(
-            "{PAYMENTS_PARTITIONS_MOVED_TOTAL}{{event=\"{event}\"}}"
-        ))
-    };
+    let get = |event| life.get(&moved_series(event));
     Some(get("assigned")? - get("revoked").copied().unwrap_or(0.0))
+}
+
+/// The series of [`PAYMENTS_PARTITIONS_MOVED_TOTAL`] for `event`
+/// (`assigned`, `revoked`).
+fn moved_series(event: &str) -> String {
+    format!("{PAYMENTS_PARTITIONS_MOVED_TOTAL}{{event=\"{event}\"}}")
 }
 
 /// Sums per-life counters into the summary names of [`COUNTERS`].

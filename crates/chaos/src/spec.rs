@@ -36,7 +36,7 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, instance: Instance) 
     let s = |a: &dyn ToString| a.to_string();
     match name {
         ServiceName::Orders => {
-            let (http, grpc) = config.orders_addrs()[usize::from(instance.index)];
+            let (http, grpc) = config.orders_addr(instance);
             env.push((env::ORDERS_HTTP_ADDR.into(), s(&http)));
             env.push((env::ORDERS_GRPC_ADDR.into(), s(&grpc)));
         }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The embedded stack: a throwaway PostgreSQL and a real Apache Kafka cluster
-# (3 KRaft nodes, each broker and controller) on 127.0.0.1, no Docker needed.
+# (3 KRaft nodes, each broker and controller) on 127.0.0.1, or each in its own
+# network namespace (STACK_NET=netns), no Docker needed.
 #
 #   scripts/stack.sh up      start (idempotent; restarts a node that died),
 #                            write .stack/env, print it
@@ -19,6 +20,10 @@
 #   scripts/stack.sh pause broker [MS [NODE]]
 #                            SIGSTOP a Kafka node for MS (15000), SIGCONT:
 #                            chaos --fault broker-pause (the ISR shrinks)
+#   scripts/stack.sh net partition|lag|cut|heal|status ...
+#                            network faults (chaos --fault broker-partition,
+#                            net-lag, relay-cut, payments-db-cut): see
+#                            scripts/lib/net.sh
 #
 # PostgreSQL is the machine's own server (apt's postgresql-15, installed when
 # missing and root). Kafka is the version scripts/kafka/pom.xml pins, resolved
@@ -34,6 +39,10 @@
 #   STACK_KAFKA_PORT   node N's client port is this + N-1 (default: 29092)
 #   STACK_KAFKA_CONTROLLER_PORT  node N's quorum port is this + N-1 (default: 29192)
 #   STACK_KAFKA_HEAP   each node's JVM heap               (default: 512m)
+#   STACK_NET      loopback, or netns: each Kafka node in its own network
+#                  namespace on its own address (root; scripts/lib/net.sh)
+#                  (default: the cluster's current mode, at first loopback)
+#   STACK_NET_PREFIX   the netns subnet's first three octets (10.213.7)
 #   KAFKA_TOPIC, KAFKA_TOPIC_PARTITIONS  the topic `up` creates (order.events, 6)
 #   TOOLS_CACHE    machine-wide cache of tools and jars   (default: ~/.cache/effectively)
 # The default ports lie below Linux's ephemeral range (32768-60999): under
@@ -64,6 +73,11 @@ KAFKA_DIR=$STACK_DIR/kafka
 
 log() { printf 'stack: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+# shellcheck source=scripts/lib/net.sh
+. "$ROOT/scripts/lib/net.sh"
+net_check_request
+net_load
 
 # PostgreSQL refuses to run as root; run its binaries as the `postgres` user then.
 as_pg() {
@@ -195,7 +209,7 @@ ensure_kafka() {
   rm -rf "$KAFKA_LIBS" && mv "$tmp" "$KAFKA_LIBS"
 }
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
 
 # Node N (1-based) serves clients on KAFKA_PORT+N-1 and the KRaft quorum on
 # KAFKA_CONTROLLER_PORT+N-1.
@@ -204,7 +218,7 @@ controller_port() { echo $((KAFKA_CONTROLLER_PORT + $1 - 1)); }
 node_dir() { echo "$KAFKA_DIR/node-$1"; }
 bootstrap_servers() {
   local n out=
-  for n in $(seq 1 "$KAFKA_NODES"); do out+=${out:+,}127.0.0.1:$(client_port "$n"); done
+  for n in $(seq 1 "$KAFKA_NODES"); do out+=${out:+,}$(node_host "$n"):$(client_port "$n"); done
   echo "$out"
 }
 
@@ -224,15 +238,15 @@ node_pid() {
 write_node_config() {
   local n=$1 dir voters= v rf=$KAFKA_NODES isr=$(( KAFKA_NODES >= 3 ? 2 : 1 ))
   dir=$(node_dir "$n")
-  for v in $(seq 1 "$KAFKA_NODES"); do voters+=${voters:+,}$v@127.0.0.1:$(controller_port "$v"); done
+  for v in $(seq 1 "$KAFKA_NODES"); do voters+=${voters:+,}$v@$(node_host "$v"):$(controller_port "$v"); done
   mkdir -p "$dir"
   cat >"$dir/server.properties" <<PROPS
 # Written by scripts/stack.sh (node $n of $KAFKA_NODES); edits are overwritten.
 process.roles=broker,controller
 node.id=$n
 controller.quorum.voters=$voters
-listeners=PLAINTEXT://127.0.0.1:$(client_port "$n"),CONTROLLER://127.0.0.1:$(controller_port "$n")
-advertised.listeners=PLAINTEXT://127.0.0.1:$(client_port "$n")
+listeners=PLAINTEXT://$(node_host "$n"):$(client_port "$n"),CONTROLLER://$(node_host "$n"):$(controller_port "$n")
+advertised.listeners=PLAINTEXT://$(node_host "$n"):$(client_port "$n")
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
@@ -267,18 +281,18 @@ start_node() {
   dir=$(node_dir "$n")
   log=$LOGS/kafka-$n.log
   rm -f "$dir/pid" # stale after a kill -9
-  port_open "$(client_port "$n")" && die "port $(client_port "$n") is taken by another process; set STACK_KAFKA_PORT"
+  port_open "$(node_host "$n")" "$(client_port "$n")" && die "port $(client_port "$n") is taken by another process; set STACK_KAFKA_PORT"
   touch "$log"
   offset=$(stat -c %s "$log")
   echo "$offset" >"$dir/log-offset"
-  # shellcheck disable=SC2046 # java_props is word-split on purpose
-  nohup java -Xms"$KAFKA_HEAP" -Xmx"$KAFKA_HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+  # shellcheck disable=SC2046 # java_props and node_exec are word-split on purpose
+  nohup $(node_exec "$n") java -Xms"$KAFKA_HEAP" -Xmx"$KAFKA_HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
     -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent \
     $(java_props "$ROOT/scripts/kafka/log4j2.properties") \
     -cp "$KAFKA_LIBS/*" kafka.Kafka "$dir/server.properties" >>"$log" 2>&1 </dev/null &
   pid=$!
   echo "$pid" >"$dir/pid"
-  log "started kafka node $n (pid $pid) on 127.0.0.1:$(client_port "$n")"
+  log "started kafka node $n (pid $pid) on $(node_host "$n"):$(client_port "$n")"
 }
 
 # A node is ready once it logged "Kafka Server started" since its last start:
@@ -300,7 +314,17 @@ wait_node_ready() {
 
 kafka_up() {
   ensure_kafka
+  local want=${STACK_NET:-$NET} want_prefix=${STACK_NET_PREFIX:-$NET_PREFIX}
+  if [ "$want $want_prefix" != "$NET $NET_PREFIX" ] && [ -f "$KAFKA_DIR/cluster-id" ]; then
+    log "the cluster runs on $NET, STACK_NET asks for $want: restarting it there on fresh storage"
+    kafka_down
+    [ "$NET" = netns ] && net_down
+    rm -rf "$KAFKA_DIR"/node-* "$KAFKA_DIR/cluster-id" "$KAFKA_DIR/nodes"
+  fi
+  NET=$want NET_PREFIX=$want_prefix
   mkdir -p "$KAFKA_DIR" "$LOGS"
+  echo "$NET $NET_PREFIX" >"$KAFKA_DIR/net"
+  net_up
   if [ -f "$KAFKA_DIR/nodes" ] && [ "$(cat "$KAFKA_DIR/nodes")" != "$KAFKA_NODES" ]; then
     die "$KAFKA_DIR holds a cluster of $(cat "$KAFKA_DIR/nodes") nodes, STACK_KAFKA_NODES asks for $KAFKA_NODES; stop the stack and delete $KAFKA_DIR to change it"
   fi
@@ -488,14 +512,19 @@ crash() {
 }
 
 case "${1:-}" in
-  up) pg_up; if [ "$WITH_KAFKA" = 1 ]; then kafka_up; fi; write_env ;;
-  down) kafka_down; pg_down ;;
+  up)
+    # The network faults' firewall (chaos, its tests) comes with the stack, as root.
+    if [ "$(id -u)" = 0 ] && ! command -v iptables >/dev/null 2>&1; then ensure_net_tools; fi
+    pg_up; if [ "$WITH_KAFKA" = 1 ]; then kafka_up; fi; write_env ;;
+  down) kafka_down; if [ "$NET" = netns ]; then net_down; else net_heal_all quiet; fi; pg_down ;;
   status)
     if find_pg_bin && pg_running; then echo "postgres: running on 127.0.0.1:$PG_PORT"; else echo "postgres: stopped"; fi
     for n in $(seq 1 "$KAFKA_NODES"); do
-      if node_pid "$n" >/dev/null; then echo "kafka node $n: running on 127.0.0.1:$(client_port "$n")"; else echo "kafka node $n: stopped"; fi
-    done ;;
+      if node_pid "$n" >/dev/null; then echo "kafka node $n: running on $(node_host "$n"):$(client_port "$n")"; else echo "kafka node $n: stopped"; fi
+    done
+    net_status ;;
   crash) shift; crash "$@" ;;
   pause) shift; pause "$@" ;;
-  *) echo "usage: $0 up|down|status|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]" >&2; exit 2 ;;
+  net) shift; net_cmd "$@" ;;
+  *) echo "usage: $0 up|down|status|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]|net partition|lag|cut|heal|status ..." >&2; exit 2 ;;
 esac

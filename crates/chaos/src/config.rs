@@ -61,6 +61,31 @@ pub enum Fault {
     /// then passes it on: the receiver applies it, the sender has given up on
     /// the attempt, and its retry is a duplicate.
     ReceiverSlow,
+    /// A partitioned leader: the Kafka node that leads most of the topic's
+    /// partitions drops every packet to and from the other two nodes for
+    /// `--net-fault-ms`, while clients still reach it (`STACK_SCRIPT net
+    /// partition`). Its followers fall out of sync, the controller moves
+    /// leadership away; a send it took meanwhile cannot reach
+    /// `min.insync.replicas` and is retried elsewhere. Needs the cluster in
+    /// network namespaces (`STACK_NET=netns`).
+    BrokerPartition,
+    /// Every TCP packet between the services and the Kafka nodes held back
+    /// (a round trip longer by a draw from `--net-delay-ms`) and some dropped
+    /// (a draw from `--net-loss-pct`, each way) for `--net-fault-ms`, by
+    /// chaos's own delay line on an NFQUEUE (`STACK_SCRIPT net lag`; the
+    /// kernels here have no netem). Needs `STACK_NET=netns`.
+    NetLag,
+    /// One relay instance (one that published just before, so it holds shard
+    /// leases) cut off from every Kafka node for `--net-fault-ms`, while it
+    /// still reaches PostgreSQL and so keeps its leases (`STACK_SCRIPT net
+    /// cut`, on the instance's own cgroup): its sends time out and its rows
+    /// stay pending, none is marked published.
+    RelayCut,
+    /// One payments instance (one that consumed just before) cut off from
+    /// PostgreSQL for `--net-fault-ms`, with its transactions in flight; its
+    /// Kafka session goes on, so it keeps its partitions and nothing of them
+    /// is applied until the cut heals.
+    PaymentsDbCut,
 }
 
 impl Fault {
@@ -77,7 +102,28 @@ impl Fault {
             Self::ReceiverDown => "receiver-down",
             Self::ReceiverErrors => "receiver-errors",
             Self::ReceiverSlow => "receiver-slow",
+            Self::BrokerPartition => "broker-partition",
+            Self::NetLag => "net-lag",
+            Self::RelayCut => "relay-cut",
+            Self::PaymentsDbCut => "payments-db-cut",
         }
+    }
+
+    /// Whether this fault cuts one instance off (each instance then runs in
+    /// a cgroup of its own, which the firewall rule matches).
+    pub fn cuts_one_instance(self) -> bool {
+        matches!(self, Self::RelayCut | Self::PaymentsDbCut)
+    }
+
+    /// Whether this fault needs the Kafka nodes in network namespaces
+    /// (`STACK_NET=netns`).
+    pub fn needs_netns(self) -> bool {
+        matches!(self, Self::BrokerPartition | Self::NetLag)
+    }
+
+    /// Whether this is a network fault (root, iptables, `STACK_SCRIPT net`).
+    pub fn is_network(self) -> bool {
+        self.cuts_one_instance() || self.needs_netns()
     }
 
     /// Whether this fault exists only with `--transport http`.
@@ -200,7 +246,9 @@ pub struct Config {
     pub kill_interval_ms: (u64, u64),
 
     /// Infrastructure faults (comma list of pg-crash, broker-kill,
-    /// broker-quorum-loss, broker-pause, relay-pause, offset-reset; with --transport http also receiver-down,
+    /// broker-quorum-loss, broker-pause, relay-pause, offset-reset,
+    /// payments-scale, the network's broker-partition, net-lag, relay-cut and
+    /// payments-db-cut; with --transport http also receiver-down,
     /// receiver-errors, receiver-slow), injected one at a time in turn, each after
     /// a pause drawn from `--fault-interval-ms`, while the load runs. Chaos
     /// does not restart the services for them (offset-reset excepted: see
@@ -237,9 +285,32 @@ pub struct Config {
     #[arg(long, env = "CHAOS_RELAY_PAUSE_MS", default_value_t = 12_000)]
     pub relay_pause_ms: u64,
 
+    /// How long the network faults last (broker-partition, net-lag, relay-cut,
+    /// payments-db-cut), in milliseconds.
+    #[arg(long, env = "CHAOS_NET_FAULT_MS", default_value_t = 15_000)]
+    pub net_fault_ms: u64,
+
+    /// net-lag: the time added to a round trip between the services and the
+    /// Kafka nodes (half each way), drawn per fault from MIN..MAX
+    /// milliseconds.
+    #[arg(long, env = "CHAOS_NET_DELAY_MS", value_name = "MIN..MAX",
+          default_value = "50..200", value_parser = parse_range)]
+    pub net_delay_ms: (u64, u64),
+
+    /// net-lag: the share of packets dropped each way, drawn per fault from
+    /// MIN..MAX percent.
+    #[arg(long, env = "CHAOS_NET_LOSS_PCT", value_name = "MIN..MAX",
+          default_value = "1..5", value_parser = parse_range)]
+    pub net_loss_pct: (u64, u64),
+
+    /// net-lag: the NFQUEUE number chaos's delay line reads.
+    #[arg(long, env = "CHAOS_NET_QUEUE", default_value_t = 4077)]
+    pub net_queue: u16,
+
     /// The script that crashes and restarts PostgreSQL and the Kafka nodes:
-    /// `SCRIPT crash postgres|broker|quorum DOWN_MS` and `SCRIPT pause broker
-    /// MS` (the embedded stack's
+    /// `SCRIPT crash postgres|broker|quorum DOWN_MS`, `SCRIPT pause broker
+    /// MS` and the network faults' `SCRIPT net partition|lag|cut|heal ...`
+    /// (the embedded stack's
     /// `scripts/stack.sh` has it; for another stack, write one that does the
     /// same).
     #[arg(long, env = "CHAOS_STACK_SCRIPT", default_value = "scripts/stack.sh")]
@@ -524,6 +595,9 @@ impl Config {
                 Fault::BrokerPause,
                 Fault::OffsetReset,
                 Fault::PaymentsScale,
+                Fault::BrokerPartition,
+                Fault::NetLag,
+                Fault::RelayCut,
             ] {
                 if self.fault.contains(&fault) {
                     return Err(format!(
@@ -543,6 +617,12 @@ impl Config {
             return Err(format!(
                 "--relay-pause-ms must be at least 2000 (the relay's idle limit is half of it), got {}",
                 self.relay_pause_ms
+            ));
+        }
+        if self.net_loss_pct.1 > 100 {
+            return Err(format!(
+                "--net-loss-pct is a percentage, at most 100, got {}",
+                self.net_loss_pct.1
             ));
         }
         if self.fault.contains(&Fault::PaymentsScale) {

@@ -1,7 +1,10 @@
 //! Infrastructure faults (`--fault`): PostgreSQL crashed, one Kafka node
 //! killed, two of three killed (quorum loss), one paused out of the ISR, the
-//! relay hung, the consumer group's offsets reset. One at a time, in
-//! turn, while the load runs. Chaos does not restart the services for them
+//! relay hung, the consumer group's offsets reset, the payments group
+//! scaled; and the network's: a Kafka node partitioned from the others,
+//! latency and loss between the services and the nodes, a relay cut off
+//! from the nodes, a payments instance cut off from PostgreSQL. One at a
+//! time, in turn, while the load runs. Chaos does not restart the services for them
 //! (offset-reset excepted, see [`Fault::OffsetReset`]): the point is that
 //! they recover by themselves. Each fault is recorded with its outage (from
 //! the injection to the component being back) and its recovery (from the
@@ -22,7 +25,9 @@ use serde::Serialize;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
+use crate::cgroup::Groups;
 use crate::config::{Config, Fault};
+use crate::netlag::{DelayLine, Lag};
 use crate::proxy::{Mode as ProxyMode, Proxy};
 use crate::supervisor::Supervisor;
 
@@ -56,6 +61,17 @@ pub struct FaultRecord {
     pub inbox_hits: Option<u64>,
 }
 
+/// What the faults act on besides the services: the webhook proxy
+/// (`--transport http`) and the instances' cgroups (relay-cut,
+/// payments-db-cut).
+#[derive(Clone, Default)]
+pub struct Levers {
+    /// Chaos's proxy in front of the webhook receiver.
+    pub proxy: Option<Arc<Proxy>>,
+    /// One cgroup per instance.
+    pub groups: Option<Arc<Groups>>,
+}
+
 /// Injects `config.fault` in turn until `faults` is cancelled or
 /// `--fault-count` faults were injected; returns what happened. `bin_dir`
 /// holds `kafka-tool` (offset-reset runs it).
@@ -63,7 +79,7 @@ pub async fn run(
     config: Config,
     bin_dir: PathBuf,
     supervisors: Vec<Arc<Supervisor>>,
-    proxy: Option<Arc<Proxy>>,
+    levers: Levers,
     t0: Instant,
     faults: CancellationToken,
 ) -> Vec<FaultRecord> {
@@ -71,6 +87,11 @@ pub async fn run(
     let kinds = config.fault.clone();
     if kinds.is_empty() {
         return records;
+    }
+    let network = kinds.iter().any(|f| f.is_network());
+    if network {
+        // What a chaos killed mid-fault may have left.
+        heal(&config.stack_script).await;
     }
     let payments: Vec<Arc<Supervisor>> = supervisors
         .iter()
@@ -107,16 +128,7 @@ pub async fn run(
         };
         tracing::info!(fault = fault.as_str(), "injecting");
         eprintln!("chaos: fault {}", fault.as_str());
-        match inject(
-            &config,
-            &bin_dir,
-            &supervisors,
-            proxy.as_deref(),
-            fault,
-            round,
-        )
-        .await
-        {
+        match inject(&config, &bin_dir, &supervisors, &levers, fault, round).await {
             Ok(note) => {
                 record.note = note;
                 record.outage_ms = Some(injected.elapsed().as_millis() as u64);
@@ -151,17 +163,41 @@ pub async fn run(
         }
         records.push(record);
     }
+    if network {
+        heal(&config.stack_script).await;
+    }
     records
+}
+
+/// Before a run with network faults: whether the stack can make them
+/// (`SCRIPT net check [netns]`: root, iptables, and the Kafka nodes in
+/// network namespaces for broker-partition and net-lag).
+pub async fn preflight(config: &Config) -> anyhow::Result<()> {
+    if !config.fault.iter().any(|f| f.is_network()) {
+        return Ok(());
+    }
+    let netns = config.fault.iter().any(|f| f.needs_netns());
+    let mut args = vec!["net", "check"];
+    args.extend(netns.then_some("netns"));
+    stack_run(&config.stack_script, &args).await.map(drop)
+}
+
+/// `SCRIPT net heal`: no network fault rule left; a failure is only logged.
+async fn heal(script: &Path) {
+    if let Err(error) = stack_run(script, &["net", "heal"]).await {
+        tracing::warn!(error = format!("{error:#}"), "net heal");
+    }
 }
 
 async fn inject(
     config: &Config,
     bin_dir: &Path,
     supervisors: &[Arc<Supervisor>],
-    proxy: Option<&Proxy>,
+    levers: &Levers,
     fault: Fault,
     round: usize,
 ) -> anyhow::Result<Option<String>> {
+    let net_ms = config.net_fault_ms.to_string();
     let instances = |name: ServiceName| -> Vec<&Arc<Supervisor>> {
         supervisors.iter().filter(|s| s.name() == name).collect()
     };
@@ -182,7 +218,7 @@ async fn inject(
             &["pause", "broker", &config.broker_pause_ms.to_string()],
         )
         .await
-        .map(|()| None),
+        .map(|_| None),
         Fault::RelayPause => {
             // One relay, drawn among the instances; between two lives (a
             // crash point just fired) there is none to stop: wait for the next.
@@ -235,7 +271,10 @@ async fn inject(
             Ok(None)
         }
         Fault::ReceiverErrors | Fault::ReceiverSlow => {
-            let proxy = proxy.context("no webhook proxy (--transport http)")?;
+            let proxy = levers
+                .proxy
+                .as_deref()
+                .context("no webhook proxy (--transport http)")?;
             proxy.set(if fault == Fault::ReceiverErrors {
                 ProxyMode::Errors
             } else {
@@ -245,7 +284,91 @@ async fn inject(
             proxy.set(ProxyMode::Pass);
             Ok(None)
         }
+        // It says which node it cut off.
+        Fault::BrokerPartition => stack_run(&config.stack_script, &["net", "partition", &net_ms])
+            .await
+            .map(|said| (!said.is_empty()).then_some(said)),
+        Fault::NetLag => net_lag(config).await.map(Some),
+        Fault::RelayCut | Fault::PaymentsDbCut => {
+            let (service, target) = if fault == Fault::RelayCut {
+                (ServiceName::Relay, "brokers")
+            } else {
+                (ServiceName::Payments, "postgres")
+            };
+            let groups = levers
+                .groups
+                .as_deref()
+                .context("the instances run in no cgroup of their own")?;
+            let victim = busy_one(&instances(service)).await?;
+            let group = groups.path(victim.label());
+            stack_run(
+                &config.stack_script,
+                &["net", "cut", &group, target, &net_ms],
+            )
+            .await?;
+            Ok(Some(format!("{} cut off from {target}", victim.label())))
+        }
     }
+}
+
+/// One of `instances` that worked in the last second (its work counter
+/// moved: a relay holding shard leases, a consumer with partitions), drawn at
+/// random; any running one when none did.
+async fn busy_one<'a>(instances: &[&'a Arc<Supervisor>]) -> anyhow::Result<&'a Arc<Supervisor>> {
+    if instances.is_empty() {
+        bail!("no such service in this run");
+    }
+    let marks: Vec<(usize, f64)> = instances.iter().map(|s| s.progress_mark()).collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let busy: Vec<&Arc<Supervisor>> = instances
+        .iter()
+        .zip(&marks)
+        .filter(|(s, mark)| s.moved_since(**mark))
+        .map(|(s, _)| *s)
+        .collect();
+    let pool = if busy.is_empty() {
+        instances.to_vec()
+    } else {
+        busy
+    };
+    Ok(pool[rand::rng().random_range(0..pool.len())])
+}
+
+/// net-lag: the delay line on `--net-queue`, the stack's rule that feeds it
+/// for `--net-fault-ms`, then the rule off and the line stopped. Says the
+/// draw and what the line did.
+async fn net_lag(config: &Config) -> anyhow::Result<String> {
+    let (rtt_ms, loss_pct) = {
+        let mut rng = rand::rng();
+        (
+            rng.random_range(config.net_delay_ms.0..=config.net_delay_ms.1),
+            rng.random_range(config.net_loss_pct.0..=config.net_loss_pct.1),
+        )
+    };
+    let lag = Lag {
+        one_way: Duration::from_millis(rtt_ms) / 2,
+        loss: loss_pct as f64 / 100.0,
+    };
+    let queue = config.net_queue.to_string();
+    let line = DelayLine::start(config.net_queue, lag)
+        .with_context(|| format!("bind NFQUEUE {queue} (root only, one reader per queue)"))?;
+    let script = &config.stack_script;
+    let on = stack_run(script, &["net", "lag", "on", &queue]).await;
+    if on.is_ok() {
+        tokio::time::sleep(Duration::from_millis(config.net_fault_ms)).await;
+    }
+    let off = stack_run(script, &["net", "lag", "off", &queue]).await;
+    let stats = tokio::task::spawn_blocking(move || line.stop())
+        .await
+        .context("the delay line's thread")?
+        .context("the delay line")?;
+    on?;
+    off?;
+    Ok(format!(
+        "round trip +{rtt_ms} ms, loss {loss_pct}% each way: {} packets held and passed, {} \
+         dropped, at most {} held at once",
+        stats.passed, stats.dropped, stats.most_held
+    ))
 }
 
 /// Waits until the group has settled (its running members own all
@@ -345,12 +468,14 @@ fn release_all(instances: &[&Arc<Supervisor>]) {
 /// `SCRIPT crash WHAT DOWN_MS`: the stack's own way to crash and restart one
 /// component.
 async fn stack_crash(script: &Path, what: &str, down_ms: u64) -> anyhow::Result<()> {
-    stack_run(script, &["crash", what, &down_ms.to_string()]).await
+    stack_run(script, &["crash", what, &down_ms.to_string()])
+        .await
+        .map(drop)
 }
 
-/// `SCRIPT ARGS…`: one of the stack's fault commands; an error carries its
-/// standard error.
-async fn stack_run(script: &Path, args: &[&str]) -> anyhow::Result<()> {
+/// `SCRIPT ARGS…`: one of the stack's fault commands; what it printed on its
+/// standard output, trimmed; an error carries its standard error.
+async fn stack_run(script: &Path, args: &[&str]) -> anyhow::Result<String> {
     let command = args.join(" ");
     let output = Command::new(script)
         .args(args)
@@ -366,7 +491,7 @@ async fn stack_run(script: &Path, args: &[&str]) -> anyhow::Result<()> {
             String::from_utf8_lossy(&output.stderr).trim()
         );
     }
-    Ok(())
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
 /// `kafka-tool offsets reset --group GROUP --to earliest --wait 60s`: commits

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use effectively::contract::ServiceName;
 
+use crate::cgroup::Groups;
 use crate::config::Config;
 use crate::faults;
 use crate::proxy::Proxy;
@@ -60,6 +61,7 @@ pub async fn run(mut config: Config, interrupt: CancellationToken) -> anyhow::Re
             );
         }
     }
+    faults::preflight(&config).await?;
     std::fs::create_dir_all(&config.out)
         .with_context(|| format!("create {}", config.out.display()))?;
     let out = config.out.canonicalize().context("resolve --out")?;
@@ -69,17 +71,25 @@ pub async fn run(mut config: Config, interrupt: CancellationToken) -> anyhow::Re
         let _ = std::fs::remove_file(out.join(format!("{}.log", instance.label())));
     }
 
+    // relay-cut, payments-db-cut: each instance in a cgroup of its own.
+    let groups = if config.fault.iter().any(|f| f.cuts_one_instance()) {
+        let labels: Vec<String> = instances.iter().map(|i| i.label()).collect();
+        Some(Arc::new(Groups::create(&labels)?))
+    } else {
+        None
+    };
+
     let t0 = Instant::now();
     let calm = Arc::new(AtomicBool::new(false));
     let stop = CancellationToken::new();
     let supervisors: Vec<Arc<Supervisor>> = instances
         .iter()
         .map(|&instance| {
-            Arc::new(Supervisor::new(
-                spec::service(&config, &bin_dir, &out, instance),
-                calm.clone(),
-                t0,
-            ))
+            let mut spec = spec::service(&config, &bin_dir, &out, instance);
+            if let Some(groups) = &groups {
+                (spec.program, spec.args) = groups.wrap(&spec.label, &spec.program);
+            }
+            Arc::new(Supervisor::new(spec, calm.clone(), t0))
         })
         .collect();
     print_plan(&config, &out);
@@ -109,7 +119,10 @@ pub async fn run(mut config: Config, interrupt: CancellationToken) -> anyhow::Re
         bin_dir: &bin_dir,
         out: &out,
         supervisors: &supervisors,
-        proxy: proxy.as_ref().map(|(p, _)| p),
+        levers: faults::Levers {
+            proxy: proxy.as_ref().map(|(p, _)| p.clone()),
+            groups: groups.clone(),
+        },
     };
     let outcome = drive(&config, &stage, &calm, &interrupt, t0).await;
 
@@ -171,12 +184,12 @@ pub async fn run(mut config: Config, interrupt: CancellationToken) -> anyhow::Re
 }
 
 /// What a run's drive works on: the binaries, the output directory, the
-/// services, and the webhook proxy (`--transport http`).
+/// services, and what the faults act on besides them.
 struct Stage<'a> {
     bin_dir: &'a Path,
     out: &'a Path,
     supervisors: &'a [Arc<Supervisor>],
-    proxy: Option<&'a Arc<Proxy>>,
+    levers: faults::Levers,
 }
 
 /// Start-up, load with faults, calm drain, recon.
@@ -191,7 +204,7 @@ async fn drive(
         bin_dir,
         out,
         supervisors,
-        proxy,
+        ref levers,
     } = *stage;
     let deadline = Instant::now() + Duration::from_secs(config.ready_timeout);
     while !supervisors.iter().all(|s| s.ready()) {
@@ -228,7 +241,7 @@ async fn drive(
         config.clone(),
         bin_dir.to_path_buf(),
         supervisors.to_vec(),
-        proxy.cloned(),
+        levers.clone(),
         t0,
         faults.clone(),
     ));

@@ -116,6 +116,7 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, instance: Instance) 
     Spec {
         name,
         program: bin_dir.join(name.as_str()),
+        args: Vec::new(),
         env,
         armed_env,
         crash_point,

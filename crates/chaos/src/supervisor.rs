@@ -32,8 +32,11 @@ pub struct Spec {
     /// Which instance of it, as logs and the summary name it
     /// (`config::Instance::label`: `relay`, or `relay-2` of several).
     pub label: String,
-    /// The binary.
+    /// The binary (or what starts it: a shell that joins the instance's
+    /// cgroup first, see [`crate::cgroup`]).
     pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<std::ffi::OsString>,
     /// Environment of every life.
     pub env: Vec<(String, String)>,
     /// Extra environment while faults are on (the armed crash point).
@@ -344,7 +347,8 @@ impl Supervisor {
             .open(&self.spec.log)
             .with_context(|| format!("open {}", self.spec.log.display()))?;
         let mut cmd = Command::new(&self.spec.program);
-        cmd.envs(self.spec.env.iter().map(|(k, v)| (k, v)))
+        cmd.args(&self.spec.args)
+            .envs(self.spec.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().context("log file")?)
             .stderr(log)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Experiment 10: scale-out — every service as several instances on the real
 # cluster, the payments consumer group scaled up and down under load (its
-# partitions moving with batches in flight), kill -9 of any instance. See
-# README.md beside this file.
+# partitions moving with batches in flight), kill -9 of any instance, and
+# faults on the network (the cluster in network namespaces). See README.md
+# beside this file.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 HERE=$ROOT/experiments/exp-10-scale-out
@@ -18,17 +19,25 @@ if [ "$MODE" = quick ]; then
   RATE=${EXP_RATE:-150} DURATION=${EXP_DURATION:-30} MAX_DURATION=${EXP_MAX_DURATION:-240}
   STEPS=4 MIN_KILLS=20 KILL_DURATION=${EXP_KILL_DURATION:-40}
   SCALE_RUNS=(scale-dynamic)
+  NET_FAULTS=4 NET_FAULT_MS=10000
 else
   RATE=${EXP_RATE:-300} DURATION=${EXP_DURATION:-300} MAX_DURATION=${EXP_MAX_DURATION:-1200}
   STEPS=16 MIN_KILLS=400 KILL_DURATION=${EXP_KILL_DURATION:-600}
   SCALE_RUNS=(scale-dynamic scale-static)
+  NET_FAULTS=12 NET_FAULT_MS=15000
 fi
+
+# EXP10_PARTS (a list of scale, instances, network; default all three) runs
+# only those parts, e.g. EXP10_PARTS=network EXP_RES_NAME=full-network.
+PARTS=${EXP10_PARTS:-scale instances network}
+part() { [[ " ${PARTS//,/ } " == *" $1 "* ]]; }
 
 # The scale runs: 2 orders, 2 relays, 6 payments (one per partition of the
 # topic); the group scaled 6 -> 1 -> 6 -> 2 -> 6 ... in turn, a member killed
 # mid-batch now and then (crash point effect). No kills from outside: a
 # killed member's partitions wait out its session (10 s), which would hide
 # what a clean step costs.
+part scale || SCALE_RUNS=()
 for tag in "${SCALE_RUNS[@]}"; do
   static=false
   [ "$tag" = scale-static ] && static=true
@@ -40,9 +49,31 @@ done
 
 # Every service as several instances, every instance open to kill -9 (its
 # crash points and from outside), duplicates injected.
-exp_chaos instances --orders 2 --relays 3 --payments 3 --rate "$RATE" --duration "$KILL_DURATION" \
+part instances && exp_chaos instances --orders 2 --relays 3 --payments 3 --rate "$RATE" --duration "$KILL_DURATION" \
   --seed 10 "${CLIENT[@]}" --dup-rate 0.05 \
   --crash-point commit,publish,claim,effect --crash-probability 0.005 \
   --random-kill orders,relay,payments --kill-interval-ms 700..1500 || true
 
-python3 "$ROOT/experiments/lib/exp10.py" "$RES" "$MODE" "$MIN_KILLS" "$STEPS"
+# The network: the Kafka nodes each in a network namespace of its own
+# (the cluster restarted there on fresh storage), then faults on the wire
+# under load, in turn: a partitioned leader, latency and loss between the
+# services and the nodes, a relay cut off from the nodes holding its leases,
+# a payments instance cut off from PostgreSQL mid-transaction. The stack goes
+# back to the network it was on at the end.
+if ! part network; then
+  NET_FAULTS=0
+elif [ -n "${STACK_ENV_FILE:-}" ]; then
+  NET_FAULTS=0
+  say "network run skipped: it needs the embedded stack (STACK_ENV_FILE is set)"
+else
+  was=$(cut -d' ' -f1 "${STACK_DIR:-$ROOT/.stack}/kafka/net" 2>/dev/null || echo loopback)
+  restore() { say "stack back on $was"; env -u KAFKA_TOPIC STACK_NET="$was" "$ROOT/scripts/stack.sh" up >/dev/null || true; }
+  [ "$was" = netns ] || trap restore EXIT
+  STACK_NET=netns pipeline_stack
+  exp_chaos network --orders 1 --relays 2 --payments 3 --rate "$RATE" --duration "$DURATION" \
+    --max-duration "$MAX_DURATION" --seed 10 "${CLIENT[@]}" --dup-rate 0.02 \
+    --fault broker-partition,net-lag,relay-cut,payments-db-cut --fault-count "$NET_FAULTS" \
+    --fault-interval-ms 3000..6000 --net-fault-ms "$NET_FAULT_MS" || true
+fi
+
+python3 "$ROOT/experiments/lib/exp10.py" "$RES" "$MODE" "$MIN_KILLS" "$STEPS" "$NET_FAULTS" "${PARTS// /,}"

@@ -1,12 +1,15 @@
 """Experiment 10's verdict from chaos's summaries in RES: every service as
 several instances, the payments group scaled up and down under load, kill -9
-of any instance; the checks, a digest per run in RES/summary.json, one line
-per run; exit 0 on PASS.
+of any instance, faults on the network; the checks, a digest per run in
+RES/summary.json, one line per run; exit 0 on PASS.
 
-Usage: python3 experiments/lib/exp10.py RES MODE MIN_KILLS
-(run.sh passes them; run it alone to judge results again).
+Usage: python3 experiments/lib/exp10.py RES MODE MIN_KILLS MIN_STEPS [NET_FAULTS [PARTS]]
+(run.sh passes them; run it alone to judge results again). NET_FAULTS 0, or
+none given, judges no network run. PARTS (comma list of scale, instances,
+network; default all) judges only those runs (EXP10_PARTS in run.sh).
 """
 import os
+import re
 import sys
 
 from common import (chaos_intents, chaos_report, exit_code, load_json, print_checks, verdict,
@@ -16,6 +19,8 @@ from common import (chaos_intents, chaos_report, exit_code, load_json, print_che
 # static group membership) and the run with every service killed.
 SCALE_RUNS = {"quick": ["scale-dynamic"], "full": ["scale-dynamic", "scale-static"]}
 KILL_RUN = "instances"
+NETWORK_RUN = "network"
+NETWORK_FAULTS = ["broker-partition", "net-lag", "relay-cut", "payments-db-cut"]
 SERVICES = ["orders", "relay", "payments"]
 
 
@@ -75,6 +80,36 @@ def scale_checks(c, tag, min_steps):
     }
 
 
+def network_log(c):
+    """The network faults of run C: (fault, note, outage ms, recovery ms,
+    inbox hits, error)."""
+    return [(r.get("fault"), r.get("note"), r.get("outage_ms"), r.get("recovery_ms"),
+             r.get("inbox_hits"), r.get("error"))
+            for r in c.get("fault_log") or [] if r.get("fault") in NETWORK_FAULTS]
+
+
+def network_checks(c, tag, min_faults):
+    """At least MIN_FAULTS network faults, every kind among them, none that
+    could not be made; the pipeline moved on after each (the run's last may
+    have its recovery cut short by the end of the load); the delay line held
+    packets back and dropped some."""
+    log = network_log(c)
+    last = (c.get("fault_log") or [None])[-1]
+    last_fault = last.get("fault") if last else None
+    unobserved = 1 if log and log[-1][0] == last_fault and log[-1][3] is None and log[-1][5] is None else 0
+    dropped = [int(m.group(1)) for f, note, *_ in log if f == "net-lag"
+               for m in [re.search(r"(\d+) dropped", note or "")] if m]
+    return {
+        f"{tag}: at least {min_faults} network faults, each kind": (
+            len(log) >= min_faults and {f for f, *_ in log} >= set(NETWORK_FAULTS)),
+        f"{tag}: every network fault was made (no error)": all(e is None for *_, e in log),
+        f"{tag}: the pipeline moved on after every network fault": (
+            sum(1 for r in log if r[3] is not None) + unobserved == len(log)),
+        f"{tag}: the delay line dropped packets in every net-lag": (
+            bool(dropped) and all(d > 0 for d in dropped)),
+    }
+
+
 def kill_checks(c, tag, min_kills):
     """Every service's instances were killed, MIN_KILLS in all."""
     checks = {f"{tag}: at least {min_kills} kill -9 over all instances": c.get("kills_total", 0) >= min_kills}
@@ -97,6 +132,7 @@ def digest(c):
         "instances": {s: [(i.get("label"), i.get("lives")) for i in (services.get(s) or {}).get("instances") or []]
                       for s in SERVICES},
         "scale_steps": scale_steps(c),
+        "network_faults": network_log(c),
         "targets": load.get("targets"),
         "latency_ms": (load.get("latency_ms") or {}).get("all"),
         "inbox_hits": (c.get("totals") or {}).get("inbox_hits"),
@@ -105,20 +141,37 @@ def digest(c):
     }
 
 
-def judge(runs, mode, min_kills, min_steps):
-    """The summary of the RUNS (tag -> chaos summary) of MODE."""
+PARTS = ("scale", "instances", "network")
+
+
+def tags(mode, net_faults, parts=PARTS):
+    """The runs PARTS of MODE make (the network run only with NET_FAULTS)."""
+    return ((SCALE_RUNS[mode] if "scale" in parts else []) + ([KILL_RUN] if "instances" in parts else [])
+            + ([NETWORK_RUN] if net_faults and "network" in parts else []))
+
+
+def judge(runs, mode, min_kills, min_steps, net_faults=0, parts=PARTS):
+    """The summary of the RUNS (tag -> chaos summary) of MODE's PARTS; with
+    NET_FAULTS, the network run's too."""
     checks, digests = {}, {}
-    for tag in SCALE_RUNS[mode]:
+    for tag in SCALE_RUNS[mode] if "scale" in parts else []:
         c = runs[tag]
         checks.update(correct(c, tag))
         checks.update(instances_used(c, tag))
         checks.update(scale_checks(c, tag, min_steps))
         digests[tag] = digest(c)
-    c = runs[KILL_RUN]
-    checks.update(correct(c, KILL_RUN))
-    checks.update(instances_used(c, KILL_RUN))
-    checks.update(kill_checks(c, KILL_RUN, min_kills))
-    digests[KILL_RUN] = digest(c)
+    if "instances" in parts:
+        c = runs[KILL_RUN]
+        checks.update(correct(c, KILL_RUN))
+        checks.update(instances_used(c, KILL_RUN))
+        checks.update(kill_checks(c, KILL_RUN, min_kills))
+        digests[KILL_RUN] = digest(c)
+    if net_faults and "network" in parts:
+        c = runs[NETWORK_RUN]
+        checks.update(correct(c, NETWORK_RUN))
+        checks.update(instances_used(c, NETWORK_RUN))
+        checks.update(network_checks(c, NETWORK_RUN, net_faults))
+        digests[NETWORK_RUN] = digest(c)
     return {"experiment": "exp-10-scale-out", "mode": mode, "runs": digests, "checks": checks,
             "verdict": verdict(checks)}
 
@@ -128,20 +181,34 @@ def run_line(tag, run):
     inst = ", ".join(f"{s} x{len(run['instances'][s])}" for s in SERVICES)
     steps = "; ".join(f"{n}: settled in {o} ms, moving in {r} ms, {h} inbox hits"
                       for n, o, r, h in run["scale_steps"])
+    net = "; ".join(f"{f}" + (f" ({n})" if n else "") + f": {o} ms"
+                    + (f", moving {r - o} ms after it ended" if r is not None and o is not None else "")
+                    + f", {h} inbox hits" + (f", ERROR {e}" if e else "")
+                    for f, n, o, r, h, e in run.get("network_faults") or [])
     return (f"exp-10 {tag}: {inst}; {run['kills_total']} kill -9"
             + (f"; {steps}" if steps else "")
+            + (f"; {net}" if net else "")
             + f"; {run['distinct_orders']} orders, recon exit {run['recon_exit']}")
 
 
 def main(argv):
-    """Judge RES (argv: RES MODE MIN_KILLS MIN_STEPS); the exit status."""
+    """Judge RES (argv: RES MODE MIN_KILLS MIN_STEPS [NET_FAULTS]); the exit status."""
     res, mode, min_kills, min_steps = argv[0], argv[1], int(argv[2]), int(argv[3])
-    runs = {tag: load_json(os.path.join(res, f"{tag}.json")) for tag in SCALE_RUNS[mode] + [KILL_RUN]}
+    net_faults = int(argv[4]) if len(argv) > 4 else 0
+    parts = tuple(argv[5].split(",")) if len(argv) > 5 and argv[5] else PARTS
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        print(f"exp-10: unknown parts {sorted(unknown)}: choose among {', '.join(PARTS)}")
+        return 2
+    if not tags(mode, net_faults, parts):
+        print(f"exp-10: FAIL nothing to judge (parts {','.join(parts)}, {net_faults} network faults)")
+        return 1
+    runs = {tag: load_json(os.path.join(res, f"{tag}.json")) for tag in tags(mode, net_faults, parts)}
     missing = [tag for tag, c in runs.items() if c is None]
     if missing:
         print(f"exp-10: FAIL chaos summaries missing in {res}: {missing} (see its logs/)")
         return 1
-    s = judge(runs, mode, min_kills, min_steps)
+    s = judge(runs, mode, min_kills, min_steps, net_faults, parts)
     write_json(os.path.join(res, "summary.json"), s)
     print_checks(s["checks"])
     for tag, run in s["runs"].items():

@@ -86,6 +86,51 @@ class Exp10Test(unittest.TestCase):
         runs["scale-static"] = copy.deepcopy(runs["scale-dynamic"])
         self.assertEqual(self.failed(runs, mode="full")[0], "PASS")
 
+    def network(self, n=4):
+        """A network run: N faults, the four kinds in turn."""
+        c = run(orders=1, relays=2, payments=3, steps=0)
+        kinds = exp10.NETWORK_FAULTS
+        notes = {"net-lag": "round trip +120 ms, loss 3% each way: 5000 packets held and passed, 150 dropped, "
+                            "at most 90 held at once",
+                 "relay-cut": "relay-2 cut off from brokers", "payments-db-cut": "payments-1 cut off from postgres"}
+        c["fault_log"] = [{"fault": kinds[i % 4], "note": notes.get(kinds[i % 4]), "outage_ms": 10000,
+                           "recovery_ms": 12000, "inbox_hits": 5, "error": None} for i in range(n)]
+        return c
+
+    def test_the_network_run_needs_every_fault_made_and_recovered(self):
+        runs = self.runs()
+        runs["network"] = self.network()
+        s = exp10.judge(runs, "quick", 20, 4, net_faults=4)
+        self.assertEqual((s["verdict"], [k for k, v in s["checks"].items() if not v]), ("PASS", []))
+        line = exp10.run_line("network", s["runs"]["network"])
+        self.assertIn("relay-cut (relay-2 cut off from brokers): 10000 ms, moving 2000 ms after it ended", line)
+
+        def failed(c):
+            r = dict(runs, network=c)
+            return [k for k, v in exp10.judge(r, "quick", 20, 4, net_faults=4)["checks"].items() if not v]
+        c = self.network(n=3)
+        self.assertEqual(failed(c), ["network: at least 4 network faults, each kind"])
+        c = self.network()
+        c["fault_log"][0]["error"] = "net partition needs the cluster in its own network namespaces"
+        self.assertIn("network: every network fault was made (no error)", failed(c))
+        c = self.network()
+        c["fault_log"][1]["note"] = c["fault_log"][1]["note"].replace("150 dropped", "0 dropped")
+        self.assertEqual(failed(c), ["network: the delay line dropped packets in every net-lag"])
+        c = self.network()
+        c["fault_log"][-1]["recovery_ms"] = None  # the last, cut short by the end of the load
+        self.assertEqual(failed(c), [])
+        c["fault_log"][0]["recovery_ms"] = None
+        self.assertEqual(failed(c), ["network: the pipeline moved on after every network fault"])
+        # Without NET_FAULTS no network run is judged (or needed).
+        self.assertNotIn("network", exp10.judge(self.runs(), "quick", 20, 4)["runs"])
+
+    def test_parts_judge_only_their_runs(self):
+        runs = {"network": self.network()}
+        s = exp10.judge(runs, "full", 400, 16, net_faults=4, parts=("network",))
+        self.assertEqual((s["verdict"], list(s["runs"])), ("PASS", ["network"]))
+        self.assertEqual(exp10.tags("full", 12, ("scale", "network")), ["scale-dynamic", "scale-static", "network"])
+        self.assertEqual(exp10.tags("quick", 0, ("network",)), [])
+
 
 if __name__ == "__main__":
     unittest.main()

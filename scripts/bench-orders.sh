@@ -52,6 +52,12 @@ log() { printf 'bench: %s\n' "$*" >&2; }
 
 STACK_KAFKA=0 scripts/stack.sh up >/dev/null
 . .stack/env
+# Kafka nodes left running by an earlier `make up` use no CPU to speak of,
+# but their threads wake on every core: beside them this latency-bound
+# benchmark found about 40% less (FINDINGS §14).
+if scripts/stack.sh status 2>/dev/null | grep -q 'kafka node .*: running'; then
+  log "warning: Kafka nodes are running beside the benchmark; for orders alone, make down first"
+fi
 log "building (release)"
 cargo build -q --release -p orders -p loadgen
 # shellcheck source=scripts/lib/pipeline.sh

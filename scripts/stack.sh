@@ -20,7 +20,7 @@
 #   scripts/stack.sh pause broker [MS [NODE]]
 #                            SIGSTOP a Kafka node for MS (15000), SIGCONT:
 #                            chaos --fault broker-pause (the ISR shrinks)
-#   scripts/stack.sh net partition|lag|cut|heal|status ...
+#   scripts/stack.sh net partition|lag|cut|heal|check|status ...
 #                            network faults (chaos --fault broker-partition,
 #                            net-lag, relay-cut, payments-db-cut): see
 #                            scripts/lib/net.sh
@@ -73,6 +73,16 @@ KAFKA_DIR=$STACK_DIR/kafka
 
 log() { printf 'stack: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+ms_to_s() { awk -v ms="$1" 'BEGIN { printf "%.3f", ms / 1000 }'; }
+
+# apt_install PACKAGE…: Debian's packages, for what the stack needs and the
+# machine lacks (root only; each caller checks the result its own way).
+apt_install() {
+  log "installing $* from apt"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq "$@" >/dev/null
+}
 
 # shellcheck source=scripts/lib/net.sh
 . "$ROOT/scripts/lib/net.sh"
@@ -98,10 +108,7 @@ find_pg_bin() {
 ensure_postgres_installed() {
   if find_pg_bin; then return; fi
   [ "$(id -u)" = 0 ] || die "PostgreSQL server binaries not found; install postgresql-15"
-  log "installing postgresql-15 from apt"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq postgresql-15 postgresql-client-15 >/dev/null
+  apt_install postgresql-15 postgresql-client-15
   find_pg_bin || die "postgresql-15 installed but pg_ctl not found"
 }
 
@@ -188,10 +195,7 @@ kafka_libs_dir() {
 ensure_java() {
   if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then return; fi
   [ "$(id -u)" = 0 ] || die "java and mvn are needed for the embedded Kafka; install openjdk-17-jre-headless and maven"
-  log "installing openjdk-17-jre-headless and maven from apt"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null
+  apt_install openjdk-17-jre-headless maven
   command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1 || die "java or mvn still missing after apt-get install"
 }
 
@@ -464,7 +468,7 @@ pause() {
   pid=$(node_pid "$n") || die "kafka node $n is not running"
   kill -STOP "$pid"
   log "kafka node $n paused (SIGSTOP $pid) for $ms ms"
-  sleep "$(awk -v ms="$ms" 'BEGIN { printf "%.3f", ms / 1000 }')"
+  sleep "$(ms_to_s "$ms")"
   kill -CONT "$pid"
   log "kafka node $n continued (SIGCONT $pid)"
 }
@@ -475,7 +479,7 @@ crash() {
   local what=${1:-} down_ms=${2:-2000}
   [[ $down_ms =~ ^[0-9]+$ ]] || die "DOWN_MS must be a number of milliseconds, got '$down_ms'"
   local down_s
-  down_s=$(awk -v ms="$down_ms" 'BEGIN { printf "%.3f", ms / 1000 }')
+  down_s=$(ms_to_s "$down_ms")
   case "$what" in
     postgres)
       find_pg_bin && pg_running || die "postgres is not running"
@@ -526,5 +530,5 @@ case "${1:-}" in
   crash) shift; crash "$@" ;;
   pause) shift; pause "$@" ;;
   net) shift; net_cmd "$@" ;;
-  *) echo "usage: $0 up|down|status|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]|net partition|lag|cut|heal|status ..." >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]|net partition|lag|cut|heal|check|status ..." >&2; exit 2 ;;
 esac

@@ -1,5 +1,5 @@
 # The stack's network, sourced by scripts/stack.sh (which sets STACK_DIR,
-# KAFKA_DIR, KAFKA_NODES, PG_PORT, log and die).
+# KAFKA_DIR, KAFKA_NODES, PG_PORT, log, die, ms_to_s and apt_install).
 #
 # STACK_NET=loopback (the default): every Kafka node listens on 127.0.0.1.
 # STACK_NET=netns: node N runs in its own network namespace, on its own
@@ -75,10 +75,7 @@ ensure_net_tools() {
   [ "$(id -u)" = 0 ] || die "the network (STACK_NET=netns, net faults) needs root: it creates namespaces and firewall rules"
   command -v ip >/dev/null 2>&1 || die "ip (iproute2) not found"
   if ! command -v iptables >/dev/null 2>&1; then
-    log "installing iptables from apt"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq iptables >/dev/null
+    apt_install iptables
     command -v iptables >/dev/null 2>&1 || die "iptables still missing after apt-get install"
   fi
 }
@@ -127,47 +124,45 @@ net_down() {
   return 0
 }
 
-# iptables in the root namespace, or in node N's: ipt [N] ARGS…
-ipt_root() { iptables -w "$@"; }
-ipt_node() { local n=$1; shift; ip netns exec "$(node_ns "$n")" iptables -w "$@"; }
+# iptables in network namespace NS, or the root namespace's when NS is
+# empty: ipt NS ARGS…
+ipt() {
+  local ns=$1
+  shift
+  if [ -n "$ns" ]; then ip netns exec "$ns" iptables -w "$@"; else iptables -w "$@"; fi
+}
 
-# CHAIN exists and INPUT and OUTPUT jump to it: chain_hook IPT CHAIN
+# CHAIN exists in NS and INPUT and OUTPUT jump to it: chain_hook NS CHAIN
 chain_hook() {
-  local -a ipt
-  read -r -a ipt <<<"$1"
-  local chain=$2
-  "${ipt[@]}" -N "$chain" 2>/dev/null || true
-  local hook
+  local ns=$1 chain=$2 hook
+  ipt "$ns" -N "$chain" 2>/dev/null || true
   for hook in INPUT OUTPUT; do
-    "${ipt[@]}" -C "$hook" -j "$chain" 2>/dev/null || "${ipt[@]}" -I "$hook" -j "$chain"
+    ipt "$ns" -C "$hook" -j "$chain" 2>/dev/null || ipt "$ns" -I "$hook" -j "$chain"
   done
 }
 
+# CHAIN gone from NS, with the jumps to it: chain_drop NS CHAIN
 chain_drop() {
-  local -a ipt
-  read -r -a ipt <<<"$1"
-  local chain=$2 hook
-  "${ipt[@]}" -S "$chain" >/dev/null 2>&1 || return 0
+  local ns=$1 chain=$2 hook
+  ipt "$ns" -S "$chain" >/dev/null 2>&1 || return 0
   for hook in INPUT OUTPUT; do
-    while "${ipt[@]}" -D "$hook" -j "$chain" 2>/dev/null; do :; done
+    while ipt "$ns" -D "$hook" -j "$chain" 2>/dev/null; do :; done
   done
-  "${ipt[@]}" -F "$chain"
-  "${ipt[@]}" -X "$chain"
+  ipt "$ns" -F "$chain"
+  ipt "$ns" -X "$chain"
 }
 
 net_heal_all() {
   command -v iptables >/dev/null 2>&1 || return 0
   [ "$(id -u)" = 0 ] || return 0
   local n
-  chain_drop "iptables -w" "$NET_CHAIN-LAG"
-  chain_drop "iptables -w" "$NET_CHAIN-CUT"
+  chain_drop "" "$NET_CHAIN-LAG"
+  chain_drop "" "$NET_CHAIN-CUT"
   for n in 1 2 3; do
-    [ -e "/var/run/netns/$(node_ns "$n")" ] && chain_drop "ip netns exec $(node_ns "$n") iptables -w" "$NET_CHAIN-PART"
+    [ -e "/var/run/netns/$(node_ns "$n")" ] && chain_drop "$(node_ns "$n")" "$NET_CHAIN-PART"
   done
   [ "${1:-}" = quiet ] || log "network healed: no fault rule left"
 }
-
-ms_to_s() { awk -v ms="$1" 'BEGIN { printf "%.3f", ms / 1000 }'; }
 
 net_need_netns() {
   [ "$NET" = netns ] || die "net $1 needs the cluster in its own network namespaces: STACK_NET=netns scripts/stack.sh up"
@@ -176,7 +171,7 @@ net_need_netns() {
 
 # Node N drops everything to and from the other nodes for MS.
 net_partition() {
-  local ms=${1:-15000} n=${2:-} other ipt
+  local ms=${1:-15000} n=${2:-} other ns
   [[ $ms =~ ^[0-9]+$ ]] || die "MS must be a number of milliseconds, got '$ms'"
   net_need_netns partition
   [ "$KAFKA_NODES" = 3 ] || die "net partition needs the 3-node cluster"
@@ -186,16 +181,16 @@ net_partition() {
   [ -n "$n" ] || n=$(busiest_leader)
   lookup_ms=$(( $(date +%s%3N) - t0 ))
   [[ $n =~ ^[1-3]$ ]] || die "NODE must be 1..3, got '$n'"
-  ipt="ip netns exec $(node_ns "$n") iptables -w"
-  chain_hook "$ipt" "$NET_CHAIN-PART"
+  ns=$(node_ns "$n")
+  chain_hook "$ns" "$NET_CHAIN-PART"
   for other in 1 2 3; do
     [ "$other" = "$n" ] && continue
-    $ipt -A "$NET_CHAIN-PART" -s "$(node_host "$other")" -j DROP
-    $ipt -A "$NET_CHAIN-PART" -d "$(node_host "$other")" -j DROP
+    ipt "$ns" -A "$NET_CHAIN-PART" -s "$(node_host "$other")" -j DROP
+    ipt "$ns" -A "$NET_CHAIN-PART" -d "$(node_host "$other")" -j DROP
   done
   log "kafka node $n partitioned from the other nodes for $ms ms (clients still reach it)"
   sleep "$(ms_to_s "$ms")"
-  chain_drop "$ipt" "$NET_CHAIN-PART"
+  chain_drop "$ns" "$NET_CHAIN-PART"
   log "kafka node $n rejoined the network"
   # What chaos notes: the node, and how long finding it took (Kafka's own
   # tool, a JVM: seconds on a loaded machine), which the fault's outage includes.
@@ -209,15 +204,15 @@ net_lag() {
   net_need_netns lag
   case "$what" in
     on)
-      chain_hook "iptables -w" "$NET_CHAIN-LAG"
+      chain_hook "" "$NET_CHAIN-LAG"
       for n in $(seq 1 "$KAFKA_NODES"); do
         h=$(node_host "$n")
-        ipt_root -A "$NET_CHAIN-LAG" -p tcp -d "$h" -j NFQUEUE --queue-num "$queue" --queue-bypass
-        ipt_root -A "$NET_CHAIN-LAG" -p tcp -s "$h" -j NFQUEUE --queue-num "$queue" --queue-bypass
+        ipt "" -A "$NET_CHAIN-LAG" -p tcp -d "$h" -j NFQUEUE --queue-num "$queue" --queue-bypass
+        ipt "" -A "$NET_CHAIN-LAG" -p tcp -s "$h" -j NFQUEUE --queue-num "$queue" --queue-bypass
       done
       log "traffic to and from the kafka nodes goes through NFQUEUE $queue" ;;
     off)
-      chain_drop "iptables -w" "$NET_CHAIN-LAG"
+      chain_drop "" "$NET_CHAIN-LAG"
       log "traffic to and from the kafka nodes flows directly again" ;;
     *) die "net lag on|off QUEUE, got '$what'" ;;
   esac
@@ -237,18 +232,18 @@ net_cut() {
     postgres) rules+=("-p tcp -d 127.0.0.1 --dport $PG_PORT") ;;
     *) die "net cut: brokers or postgres, got '$target'" ;;
   esac
-  chain_hook "iptables -w" "$NET_CHAIN-CUT"
+  chain_hook "" "$NET_CHAIN-CUT"
   local r
   for r in "${rules[@]}"; do
     # shellcheck disable=SC2086 # r is a rule's words
-    ipt_root -A "$NET_CHAIN-CUT" -m cgroup --path "$cgroup" $r -j DROP \
+    ipt "" -A "$NET_CHAIN-CUT" -m cgroup --path "$cgroup" $r -j DROP \
       || die "iptables refused the cut of cgroup $cgroup (is it a cgroup v2 path that exists?)"
   done
   log "cgroup $cgroup cut off from $target for $ms ms"
   sleep "$(ms_to_s "$ms")"
   for r in "${rules[@]}"; do
     # shellcheck disable=SC2086
-    ipt_root -D "$NET_CHAIN-CUT" -m cgroup --path "$cgroup" $r -j DROP 2>/dev/null || true
+    ipt "" -D "$NET_CHAIN-CUT" -m cgroup --path "$cgroup" $r -j DROP 2>/dev/null || true
   done
   log "cgroup $cgroup reaches $target again"
 }

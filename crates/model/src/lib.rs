@@ -192,10 +192,10 @@ impl Config {
     }
 
     /// The correct protocol at the full bounds (`make model`), in two scopes
-    /// each larger than [`Config::test`] in one direction (together they
-    /// did not finish in 7 minutes here): two clients (keys) with one event
-    /// each, and one client whose order is cancelled with two relays racing
-    /// for the lease.
+    /// each larger than [`Config::test`] in one direction (two clients with
+    /// a cancel did not finish in 6 minutes here, even with one relay): two
+    /// clients (keys) with one event each, and one client whose order is
+    /// cancelled with two relays racing for the lease.
     pub fn full() -> [(&'static str, Self); 2] {
         [
             (

@@ -100,6 +100,17 @@ pub const PROPERTIES: [&str; 6] = [
     ENDS_WITH_ONE_EFFECT,
 ];
 
+/// Situations the correct model must reach ([`Property::sometimes`]), so that
+/// the properties above are not kept by faults never happening.
+pub const REACHED: [&str; 6] = [
+    "a message is on the log twice",
+    "a relay holds a claim under an expired lease",
+    "payments has crashed and an effect is applied",
+    "an inbox row has expired",
+    "an idempotency key has expired",
+    "a cancelled order is refunded",
+];
+
 // --- configuration --------------------------------------------------------
 
 /// How orders writes an order and its event.
@@ -1050,6 +1061,33 @@ impl Model for Pipeline {
             Property::always(ENDS_WITH_ONE_EFFECT, |m: &Pipeline, s: &State| {
                 !m.ends_badly(s)
             }),
+            Property::sometimes(REACHED[0], |_, s: &State| {
+                s.log
+                    .iter()
+                    .any(|part| part.iter().enumerate().any(|(i, m)| part[..i].contains(m)))
+            }),
+            Property::sometimes(REACHED[1], |_, s: &State| {
+                s.relays.iter().enumerate().any(|(r, stage)| match *stage {
+                    RelayStage::Claimed { epoch, .. } | RelayStage::Published { epoch, .. } => {
+                        s.lease != Some((u(r), epoch))
+                    }
+                    RelayStage::Idle => false,
+                })
+            }),
+            Property::sometimes(REACHED[2], |m: &Pipeline, s: &State| {
+                s.budget[PAYMENTS_CRASH] < m.0.payments_crashes && !s.effects.is_empty()
+            }),
+            Property::sometimes(REACHED[3], |_, s: &State| s.inbox.len() < s.effects.len()),
+            Property::sometimes(REACHED[4], |_, s: &State| {
+                s.orders
+                    .iter()
+                    .any(|&(_, k)| s.keys[usize::from(k)].is_none())
+            }),
+            Property::sometimes(REACHED[5], |_, s: &State| {
+                s.effects
+                    .iter()
+                    .any(|&m| s.msgs[usize::from(m)].kind == Kind::Cancelled)
+            }),
         ]
     }
 }
@@ -1065,7 +1103,8 @@ pub struct Outcome {
     pub unique: usize,
     /// The longest path explored.
     pub max_depth: usize,
-    /// Each property broken, with its shortest counter-example.
+    /// Each property broken, with a counter-example, and each situation of
+    /// [`REACHED`] reached, with an example.
     pub discoveries: Vec<(&'static str, Path<State, Action>)>,
     /// Wall time.
     pub elapsed: std::time::Duration,
@@ -1466,4 +1505,23 @@ pub fn find(bug: Bug, base: &Config) -> (Option<Path<State, Action>>, Outcome) {
     });
     outcome.elapsed = start.elapsed();
     (best, outcome)
+}
+
+impl Outcome {
+    /// The properties broken (not the situations reached).
+    pub fn broken(&self) -> Vec<&'static str> {
+        self.discoveries
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| PROPERTIES.contains(n))
+            .collect()
+    }
+
+    /// The situations of [`REACHED`] not reached.
+    pub fn unreached(&self) -> Vec<&'static str> {
+        REACHED
+            .into_iter()
+            .filter(|r| !self.discoveries.iter().any(|(n, _)| n == r))
+            .collect()
+    }
 }

@@ -102,6 +102,14 @@ fn check_scope(name: &str, config: &Config, acyclic: bool) -> bool {
             }
         }
     }
+    for situation in model::REACHED {
+        if outcome.unreached().contains(&situation) {
+            ok = false;
+            println!("  NOT REACHED (a fault the bounds never exercise): {situation}");
+        } else {
+            println!("  reached: {situation}");
+        }
+    }
     if acyclic {
         let start = std::time::Instant::now();
         match check_acyclic(config.clone()) {

@@ -102,12 +102,15 @@ fn check_scope(name: &str, config: &Config, acyclic: bool) -> bool {
             }
         }
     }
+    let unreached = outcome.unreached(config);
     for situation in model::REACHED {
-        if outcome.unreached().contains(&situation) {
+        if unreached.contains(&situation) {
             ok = false;
             println!("  NOT REACHED (a fault the bounds never exercise): {situation}");
-        } else {
+        } else if outcome.discoveries.iter().any(|(n, _)| *n == situation) {
             println!("  reached: {situation}");
+        } else {
+            println!("  not possible at these bounds: {situation}");
         }
     }
     if acyclic {

@@ -18,7 +18,7 @@ fn the_correct_protocol_breaks_no_property_and_every_path_terminates() {
     assert_eq!(PROPERTIES.len(), 6);
     // Every fault is exercised: a property does not hold for want of one.
     assert_eq!(
-        outcome.unreached(),
+        outcome.unreached(&Config::test()),
         Vec::<&str>::new(),
         "not reached at the test bounds"
     );

@@ -17,6 +17,7 @@
 //! | --- | --- |
 //! | [`Action::Send`], [`Action::Retry`] | loadgen: a create with an `Idempotency-Key`, sent again with the same key after a timeout (the first may still be in flight) or an error |
 //! | [`Action::Commit`] | orders `store.rs` `Store::write_batch`: key claimed, order and outbox row in one statement (one transaction); a taken key replays its stored response |
+//! | [`Action::SecondWrite`] | broken variant (b) only: the commit after the publish, or the publish after the commit (the dual write the outbox replaces) |
 //! | [`Action::Answer`] | orders `writer.rs` `Writer::create` returning the claim; the 201 (or the replay) reaches the client |
 //! | [`Action::OrdersCrash`] | orders killed before its commit or at crash point `commit` (after the commit, before the responses): every open request fails |
 //! | [`Action::Cancel`] | a second event of the same aggregate (`order.cancelled`), written with its outbox row in one transaction, so one key has two events in order |

@@ -39,9 +39,10 @@
 //!
 //! Time is not modelled: an expiry is an action, enabled when the real
 //! system's retention would allow it (after the horizon) or, in the broken
-//! variant, earlier. Batches are of one row or one message: a batch's rows
-//! commit together in the real code, so a batch of one has the same crash
-//! points. One orders process and one payments process: orders' requests for
+//! variant, earlier. Batches are of one row or one message: the real
+//! code's batches (one row per key, committed or rolled back together) are
+//! reached here one row at a time, which is not proven equivalent; a key's
+//! rows are never in flight together in either. One orders process and one payments process: orders' requests for
 //! one key are serialised by the key's row in the real code, and the model's
 //! commit is one atomic step. Message contents, payload fingerprints, dead
 //! letters and the `UNIQUE(order_id)` on charges are left out: the effect is

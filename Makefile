@@ -11,7 +11,7 @@ export STACK_DIR
 -include $(STACK_DIR)/env
 
 .PHONY: help up down status kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness demo demo-webhooks \
-        check-config check-dashboards plot-deps plot-orders chaos exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 accept
+        check-config check-dashboards plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 accept
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -61,6 +61,9 @@ sqlx-prepare: ## after changing a query: rewrite .sqlx/ (the compile-time SQL ch
 
 fuzz: ## the property tests at fuzzing scale: 1M decoder batches, 1M router requests, 20k dead-letter batches (see FINDINGS.md)
 	@scripts/fuzz.sh
+
+model: ## model-check the protocol at the full bounds (crates/model, no stack needed): states, time, and each broken variant's shortest counter-example (see FINDINGS.md)
+	$(CARGO) run -q --release -p model -- $(ARGS)
 
 demo: ## the whole pipeline on the embedded stack with load and retries, then recon's proof
 	@scripts/demo.sh

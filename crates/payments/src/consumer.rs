@@ -14,6 +14,7 @@ use effectively::kafka::FatalState;
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
@@ -52,8 +53,20 @@ pub fn subscribe(config: &Config, context: RebalanceContext) -> anyhow::Result<P
     Ok(consumer)
 }
 
+/// How [`consume`] ended when the group's coordinator fenced this static
+/// member (`FencedInstanceId`): it gave the member's `group.instance.id` to
+/// another join. That join is either a second process started with the same
+/// id, or this member's own client rejoining after the coordinator lost
+/// track of it (seen when the coordinator was partitioned from the other
+/// brokers: every static member was fenced once). The client is fatal
+/// either way; [`crate::run`] tells the two apart by what happens after one
+/// rejoin with a fresh client.
+#[derive(Debug, thiserror::Error)]
+#[error("kafka consumer fenced (FencedInstanceId): {0}")]
+pub struct Fenced(pub String);
+
 /// The Kafka consumer, until `cancel` fires or the client is in a fatal
-/// state.
+/// state ([`Fenced`] when it was fenced).
 pub(crate) async fn consume(
     config: &Config,
     pool: &sqlx::PgPool,
@@ -204,9 +217,14 @@ pub(crate) async fn consume(
     }
     sampling.cancel();
     let _ = lag_task.await;
+    let fenced = consumer
+        .client()
+        .fatal_error()
+        .is_some_and(|(code, _)| code == RDKafkaErrorCode::FencedInstanceId);
     match fatal_reason {
         // Nothing of the batch in hand was committed: it is redelivered
         // to whoever takes the partitions.
+        Some(reason) if fenced => Err(Fenced(reason).into()),
         Some(reason) => anyhow::bail!("kafka consumer in a fatal state: {reason}"),
         None => Ok(()),
     }

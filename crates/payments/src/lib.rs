@@ -118,7 +118,7 @@ pub async fn run_on(
     }
     let outcome = match config.source {
         Transport::Kafka => {
-            consumer::consume(&config, &pool, apply, &crasher, &metrics, &cancel).await
+            consume_rejoining(&config, &pool, apply, &crasher, &metrics, &cancel).await
         }
         Transport::Http => {
             receive(&config, webhooks, &pool, apply, &crasher, &metrics, &cancel).await
@@ -130,6 +130,48 @@ pub async fn run_on(
     let _ = maintenance.await;
     pool.close().await;
     outcome
+}
+
+/// A fenced static member rejoins at most once in this long; fenced again
+/// within it, the process ends.
+pub const REJOIN_WINDOW: Duration = Duration::from_secs(60);
+
+/// [`consumer::consume`], with one way back from being fenced
+/// ([`consumer::Fenced`]): the member joins again under its own
+/// `group.instance.id` with a fresh client, after a second (what was applied
+/// and not committed is re-read; the inbox absorbs it). Fenced again within
+/// [`REJOIN_WINDOW`] of that rejoin, another live process holds the id (the
+/// two would fence each other in turn for ever): it ends with the error, as
+/// does every other fatal error, so that a misconfiguration is seen. Of two
+/// processes with one id, the one fenced first is the one that ends.
+async fn consume_rejoining(
+    config: &Config,
+    pool: &sqlx::PgPool,
+    apply: Apply,
+    crasher: &Crasher,
+    metrics: &Arc<PaymentsMetrics>,
+    cancel: &CancellationToken,
+) -> anyhow::Result<()> {
+    let mut rejoined: Option<std::time::Instant> = None;
+    loop {
+        let outcome = consumer::consume(config, pool, apply, crasher, metrics, cancel).await;
+        let fenced = match &outcome {
+            Err(error) => error.downcast_ref::<consumer::Fenced>(),
+            Ok(()) => None,
+        };
+        let again = rejoined.is_some_and(|at| at.elapsed() < REJOIN_WINDOW);
+        let Some(fenced) = fenced.filter(|_| !again && !cancel.is_cancelled()) else {
+            return outcome;
+        };
+        tracing::warn!(reason = %fenced.0, instance = config.group_instance_id.as_deref(),
+            "fenced: joining the group again with a fresh client");
+        metrics.consumer_rejoins_total.inc();
+        rejoined = Some(std::time::Instant::now());
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            () = cancel.cancelled() => return Ok(()),
+        }
+    }
 }
 
 /// The webhook receiver on `listener` and its inbox processor, until

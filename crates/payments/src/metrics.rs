@@ -91,6 +91,10 @@ pub struct PaymentsMetrics {
     /// assignment a member joining or leaving moves only the partitions that
     /// change owner; the others keep being consumed through the rebalance.
     pub partitions_moved_total: IntCounterVec,
+    /// Times this process's consumer joined the group again with a fresh
+    /// client after being fenced (`FencedInstanceId`), see
+    /// [`crate::REJOIN_WINDOW`].
+    pub consumer_rejoins_total: IntCounter,
     /// `--source http`: webhook requests by outcome (see
     /// [`WEBHOOK_OUTCOMES`]).
     pub webhook_requests_total: IntCounterVec,
@@ -243,6 +247,10 @@ impl PaymentsMetrics {
                 ),
                 &["event"],
             )?,
+            consumer_rejoins_total: counter(
+                "payments_consumer_rejoins_total",
+                "Joins of the group again with a fresh client after this member was fenced",
+            )?,
             webhook_requests_total: IntCounterVec::new(
                 Opts::new(
                     PAYMENTS_WEBHOOK_REQUESTS_TOTAL,
@@ -278,6 +286,8 @@ impl PaymentsMetrics {
             m.webhook_requests_total.with_label_values(&[outcome]);
         }
         m.registry.register(Box::new(m.consumer_lag.clone()))?;
+        m.registry
+            .register(Box::new(m.consumer_rejoins_total.clone()))?;
         m.registry
             .register(Box::new(m.partitions_moved_total.clone()))?;
         for event in ["assigned", "revoked"] {

@@ -15,6 +15,7 @@ use payments::horizon::Retention;
 use payments::receiver::WebhookArgs;
 use payments::{Config, Transport, run};
 use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -537,7 +538,7 @@ async fn a_member_joining_moves_only_the_partitions_that_change_owner() {
 }
 
 #[tokio::test]
-async fn a_static_member_fenced_by_a_second_process_with_its_id_exits_with_an_error() {
+async fn a_static_member_fenced_again_by_a_second_process_with_its_id_exits_with_an_error() {
     let db = TestDb::create().await;
     let topic = TestTopic::create(2).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
@@ -552,14 +553,17 @@ async fn a_static_member_fenced_by_a_second_process_with_its_id_exits_with_an_er
         .await
     );
     // A second process with the same group.instance.id: the broker fences
-    // the older one, whose client turns fatal; it must end, with the reason.
+    // the older one, whose client turns fatal. It joins again once, which
+    // fences the newer one, which joins again too: fenced a second time
+    // within the rejoin window, the older one must end, with the reason.
     let new = spawn_payments(static_config).await;
-    let ended = old.ended(Duration::from_secs(90)).await;
+    let ended = old.ended(Duration::from_secs(120)).await;
     let error = ended.expect_err("the fenced member ends with an error");
     assert!(
         format!("{error:#}").to_lowercase().contains("fenc"),
         "the error says it was fenced: {error:#}"
     );
+    assert_eq!(new.metric("payments_consumer_rejoins_total").await, 1.0);
     // The new member carries on.
     produce_events(&topic, &events(20)).await;
     assert!(
@@ -569,6 +573,66 @@ async fn a_static_member_fenced_by_a_second_process_with_its_id_exits_with_an_er
         .await
     );
     new.stop().await;
+}
+
+#[tokio::test]
+async fn a_static_member_fenced_once_joins_again_and_carries_on() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(2).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let group = format!("g-fenced-once-{}", topic.name);
+    let mut static_config = config(&db, &topic, &group);
+    static_config.group_instance_id = Some("payments-1".into());
+    let member = spawn_payments(static_config.clone()).await;
+    produce_events(&topic, &events(20)).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            count(&pool, CHARGES).await == 20
+        })
+        .await
+    );
+    // A client with the member's id joins the group and goes away (a static
+    // member's close does not leave the group): the coordinator fences the
+    // member, as one that lost track of it does.
+    let intruder: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &topic.bootstrap_servers)
+        .set("group.id", &group)
+        .set("group.instance.id", "payments-1")
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("session.timeout.ms", "6000")
+        .create()
+        .expect("intruder");
+    intruder.subscribe(&[&topic.name]).expect("subscribe");
+    let joined = tokio::task::spawn_blocking(move || {
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        while std::time::Instant::now() < until {
+            let _ = intruder.poll(Duration::from_millis(100));
+            if intruder.assignment().is_ok_and(|a| a.count() > 0) {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .expect("intruder task");
+    assert!(joined, "the intruder got partitions");
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            member.metric("payments_consumer_rejoins_total").await == 1.0
+        })
+        .await,
+        "the fenced member joined again"
+    );
+    // It carries on: what comes next is charged, nothing twice.
+    produce_events(&topic, &events(20)).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            count(&pool, CHARGES).await == 40
+        })
+        .await
+    );
+    assert_eq!(count(&pool, DOUBLES).await, 0);
+    member.stop().await;
 }
 
 /// What a hand-made message must become.

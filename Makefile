@@ -11,7 +11,7 @@ export STACK_DIR
 -include $(STACK_DIR)/env
 
 .PHONY: help up down status kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness demo demo-webhooks \
-        check-config check-dashboards plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 accept
+        check-config check-dashboards plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 exp-10-long accept
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -130,6 +130,9 @@ exp-9: ## the pipeline over webhooks: receiver down, 500s, slower than the timeo
 
 exp-10: ## scale-out: every service as several instances, the payments group scaled 6 -> 1 -> 6 -> 2 -> 6 under load, kill -9 of any instance
 	@QUICK=$(QUICK) experiments/exp-10-scale-out/run.sh
+
+exp-10-long: ## experiment 10's long run: an hour of every crash point, kill -9 from outside, every infrastructure and network fault, duplicates; no shard or partition stalled
+	@QUICK=$(QUICK) experiments/exp-10-scale-out/long.sh
 
 chaos: ## chaos --help: the pipeline under load, duplicates and kill -9, then recon
 	@$(CARGO) run -q --release -p chaos -- --help

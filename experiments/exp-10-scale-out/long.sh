@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Experiment 10's long run: one chaos run that mixes everything at once for
+# an hour (full mode): every crash point, kill -9 of any instance of any
+# service, every infrastructure fault in turn (PostgreSQL crashed, Kafka
+# nodes killed, paused, partitioned, the relay hung, the payments group
+# scaled, latency and loss on the wire, a relay cut off from the brokers, a
+# payments instance cut off from PostgreSQL) and duplicate delivery. Then the
+# database's timestamps are set beside chaos's fault log: no relay shard and
+# no Kafka partition may sit idle with work waiting for longer than the
+# faults covering that time plus a stated bound. See README.md beside this
+# file ("The long run").
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+HERE=$ROOT/experiments/exp-10-scale-out
+if [ "${QUICK:-0}" = 1 ]; then export EXP_RES_NAME=${EXP_RES_NAME:-quick-long}
+else export EXP_RES_NAME=${EXP_RES_NAME:-long}; fi
+# shellcheck source=scripts/lib/experiment.sh
+. "$ROOT/scripts/lib/experiment.sh"
+
+if [ -n "${STACK_ENV_FILE:-}" ]; then
+  echo "exp-10 long run: needs the embedded stack (network namespaces); STACK_ENV_FILE is set" >&2
+  exit 2
+fi
+was=$(cut -d' ' -f1 "${STACK_DIR:-$ROOT/.stack}/kafka/net" 2>/dev/null || echo loopback)
+restore() { say "stack back on $was"; env -u KAFKA_TOPIC STACK_NET="$was" "$ROOT/scripts/stack.sh" up >/dev/null || true; }
+[ "$was" = netns ] || trap restore EXIT
+export STACK_NET=netns
+exp_init "$HERE"
+
+if [ "$MODE" = quick ]; then
+  DURATION=${EXP_DURATION:-180} MIN_KILLS=50 INTERVAL=3000..6000 NET_FAULT_MS=8000 PAUSE_MS=11000
+else
+  DURATION=${EXP_DURATION:-3600} MIN_KILLS=5000 INTERVAL=15000..30000 NET_FAULT_MS=15000 PAUSE_MS=12000
+fi
+RATE=${EXP_RATE:-300}
+# The bound on top of the faults: a shard or partition may sit idle with work
+# waiting for as long as faults covered that time, plus STALL_BOUND_MS.
+STALL_BOUND_MS=${EXP_STALL_BOUND_MS:-15000}
+
+# Payments with dynamic group membership (its default), killed -9 at its crash
+# points; orders and relays also killed from outside. With static membership
+# and payments in the random kills too, a scale step left two partitions with
+# no owner for good (FINDINGS §12, "The long run").
+exp_chaos long --orders 2 --relays 3 --payments 6 --static-membership false --rate "$RATE" --duration "$DURATION" --seed 11 \
+  --retry-rate 0.15 --protocol mixed --loadgen-arg=--retry-on-error --loadgen-arg=10 \
+  --loadgen-arg=--retry-on-error-delay-ms --loadgen-arg=500 --dup-rate 0.05 \
+  --crash-point commit,publish,claim,effect --crash-probability 0.002 \
+  --random-kill orders,relay --kill-interval-ms 400..800 \
+  --fault pg-crash,broker-kill,broker-partition,payments-scale,net-lag,broker-pause,relay-cut,broker-quorum-loss,payments-db-cut,relay-pause \
+  --payments-scale 1,6,2,6 --fault-interval-ms "$INTERVAL" --net-fault-ms "$NET_FAULT_MS" \
+  --broker-pause-ms "$PAUSE_MS" --relay-pause-ms "$PAUSE_MS" || true
+
+# Each order's times, from the database chaos's run wrote: committed (the
+# outbox row), published (the relay's mark), applied (payments' charge).
+say "timeline from the database"
+psql "$DATABASE_URL" -qAt -v ON_ERROR_STOP=1 -c "\\copy (
+  SELECT o.shard, o.aggregate_id,
+         (extract(epoch FROM o.created_at) * 1000)::int8,
+         (extract(epoch FROM o.published_at) * 1000)::int8,
+         (extract(epoch FROM c.created_at) * 1000)::int8
+  FROM orders.outbox o LEFT JOIN payments.charges c ON c.order_id = o.aggregate_id
+  WHERE o.event_type = 'order.created') TO '$RES/timeline.csv' CSV"
+
+python3 "$ROOT/experiments/lib/longrun.py" "$RES" "$MODE" "$MIN_KILLS" "$STALL_BOUND_MS" \
+  "${PIPELINE_PARTITIONS:-6}"

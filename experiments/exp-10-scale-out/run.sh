@@ -27,9 +27,9 @@ else
   NET_FAULTS=12 NET_FAULT_MS=15000
 fi
 
-# EXP10_PARTS (a list of scale, instances, network; default all three) runs
+# EXP10_PARTS (a list of scale, instances, matrix, network; default all) runs
 # only those parts, e.g. EXP10_PARTS=network EXP_RES_NAME=full-network.
-PARTS=${EXP10_PARTS:-scale instances network}
+PARTS=${EXP10_PARTS:-scale instances matrix network}
 part() { [[ " ${PARTS//,/ } " == *" $1 "* ]]; }
 
 # The scale runs: 2 orders, 2 relays, 6 payments (one per partition of the
@@ -53,6 +53,41 @@ part instances && exp_chaos instances --orders 2 --relays 3 --payments 3 --rate 
   --seed 10 "${CLIENT[@]}" --dup-rate 0.05 \
   --crash-point commit,publish,claim,effect --crash-probability 0.005 \
   --random-kill orders,relay,payments --kill-interval-ms 700..1500 || true
+
+# Side by side, no faults: the same load through 1, 2, 3 and 6 payments
+# instances and 1 to 3 relays (RxP: relays x payments); each run's
+# commit→effect, order by order, from the outbox row's created_at to its
+# charge's (both now() in their transactions), in RES/matrix-*-latency.json.
+if [ "$MODE" = quick ]; then
+  MATRIX=(1x1 2x3) MATRIX_RATE=${EXP_MATRIX_RATE:-300} MATRIX_S=20
+else
+  MATRIX=(1x1 1x2 1x3 1x6 2x6 3x6 3x1) MATRIX_RATE=${EXP_MATRIX_RATE:-1000} MATRIX_S=60
+fi
+part matrix || MATRIX=()
+# A warm-up first, not judged: the first load after the cluster (re)started
+# ran 2-4x slower on every stage, the relay's included, whatever the
+# instances (FINDINGS §12, "Side by side").
+if [ ${#MATRIX[@]} -gt 0 ]; then
+  exp_chaos matrix-warmup --orders 1 --relays 1 --payments 1 --rate "$MATRIX_RATE" \
+    --duration "$((MATRIX_S / 2))" --seed 10 --retry-rate 0.15 --protocol mixed || true
+fi
+for rp in "${MATRIX[@]}"; do
+  exp_chaos "matrix-$rp" --orders 1 --relays "${rp%x*}" --payments "${rp#*x}" --rate "$MATRIX_RATE" \
+    --duration "$MATRIX_S" --seed 10 --retry-rate 0.15 --protocol mixed || true
+  psql "$DATABASE_URL" -qAt -v ON_ERROR_STOP=1 -c "
+    SELECT json_build_object('orders', count(*), 'applied', count(ms),
+      'p50_ms', round(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms)::numeric, 1),
+      'p99_ms', round(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms)::numeric, 1),
+      'max_ms', round(max(ms)::numeric, 1),
+      'publish_p50_ms', round(percentile_cont(0.5) WITHIN GROUP (ORDER BY pub_ms)::numeric, 1),
+      'publish_p99_ms', round(percentile_cont(0.99) WITHIN GROUP (ORDER BY pub_ms)::numeric, 1),
+      'applied_per_s', round((count(ms) / nullif(extract(epoch FROM max(applied) - min(committed)), 0))::numeric, 1))
+    FROM (SELECT o.created_at AS committed, c.created_at AS applied,
+                 extract(epoch FROM c.created_at - o.created_at) * 1000 AS ms,
+                 extract(epoch FROM o.published_at - o.created_at) * 1000 AS pub_ms
+          FROM orders.outbox o LEFT JOIN payments.charges c ON c.order_id = o.aggregate_id
+          WHERE o.event_type = 'order.created') t" >"$RES/matrix-$rp-latency.json" || true
+done
 
 # The network: the Kafka nodes each in a network namespace of its own
 # (the cluster restarted there on fresh storage), then faults on the wire

@@ -6,7 +6,7 @@ RES/summary.json, one line per run; exit 0 on PASS.
 Usage: python3 experiments/lib/exp10.py RES MODE MIN_KILLS MIN_STEPS [NET_FAULTS [PARTS]]
 (run.sh passes them; run it alone to judge results again). NET_FAULTS 0, or
 none given, judges no network run. PARTS (comma list of scale, instances,
-network; default all) judges only those runs (EXP10_PARTS in run.sh).
+matrix, network; default all) judges only those runs (EXP10_PARTS in run.sh).
 """
 import os
 import re
@@ -20,6 +20,9 @@ from common import (chaos_intents, chaos_report, exit_code, load_json, print_che
 SCALE_RUNS = {"quick": ["scale-dynamic"], "full": ["scale-dynamic", "scale-static"]}
 KILL_RUN = "instances"
 NETWORK_RUN = "network"
+# The side-by-side runs without faults, relays x payments (run.sh's MATRIX):
+# each has its commit->effect in RES/matrix-RxP-latency.json.
+MATRIX = {"quick": ["1x1", "2x3"], "full": ["1x1", "1x2", "1x3", "1x6", "2x6", "3x6", "3x1"]}
 NETWORK_FAULTS = ["broker-partition", "net-lag", "relay-cut", "payments-db-cut"]
 SERVICES = ["orders", "relay", "payments"]
 
@@ -144,12 +147,38 @@ def digest(c):
     }
 
 
-PARTS = ("scale", "instances", "network")
+def matrix_tags(mode):
+    """The matrix runs' tags in MODE."""
+    return [f"matrix-{rp}" for rp in MATRIX[mode]]
+
+
+def matrix_checks(c, tag):
+    """A matrix run: its commit->effect was measured and every order it
+    wrote was applied."""
+    lat = c.get("commit_to_effect") or {}
+    return {f"{tag}: commit->effect measured, every order applied": (
+        bool(lat.get("orders")) and lat.get("applied") == lat.get("orders"))}
+
+
+def matrix_row(c):
+    """A matrix run's line of the table: instances, what was applied, how
+    fast, commit->effect, the client's p99."""
+    params, lat = c.get("params") or {}, c.get("commit_to_effect") or {}
+    client = ((c.get("load") or {}).get("latency_ms") or {}).get("all") or {}
+    return {"relays": params.get("relays"), "payments": params.get("payments"), "rate": params.get("rate"),
+            "orders": lat.get("orders"), "applied_per_s": lat.get("applied_per_s"),
+            "commit_to_effect_p50_ms": lat.get("p50_ms"), "commit_to_effect_p99_ms": lat.get("p99_ms"),
+            "commit_to_effect_max_ms": lat.get("max_ms"), "publish_p50_ms": lat.get("publish_p50_ms"),
+            "publish_p99_ms": lat.get("publish_p99_ms"), "client_p99_ms": client.get("p99_ms")}
+
+
+PARTS = ("scale", "instances", "matrix", "network")
 
 
 def tags(mode, net_faults, parts=PARTS):
     """The runs PARTS of MODE make (the network run only with NET_FAULTS)."""
     return ((SCALE_RUNS[mode] if "scale" in parts else []) + ([KILL_RUN] if "instances" in parts else [])
+            + (matrix_tags(mode) if "matrix" in parts else [])
             + ([NETWORK_RUN] if net_faults and "network" in parts else []))
 
 
@@ -169,14 +198,29 @@ def judge(runs, mode, min_kills, min_steps, net_faults=0, parts=PARTS):
         checks.update(instances_used(c, KILL_RUN))
         checks.update(kill_checks(c, KILL_RUN, min_kills))
         digests[KILL_RUN] = digest(c)
+    matrix = []
+    for tag in matrix_tags(mode) if "matrix" in parts else []:
+        c = runs[tag]
+        checks.update(correct(c, tag))
+        checks.update(instances_used(c, tag))
+        checks.update(matrix_checks(c, tag))
+        matrix.append(matrix_row(c))
     if net_faults and "network" in parts:
         c = runs[NETWORK_RUN]
         checks.update(correct(c, NETWORK_RUN))
         checks.update(instances_used(c, NETWORK_RUN))
         checks.update(network_checks(c, NETWORK_RUN, net_faults))
         digests[NETWORK_RUN] = digest(c)
-    return {"experiment": "exp-10-scale-out", "mode": mode, "runs": digests, "checks": checks,
-            "verdict": verdict(checks)}
+    return {"experiment": "exp-10-scale-out", "mode": mode, "runs": digests, "matrix": matrix,
+            "checks": checks, "verdict": verdict(checks)}
+
+
+def matrix_line(row):
+    """One line per matrix run."""
+    return (f"exp-10 matrix: {row['relays']} relays, {row['payments']} payments at {row['rate']}/s: "
+            f"{row['orders']} orders, {row['applied_per_s']} applied/s, commit->effect p50 "
+            f"{row['commit_to_effect_p50_ms']} ms p99 {row['commit_to_effect_p99_ms']} ms, "
+            f"client p99 {row['client_p99_ms']} ms")
 
 
 def run_line(tag, run):
@@ -207,6 +251,9 @@ def main(argv):
         print(f"exp-10: FAIL nothing to judge (parts {','.join(parts)}, {net_faults} network faults)")
         return 1
     runs = {tag: load_json(os.path.join(res, f"{tag}.json")) for tag in tags(mode, net_faults, parts)}
+    for tag, c in runs.items():
+        if c is not None and tag.startswith("matrix-"):
+            c["commit_to_effect"] = load_json(os.path.join(res, f"{tag}-latency.json"))
     missing = [tag for tag, c in runs.items() if c is None]
     if missing:
         print(f"exp-10: FAIL chaos summaries missing in {res}: {missing} (see its logs/)")
@@ -216,6 +263,8 @@ def main(argv):
     print_checks(s["checks"])
     for tag, run in s["runs"].items():
         print(run_line(tag, run))
+    for row in s["matrix"]:
+        print(matrix_line(row))
     print(f"exp-10: {s['verdict']} ({mode}; {res}/summary.json)")
     return exit_code(s)
 

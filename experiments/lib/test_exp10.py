@@ -27,13 +27,28 @@ def run(orders=2, relays=2, payments=6, steps=4, kills=30, recon_exit=0, rec=Non
                  load=load, fault_log=log)
 
 
+def matrix_run(tag, applied=None):
+    """A matrix run TAG (matrix-RxP) with its commit->effect; APPLIED of
+    its 1,000 orders applied (all by default)."""
+    r, p = tag.removeprefix("matrix-").split("x")
+    c = run(orders=1, relays=int(r), payments=int(p), steps=0, deaths={})
+    c["params"]["rate"] = 300
+    c["commit_to_effect"] = {"orders": 1000, "applied": 1000 if applied is None else applied, "p50_ms": 40.5,
+                             "p99_ms": 180.0, "max_ms": 400.0, "publish_p50_ms": 10.0, "publish_p99_ms": 50.0,
+                             "applied_per_s": 299.0}
+    return c
+
+
 class Exp10Test(unittest.TestCase):
     def failed(self, runs, mode="quick", min_kills=20, min_steps=4):
         s = exp10.judge(runs, mode, min_kills, min_steps)
         return s["verdict"], [k for k, v in s["checks"].items() if not v]
 
-    def runs(self, **kill):
-        return {"scale-dynamic": run(), "instances": run(relays=3, payments=3, steps=0, **kill)}
+    def runs(self, mode="quick", **kill):
+        runs = {"scale-dynamic": run(), "instances": run(relays=3, payments=3, steps=0, **kill)}
+        for tag in exp10.matrix_tags(mode):
+            runs[tag] = matrix_run(tag)
+        return runs
 
     def test_pass(self):
         self.assertEqual(self.failed(self.runs()), ("PASS", []))
@@ -81,7 +96,7 @@ class Exp10Test(unittest.TestCase):
         self.assertEqual(self.failed(self.runs(kills=19))[1], ["instances: at least 20 kill -9 over all instances"])
 
     def test_full_mode_needs_the_static_run_too(self):
-        runs = self.runs()
+        runs = self.runs(mode="full")
         self.assertRaises(KeyError, exp10.judge, runs, "full", 20, 4)
         runs["scale-static"] = copy.deepcopy(runs["scale-dynamic"])
         self.assertEqual(self.failed(runs, mode="full")[0], "PASS")
@@ -123,6 +138,21 @@ class Exp10Test(unittest.TestCase):
         self.assertEqual(failed(c), ["network: the pipeline moved on after every network fault"])
         # Without NET_FAULTS no network run is judged (or needed).
         self.assertNotIn("network", exp10.judge(self.runs(), "quick", 20, 4)["runs"])
+
+    def test_the_matrix_runs_each_measured_with_every_order_applied(self):
+        s = exp10.judge(self.runs(), "quick", 20, 4)
+        self.assertEqual([(m["relays"], m["payments"]) for m in s["matrix"]], [(1, 1), (2, 3)])
+        self.assertEqual(exp10.matrix_line(s["matrix"][1]),
+                         "exp-10 matrix: 2 relays, 3 payments at 300/s: 1000 orders, 299.0 applied/s, "
+                         "commit->effect p50 40.5 ms p99 180.0 ms, client p99 5.0 ms")
+        runs = self.runs()
+        runs["matrix-2x3"] = matrix_run("matrix-2x3", applied=999)
+        self.assertEqual(self.failed(runs)[1], ["matrix-2x3: commit->effect measured, every order applied"])
+        runs["matrix-2x3"]["commit_to_effect"] = None
+        self.assertEqual(self.failed(runs)[1], ["matrix-2x3: commit->effect measured, every order applied"])
+        runs["matrix-2x3"] = matrix_run("matrix-2x3")
+        runs["matrix-2x3"]["services"]["payments"]["instances"].pop()
+        self.assertEqual(self.failed(runs)[1], ["matrix-2x3: payments ran as 3 instances"])
 
     def test_parts_judge_only_their_runs(self):
         runs = {"network": self.network()}

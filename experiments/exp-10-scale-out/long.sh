@@ -21,10 +21,7 @@ if [ -n "${STACK_ENV_FILE:-}" ]; then
   echo "exp-10 long run: needs the embedded stack (network namespaces); STACK_ENV_FILE is set" >&2
   exit 2
 fi
-was=$(cut -d' ' -f1 "${STACK_DIR:-$ROOT/.stack}/kafka/net" 2>/dev/null || echo loopback)
-restore() { say "stack back on $was"; env -u KAFKA_TOPIC STACK_NET="$was" "$ROOT/scripts/stack.sh" up >/dev/null || true; }
-[ "$was" = netns ] || trap restore EXIT
-export STACK_NET=netns
+exp_netns
 exp_init "$HERE"
 
 if [ "$MODE" = quick ]; then

@@ -101,10 +101,8 @@ elif [ -n "${STACK_ENV_FILE:-}" ]; then
   NET_FAULTS=0
   say "network run skipped: it needs the embedded stack (STACK_ENV_FILE is set)"
 else
-  was=$(cut -d' ' -f1 "${STACK_DIR:-$ROOT/.stack}/kafka/net" 2>/dev/null || echo loopback)
-  restore() { say "stack back on $was"; env -u KAFKA_TOPIC STACK_NET="$was" "$ROOT/scripts/stack.sh" up >/dev/null || true; }
-  [ "$was" = netns ] || trap restore EXIT
-  STACK_NET=netns pipeline_stack
+  exp_netns
+  pipeline_stack
   exp_chaos network --orders 1 --relays 2 --payments 3 --rate "$RATE" --duration "$DURATION" \
     --max-duration "$MAX_DURATION" --seed 10 "${CLIENT[@]}" --dup-rate 0.02 \
     --fault broker-partition,net-lag,relay-cut,payments-db-cut --fault-count "$NET_FAULTS" \

@@ -62,6 +62,21 @@ exp_chaos() {
 }
 
 # exp_json FILE EXPR: a value from a JSON file (python expression over `d`).
+# exp_netns: the Kafka nodes in network namespaces from here on
+# (STACK_NET=netns: the next `up` restarts the cluster there, on fresh
+# storage, if it runs elsewhere), and the stack back on the network it was on
+# when the experiment exits.
+exp_netns() {
+  EXP_NET_WAS=$(cut -d' ' -f1 "${STACK_DIR:-$ROOT/.stack}/kafka/net" 2>/dev/null || echo loopback)
+  [ "$EXP_NET_WAS" = netns ] || trap exp_net_restore EXIT
+  export STACK_NET=netns
+}
+
+exp_net_restore() {
+  say "stack back on $EXP_NET_WAS"
+  env -u KAFKA_TOPIC STACK_NET="$EXP_NET_WAS" "$ROOT/scripts/stack.sh" up >/dev/null || true
+}
+
 exp_json() {
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"
 }

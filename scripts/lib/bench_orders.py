@@ -53,6 +53,15 @@ def cores(out, tag):
     return c
 
 
+def cpu_us(cores_used, achieved):
+    """CPU-microseconds per achieved send, per process group: the cores each used over the
+    sends a second, so a change shows as a ratio whatever the machine's noise."""
+    if not achieved:
+        return {}
+    return {k: round(v * 1e6 / achieved) for k, v in cores_used.items()
+            if k != "machine_busy" and isinstance(v, (int, float))}
+
+
 def waits(out, tag):
     """The share of the orders backends' non-idle samples per wait event."""
     counts = {}
@@ -111,6 +120,7 @@ def summarize(out, points):
             "cores": cores(points, tag), "waits": waits(points, tag), "batches": batches(points, tag),
             "passed": passed(r),
         })
+        rows[-1]["cpu_us_per_send"] = cpu_us(rows[-1]["cores"], r["rates"]["achieved"])
     rows.sort(key=lambda x: (x["mode"] != "unique", x["intents"], x["again"]))
     print(f"{'intents':>8} {'mode':>8} {'sends':>7} {'achieved':>9} {'p50 ms':>8} {'p99 ms':>8} {'err':>5} {'drop':>6} "
           f"{'pass':>5} {'orders':>7} {'loadgen':>8} {'postgres':>9} {'busy':>5}")
@@ -119,11 +129,12 @@ def summarize(out, points):
         print(f"{x['intents']:>8} {x['mode']:>8} {x['offered_sends']:>7} {x['achieved']:>9} {x['p50_ms']:>8.2f} "
               f"{x['p99_ms']:>8.2f} {x['errors']:>5} {x['dropped']:>6} {'yes' if x['passed'] else 'no':>5} "
               f"{c.get('orders', ''):>7} {c.get('loadgen', ''):>8} {c.get('postgres', ''):>9} {c.get('machine_busy', ''):>5}")
-    print("the writers' batches (a second; requests per batch) and what the orders backends wait on "
-          "(share of non-idle samples, 5 a second):")
+    print("CPU-microseconds per achieved send (orders, postgres, loadgen), the writers' batches (a second; "
+          "requests per batch) and what the orders backends wait on (share of non-idle samples, 5 a second):")
     for x in rows:
-        b = x["batches"]
-        print(f"{x['intents']:>8} {x['mode']:>8} {b.get('per_sec', ''):>6} {b.get('requests_per_batch', ''):>6}  "
+        b, u = x["batches"], x["cpu_us_per_send"]
+        print(f"{x['intents']:>8} {x['mode']:>8} {u.get('orders', ''):>5} {u.get('postgres', ''):>5} "
+              f"{u.get('loadgen', ''):>5}  {b.get('per_sec', ''):>6} {b.get('requests_per_batch', ''):>6}  "
               + ", ".join(f"{k} {v}" for k, v in x["waits"].items()))
 
     def knee(mode):

@@ -1,4 +1,5 @@
-"""The benchmarks' accounting helpers: cpu.py's diff and histo_delta.py.
+"""The benchmarks' accounting helpers: cpu.py's diff, histo_delta.py and bench_orders.py's
+CPU per send.
 
     python3 -m unittest discover -s scripts/lib
 """
@@ -7,6 +8,7 @@ import os
 import tempfile
 import unittest
 
+import bench_orders
 import cpu
 import histo_delta
 
@@ -85,6 +87,18 @@ class HistoDelta(unittest.TestCase):
         a = self.write("y_sum 2\ny_count 1\n")
         d = histo_delta.delta(histo_delta.parse(a), histo_delta.parse(a), "y")
         self.assertEqual(d, {"count": 0, "mean": None})
+
+
+class CpuPerSend(unittest.TestCase):
+    def test_cores_over_sends_a_second_in_microseconds_per_group(self):
+        used = {"orders": 0.5, "postgres": 0.9, "loadgen": 0.2, "machine_busy": 0.8}
+        self.assertEqual(
+            bench_orders.cpu_us(used, 10_000), {"orders": 50, "postgres": 90, "loadgen": 20}
+        )
+
+    def test_no_sends_or_no_snapshot_is_no_figure(self):
+        self.assertEqual(bench_orders.cpu_us({"orders": 0.5}, 0), {})
+        self.assertEqual(bench_orders.cpu_us({}, 1_000), {})
 
 
 if __name__ == "__main__":

@@ -88,6 +88,21 @@ def cpu(samples, started_unix_s, from_s=60):
     return out
 
 
+def cpu_per_order(samples, started_unix_s, cores, from_s=60):
+    """CPU-microseconds per applied order for each process group: its mean cores (CORES, from
+    cpu()) over the orders applied a second from FROM_S after the start (payments' effect count
+    in the samples). Empty when nothing was applied in that span."""
+    use = [s for s in samples if s["unix_s"] >= started_unix_s + from_s and s.get("effects") is not None]
+    if len(use) < 2 or use[-1]["unix_s"] <= use[0]["unix_s"]:
+        return {}
+    rate = (use[-1]["effects"] - use[0]["effects"]) / (use[-1]["unix_s"] - use[0]["unix_s"])
+    if rate <= 0:
+        return {}
+    out = {k[4:]: round(v * 1e6 / rate) for k, v in cores.items() if k.startswith("cpu_")}
+    out["applied_per_s"] = round(rate, 1)
+    return out
+
+
 def from_files(seconds_csv, samples_csv, started_unix_s, slo_ms, from_s=60):
     """analyse() and cpu() from the two CSV files; None when either is missing."""
     try:
@@ -96,8 +111,9 @@ def from_files(seconds_csv, samples_csv, started_unix_s, slo_ms, from_s=60):
         return None
     if not samples:  # none with a time: a sampler from before the CPU columns
         return None
+    cores = cpu(samples, started_unix_s, from_s)
     return {"latency": analyse(seconds, started_unix_s, samples, slo_ms, from_s),
-            "cpu_cores": cpu(samples, started_unix_s, from_s)}
+            "cpu_cores": cores, "cpu_us_per_order": cpu_per_order(samples, started_unix_s, cores, from_s)}
 
 
 def print_report(r):
@@ -111,3 +127,7 @@ def print_report(r):
         print(f"{c['condition']:<48}{c['seconds']:>9}{str(c['over_slo_share']):>10}"
               f"{c['seconds_without']:>9}{str(c['over_slo_share_without']):>10}")
     print("cores used (mean): " + ", ".join(f"{k}={v}" for k, v in r["cpu_cores"].items()))
+    per = dict(r.get("cpu_us_per_order") or {})
+    if per:
+        rate = per.pop("applied_per_s")
+        print(f"CPU-microseconds per applied order ({rate}/s): " + ", ".join(f"{k}={v}" for k, v in per.items()))

@@ -43,6 +43,21 @@ class SpikesTest(unittest.TestCase):
         self.assertEqual(c["machine_busy"], 0.5)
         self.assertIn("cpu_other", c)
 
+    def test_cpu_per_order_is_cores_over_the_applied_rate(self):
+        start = 0.0
+        samples = [sample(t) for t in range(0, 120, 10)]
+        for s in samples:
+            s["effects"] = 500 * s["unix_s"]  # 500 applied a second
+        c = spikes.cpu(samples, start, from_s=60)
+        per = spikes.cpu_per_order(samples, start, c, from_s=60)
+        self.assertEqual(per["applied_per_s"], 500.0)
+        self.assertEqual(per["orders"], 800)  # 0.4 cores / 500 a second
+        self.assertIn("other", per)
+        # Nothing applied: no figure rather than a division by zero.
+        for s in samples:
+            s["effects"] = 7
+        self.assertEqual(spikes.cpu_per_order(samples, start, c, from_s=60), {})
+
     def test_missing_files_give_none(self):
         self.assertIsNone(spikes.from_files("/nonexistent/a.csv", "/nonexistent/b.csv", 0.0, 25.0))
 

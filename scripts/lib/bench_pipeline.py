@@ -18,6 +18,19 @@ def ratio(a, b):
     return round(a / b, 2) if a and b else None
 
 
+def cpu_us_per_order(steady):
+    """A steady point's CPU-microseconds per new order: each process group's and each PostgreSQL
+    role's cores over the point's rate of new orders a second (its `rate`)."""
+    cpu, per_s = steady.get("cpu") or {}, steady.get("rate")
+    if not per_s:
+        return {}
+
+    def us(d):
+        return {k: round(v * 1e6 / per_s) for k, v in (d or {}).items()}
+
+    return {"processes": us(cpu.get("cores")), "postgres_by_role": us(cpu.get("postgres_cores_by_role"))}
+
+
 def summarize(records):
     by = {}
     for r in records:
@@ -49,6 +62,8 @@ def summarize(records):
     out["consumer_vs_raw_consumer"] = ratio(out.get("consumer_new_msgs_per_sec"), raw_c.get("msgs_per_sec"))
     out["duplicates_vs_new"] = ratio(out.get("consumer_dup_msgs_per_sec"), out.get("consumer_new_msgs_per_sec"))
     out["steady"] = by.get("steady", [])
+    for point in out["steady"]:
+        point["cpu_us_per_order"] = cpu_us_per_order(point)
     return out
 
 
@@ -61,6 +76,12 @@ def main(argv):
         json.dump(out, f, indent=2)
         f.write("\n")
     print(json.dumps(out, indent=2))
+    for point in out["steady"]:
+        per = point["cpu_us_per_order"]
+        if per:
+            print(f"CPU-microseconds per new order at {point['rate']}/s: "
+                  + ", ".join(f"{k} {v}" for k, v in per["processes"].items())
+                  + "; PostgreSQL by role: " + ", ".join(f"{k} {v}" for k, v in per["postgres_by_role"].items()))
     print(f"written {result}")
     print(f"relay ratio: {out['relay_vs_raw_producer']}")
     print(f"consumer ratio: {out['consumer_vs_raw_consumer']}")

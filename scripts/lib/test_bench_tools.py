@@ -9,6 +9,7 @@ import tempfile
 import unittest
 
 import bench_orders
+import bench_pipeline
 import cpu
 import histo_delta
 
@@ -99,6 +100,16 @@ class CpuPerSend(unittest.TestCase):
     def test_no_sends_or_no_snapshot_is_no_figure(self):
         self.assertEqual(bench_orders.cpu_us({"orders": 0.5}, 0), {})
         self.assertEqual(bench_orders.cpu_us({}, 1_000), {})
+
+
+class PipelineCpuPerOrder(unittest.TestCase):
+    def test_cores_per_process_and_role_over_the_new_orders_a_second(self):
+        point = {"rate": 1000, "cpu": {"cores": {"postgres": 0.86, "kafka": 0.58},
+                                       "postgres_cores_by_role": {"effectively_orders": 0.55}}}
+        self.assertEqual(bench_pipeline.cpu_us_per_order(point), {
+            "processes": {"postgres": 860, "kafka": 580},
+            "postgres_by_role": {"effectively_orders": 550}})
+        self.assertEqual(bench_pipeline.cpu_us_per_order({"rate": 0, "cpu": point["cpu"]}), {})
 
 
 if __name__ == "__main__":

@@ -129,6 +129,15 @@ pub struct Config {
     #[arg(long, env = "ORDERS_WRITE_BATCH_MAX", default_value_t = 128)]
     pub write_batch_max: usize,
 
+    /// How long, in microseconds, a writer with room in its batch may wait
+    /// for more create requests before it writes: fewer, larger commits for
+    /// the same requests, at the price of up to this much latency. A writer
+    /// waits only while requests arrive fast enough that at least one more
+    /// is expected in that time (the rate over the last 10 ms or more), so
+    /// a lone request is written at once. 0 turns it off.
+    #[arg(long, env = "ORDERS_WRITE_LINGER_US", default_value_t = 1_000)]
+    pub write_linger_us: u64,
+
     /// Create requests accepted and not yet answered (queued, deferred
     /// behind an earlier request with the same key, or being written); beyond
     /// it, new ones get 503 `overloaded` at once (load shedding).

@@ -84,6 +84,7 @@ pub async fn run(
         writers: config.writers,
         max_batch: config.write_batch_max,
         queue: config.write_queue,
+        linger: std::time::Duration::from_micros(config.write_linger_us),
     };
     // Keys older than the key retention go, a batch at a time.
     match store.key_retention_secs().await {

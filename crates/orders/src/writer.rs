@@ -21,14 +21,24 @@
 //! statement cannot both insert and see a key); across writers it keeps a
 //! retry from waiting in PostgreSQL on the row its original's batch has not
 //! committed yet, with its whole batch behind it.
+//!
+//! Fewer commits for the same requests: the write path is bound by its
+//! commits (each one a WAL flush), not by their size (FINDINGS §14). A writer
+//! that finds fewer requests queued than a batch holds may wait up to
+//! `--write-linger-us` for more before it writes ([`Linger`]), but only when
+//! the recent arrival rate says at least one more request is likely to come
+//! in that time: at a low rate nobody waits for nothing.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use effectively::idempotency::{Claim, Fingerprint, IdempotencyKey, StoredResponse};
 use prometheus::IntGauge;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::metrics::OrdersMetrics;
@@ -44,6 +54,94 @@ pub struct WriterSettings {
     /// Requests accepted and not yet answered (queued, deferred or being
     /// written); beyond it, 503.
     pub queue: usize,
+    /// How long a writer with room in its batch may wait for more requests
+    /// (zero: never; it writes what is queued).
+    pub linger: Duration,
+}
+
+/// How long a writer may wait to fill its batch: `max`, when the arrival
+/// rate measured over the last windows says at least one more request
+/// should arrive within it; else not at all.
+#[derive(Debug)]
+struct Linger {
+    max: Duration,
+    /// Create requests queued since the start, counted by [`WriteQueue`].
+    arrivals: AtomicU64,
+    rate: std::sync::Mutex<Rate>,
+}
+
+/// The arrival rate, smoothed over windows of at least [`Linger::WINDOW`].
+#[derive(Debug)]
+struct Rate {
+    since: Instant,
+    arrivals: u64,
+    per_sec: f64,
+}
+
+impl Linger {
+    /// The shortest span a rate is measured over.
+    const WINDOW: Duration = Duration::from_millis(10);
+    /// A window this long or longer replaces the estimate instead of being
+    /// averaged into it: the rate it described is history.
+    const STALE: Duration = Duration::from_secs(1);
+
+    fn new(max: Duration, now: Instant) -> Self {
+        Self {
+            max,
+            arrivals: AtomicU64::new(0),
+            rate: std::sync::Mutex::new(Rate {
+                since: now,
+                arrivals: 0,
+                per_sec: 0.0,
+            }),
+        }
+    }
+
+    fn arrived(&self) {
+        if !self.max.is_zero() {
+            self.arrivals.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Until when a writer starting a batch at `now` may wait for more.
+    fn deadline(&self, now: Instant) -> Option<Instant> {
+        if self.max.is_zero() {
+            return None;
+        }
+        let arrivals = self.arrivals.load(Ordering::Relaxed);
+        let mut rate = self
+            .rate
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let span = now.saturating_duration_since(rate.since);
+        if span >= Self::WINDOW {
+            let measured = arrivals.saturating_sub(rate.arrivals) as f64 / span.as_secs_f64();
+            rate.per_sec = if span >= Self::STALE {
+                measured
+            } else {
+                0.5 * rate.per_sec + 0.5 * measured
+            };
+            rate.since = now;
+            rate.arrivals = arrivals;
+        }
+        (rate.per_sec * self.max.as_secs_f64() >= 1.0).then(|| now + self.max)
+    }
+}
+
+/// The next queued job: at once if one is queued; else, until `deadline`,
+/// the next to arrive. `None` when none came (or the queue closed).
+async fn next_job(queue: &mut mpsc::Receiver<Job>, deadline: Option<Instant>) -> Option<Job> {
+    match queue.try_recv() {
+        Ok(job) => Some(job),
+        Err(mpsc::error::TryRecvError::Disconnected) => None,
+        Err(mpsc::error::TryRecvError::Empty) => {
+            let deadline = deadline?;
+            tokio::time::timeout_at(deadline, queue.recv())
+                .await
+                .ok()
+                .flatten()
+        }
+    }
 }
 
 /// Why a queued create got no claim. The front ends map it to their error
@@ -103,6 +201,7 @@ struct Shared {
     queue: Mutex<mpsc::Receiver<Job>>,
     /// The keys in the writers' batches, with the jobs parked behind them.
     in_flight: InFlight,
+    linger: Arc<Linger>,
 }
 
 /// The keys in the writers' batches, each with the jobs parked behind it.
@@ -180,6 +279,7 @@ pub struct WriteQueue {
     jobs: mpsc::Sender<Job>,
     slots: Arc<Semaphore>,
     inflight: IntGauge,
+    linger: Arc<Linger>,
 }
 
 impl WriteQueue {
@@ -195,12 +295,14 @@ impl WriteQueue {
         let (jobs, queue) = mpsc::channel(bound);
         let slots = Arc::new(Semaphore::new(bound));
         let inflight = metrics.write_inflight.clone();
+        let linger = Arc::new(Linger::new(settings.linger, Instant::now()));
         let shared = Arc::new(Shared {
             store,
             max_batch: settings.max_batch.max(1),
             metrics,
             queue: Mutex::new(queue),
             in_flight: InFlight::default(),
+            linger: linger.clone(),
         });
         let handles = (0..settings.writers.max(1))
             .map(|_| tokio::spawn(writer(shared.clone())))
@@ -210,6 +312,7 @@ impl WriteQueue {
                 jobs,
                 slots,
                 inflight,
+                linger,
             },
             handles,
         )
@@ -233,7 +336,7 @@ impl WriteQueue {
             },
         };
         match self.jobs.try_send(job) {
-            Ok(()) => {}
+            Ok(()) => self.linger.arrived(),
             Err(mpsc::error::TrySendError::Full(_)) => return Err(WriteError::Overloaded),
             Err(mpsc::error::TrySendError::Closed(_)) => return Err(WriteError::Unavailable),
         }
@@ -275,21 +378,24 @@ async fn writer(shared: Arc<Shared>) {
         // already has work (deferred jobs) must not wait for that lock, or it
         // would wait for the next request to arrive: it only tops up its
         // batch when the lock is free.
-        let queue = if batch.is_empty() {
+        // Only a writer that waited for its first request may linger for
+        // more (holding the queue lock, so the next writer's batch starts
+        // filling when this one's is written).
+        let (queue, deadline) = if batch.is_empty() {
             let mut queue = shared.queue.lock().await;
             match queue.recv().await {
                 Some(job) => take(job, &mut batch),
                 None => return, // every sender dropped: shutting down
             }
-            Some(queue)
+            (Some(queue), shared.linger.deadline(Instant::now()))
         } else {
-            shared.queue.try_lock().ok()
+            (shared.queue.try_lock().ok(), None)
         };
         if let Some(mut queue) = queue {
             while batch.len() < shared.max_batch {
-                match queue.try_recv() {
-                    Ok(job) => take(job, &mut batch),
-                    Err(_) => break,
+                match next_job(&mut queue, deadline).await {
+                    Some(job) => take(job, &mut batch),
+                    None => break,
                 }
             }
         }
@@ -438,6 +544,96 @@ mod tests {
 
     fn answered(rx: &mut oneshot::Receiver<Result<Claim, WriteError>>) -> Option<Claim> {
         rx.try_recv().ok().map(|r| r.expect("no error"))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_writer_lingers_only_while_requests_arrive_faster_than_one_per_linger() {
+        let max = Duration::from_millis(1);
+        let start = Instant::now();
+        let linger = Linger::new(max, start);
+        // Nothing measured yet: no wait.
+        assert_eq!(linger.deadline(start), None);
+        // 100 requests in 20 ms (5,000/s), averaged with the 0 before:
+        // 2,500/s, 2.5 expected per millisecond.
+        for _ in 0..100 {
+            linger.arrived();
+        }
+        let at = start + Duration::from_millis(20);
+        assert_eq!(linger.deadline(at), Some(at + max));
+        // Within the same window the estimate stands.
+        assert_eq!(
+            linger.deadline(at + Duration::from_millis(5)),
+            Some(at + Duration::from_millis(5) + max)
+        );
+        // Quiet windows halve it: 1,250/s still waits, 625/s (under one per
+        // millisecond) does not.
+        let quiet = at + Duration::from_millis(20);
+        assert!(linger.deadline(quiet).is_some(), "1,250/s waits");
+        let quieter = quiet + Duration::from_millis(20);
+        assert_eq!(linger.deadline(quieter), None);
+        // A second without a window replaces the estimate: 2 in 2 s is idle.
+        linger.arrived();
+        linger.arrived();
+        assert_eq!(linger.deadline(quieter + Duration::from_secs(2)), None);
+        // And a busy second after it is the estimate at once.
+        for _ in 0..3_000 {
+            linger.arrived();
+        }
+        let busy = quieter + Duration::from_secs(4);
+        assert_eq!(linger.deadline(busy), Some(busy + max));
+        // Turned off: never, whatever the rate.
+        let off = Linger::new(Duration::ZERO, start);
+        for _ in 0..1_000 {
+            off.arrived();
+        }
+        assert_eq!(off.deadline(at), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lingering_writer_takes_what_arrives_before_its_deadline_and_no_more() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let (queued, _a) = job("k1", "A");
+        tx.try_send(queued).expect("room");
+        // Queued: taken at once, deadline or not.
+        assert!(next_job(&mut rx, None).await.is_some());
+        // Nothing queued and no deadline: no wait.
+        assert!(next_job(&mut rx, None).await.is_none());
+        let deadline = Instant::now() + Duration::from_millis(2);
+        let sender = tx.clone();
+        let (soon, _b) = job("k2", "B");
+        let (late, _c) = job("k3", "C");
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let _ = sender.try_send(soon);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            let _ = sender.try_send(late);
+        });
+        let taken = next_job(&mut rx, Some(deadline))
+            .await
+            .expect("arrived in time");
+        assert_eq!(taken.create.key.as_str(), "k2");
+        assert!(
+            next_job(&mut rx, Some(deadline)).await.is_none(),
+            "k3 came after the deadline"
+        );
+        assert!(Instant::now() >= deadline);
+        // The late one is the next batch's.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert_eq!(
+            next_job(&mut rx, None)
+                .await
+                .expect("queued")
+                .create
+                .key
+                .as_str(),
+            "k3"
+        );
+        drop(tx);
+        assert!(
+            next_job(&mut rx, Some(Instant::now() + Duration::from_secs(1)))
+                .await
+                .is_none()
+        );
     }
 
     #[test]

@@ -68,6 +68,7 @@ impl TestApp {
             shutdown_timeout_secs: 5,
             writers,
             write_batch_max: 128,
+            write_linger_us: 1_000,
             write_queue: queue,
             migrate_only: false,
             inject_fault: fault,
@@ -1011,6 +1012,7 @@ impl Writers {
                 writers: 1,
                 max_batch: 128,
                 queue,
+                linger: std::time::Duration::ZERO,
             },
             metrics.clone(),
         );

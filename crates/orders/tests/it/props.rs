@@ -623,6 +623,8 @@ fn service(rt: &tokio::runtime::Runtime) -> (Router, TestDb) {
             writers: 2,
             max_batch: 16,
             queue: 64,
+            // Lingering on: concurrent requests wait for each other's batch.
+            linger: std::time::Duration::from_millis(1),
         };
         let store = Arc::new(Store::new(
             pool,

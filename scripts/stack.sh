@@ -39,6 +39,7 @@
 #   STACK_KAFKA_PORT   node N's client port is this + N-1 (default: 29092)
 #   STACK_KAFKA_CONTROLLER_PORT  node N's quorum port is this + N-1 (default: 29192)
 #   STACK_KAFKA_HEAP   each node's JVM heap               (default: 512m)
+#   STACK_KAFKA_JVM_OPTS more JVM flags for each node      (default: none)
 #   STACK_NET      loopback, or netns: each Kafka node in its own network
 #                  namespace on its own address (root; scripts/lib/net.sh)
 #                  (default: the cluster's current mode, at first loopback)
@@ -63,6 +64,7 @@ KAFKA_NODES=${STACK_KAFKA_NODES:-3}
 KAFKA_PORT=${STACK_KAFKA_PORT:-29092}
 KAFKA_CONTROLLER_PORT=${STACK_KAFKA_CONTROLLER_PORT:-29192}
 KAFKA_HEAP=${STACK_KAFKA_HEAP:-512m}
+KAFKA_JVM_OPTS=${STACK_KAFKA_JVM_OPTS:-}
 TOPIC=${KAFKA_TOPIC:-order.events}
 PARTITIONS=${KAFKA_TOPIC_PARTITIONS:-6}
 TOOLS_CACHE=${TOOLS_CACHE:-$HOME/.cache/effectively}
@@ -289,9 +291,9 @@ start_node() {
   touch "$log"
   offset=$(stat -c %s "$log")
   echo "$offset" >"$dir/log-offset"
-  # shellcheck disable=SC2046 # java_props and node_exec are word-split on purpose
+  # shellcheck disable=SC2046,SC2086 # java_props, node_exec and the JVM options are word-split on purpose
   nohup $(node_exec "$n") java -Xms"$KAFKA_HEAP" -Xmx"$KAFKA_HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
-    -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent \
+    -XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent $KAFKA_JVM_OPTS \
     $(java_props "$ROOT/scripts/kafka/log4j2.properties") \
     -cp "$KAFKA_LIBS/*" kafka.Kafka "$dir/server.properties" >>"$log" 2>&1 </dev/null &
   pid=$!

@@ -143,6 +143,15 @@ def cpu_columns(before, after, seconds, hz, digits=3):
     return row
 
 
+def cpu_us_per(cores, per_s):
+    """CPU-microseconds per unit of work for each entry of CORES (cores used
+    over the same span), at PER_S units done a second: {} when none were done.
+    The benchmarks' and the acceptance run's per-order figure."""
+    if not per_s or per_s <= 0:
+        return {}
+    return {k: round(v * 1e6 / per_s) for k, v in cores.items()}
+
+
 def quantile(q, before, after):
     """The Q quantile of the observations between two cumulative bucket
     snapshots (linear within a bucket), or None when there were none. A

@@ -8,6 +8,7 @@ SLO far more often than the others' is a suspect to test by removing it.
 """
 import os
 
+import sampler
 from common import number, read_csv
 
 
@@ -96,10 +97,9 @@ def cpu_per_order(samples, started_unix_s, cores, from_s=60):
     if len(use) < 2 or use[-1]["unix_s"] <= use[0]["unix_s"]:
         return {}
     rate = (use[-1]["effects"] - use[0]["effects"]) / (use[-1]["unix_s"] - use[0]["unix_s"])
-    if rate <= 0:
-        return {}
-    out = {k[4:]: round(v * 1e6 / rate) for k, v in cores.items() if k.startswith("cpu_")}
-    out["applied_per_s"] = round(rate, 1)
+    out = sampler.cpu_us_per({k[4:]: v for k, v in cores.items() if k.startswith("cpu_")}, rate)
+    if out:
+        out["applied_per_s"] = round(rate, 1)
     return out
 
 

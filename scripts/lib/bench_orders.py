@@ -56,10 +56,8 @@ def cores(out, tag):
 def cpu_us(cores_used, achieved):
     """CPU-microseconds per achieved send, per process group: the cores each used over the
     sends a second, so a change shows as a ratio whatever the machine's noise."""
-    if not achieved:
-        return {}
-    return {k: round(v * 1e6 / achieved) for k, v in cores_used.items()
-            if k != "machine_busy" and isinstance(v, (int, float))}
+    return sampler.cpu_us_per({k: v for k, v in cores_used.items()
+                               if k != "machine_busy" and isinstance(v, (int, float))}, achieved)
 
 
 def waits(out, tag):
@@ -112,15 +110,15 @@ def summarize(out, points):
     for path in glob.glob(os.path.join(points, "*-*.json")):
         tag = os.path.basename(path)[:-5]
         r = json.load(open(path))
+        used = cores(points, tag)
         rows.append({
             "intents": round(r["rates"]["offered"]), "mode": tag.split("-")[1], "again": tag.endswith("-again"),
             "offered_sends": round(r["rates"]["offered_sends"]), "achieved": round(r["rates"]["achieved"]),
             "p50_ms": r["latency_ms"]["all"]["p50_ms"], "p99_ms": r["latency_ms"]["all"]["p99_ms"],
             "errors": errors(r), "dropped": r["sends"]["dropped"], "replay_mismatches": r["replay"]["mismatches"],
-            "cores": cores(points, tag), "waits": waits(points, tag), "batches": batches(points, tag),
-            "passed": passed(r),
+            "cores": used, "cpu_us_per_send": cpu_us(used, r["rates"]["achieved"]),
+            "waits": waits(points, tag), "batches": batches(points, tag), "passed": passed(r),
         })
-        rows[-1]["cpu_us_per_send"] = cpu_us(rows[-1]["cores"], r["rates"]["achieved"])
     rows.sort(key=lambda x: (x["mode"] != "unique", x["intents"], x["again"]))
     print(f"{'intents':>8} {'mode':>8} {'sends':>7} {'achieved':>9} {'p50 ms':>8} {'p99 ms':>8} {'err':>5} {'drop':>6} "
           f"{'pass':>5} {'orders':>7} {'loadgen':>8} {'postgres':>9} {'busy':>5}")

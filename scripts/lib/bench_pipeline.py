@@ -7,7 +7,11 @@ None for what it did not measure.
 """
 
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "experiments", "lib"))
+import sampler  # noqa: E402  (the experiments' CPU accounting)
 
 
 def rate(n, seconds):
@@ -24,11 +28,8 @@ def cpu_us_per_order(steady):
     cpu, per_s = steady.get("cpu") or {}, steady.get("rate")
     if not per_s:
         return {}
-
-    def us(d):
-        return {k: round(v * 1e6 / per_s) for k, v in (d or {}).items()}
-
-    return {"processes": us(cpu.get("cores")), "postgres_by_role": us(cpu.get("postgres_cores_by_role"))}
+    return {"processes": sampler.cpu_us_per(cpu.get("cores") or {}, per_s),
+            "postgres_by_role": sampler.cpu_us_per(cpu.get("postgres_cores_by_role") or {}, per_s)}
 
 
 def summarize(records):

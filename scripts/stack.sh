@@ -39,8 +39,8 @@
 #   STACK_KAFKA_PORT   node N's client port is this + N-1 (default: 29092)
 #   STACK_KAFKA_CONTROLLER_PORT  node N's quorum port is this + N-1 (default: 29192)
 #   STACK_KAFKA_HEAP   each node's JVM heap               (default: 512m)
-#   STACK_KAFKA_JVM_OPTS more JVM flags for each node      (default: -XX:TieredStopAtLevel=1;
-#                      an empty value gives the JVM's default two-tier JIT)
+#   STACK_KAFKA_JVM_OPTS more JVM flags for each node      (default: none;
+#                      -XX:TieredStopAtLevel=1 removes the first minute's warm-up)
 #   STACK_NET      loopback, or netns: each Kafka node in its own network
 #                  namespace on its own address (root; scripts/lib/net.sh)
 #                  (default: the cluster's current mode, at first loopback)
@@ -65,11 +65,12 @@ KAFKA_NODES=${STACK_KAFKA_NODES:-3}
 KAFKA_PORT=${STACK_KAFKA_PORT:-29092}
 KAFKA_CONTROLLER_PORT=${STACK_KAFKA_CONTROLLER_PORT:-29192}
 KAFKA_HEAP=${STACK_KAFKA_HEAP:-512m}
-# The JIT's first tier only: three brokers compiling with C2 under the first
-# minute's load took 0.93 of 2 cores (0.43 once warm) and held the client's
-# p99 at 47 ms for that minute; with C1 alone, 0.60 cores and 21 ms, for
-# 15% more broker CPU once warm (FINDINGS §13, "The warm-up").
-KAFKA_JVM_OPTS=${STACK_KAFKA_JVM_OPTS--XX:TieredStopAtLevel=1}
+# With the JIT's first tier only (-XX:TieredStopAtLevel=1) the first
+# minute's load took 0.60 of 2 cores instead of 0.93 and the client's p99 that
+# minute was 21 ms instead of 47, for 15% more broker CPU once warm; not the
+# default yet: with it one payments test failed in two of three CI runs
+# (FINDINGS §13, "The warm-up").
+KAFKA_JVM_OPTS=${STACK_KAFKA_JVM_OPTS:-}
 TOPIC=${KAFKA_TOPIC:-order.events}
 PARTITIONS=${KAFKA_TOPIC_PARTITIONS:-6}
 TOOLS_CACHE=${TOOLS_CACHE:-$HOME/.cache/effectively}

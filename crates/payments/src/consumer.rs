@@ -154,6 +154,12 @@ pub(crate) async fn consume(
                     biased;
                     applied = &mut work => break applied,
                     () = &mut fetch, if fetching => fetching = false,
+                    // Earlier batches' offsets, while this one waits on a
+                    // failing database: committed when due, so the lag
+                    // shows only what is not applied yet.
+                    () = commits.due_in(), if commits.any() => {
+                        commits.flush(&consumer, metrics, CommitMode::Async);
+                    }
                 }
             }
         };

@@ -247,6 +247,13 @@ node_pid() {
 # RF 3 x 50 is 150 replicas to start for a handful of groups).
 # replica.lag.time.max.ms is 10 s (30 s by default) so that a broker paused
 # longer than that leaves the ISR within a fault's span (chaos broker-pause).
+# Consumer group sessions may be as short as 1 s (Kafka's floors are 6 s for
+# the classic protocol and 45 s for KIP-848's): the lab's members are killed
+# -9 every few seconds, and a group may choose its own (payments
+# --session-timeout-ms; KIP-848 groups by `kafka.sh configs --entity-type
+# groups`). KIP-848 groups default to a 10 s session, as payments' classic
+# one, with a heartbeat of 1 s (Kafka's 45 s and 5 s suit clouds; here a
+# member's partitions move on the heartbeat).
 write_node_config() {
   local n=$1 dir voters= v rf=$KAFKA_NODES isr=$(( KAFKA_NODES >= 3 ? 2 : 1 ))
   dir=$(node_dir "$n")
@@ -277,6 +284,11 @@ transaction.state.log.min.isr=$isr
 transaction.state.log.num.partitions=6
 replica.lag.time.max.ms=10000
 group.initial.rebalance.delay.ms=0
+group.min.session.timeout.ms=1000
+group.consumer.session.timeout.ms=10000
+group.consumer.min.session.timeout.ms=1000
+group.consumer.heartbeat.interval.ms=1000
+group.consumer.min.heartbeat.interval.ms=500
 auto.create.topics.enable=false
 PROPS
 }

@@ -58,9 +58,27 @@ pub struct Config {
     #[arg(long, env = "PAYMENTS_BATCH_LINGER_MS", default_value_t = 5)]
     pub batch_linger_ms: u64,
 
-    /// Consumer session timeout in milliseconds (how fast a dead member's
-    /// partitions move to the survivors).
-    #[arg(long, env = "PAYMENTS_SESSION_TIMEOUT_MS", default_value_t = 10_000)]
+    /// The consumer group protocol. `classic`: the client-side
+    /// cooperative-sticky assignor, where every rebalance waits for every
+    /// member to rejoin, a member killed -9 included until its session
+    /// (below) times out. `consumer` (KIP-848, Kafka 4): the group
+    /// coordinator assigns, and a member's partitions move without stopping
+    /// the others; the session and heartbeat are then the brokers' settings
+    /// (`group.consumer.session.timeout.ms`, `group.consumer.heartbeat.interval.ms`)
+    /// and the two flags below are not used.
+    #[arg(long, env = "PAYMENTS_GROUP_PROTOCOL", value_enum, default_value_t = GroupProtocol::Classic)]
+    pub group_protocol: GroupProtocol,
+
+    /// Consumer session timeout in milliseconds: how long the group waits
+    /// for a member that stopped heartbeating (killed -9) before its
+    /// partitions move to the survivors. A rebalance waits for every member,
+    /// so a dead one also holds up every other move meanwhile; a group whose
+    /// members die often needs a session shorter than the usual time between
+    /// deaths (FINDINGS §12, the long run). The heartbeat goes every third of
+    /// it, at most every 3 s (librdkafka's default). The brokers must allow
+    /// it (`group.min.session.timeout.ms`; the stack's allow 1,000).
+    #[arg(long, env = "PAYMENTS_SESSION_TIMEOUT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1_000..=3_600_000))]
     pub session_timeout_ms: u64,
 
     /// The longest the broker may hold a fetch that has no new data, in
@@ -189,6 +207,17 @@ retention, unless --unsafe-inbox-retention. Expiry drops whole partitions and ne
 before the horizon (re-derived every round). A message older than the oldest
 partition kept is dead-lettered (kind after_horizon) and never applied.";
 
+/// The consumer group protocol (`--group-protocol`): Kafka's
+/// `group.protocol`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum GroupProtocol {
+    /// The classic protocol, with the cooperative-sticky assignor.
+    #[default]
+    Classic,
+    /// The consumer protocol of KIP-848: the coordinator assigns.
+    Consumer,
+}
+
 /// Where payments takes its events from (`--source`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Transport {
@@ -221,6 +250,14 @@ impl std::fmt::Display for HorizonRefusal {
 impl std::error::Error for HorizonRefusal {}
 
 impl Config {
+    /// The consumer's heartbeat interval in milliseconds: a third of the
+    /// session, so two heartbeats may be lost before it times out, and at
+    /// most librdkafka's default 3 s. Live members learn of a rebalance from
+    /// a heartbeat's answer, so a shorter one also makes rebalances quicker.
+    pub(crate) fn heartbeat_interval_ms(&self) -> u64 {
+        (self.session_timeout_ms / 3).clamp(1, 3_000)
+    }
+
     /// How this process applies what it consumes.
     pub(crate) fn apply(&self) -> Apply {
         match self.unsafe_split_txn {
@@ -331,4 +368,36 @@ pub async fn check_horizon(
         return Ok(horizon);
     }
     Err(HorizonRefusal(message).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        let base = ["payments", "--database-url", "postgres://localhost/x"];
+        Config::try_parse_from(base.into_iter().chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_heartbeat_is_a_third_of_the_session_and_at_most_three_seconds() {
+        let heartbeat = |session: &str| {
+            parse(&["--session-timeout-ms", session])
+                .expect("a valid session")
+                .heartbeat_interval_ms()
+        };
+        assert_eq!(heartbeat("10000"), 3_000);
+        assert_eq!(heartbeat("60000"), 3_000);
+        assert_eq!(heartbeat("3000"), 1_000);
+        assert_eq!(heartbeat("1000"), 333);
+    }
+
+    #[test]
+    fn a_session_under_a_second_is_refused_with_the_flag_named() {
+        let error = parse(&["--session-timeout-ms", "500"])
+            .expect_err("under a second")
+            .to_string();
+        assert!(error.contains("--session-timeout-ms"), "{error}");
+    }
 }

@@ -18,7 +18,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, GroupProtocol};
 use crate::kafka::{PaymentsConsumer, RebalanceContext, sample_lag};
 use crate::metrics::{PaymentsMetrics, Stage};
 use crate::process::{Apply, process};
@@ -36,15 +36,25 @@ pub fn subscribe(config: &Config, context: RebalanceContext) -> anyhow::Result<P
     if let Some(id) = &config.group_instance_id {
         client.set("group.instance.id", id);
     }
-    let consumer: PaymentsConsumer = client
+    client
         .set("bootstrap.servers", &config.kafka.kafka_bootstrap_servers)
         .set("group.id", &config.group_id)
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
-        .set("session.timeout.ms", config.session_timeout_ms.to_string())
         .set("fetch.wait.max.ms", config.fetch_wait_max_ms.to_string())
-        .set("enable.partition.eof", "false")
-        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("enable.partition.eof", "false");
+    match config.group_protocol {
+        GroupProtocol::Classic => client
+            .set("session.timeout.ms", config.session_timeout_ms.to_string())
+            .set(
+                "heartbeat.interval.ms",
+                config.heartbeat_interval_ms().to_string(),
+            )
+            .set("partition.assignment.strategy", "cooperative-sticky"),
+        // The coordinator's own assignor, session and heartbeat.
+        GroupProtocol::Consumer => client.set("group.protocol", "consumer"),
+    };
+    let consumer: PaymentsConsumer = client
         .create_with_context(context)
         .context("create kafka consumer")?;
     consumer

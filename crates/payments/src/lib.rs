@@ -36,7 +36,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::config::{
-    Config, DEFAULT_FETCH_WAIT_MAX_MS, HorizonRefusal, Transport, check_horizon,
+    Config, DEFAULT_FETCH_WAIT_MAX_MS, GroupProtocol, HorizonRefusal, Transport, check_horizon,
 };
 pub use crate::kafka::{PaymentsConsumer, RebalanceContext, partition_lag};
 use crate::metrics::PaymentsMetrics;

@@ -13,7 +13,7 @@ use effectively::v7::{minted_ago, minted_ahead};
 use payments::dup::{DupArgs, DupKind};
 use payments::horizon::Retention;
 use payments::receiver::WebhookArgs;
-use payments::{Config, Transport, run};
+use payments::{Config, GroupProtocol, Transport, run};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -87,6 +87,7 @@ fn config(db: &TestDb, topic: &TestTopic, group: &str) -> Config {
         group_id: group.to_owned(),
         batch_size: 50,
         batch_linger_ms: 5,
+        group_protocol: GroupProtocol::Classic,
         session_timeout_ms: 6_000,
         fetch_wait_max_ms: 25,
         commit_interval_ms: 1000,
@@ -495,10 +496,26 @@ async fn owned(member: &Service) -> f64 {
 
 #[tokio::test]
 async fn a_member_joining_moves_only_the_partitions_that_change_owner() {
+    a_member_joins(GroupProtocol::Classic, "g-coop").await;
+}
+
+/// The same with the consumer protocol (KIP-848): the coordinator assigns,
+/// incrementally too.
+#[tokio::test]
+async fn with_the_consumer_protocol_a_member_joining_moves_only_what_changes_owner() {
+    a_member_joins(GroupProtocol::Consumer, "g-coop-848").await;
+}
+
+async fn a_member_joins(protocol: GroupProtocol, group: &str) {
     let db = TestDb::create().await;
     let topic = TestTopic::create(6).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
-    let a = spawn_payments(config(&db, &topic, "g-coop")).await;
+    let member = || {
+        let mut c = config(&db, &topic, group);
+        c.group_protocol = protocol;
+        c
+    };
+    let a = spawn_payments(member()).await;
     let first = events(200);
     produce_events(&topic, &first).await;
     assert!(
@@ -510,7 +527,7 @@ async fn a_member_joining_moves_only_the_partitions_that_change_owner() {
     );
 
     // A second member joins while events keep coming.
-    let b = spawn_payments(config(&db, &topic, "g-coop")).await;
+    let b = spawn_payments(member()).await;
     let second = events(200);
     produce_events(&topic, &second).await;
     assert!(
@@ -539,6 +556,63 @@ async fn a_member_joining_moves_only_the_partitions_that_change_owner() {
     assert_eq!(count(&pool, DOUBLES).await, 0);
     a.stop().await;
     b.stop().await;
+}
+
+/// With the consumer protocol (KIP-848) a member killed -9 holds its
+/// partitions for the brokers' session (`group.consumer.session.timeout.ms`,
+/// the stack's 10 s) and no longer; meanwhile the other member goes on with
+/// its own, then takes the dead one's and applies what waited there.
+#[tokio::test]
+async fn with_the_consumer_protocol_a_member_killed_gives_its_partitions_up_after_its_session() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(6).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let group = "g-kill-848";
+    let mut cfg = config(&db, &topic, group);
+    cfg.group_protocol = GroupProtocol::Consumer;
+    let a = spawn_payments(cfg).await;
+    let mut b = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"))
+        .env("DATABASE_URL", db.url_as(ServiceRole::Payments))
+        .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
+        .env("KAFKA_TOPIC", &topic.name)
+        .env("PAYMENTS_GROUP_ID", group)
+        .env("PAYMENTS_GROUP_PROTOCOL", "consumer")
+        .env("PAYMENTS_METRICS_ADDR", "127.0.0.1:0")
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn payments");
+    produce_events(&topic, &events(200)).await;
+    assert!(
+        eventually(Duration::from_secs(90), || async {
+            owned(&a).await == 3.0 && count(&pool, CHARGES).await == 200
+        })
+        .await,
+        "the two members split the partitions and charged the first events (a owns {})",
+        owned(&a).await
+    );
+    b.start_kill().expect("kill -9");
+    b.wait().await.expect("wait");
+    let killed = std::time::Instant::now();
+    produce_events(&topic, &events(200)).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            owned(&a).await == 6.0 && count(&pool, CHARGES).await == 400
+        })
+        .await,
+        "the survivor took all six partitions and charged everything (owns {}, {} charges)",
+        owned(&a).await,
+        count(&pool, CHARGES).await
+    );
+    let took = killed.elapsed();
+    assert!(
+        took >= Duration::from_secs(5),
+        "the dead member's partitions waited for its session, not {took:?}"
+    );
+    assert_eq!(count(&pool, DOUBLES).await, 0);
+    a.stop().await;
 }
 
 #[tokio::test]

@@ -16,7 +16,7 @@ use effectively::webhook::{self, Secret};
 use payments::dup::DupArgs;
 use payments::horizon::Retention;
 use payments::receiver::WebhookArgs;
-use payments::{Config, Transport, run_on};
+use payments::{Config, GroupProtocol, Transport, run_on};
 use reqwest::StatusCode;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -65,6 +65,7 @@ fn config(db: &TestDb, secret: &Secret) -> Config {
         group_id: "unused".into(),
         batch_size: 50,
         batch_linger_ms: 5,
+        group_protocol: GroupProtocol::Classic,
         session_timeout_ms: 6_000,
         fetch_wait_max_ms: 25,
         commit_interval_ms: 1000,

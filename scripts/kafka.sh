@@ -34,7 +34,7 @@ case $1 in
   console-producer) main=org.apache.kafka.tools.ConsoleProducer ;;
   metadata-quorum) main=org.apache.kafka.tools.MetadataQuorumCommand ;;
   get-offsets) main=org.apache.kafka.tools.GetOffsetShell ;;
-  configs) main=org.apache.kafka.tools.ConfigCommand ;;
+  configs) main=kafka.admin.ConfigCommand ;;
   *) echo "kafka.sh: unknown tool '$1'" >&2; usage >&2; exit 2 ;;
 esac
 shift

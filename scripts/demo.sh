@@ -31,10 +31,24 @@ case $TRANSPORT in kafka|http) ;; *) echo "DEMO_TRANSPORT must be kafka or http,
 
 say() { printf '\n== %s\n' "$*"; }
 
-pipeline_stack
+# On a fresh machine the stack's downloads (PostgreSQL and Java from apt,
+# Kafka's jars from Maven Central) run beside the build, and the stack
+# creates its topic with the build's kafka-tool instead of building one of
+# its own in the debug profile (a second rdkafka build).
+if [ -z "${STACK_ENV_FILE:-}" ]; then
+  FETCH_LOG=$(mktemp)
+  "$ROOT/scripts/stack.sh" fetch >"$FETCH_LOG" 2>&1 &
+  FETCH_PID=$!
+fi
 
 say "build ($PROFILE)"
 pipeline_build "$PROFILE"
+if [ -n "${FETCH_PID:-}" ]; then
+  wait "$FETCH_PID" || { cat "$FETCH_LOG" >&2; echo "demo: scripts/stack.sh fetch failed" >&2; exit 1; }
+  rm -f "$FETCH_LOG"
+fi
+export STACK_KAFKA_TOOL=$BIN/kafka-tool
+pipeline_stack
 mkdir -p "$OUT"
 if [ "$TRANSPORT" = http ]; then
   pipeline_db demo

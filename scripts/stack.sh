@@ -7,6 +7,7 @@
 #                            write .stack/env, print it
 #   scripts/stack.sh down    stop (idempotent)
 #   scripts/stack.sh status  say what runs
+#   scripts/stack.sh fetch   install and download what `up` needs, start nothing
 #   scripts/stack.sh crash postgres|broker [DOWN_MS [NODE]]
 #                            crash one the hard way (pg_ctl -m immediate;
 #                            kill -9 of Kafka node NODE, by default the leader
@@ -46,6 +47,8 @@
 #                  (default: the cluster's current mode, at first loopback)
 #   STACK_NET_PREFIX   the netns subnet's first three octets (10.213.7)
 #   KAFKA_TOPIC, KAFKA_TOPIC_PARTITIONS  the topic `up` creates (order.events, 6)
+#   STACK_KAFKA_TOOL   a built kafka-tool to create it with (default: build
+#                      the debug one on first use)
 #   TOOLS_CACHE    machine-wide cache of tools and jars   (default: ~/.cache/effectively)
 # The default ports lie below Linux's ephemeral range (32768-60999): under
 # load, a client's own connection could otherwise hold the port in TIME-WAIT
@@ -391,9 +394,15 @@ kafka_up() {
   done
 }
 
-# The project's own Kafka tool (rdkafka), built on first use (debug profile:
-# the test build shares it), where cargo puts it (CARGO_TARGET_DIR).
+# The project's own Kafka tool (rdkafka): STACK_KAFKA_TOOL when it names one
+# (make demo passes its release build's), else built on first use (debug
+# profile: the test build shares it), where cargo puts it (CARGO_TARGET_DIR).
 kafka_tool_bin() {
+  if [ -n "${STACK_KAFKA_TOOL:-}" ]; then
+    [ -x "$STACK_KAFKA_TOOL" ] || die "STACK_KAFKA_TOOL=$STACK_KAFKA_TOOL is not an executable"
+    echo "$STACK_KAFKA_TOOL"
+    return
+  fi
   local dir=${CARGO_TARGET_DIR:-target}
   case $dir in /*) ;; *) dir=$ROOT/$dir ;; esac # cargo runs in ROOT below
   local bin=$dir/debug/kafka-tool
@@ -540,6 +549,12 @@ case "${1:-}" in
     # The network faults' firewall (chaos, its tests) comes with the stack, as root.
     if [ "$(id -u)" = 0 ] && ! command -v iptables >/dev/null 2>&1; then ensure_net_tools; fi
     pg_up; if [ "$WITH_KAFKA" = 1 ]; then kafka_up; fi; write_env ;;
+  fetch)
+    # What `up` installs and downloads, without starting anything: make demo
+    # runs it beside its build.
+    if [ "$(id -u)" = 0 ] && ! command -v iptables >/dev/null 2>&1; then ensure_net_tools; fi
+    ensure_postgres_installed; if [ "$WITH_KAFKA" = 1 ]; then ensure_kafka; fi
+    log "fetched: PostgreSQL ${PG_BIN:-installed}${KAFKA_LIBS:+, Kafka $KAFKA_VERSION in $KAFKA_LIBS}" ;;
   down) kafka_down; if [ "$NET" = netns ]; then net_down; else net_heal_all quiet; fi; pg_down ;;
   status)
     if find_pg_bin && pg_running; then echo "postgres: running on 127.0.0.1:$PG_PORT"; else echo "postgres: stopped"; fi
@@ -550,5 +565,5 @@ case "${1:-}" in
   crash) shift; crash "$@" ;;
   pause) shift; pause "$@" ;;
   net) shift; net_cmd "$@" ;;
-  *) echo "usage: $0 up|down|status|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]|net partition|lag|cut|heal|check|status ..." >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|fetch|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]|net partition|lag|cut|heal|check|status ..." >&2; exit 2 ;;
 esac

@@ -14,7 +14,9 @@ if an excess passed the bound. Kills are not windows: the bound covers a
 killed instance's restart and a killed consumer's session timeout.
 
 Usage: python3 experiments/lib/longrun.py RES MODE MIN_KILLS BOUND_MS PARTITIONS
-(long.sh passes them; run it alone to judge results again).
+(long.sh passes them; run it alone to judge results again), or
+python3 experiments/lib/longrun.py --chains RES SESSION_MS... for the kill
+chains of RES's payments crash-point kills (kill_chains) per session.
 """
 import csv
 import os
@@ -148,6 +150,49 @@ def stalls(lanes, windows, bound_ms, end=None):
     }
 
 
+def kill_chains(kill_ms, session_ms, rebalance_ms=1000):
+    """The classic group protocol's stalls as a model: every rebalance
+    waits for every member, a member killed -9 until its session (SESSION_MS)
+    ends, so kills closer together than the session chain into one stall
+    of every partition that was to move, from the first kill to the last
+    kill's session end plus a rebalance (REBALANCE_MS). KILL_MS: the kill
+    times (ms). The chains' lengths, longest first."""
+    chains, first, last = [], None, None
+    for t in sorted(kill_ms):
+        if first is not None and t < last + session_ms:
+            last = t
+            continue
+        if first is not None:
+            chains.append(last + session_ms + rebalance_ms - first)
+        first = last = t
+    if first is not None:
+        chains.append(last + session_ms + rebalance_ms - first)
+    return sorted(chains, reverse=True)
+
+
+def payments_kills(c):
+    """The times (ms into the run) of chaos summary C's payments lives that
+    ended at a crash point."""
+    return [life["ended_ms"] for life in ((c.get("services") or {}).get("payments") or {}).get("life_log") or []
+            if (life.get("end") or {}).get("kind") == "crash_point" and life.get("ended_ms") is not None]
+
+
+def chains_main(res, sessions):
+    """Prints the kill-chain model of RES's run for each session in SESSIONS."""
+    c = load_json(os.path.join(res, f"{RUN}.json"))
+    if c is None:
+        print(f"exp-10 long: no chaos summary in {res}")
+        return 1
+    kills = payments_kills(c)
+    print(f"{len(kills)} payments crash-point kills in {res}")
+    for session in sessions:
+        chains = kill_chains(kills, session)
+        over = lambda b: sum(1 for x in chains if x > b)  # noqa: E731
+        print(f"session {session} ms: {len(chains)} chains, {over(15000)} over 15 s, {over(20000)} over 20 s, "
+              f"longest {chains[0] if chains else 0} ms")
+    return 0
+
+
 def judge(c, timeline, mode, min_kills, bound_ms, partitions):
     """The summary of the long run: chaos summary C, TIMELINE (what
     read_timeline returned)."""
@@ -192,6 +237,8 @@ def judge(c, timeline, mode, min_kills, bound_ms, partitions):
 
 def main(argv):
     """Judge RES (argv: RES MODE MIN_KILLS BOUND_MS PARTITIONS); the exit status."""
+    if argv and argv[0] == "--chains":
+        return chains_main(argv[1], [int(a) for a in argv[2:]])
     res, mode, min_kills, bound_ms, partitions = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
     c = load_json(os.path.join(res, f"{RUN}.json"))
     path = os.path.join(res, "timeline.csv")

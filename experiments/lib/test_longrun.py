@@ -162,3 +162,23 @@ class JudgeTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class KillChains(unittest.TestCase):
+    def test_kills_closer_than_the_session_chain_into_one_stall(self):
+        # 0, 4 s and 8 s chain with a 5 s session: 8 + 5 + 1 (rebalance) = 14 s;
+        # 20 s stands alone: 6 s.
+        self.assertEqual(longrun.kill_chains([8000, 0, 4000, 20000], 5000), [14000, 6000])
+
+    def test_a_shorter_session_breaks_the_chain(self):
+        self.assertEqual(longrun.kill_chains([0, 4000, 8000], 3000), [4000, 4000, 4000])
+
+    def test_no_kills_no_chains(self):
+        self.assertEqual(longrun.kill_chains([], 3000), [])
+
+    def test_only_payments_crash_point_deaths_count(self):
+        c = {"services": {"payments": {"life_log": [
+            {"end": {"kind": "crash_point", "point": "claim"}, "ended_ms": 5},
+            {"end": {"kind": "stopped"}, "ended_ms": 9},
+            {"end": {"kind": "crash_point", "point": "effect"}, "ended_ms": 7}]}}}
+        self.assertEqual(longrun.payments_kills(c), [5, 7])

@@ -51,9 +51,10 @@ exp_chaos() {
   local run
   run=$tag-$(date +%H%M%S)
   pipeline_fresh "exp_${tag//-/_}" "$run"
-  # A step of the experiment's own on the fresh database, before chaos.
-  if [ -n "${EXP_PREPARE:-}" ]; then "$EXP_PREPARE"; fi
   export PAYMENTS_GROUP_ID=payments-$run
+  # A step of the experiment's own on the fresh database and topic, before
+  # chaos (PAYMENTS_GROUP_ID names the run's consumer group).
+  if [ -n "${EXP_PREPARE:-}" ]; then "$EXP_PREPARE"; fi
   say "chaos $tag: $*"
   local status=0
   RUST_LOG=${RUST_LOG:-warn} "$BIN/chaos" --out "$RES/logs/$tag" --json "$RES/$tag.json" \

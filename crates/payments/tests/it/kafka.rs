@@ -326,6 +326,24 @@ async fn a_malformed_message_is_dead_lettered_and_the_next_one_is_charged() {
     consumer.stop().await;
 }
 
+/// The payments binary as a child process on `db` and `topic` in consumer
+/// group `group` (metrics on a free port, errors only, output discarded,
+/// killed when dropped); callers add their own settings.
+fn payments_process(db: &TestDb, topic: &TestTopic, group: &str) -> tokio::process::Command {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"));
+    child
+        .env("DATABASE_URL", db.url_as(ServiceRole::Payments))
+        .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
+        .env("KAFKA_TOPIC", &topic.name)
+        .env("PAYMENTS_GROUP_ID", group)
+        .env("PAYMENTS_METRICS_ADDR", "127.0.0.1:0")
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    child
+}
+
 /// Runs the payments binary (group `group`, env `extra`) again and again,
 /// each life ending at its armed crash point, until every event's msg_id is
 /// in the inbox; returns how many lives were killed.
@@ -342,23 +360,14 @@ async fn run_with_crashes(
         if count(&pool, INBOX).await == total {
             break;
         }
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"));
+        let mut child = payments_process(db, topic, group);
         child
-            .env("DATABASE_URL", db.url_as(ServiceRole::Payments))
-            .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
-            .env("KAFKA_TOPIC", &topic.name)
-            .env("PAYMENTS_GROUP_ID", group)
-            .env("PAYMENTS_METRICS_ADDR", "127.0.0.1:0")
             .env("PAYMENTS_BATCH_SIZE", "10")
             .env("PAYMENTS_SESSION_TIMEOUT_MS", "6000")
             // A static member, as chaos runs it: the restarted process takes
             // the dead one's place in the group at once, without waiting for
             // its session to expire and a rebalance.
-            .env("PAYMENTS_GROUP_INSTANCE_ID", format!("{group}-1"))
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true);
+            .env("PAYMENTS_GROUP_INSTANCE_ID", format!("{group}-1"));
         for (k, v) in extra {
             child.env(k, v);
         }
@@ -571,17 +580,8 @@ async fn with_the_consumer_protocol_a_member_killed_gives_its_partitions_up_afte
     let mut cfg = config(&db, &topic, group);
     cfg.group_protocol = GroupProtocol::Consumer;
     let a = spawn_payments(cfg).await;
-    let mut b = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"))
-        .env("DATABASE_URL", db.url_as(ServiceRole::Payments))
-        .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
-        .env("KAFKA_TOPIC", &topic.name)
-        .env("PAYMENTS_GROUP_ID", group)
+    let mut b = payments_process(&db, &topic, group)
         .env("PAYMENTS_GROUP_PROTOCOL", "consumer")
-        .env("PAYMENTS_METRICS_ADDR", "127.0.0.1:0")
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("spawn payments");
     produce_events(&topic, &events(200)).await;
@@ -1306,18 +1306,10 @@ async fn a_retention_under_the_horizon_is_refused_at_start_up() {
     let topic = TestTopic::create(1).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let binary = |retention: &str, unsafe_flag: bool| {
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"));
+        let mut child = payments_process(&db, &topic, "g-horizon");
         child
-            .env("DATABASE_URL", db.url_as(ServiceRole::Payments))
-            .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
-            .env("KAFKA_TOPIC", &topic.name)
-            .env("PAYMENTS_GROUP_ID", "g-horizon")
-            .env("PAYMENTS_METRICS_ADDR", "127.0.0.1:0")
             .env("PAYMENTS_INBOX_RETENTION", retention)
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
         if unsafe_flag {
             child.env("PAYMENTS_UNSAFE_INBOX_RETENTION", "true");
         }

@@ -544,15 +544,19 @@ crash() {
   esac
 }
 
+# The network faults' firewall (chaos, its tests) comes with the stack, as root.
+ensure_fault_tools() {
+  if [ "$(id -u)" = 0 ] && ! command -v iptables >/dev/null 2>&1; then ensure_net_tools; fi
+}
+
 case "${1:-}" in
   up)
-    # The network faults' firewall (chaos, its tests) comes with the stack, as root.
-    if [ "$(id -u)" = 0 ] && ! command -v iptables >/dev/null 2>&1; then ensure_net_tools; fi
+    ensure_fault_tools
     pg_up; if [ "$WITH_KAFKA" = 1 ]; then kafka_up; fi; write_env ;;
   fetch)
     # What `up` installs and downloads, without starting anything: make demo
     # runs it beside its build.
-    if [ "$(id -u)" = 0 ] && ! command -v iptables >/dev/null 2>&1; then ensure_net_tools; fi
+    ensure_fault_tools
     ensure_postgres_installed; if [ "$WITH_KAFKA" = 1 ]; then ensure_kafka; fi
     log "fetched: PostgreSQL ${PG_BIN:-installed}${KAFKA_LIBS:+, Kafka $KAFKA_VERSION in $KAFKA_LIBS}" ;;
   down) kafka_down; if [ "$NET" = netns ]; then net_down; else net_heal_all quiet; fi; pg_down ;;

@@ -63,6 +63,9 @@ exp_chaos long --orders 2 --relays 3 --payments 6 --static-membership false --ra
   --broker-pause-ms "$PAUSE_MS" --relay-pause-ms "$PAUSE_MS" || true
 unset EXP_PREPARE
 
+# The SQL diff recon ran, as an attachment (chaos's own recon gave the verdict).
+"$BIN/recon" --show-sql >"$RES/recon.sql"
+
 # Each order's times, from the database chaos's run wrote: committed (the
 # outbox row), published (the relay's mark), applied (payments' charge).
 say "timeline from the database"

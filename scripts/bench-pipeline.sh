@@ -42,8 +42,12 @@
 # the runs interleaved; default: the relay's own),
 # BENCH_BASE_BIN (a directory with another build's relay and payments: each
 # drain and the new pass run again with them, side by side, e.g. the build
-# before a change), BENCH_SKIP_STEADY=1, BENCH_SKIP_THROUGHPUT=1 (steps 3
-# only).
+# before a change; when it holds that build's orders too, every steady point
+# runs with each build in turn, this one first: the CPU per order of both in
+# one run), BENCH_STEADY_BUILDS (which builds the steady points run, in
+# order: "new", "base", e.g. "base new"; default "new base" when
+# BENCH_BASE_BIN has orders, else "new"), BENCH_SKIP_STEADY=1,
+# BENCH_SKIP_THROUGHPUT=1 (steps 3 only).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -53,6 +57,8 @@ STEADY_SECONDS=${BENCH_STEADY_SECONDS:-30}
 STEADY_FETCH_WAITS=${BENCH_STEADY_FETCH_WAITS:-${PAYMENTS_FETCH_WAIT_MAX_MS:-default}}
 SHARD_DEPTHS=${BENCH_SHARD_DEPTHS:-${RELAY_SHARD_DEPTH:-default}}
 BASE_BIN=${BENCH_BASE_BIN:-}
+if [ -n "$BASE_BIN" ] && [ -x "$BASE_BIN/orders" ]; then STEADY_BUILDS=${BENCH_STEADY_BUILDS:-new base}
+else STEADY_BUILDS=${BENCH_STEADY_BUILDS:-new}; fi
 RUN=$(date +%Y%m%d-%H%M%S)
 OUT=$ROOT/bench/results
 mkdir -p "$OUT" "$ROOT/.stack/bench-$RUN"
@@ -187,7 +193,16 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
   for depth in $SHARD_DEPTHS; do
   for wait_ms in $STEADY_FETCH_WAITS; do
     for rate in $STEADY_RATES; do
+    for build in $STEADY_BUILDS; do
+      case $build in
+        new) steady_bin=$BIN ;;
+        base) [ -n "$BASE_BIN" ] && [ -x "$BASE_BIN/orders" ] \
+                || { log "BENCH_STEADY_BUILDS names base: BENCH_BASE_BIN must hold orders, relay and payments"; exit 2; }
+              steady_bin=$BASE_BIN ;;
+        *) log "BENCH_STEADY_BUILDS: '$build' is neither new nor base"; exit 2 ;;
+      esac
       name=$rate
+      [ "$build" = new ] || name=$rate-$build
       if [ "$wait_ms" = default ]; then unset PAYMENTS_FETCH_WAIT_MAX_MS
       else export PAYMENTS_FETCH_WAIT_MAX_MS=$wait_ms; name=$rate-wait$wait_ms; fi
       if [ "$depth" = default ]; then unset RELAY_SHARD_DEPTH
@@ -197,9 +212,12 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
       pipeline_fresh bench_steady "steady.$name.$RUN" 2>/dev/null
       URL=$DATABASE_URL
       mkdir -p "$LOGS/steady-$name"
+      # The services of the build measured; loadgen and recon stay this build's.
+      new_bin=$BIN BIN=$steady_bin
       pipeline_start "$LOGS/steady-$name" 127.0.0.1:18180 127.0.0.1:15151 127.0.0.1:19181 127.0.0.1:19182 "steady-$name-$RUN"
+      BIN=$new_bin
       sleep 5 # the consumer group's first assignment, so it is not in the latency
-      log "steady load: $rate new orders/s (15% retried, unique keys) for $STEADY_SECONDS s, payments' fetch wait: $wait_ms, relay's shard depth: $depth"
+      log "steady load ($build build): $rate new orders/s (15% retried, unique keys) for $STEADY_SECONDS s, payments' fetch wait: $wait_ms, relay's shard depth: $depth"
       # Where the CPU goes under the load: its middle, 5 s in to 5 s before the end.
       # And the relay's batches over the same span: how many, their rows and
       # their produce-to-last-ack time (its histograms, scripts/lib/histo_delta.py).
@@ -218,7 +236,7 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
         && clean=true || clean=false
       pipeline_stop
       record "$(q "$URL" "SELECT json_build_object('what', 'steady', 'rate', $rate, 'seconds', $STEADY_SECONDS,
-          'fetch_wait_ms', '$wait_ms', 'shard_depth', '$depth', 'recon_clean', $clean, 'cpu', '$cpu'::json, 'relay', '$batches'::json, 'effects', count(*),
+          'build', '$build', 'fetch_wait_ms', '$wait_ms', 'shard_depth', '$depth', 'recon_clean', $clean, 'cpu', '$cpu'::json, 'relay', '$batches'::json, 'effects', count(*),
           'p50_ms', round((percentile_cont(0.50) WITHIN GROUP (ORDER BY ms))::numeric, 1),
           'p99_ms', round((percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1),
           'max_ms', round(max(ms)::numeric, 1),
@@ -228,6 +246,7 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
                      EXTRACT(EPOCH FROM x.published_at - x.created_at) * 1000 AS pub_ms
               FROM payments.charges c JOIN orders.outbox x ON x.msg_id = c.msg_id) l")"
       log "commit→effect at $rate/s: $(tail -1 "$RAW")"
+    done
     done
   done
   done

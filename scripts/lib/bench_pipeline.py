@@ -28,8 +28,17 @@ def cpu_us_per_order(steady):
     cpu, per_s = steady.get("cpu") or {}, steady.get("rate")
     if not per_s:
         return {}
-    return {"processes": sampler.cpu_us_per(cpu.get("cores") or {}, per_s),
-            "postgres_by_role": sampler.cpu_us_per(cpu.get("postgres_cores_by_role") or {}, per_s)}
+    cores = cpu.get("cores") or {}
+    pipeline = sum(cores.get(name, 0.0) for name in PIPELINE)
+    return {"processes": sampler.cpu_us_per(cores, per_s),
+            "postgres_by_role": sampler.cpu_us_per(cpu.get("postgres_cores_by_role") or {}, per_s),
+            "pipeline": round(pipeline * 1e6 / per_s),
+            "machine_busy": cpu.get("machine_busy")}
+
+
+# The pipeline's own processes: what its CPU per order counts (the broker and
+# loadgen are left out; PostgreSQL is in, all of its roles).
+PIPELINE = ("orders", "relay", "payments", "postgres")
 
 
 def summarize(records):
@@ -80,7 +89,8 @@ def main(argv):
     for point in out["steady"]:
         per = point["cpu_us_per_order"]
         if per:
-            print(f"CPU-microseconds per new order at {point['rate']}/s: "
+            print(f"CPU-microseconds per new order at {point['rate']}/s ({point.get('build', 'new')} build): "
+                  f"pipeline {per['pipeline']} (orders, relay, payments, PostgreSQL; machine busy {per['machine_busy']}); "
                   + ", ".join(f"{k} {v}" for k, v in per["processes"].items())
                   + "; PostgreSQL by role: " + ", ".join(f"{k} {v}" for k, v in per["postgres_by_role"].items()))
     print(f"written {result}")

@@ -104,11 +104,17 @@ class CpuPerSend(unittest.TestCase):
 
 class PipelineCpuPerOrder(unittest.TestCase):
     def test_cores_per_process_and_role_over_the_new_orders_a_second(self):
-        point = {"rate": 1000, "cpu": {"cores": {"postgres": 0.86, "kafka": 0.58},
-                                       "postgres_cores_by_role": {"effectively_orders": 0.55}}}
+        point = {"rate": 1000, "cpu": {"cores": {"postgres": 0.86, "kafka": 0.58, "orders": 0.18,
+                                                 "relay": 0.12, "payments": 0.04, "loadgen": 0.08},
+                                       "postgres_cores_by_role": {"effectively_orders": 0.55},
+                                       "machine_busy": 0.94}}
         self.assertEqual(bench_pipeline.cpu_us_per_order(point), {
-            "processes": {"postgres": 860, "kafka": 580},
-            "postgres_by_role": {"effectively_orders": 550}})
+            "processes": {"postgres": 860, "kafka": 580, "orders": 180, "relay": 120,
+                          "payments": 40, "loadgen": 80},
+            "postgres_by_role": {"effectively_orders": 550},
+            # the broker and loadgen are not the pipeline's
+            "pipeline": 1200,
+            "machine_busy": 0.94})
         self.assertEqual(bench_pipeline.cpu_us_per_order({"rate": 0, "cpu": point["cpu"]}), {})
 
 

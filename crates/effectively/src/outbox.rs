@@ -16,6 +16,7 @@
 //! in a transaction of its own, outside its write transactions (FINDINGS §14).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use sqlx::{PgConnection, PgPool};
@@ -26,6 +27,26 @@ use uuid::Uuid;
 
 /// The channel the outbox trigger notifies on commit.
 pub const NOTIFY_CHANNEL: &str = "orders_outbox";
+
+/// Every relay shard, as a [`Notifier`] payload's mask: bit `s` is shard `s`
+/// (`orders.outbox.shard`, 0..16).
+pub const ALL_SHARDS: u16 = u16::MAX;
+
+/// A `NOTIFY` payload naming the shards that got rows: four hex digits of
+/// their mask (`0028`: shards 3 and 5).
+pub fn shards_payload(mask: u16) -> String {
+    format!("{mask:04x}")
+}
+
+/// The shards a `NOTIFY` payload names. The trigger's empty payload, and
+/// anything that is not a mask of [`shards_payload`]'s, name every shard:
+/// a wake-up is a hint, and one too many costs a claim that finds nothing.
+pub fn shards_of_payload(payload: &str) -> u16 {
+    match u16::from_str_radix(payload, 16) {
+        Ok(mask) if mask != 0 && payload.len() == 4 => mask,
+        _ => ALL_SHARDS,
+    }
+}
 
 /// The session setting that turns the outbox trigger's `NOTIFY` off for the
 /// session's own inserts (`off`); anything else, or unset, leaves it on.
@@ -40,6 +61,8 @@ pub const NOTIFY_SETTING: &str = "effectively.outbox_notify";
 #[derive(Debug, Clone)]
 pub struct Notifier {
     wake: Arc<Notify>,
+    /// The shards of the rows committed since the last `NOTIFY`.
+    shards: Arc<AtomicU16>,
 }
 
 impl Notifier {
@@ -49,17 +72,34 @@ impl Notifier {
     /// Starts the notifying task on `pool`; it ends when `cancel` fires.
     pub fn start(pool: PgPool, cancel: CancellationToken) -> (Self, JoinHandle<()>) {
         let wake = Arc::new(Notify::new());
-        let task = tokio::spawn(notify_loop(pool, wake.clone(), cancel));
-        (Self { wake }, task)
+        let shards = Arc::new(AtomicU16::new(0));
+        let task = tokio::spawn(notify_loop(pool, wake.clone(), shards.clone(), cancel));
+        (Self { wake, shards }, task)
     }
 
-    /// Rows were committed: the relay is to be woken.
+    /// Rows were committed, of which shards is not known: every shard of the
+    /// relay is to be woken.
     pub fn wake(&self) {
-        self.wake.notify_one();
+        self.wake_shards(ALL_SHARDS);
+    }
+
+    /// Rows were committed in the shards of `mask` (bit `s`: shard `s`): the
+    /// relay's loops of those shards are to be woken. The next `NOTIFY`
+    /// names every shard woken since the last one.
+    pub fn wake_shards(&self, mask: u16) {
+        if mask != 0 {
+            self.shards.fetch_or(mask, Ordering::AcqRel);
+            self.wake.notify_one();
+        }
     }
 }
 
-async fn notify_loop(pool: PgPool, wake: Arc<Notify>, cancel: CancellationToken) {
+async fn notify_loop(
+    pool: PgPool,
+    wake: Arc<Notify>,
+    shards: Arc<AtomicU16>,
+    cancel: CancellationToken,
+) {
     loop {
         // A wake-up before the cancel is still sent: the last commits'.
         tokio::select! {
@@ -67,9 +107,18 @@ async fn notify_loop(pool: PgPool, wake: Arc<Notify>, cancel: CancellationToken)
             () = wake.notified() => {}
             () = cancel.cancelled() => return,
         }
-        let sent = sqlx::query!("SELECT pg_notify($1, '')", NOTIFY_CHANNEL)
-            .execute(&pool)
-            .await;
+        // Nothing new: the previous NOTIFY took these shards already.
+        let mask = shards.swap(0, Ordering::AcqRel);
+        if mask == 0 {
+            continue;
+        }
+        let sent = sqlx::query!(
+            "SELECT pg_notify($1, $2)",
+            NOTIFY_CHANNEL,
+            shards_payload(mask)
+        )
+        .execute(&pool)
+        .await;
         if let Err(error) = sent {
             tracing::warn!(%error, "NOTIFY of the outbox failed; the relay finds the rows when it polls");
         }
@@ -123,5 +172,21 @@ impl Outbox {
         .execute(conn)
         .await?
         .rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_payload_names_its_shards_and_anything_else_names_every_shard() {
+        assert_eq!(shards_payload(0x0028), "0028");
+        assert_eq!(shards_of_payload(&shards_payload(0x0028)), 0x0028);
+        assert_eq!(shards_of_payload(&shards_payload(1)), 1);
+        assert_eq!(shards_of_payload(&shards_payload(ALL_SHARDS)), ALL_SHARDS);
+        for other in ["", "0000", "28", "00028", "zz00", "-001", " 028"] {
+            assert_eq!(shards_of_payload(other), ALL_SHARDS, "{other:?}");
+        }
     }
 }

@@ -244,25 +244,26 @@ impl Store {
     /// the same, so the two modes differ by exactly the idempotency check.
     pub async fn write_batch(&self, batch: &[&Create]) -> Result<Vec<Claim>, StoreError> {
         let locked = self.strategy == ClaimStrategy::AdvisoryLock && !self.no_idempotency;
-        let claims = if locked || self.fault != InjectFault::None {
+        let (claims, shards) = if locked || self.fault != InjectFault::None {
             let mut tx = self.pool.begin().await?;
             if locked {
                 let keys: Vec<&str> = batch.iter().map(|c| c.key.as_str()).collect();
                 idempotency::lock_keys(&mut tx, &keys).await?;
             }
-            let claims = self.write(&mut tx, batch).await?;
+            let written = self.write(&mut tx, batch).await?;
             if self.fault == InjectFault::AfterOrderInsert {
                 return Err(StoreError::Injected);
             }
             tx.commit().await?;
-            claims
+            written
         } else {
             let mut conn = self.pool.acquire().await?;
             self.write(&mut conn, batch).await?
         };
         if claims.contains(&Claim::New) {
             if let Some(notifier) = &self.notifier {
-                notifier.wake();
+                // Only the loops of these shards have anything to claim.
+                notifier.wake_shards(shards);
             }
             // Committed, nobody answered yet: a crash here leaves orders whose
             // clients saw an error. Their retries must get the stored responses.
@@ -271,20 +272,23 @@ impl Store {
         Ok(claims)
     }
 
-    /// Runs [`write_statement`] until every request of `batch` has its claim.
+    /// Runs [`write_statement`] until every request of `batch` has its claim;
+    /// the claims, and the relay shards of the outbox rows written.
     async fn write(
         &self,
         conn: &mut PgConnection,
         batch: &[&Create],
-    ) -> Result<Vec<Claim>, StoreError> {
+    ) -> Result<(Vec<Claim>, u16), StoreError> {
         let mut claims: Vec<Option<Claim>> = vec![None; batch.len()];
         let mut pending: Vec<usize> = (0..batch.len()).collect();
+        let mut shards = 0;
         for _ in 0..ATTEMPTS {
             if pending.is_empty() {
                 break;
             }
             let creates: Vec<&Create> = pending.iter().map(|i| batch[*i]).collect();
-            let found = write_statement(conn, &creates, self.no_idempotency).await?;
+            let (found, written) = write_statement(conn, &creates, self.no_idempotency).await?;
+            shards |= written;
             pending = pending
                 .into_iter()
                 .zip(found)
@@ -299,7 +303,7 @@ impl Store {
         }
         match pending.first() {
             Some(i) => Err(StoreError::Vanished(batch[*i].key.as_str().to_owned())),
-            None => Ok(claims.into_iter().flatten().collect()),
+            None => Ok((claims.into_iter().flatten().collect(), shards)),
         }
     }
 
@@ -341,7 +345,7 @@ async fn write_statement(
     conn: &mut PgConnection,
     batch: &[&Create],
     no_idempotency: bool,
-) -> Result<Vec<Option<Claim>>, StoreError> {
+) -> Result<(Vec<Option<Claim>>, u16), StoreError> {
     let mut keys = Vec::with_capacity(batch.len());
     let mut hashes = Vec::with_capacity(batch.len());
     let mut order_ids = Vec::with_capacity(batch.len());
@@ -389,8 +393,10 @@ async fn write_statement(
            ), queued AS (
                INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload)
                SELECT o, msg, typ, p FROM fresh ORDER BY n
+               RETURNING shard
            )
            SELECT i.n IN (SELECT n FROM fresh) AS "new!",
+                  (SELECT coalesce(bit_or(1 << shard), 0) FROM queued) AS "shards!",
                   s.request_hash AS "request_hash?", s.order_id AS "order_id?",
                   s.response_code AS "response_code?",
                   s.response_headers AS "response_headers?: Json<Vec<(String, String)>>",
@@ -425,7 +431,11 @@ async fn write_statement(
             batch.len()
         ))));
     }
-    Ok(rows
+    // The relay shards of the outbox rows written (bit s: shard s, 0..16).
+    let shards = rows.first().map_or(0, |row| {
+        u16::try_from(row.shards & 0xffff).unwrap_or(u16::MAX)
+    });
+    let claims = rows
         .into_iter()
         .zip(batch)
         .map(|(row, create)| {
@@ -441,5 +451,6 @@ async fn write_statement(
             };
             Some(stored.into_claim(&create.fingerprint))
         })
-        .collect())
+        .collect();
+    Ok((claims, shards))
 }

@@ -45,7 +45,7 @@ use rdkafka::producer::Producer;
 use rdkafka::util::Timeout;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::config::{Command, Config, Mode, Sink, session_limits};
@@ -54,7 +54,7 @@ use crate::outbox::SHARDS;
 pub use crate::publish::{RelayContext, RelayProducer, producer};
 use crate::publish::{Worker, topic_max_message_bytes};
 use crate::upkeep::{sample_lag, sample_slot, spawn_outbox_expiry};
-use crate::wake::listen;
+use crate::wake::{Wakes, listen};
 
 /// Runs the relay until `cancel` fires.
 pub async fn run(
@@ -130,10 +130,10 @@ pub async fn run(
     let (wal_end_tx, mut wal_end) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
     match config.mode {
         Mode::Poll => {
-            let (wake_tx, wake_rx) = watch::channel(0u64);
+            let wakes = Wakes::new();
             tasks.push(tokio::spawn(listen(
                 pool.clone(),
-                wake_tx,
+                wakes.clone(),
                 metrics.clone(),
                 cancel.clone(),
             )));
@@ -144,7 +144,7 @@ pub async fn run(
                         shard,
                         slot,
                         poll,
-                        wake_rx.clone(),
+                        wakes.shard(shard),
                         cancel.clone(),
                     )));
                 }
@@ -243,10 +243,11 @@ async fn run_webhooks(
             },
         )));
     }
-    let (wake_tx, wake_rx) = watch::channel(0u64);
+    let wakes = Wakes::new();
+    let wake_rx = wakes.any();
     tasks.push(tokio::spawn(listen(
         pool.clone(),
-        wake_tx,
+        wakes,
         metrics.clone(),
         work.clone(),
     )));

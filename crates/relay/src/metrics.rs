@@ -27,6 +27,10 @@ pub struct RelayMetrics {
     pub relay_published_total: IntCounter,
     /// Rows per published batch.
     pub relay_batch_size: Histogram,
+    /// Shard transactions (`--mode poll`) that published nothing: the
+    /// shard's lock was taken, it had no row to claim, or no row was acked.
+    /// Each cost a transaction.
+    pub relay_empty_claims_total: IntCounter,
     /// Seconds from handing a batch to the producer to the last broker ack.
     pub relay_publish_duration_seconds: Histogram,
     /// Seconds from an outbox row's commit to its broker ack.
@@ -123,6 +127,10 @@ impl RelayMetrics {
             relay_rows_failed_total: IntCounter::new(
                 "relay_rows_failed_total",
                 "Outbox rows marked failed after their last allowed publish attempt",
+            )?,
+            relay_empty_claims_total: IntCounter::new(
+                "relay_empty_claims_total",
+                "Shard transactions that published nothing (the shard locked elsewhere, no row, or none acked)",
             )?,
             relay_published_total: IntCounter::new(
                 RELAY_PUBLISHED_TOTAL,
@@ -266,6 +274,8 @@ impl RelayMetrics {
         m.registry
             .register(Box::new(m.relay_published_total.clone()))?;
         m.registry.register(Box::new(m.relay_batch_size.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_empty_claims_total.clone()))?;
         m.registry
             .register(Box::new(m.relay_publish_duration_seconds.clone()))?;
         m.registry

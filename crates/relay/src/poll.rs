@@ -52,6 +52,7 @@ impl Worker {
                 Ok(n) if n > 0 => backoff.reset(),
                 // Nothing claimable, or another relay holds the shard.
                 Ok(_) => {
+                    self.metrics.relay_empty_claims_total.inc();
                     backoff.reset();
                     tokio::select! {
                         _ = wake.changed() => {}

@@ -1,10 +1,13 @@
 //! The NOTIFY that wakes the poll loops and the webhook fan-out when orders
 //! commits an outbox row; a lost LISTEN connection comes back with backoff,
-//! and the loops poll meanwhile.
+//! and the loops poll meanwhile. A NOTIFY that names its rows' shards
+//! (orders' [`effectively::outbox::Notifier`]) wakes only those shards'
+//! loops: the others would claim nothing, a transaction each.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use effectively::outbox::{ALL_SHARDS, shards_of_payload};
 use effectively::retry::Backoff;
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
@@ -12,13 +15,55 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::RelayMetrics;
+use crate::outbox::SHARDS;
 
-/// Wakes the workers on every `NOTIFY orders_outbox` (sent on commit). A lost
-/// connection is re-established with [`Backoff`] (reset once a LISTEN
-/// succeeds); the workers poll meanwhile.
+/// The relay's wake-ups: one per shard, for its poll loops, and one for a
+/// row of any shard, for the webhook fan-out. Each is a generation number a
+/// loop waits to see change.
+#[derive(Debug)]
+pub(crate) struct Wakes {
+    shards: Vec<watch::Sender<u64>>,
+    any: watch::Sender<u64>,
+}
+
+impl Wakes {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            shards: (0..SHARDS).map(|_| watch::channel(0).0).collect(),
+            any: watch::channel(0).0,
+        })
+    }
+
+    /// What wakes the loops of `shard`.
+    pub(crate) fn shard(&self, shard: i16) -> watch::Receiver<u64> {
+        let i = usize::try_from(shard)
+            .unwrap_or(0)
+            .min(self.shards.len() - 1);
+        self.shards[i].subscribe()
+    }
+
+    /// What wakes on a row of any shard.
+    pub(crate) fn any(&self) -> watch::Receiver<u64> {
+        self.any.subscribe()
+    }
+
+    /// Wakes the shards of `mask` (bit `s`: shard `s`) and the waiters on any.
+    pub(crate) fn wake(&self, mask: u16) {
+        for (s, tx) in self.shards.iter().enumerate() {
+            if mask & (1 << s) != 0 {
+                tx.send_modify(|g| *g = g.wrapping_add(1));
+            }
+        }
+        self.any.send_modify(|g| *g = g.wrapping_add(1));
+    }
+}
+
+/// Wakes the workers on every `NOTIFY orders_outbox` (sent on commit), the
+/// shards its payload names. A lost connection is re-established with
+/// [`Backoff`] (reset once a LISTEN succeeds); the workers poll meanwhile.
 pub(crate) async fn listen(
     pool: PgPool,
-    wake: watch::Sender<u64>,
+    wake: Arc<Wakes>,
     metrics: Arc<RelayMetrics>,
     cancel: CancellationToken,
 ) {
@@ -57,7 +102,7 @@ const LISTEN_HELD: Duration = Duration::from_secs(5);
 /// lost meanwhile.
 async fn listen_once(
     pool: &PgPool,
-    wake: &watch::Sender<u64>,
+    wake: &Wakes,
     cancel: &CancellationToken,
 ) -> Result<(), (sqlx::Error, bool)> {
     let mut listener = PgListener::connect_with(pool)
@@ -69,11 +114,11 @@ async fn listen_once(
         .await
         .map_err(|e| (e, false))?;
     // Rows committed while no one listened are found by the next pass.
-    wake.send_modify(|g| *g = g.wrapping_add(1));
+    wake.wake(ALL_SHARDS);
     loop {
         tokio::select! {
             n = listener.try_recv() => match n {
-                Ok(Some(_)) => wake.send_modify(|g| *g = g.wrapping_add(1)),
+                Ok(Some(n)) => wake.wake(shards_of_payload(n.payload())),
                 Ok(None) => {
                     let lost = std::io::Error::new(
                         std::io::ErrorKind::ConnectionAborted,
@@ -85,5 +130,30 @@ async fn listen_once(
             },
             () = cancel.cancelled() => return Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wake_reaches_the_shards_of_its_mask_and_the_waiters_on_any() {
+        let wakes = Wakes::new();
+        let mut three = wakes.shard(3);
+        let five = wakes.shard(5);
+        let mut any = wakes.any();
+        wakes.wake(1 << 3);
+        assert!(three.has_changed().expect("open"));
+        assert!(!five.has_changed().expect("open"));
+        assert!(any.has_changed().expect("open"));
+        three.borrow_and_update();
+        any.borrow_and_update();
+        wakes.wake(ALL_SHARDS);
+        assert!(three.has_changed().expect("open") && five.has_changed().expect("open"));
+        assert!(any.has_changed().expect("open"));
+        let last = wakes.shard(SHARDS - 1);
+        wakes.wake(1 << (SHARDS - 1));
+        assert_eq!(*last.borrow(), 2, "the last shard's bit is its own");
     }
 }

@@ -115,6 +115,9 @@ async fn orders_writes_only_the_orders_schema() {
              VALUES (gen_random_uuid(), 1, 1, 'created')",
             "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload) \
              VALUES (gen_random_uuid(), gen_random_uuid(), 'order.created', '{}') RETURNING id",
+            // the relay shard of what it wrote, for its NOTIFY's payload
+            "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload) \
+             VALUES (gen_random_uuid(), gen_random_uuid(), 'order.created', '{}') RETURNING shard",
             // GET /orders/{id}
             "SELECT order_id, account_id, amount_cents, status, created_at FROM orders.orders",
             // expiry of the keys (as the owner, through the function), its retention
@@ -403,6 +406,7 @@ async fn the_grant_matrix_is_exactly_this() {
         "effectively_orders orders.outbox INSERT(event_type)",
         "effectively_orders orders.outbox INSERT(payload)",
         "effectively_orders orders.outbox SELECT(id)",
+        "effectively_orders orders.outbox SELECT(shard)",
         "effectively_relay orders USAGE",
         "effectively_relay orders.outbox SELECT",
         "effectively_relay orders.outbox UPDATE(published_at)",

@@ -303,9 +303,19 @@ async fn a_new_order_notifies_the_relay_and_a_replay_does_not() {
         StatusCode::CREATED
     );
     let woken = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await;
-    assert!(
-        matches!(woken, Ok(Ok(_))),
-        "a new order notifies: {woken:?}"
+    let Ok(Ok(notification)) = woken else {
+        panic!("a new order notifies: {woken:?}");
+    };
+    // It names the relay shard of the order's outbox row, and no other.
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let shard: i16 = sqlx::query_scalar("SELECT shard FROM orders.outbox")
+        .fetch_one(&pool)
+        .await
+        .expect("shard");
+    assert_eq!(
+        notification.payload(),
+        effectively::outbox::shards_payload(1 << shard),
+        "the NOTIFY names shard {shard}"
     );
     for _ in 0..3 {
         assert_eq!(

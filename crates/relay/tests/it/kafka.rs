@@ -9,7 +9,7 @@ use effectively::config::DbArgs;
 use effectively::crash::CrashArgs;
 use effectively::db::ServiceRole;
 use effectively::envelope::Envelope;
-use effectively::outbox::{Outbox, OutboxMessage};
+use effectively::outbox::{NOTIFY_CHANNEL, NOTIFY_SETTING, Outbox, OutboxMessage, shards_payload};
 use effectively::testing::{Service, TestDb, TestTopic, TopicMessage, eventually};
 use relay::{Config, Mode, Sink, run};
 use sqlx::PgPool;
@@ -1292,6 +1292,83 @@ async fn a_lost_listen_connection_is_reestablished_and_wakes_the_relay_again() {
     }
     let topic_messages = topic.read_all(4, Duration::from_secs(20)).await;
     assert_eq!(topic_messages.len(), 4);
+    relay.stop().await;
+}
+
+/// A NOTIFY that names shards (orders' `Notifier`) wakes only those
+/// shards' loops: a row of another shard waits (the poll interval is a
+/// minute) until a NOTIFY names its shard; the trigger's NOTIFY, which names
+/// none, wakes every shard.
+#[tokio::test]
+async fn a_notify_naming_shards_wakes_only_their_loops() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(3).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let mut cfg = config(&db, &topic, 4, 10);
+    cfg.poll_interval_ms = 60_000;
+    let relay = spawn_relay(cfg).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            listener_pid(&pool).await.is_some()
+        })
+        .await,
+        "the relay listens"
+    );
+    // Past the startup pass: only a NOTIFY can wake a loop now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let notify = |mask: u16| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(NOTIFY_CHANNEL)
+                .bind(shards_payload(mask))
+                .execute(&pool)
+                .await
+                .expect("notify");
+        }
+    };
+
+    // A row written as orders writes them: the trigger's NOTIFY off.
+    let mut conn = pool.acquire().await.expect("acquire");
+    sqlx::query(&format!("SET {NOTIFY_SETTING} = off"))
+        .execute(&mut *conn)
+        .await
+        .expect("set");
+    Outbox
+        .enqueue_batch(&mut conn, &[seq_event(Uuid::now_v7(), 0)])
+        .await
+        .expect("enqueue");
+    let shard: i16 = sqlx::query_scalar("SELECT shard FROM orders.outbox")
+        .fetch_one(&pool)
+        .await
+        .expect("shard");
+    let other = (shard + 1) % 16;
+    notify(1 << other).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        pending(&pool).await,
+        1,
+        "a NOTIFY of shard {other} leaves the row of shard {shard}"
+    );
+    notify((1 << shard) | (1 << other)).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "a NOTIFY naming shard {shard} publishes its row"
+    );
+
+    // The trigger's NOTIFY (an empty payload) wakes whatever shard it is.
+    fill_outbox(&pool, &[Uuid::now_v7()], 1).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "the trigger's NOTIFY wakes every shard"
+    );
+    assert_eq!(topic.read_all(2, Duration::from_secs(20)).await.len(), 2);
     relay.stop().await;
 }
 

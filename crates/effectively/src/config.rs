@@ -61,6 +61,11 @@ pub struct SessionLimits {
     /// ([`crate::outbox::NOTIFY_SETTING`]): the service wakes the relay
     /// itself, outside its write transactions ([`crate::outbox::Notifier`]).
     pub defer_outbox_notify: bool,
+    /// `synchronous_commit = off`: a commit returns before its WAL reaches
+    /// the disk, and a crash of the server (not of the client) may undo the
+    /// last few. Only for a session no client and no consumer offset relies
+    /// on, whose lost commits are work done again: the relay's marks.
+    pub asynchronous_commit: bool,
 }
 
 impl DbArgs {
@@ -87,6 +92,7 @@ impl DbArgs {
                 .map_or(defaults.idle_in_transaction_timeout, Duration::from_millis),
             custom_plans: defaults.custom_plans,
             defer_outbox_notify: defaults.defer_outbox_notify,
+            asynchronous_commit: defaults.asynchronous_commit,
         }
     }
 

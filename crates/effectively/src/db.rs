@@ -68,8 +68,9 @@ impl ServiceRole {
 /// `args` or the service's `defaults`, and TCP keepalives (30 s idle, 10 s
 /// interval, 3 probes) so the server notices a client that vanished; and,
 /// when the service asks for them, a custom plan for every statement
-/// ([`SessionLimits::custom_plans`]) and the outbox trigger's `NOTIFY` off
-/// ([`SessionLimits::defer_outbox_notify`]).
+/// ([`SessionLimits::custom_plans`]), the outbox trigger's `NOTIFY` off
+/// ([`SessionLimits::defer_outbox_notify`]) and commits that do not wait for
+/// their WAL's flush ([`SessionLimits::asynchronous_commit`]).
 pub async fn connect(args: &DbArgs, defaults: SessionLimits) -> anyhow::Result<PgPool> {
     let base = PgConnectOptions::from_str(&args.database_url).context("parse DATABASE_URL")?;
     if args.db_migrate {
@@ -100,6 +101,9 @@ pub async fn connect(args: &DbArgs, defaults: SessionLimits) -> anyhow::Result<P
     }
     if limits.defer_outbox_notify {
         options = options.options([(crate::outbox::NOTIFY_SETTING, "off")]);
+    }
+    if limits.asynchronous_commit {
+        options = options.options([("synchronous_commit", "off")]);
     }
     PgPoolOptions::new()
         .max_connections(args.db_max_connections)

@@ -21,6 +21,7 @@ pub const SESSION_LIMITS: effectively::config::SessionLimits = effectively::conf
     // Four writers commit outbox rows back to back; a NOTIFY in each commit
     // would make them commit one at a time (effectively::outbox).
     defer_outbox_notify: true,
+    asynchronous_commit: false,
 };
 
 /// Orders service settings; every flag is also an environment variable.

@@ -77,6 +77,7 @@ pub async fn run_on(
         idle_in_transaction_timeout: Duration::from_secs(30),
         custom_plans: false,
         defer_outbox_notify: false,
+        asynchronous_commit: false,
     };
     let pool = effectively::db::connect(&config.db, limits).await?;
     let metrics = Arc::new(PaymentsMetrics::new().context("register metrics")?);

@@ -71,6 +71,18 @@ pub struct Config {
     #[arg(long, env = "RELAY_LAG_SAMPLE_MS", default_value_t = 1000)]
     pub lag_sample_ms: u64,
 
+    /// `--mode poll` with `--sink kafka`: wait for each commit's WAL to reach
+    /// the disk (`synchronous_commit = on`) before claiming the shard's next
+    /// batch. Off by default: no client and no consumer offset depends on a
+    /// mark, and a mark a crash of PostgreSQL undoes leaves its rows pending,
+    /// so they are published again and the inbox absorbs them, as after a
+    /// relay killed between its acks and its commit. A crash of the relay
+    /// undoes nothing (its commits are the server's), and the server undoes
+    /// only the last commits, in order, so every key stays in order. Orders'
+    /// and payments' commits, and the operator commands', always wait.
+    #[arg(long, env = "RELAY_SYNCHRONOUS_COMMIT", default_value_t = false, action = clap::ArgAction::Set)]
+    pub synchronous_commit: bool,
+
     /// Address serving GET /metrics.
     #[arg(long, env = effectively::contract::env::RELAY_METRICS_ADDR, default_value = "127.0.0.1:9101")]
     pub metrics_addr: SocketAddr,
@@ -199,6 +211,9 @@ pub enum Mode {
 /// made while the outbox was empty, scans every pending row once per claimed
 /// row (3.4 s a claim at 40,000 pending rows; the acceptance run's first
 /// minute, FINDINGS §13).
+///
+/// Polling for Kafka, its commits do not wait for their WAL's flush unless
+/// `--synchronous-commit` says so (why that loses nothing: the flag's help).
 pub fn session_limits(config: &Config) -> effectively::config::SessionLimits {
     effectively::config::SessionLimits {
         statement_timeout: Duration::from_secs(30),
@@ -206,5 +221,9 @@ pub fn session_limits(config: &Config) -> effectively::config::SessionLimits {
             + Duration::from_secs(10),
         custom_plans: true,
         defer_outbox_notify: false,
+        asynchronous_commit: config.command.is_none()
+            && config.mode == Mode::Poll
+            && config.sink == Sink::Kafka
+            && !config.synchronous_commit,
     }
 }

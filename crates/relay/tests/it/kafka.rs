@@ -28,6 +28,7 @@ fn config(db: &TestDb, topic: &TestTopic, workers: u16, batch_size: i64) -> Conf
         shard_depth: 1,
         poll_interval_ms: 200,
         lag_sample_ms: 200,
+        synchronous_commit: false,
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
         linger_ms: 2,
         message_timeout_ms: 10_000,
@@ -1220,12 +1221,22 @@ async fn database_sessions_set_their_own_limits() {
         ("idle_in_transaction_session_timeout", "4s"),
         ("tcp_keepalives_idle", "30"),
         ("plan_cache_mode", "force_custom_plan"),
+        // its marks: a crash of the server undoes at most the last ones
+        ("synchronous_commit", "off"),
     ] {
         let got: String = sqlx::query_scalar(&format!("SHOW {setting}"))
             .fetch_one(&pool)
             .await
             .expect(setting);
         assert_eq!(got, want, "{setting}");
+    }
+    // Asked for, and for everything but polling for Kafka, its commits wait.
+    let mut durable = vec![cfg.clone(), cfg.clone(), cfg.clone()];
+    durable[0].synchronous_commit = true;
+    durable[1].mode = Mode::Wal;
+    durable[2].sink = Sink::Http;
+    for cfg in durable {
+        assert!(!relay::session_limits(&cfg).asynchronous_commit, "{cfg:?}");
     }
 }
 

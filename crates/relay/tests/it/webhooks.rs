@@ -180,6 +180,7 @@ fn config(db: &TestDb, destinations: Vec<Destination>, scale: f64) -> Config {
         shard_depth: 1,
         poll_interval_ms: 100,
         lag_sample_ms: 200,
+        synchronous_commit: false,
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
         linger_ms: 2,
         message_timeout_ms: 10_000,

@@ -30,6 +30,10 @@ pub struct PendingRow {
     pub created_at: DateTime<Utc>,
     /// Publish attempts that failed for the row itself (not for the broker).
     pub attempts: i32,
+    /// A later event of its key was pending when the row was claimed: it
+    /// becomes claimable once this one is marked, and no NOTIFY will say so.
+    /// (Only the claim knows; a row from the WAL stream says `false`.)
+    pub later: bool,
 }
 
 impl PendingRow {
@@ -94,6 +98,11 @@ pub async fn try_lock_shard(
 /// `FOR UPDATE SKIP LOCKED`: rows locked by anyone else (a manual fix-up, a
 /// relay of an older version) are skipped rather than waited for.
 ///
+/// Each row says whether a later event of its key is pending
+/// ([`PendingRow::later`], one more probe of the same index): the shard's
+/// loop claims again at once after such a batch, and otherwise waits for
+/// the next NOTIFY of its shard.
+///
 /// The plan must not depend on the statistics: a queue's statistics are
 /// often taken while it is empty, and a burst arrives before the next
 /// analyze. `OFFSET 0` keeps the `NOT EXISTS` a subquery run per candidate
@@ -109,15 +118,19 @@ pub async fn claim(
 ) -> sqlx::Result<Vec<PendingRow>> {
     sqlx::query_as!(
         PendingRow,
-        "SELECT o.id, o.aggregate_id, o.msg_id, o.event_type, o.payload, o.created_at, o.attempts \
-         FROM orders.outbox o \
-         WHERE o.shard = $1 AND o.published_at IS NULL AND o.failed_at IS NULL \
-           AND NOT EXISTS (SELECT 1 FROM orders.outbox e \
-                           WHERE e.aggregate_id = o.aggregate_id \
-                             AND e.published_at IS NULL AND e.id < o.id \
-                           OFFSET 0) \
-         ORDER BY o.id LIMIT $2 \
-         FOR UPDATE OF o SKIP LOCKED",
+        r#"SELECT o.id, o.aggregate_id, o.msg_id, o.event_type, o.payload, o.created_at, o.attempts,
+                  EXISTS (SELECT 1 FROM orders.outbox l
+                          WHERE l.aggregate_id = o.aggregate_id
+                            AND l.published_at IS NULL AND l.id > o.id
+                          OFFSET 0) AS "later!"
+         FROM orders.outbox o
+         WHERE o.shard = $1 AND o.published_at IS NULL AND o.failed_at IS NULL
+           AND NOT EXISTS (SELECT 1 FROM orders.outbox e
+                           WHERE e.aggregate_id = o.aggregate_id
+                             AND e.published_at IS NULL AND e.id < o.id
+                           OFFSET 0)
+         ORDER BY o.id LIMIT $2
+         FOR UPDATE OF o SKIP LOCKED"#,
         shard,
         limit
     )

@@ -280,9 +280,9 @@ async fn drain(worker: &Arc<Worker>, cancel: &CancellationToken) -> anyhow::Resu
             let mut total = 0;
             while !cancel.is_cancelled() {
                 let permit = worker.permits.acquire().await?;
-                let n = worker.relay_shard(shard, 0).await;
+                let batch = worker.relay_shard(shard, 0).await;
                 drop(permit);
-                match n? {
+                match batch?.delivered {
                     0 => break,
                     n => total += n,
                 }

@@ -1383,6 +1383,49 @@ async fn a_notify_naming_shards_wakes_only_their_loops() {
     relay.stop().await;
 }
 
+/// A loop that published a partial batch waits for its shard's next NOTIFY,
+/// except when the batch held back later events of its keys: those become
+/// claimable when it commits, with no NOTIFY to say so, and go out at once.
+/// Five events of one key in one transaction and one NOTIFY, with the poll a
+/// minute away: all five are published within seconds, in order.
+#[tokio::test]
+async fn later_events_of_a_batchs_keys_go_out_without_another_notify() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(3).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let mut cfg = config(&db, &topic, 4, 10);
+    cfg.poll_interval_ms = 60_000;
+    let relay = spawn_relay(cfg).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            listener_pid(&pool).await.is_some()
+        })
+        .await,
+        "the relay listens"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let key = Uuid::now_v7();
+    let mut tx = pool.begin().await.expect("begin");
+    let events: Vec<OutboxMessage> = (0..5).map(|seq| seq_event(key, seq)).collect();
+    Outbox
+        .enqueue_batch(&mut tx, &events)
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit"); // the trigger's NOTIFY, once
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "every event of the key published without a poll: {} pending",
+        pending(&pool).await
+    );
+    let messages = topic.read_all(5, Duration::from_secs(20)).await;
+    let (seqs, _) = per_key_sequences(&messages);
+    assert_eq!(seqs.get(&key.to_string()), Some(&vec![0, 1, 2, 3, 4]));
+    relay.stop().await;
+}
+
 /// Published rows older than the outbox retention are deleted in batches,
 /// oldest first; a pending or failed row never is (an intent still on its
 /// way); the floor moves up once nothing expired is left.

@@ -40,6 +40,9 @@
 # BENCH_SHARD_DEPTHS (the relay's --shard-depth for the steady runs, one run
 # per value, rate and wait, e.g. "1 2"; a list like "1 2 1 2" repeats
 # the runs interleaved; default: the relay's own),
+# BENCH_STEADY_ENVS (settings of the services for the steady runs, one run
+# per item and rate: items separated by spaces, each a comma-separated list
+# of VAR=VALUE, "-" for none; e.g. "RELAY_LINGER_MS=5 RELAY_LINGER_MS=20"),
 # BENCH_BASE_BIN (a directory with another build's relay and payments: each
 # drain and the new pass run again with them, side by side, e.g. the build
 # before a change; when it holds that build's orders too, every steady point
@@ -56,6 +59,14 @@ STEADY_RATES=${BENCH_STEADY_RATES:-1000 3850}
 STEADY_SECONDS=${BENCH_STEADY_SECONDS:-30}
 STEADY_FETCH_WAITS=${BENCH_STEADY_FETCH_WAITS:-${PAYMENTS_FETCH_WAIT_MAX_MS:-default}}
 SHARD_DEPTHS=${BENCH_SHARD_DEPTHS:-${RELAY_SHARD_DEPTH:-default}}
+STEADY_ENVS=${BENCH_STEADY_ENVS:--}
+for item in $STEADY_ENVS; do
+  [ "$item" = - ] && continue
+  IFS=, read -ra sets <<<"$item"
+  for set in "${sets[@]}"; do
+    [[ $set =~ ^[A-Z][A-Z0-9_]*=[^=]*$ ]] || { echo "bench: BENCH_STEADY_ENVS: '$set' is not VAR=VALUE" >&2; exit 2; }
+  done
+done
 BASE_BIN=${BENCH_BASE_BIN:-}
 if [ -n "$BASE_BIN" ] && [ -x "$BASE_BIN/orders" ]; then STEADY_BUILDS=${BENCH_STEADY_BUILDS:-new base}
 else STEADY_BUILDS=${BENCH_STEADY_BUILDS:-new}; fi
@@ -193,6 +204,7 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
   for depth in $SHARD_DEPTHS; do
   for wait_ms in $STEADY_FETCH_WAITS; do
     for rate in $STEADY_RATES; do
+    for envs in $STEADY_ENVS; do
     for build in $STEADY_BUILDS; do
       case $build in
         new) steady_bin=$BIN ;;
@@ -203,6 +215,7 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
       esac
       name=$rate
       [ "$build" = new ] || name=$rate-$build
+      [ "$envs" = - ] || name=$name-$(printf '%s' "$envs" | tr -c 'A-Za-z0-9_.\n-' '_')
       if [ "$wait_ms" = default ]; then unset PAYMENTS_FETCH_WAIT_MAX_MS
       else export PAYMENTS_FETCH_WAIT_MAX_MS=$wait_ms; name=$rate-wait$wait_ms; fi
       if [ "$depth" = default ]; then unset RELAY_SHARD_DEPTH
@@ -212,12 +225,22 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
       pipeline_fresh bench_steady "steady.$name.$RUN" 2>/dev/null
       URL=$DATABASE_URL
       mkdir -p "$LOGS/steady-$name"
-      # The services of the build measured; loadgen and recon stay this build's.
+      # The services of the build measured, with the point's settings;
+      # loadgen and recon stay this build's.
       new_bin=$BIN BIN=$steady_bin
+      saved=() unsets=() sets=()
+      [ "$envs" = - ] || IFS=, read -ra sets <<<"$envs"
+      for set in "${sets[@]}"; do
+        var=${set%%=*}
+        if [ -n "${!var+x}" ]; then saved+=("$var=${!var}"); else unsets+=("$var"); fi
+        export "${set?}"
+      done
       pipeline_start "$LOGS/steady-$name" 127.0.0.1:18180 127.0.0.1:15151 127.0.0.1:19181 127.0.0.1:19182 "steady-$name-$RUN"
+      [ ${#unsets[@]} -eq 0 ] || unset "${unsets[@]}"
+      [ ${#saved[@]} -eq 0 ] || export "${saved[@]}"
       BIN=$new_bin
       sleep 5 # the consumer group's first assignment, so it is not in the latency
-      log "steady load ($build build): $rate new orders/s (15% retried, unique keys) for $STEADY_SECONDS s, payments' fetch wait: $wait_ms, relay's shard depth: $depth"
+      log "steady load ($build build, settings: $envs): $rate new orders/s (15% retried, unique keys) for $STEADY_SECONDS s, payments' fetch wait: $wait_ms, relay's shard depth: $depth"
       # Where the CPU goes under the load: its middle, 5 s in to 5 s before the end.
       # And the relay's batches over the same span: how many, their rows and
       # their produce-to-last-ack time (its histograms, scripts/lib/histo_delta.py).
@@ -236,7 +259,7 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
         && clean=true || clean=false
       pipeline_stop
       record "$(q "$URL" "SELECT json_build_object('what', 'steady', 'rate', $rate, 'seconds', $STEADY_SECONDS,
-          'build', '$build', 'fetch_wait_ms', '$wait_ms', 'shard_depth', '$depth', 'recon_clean', $clean, 'cpu', '$cpu'::json, 'relay', '$batches'::json, 'effects', count(*),
+          'build', '$build', 'env', '$envs', 'fetch_wait_ms', '$wait_ms', 'shard_depth', '$depth', 'recon_clean', $clean, 'cpu', '$cpu'::json, 'relay', '$batches'::json, 'effects', count(*),
           'p50_ms', round((percentile_cont(0.50) WITHIN GROUP (ORDER BY ms))::numeric, 1),
           'p99_ms', round((percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1),
           'max_ms', round(max(ms)::numeric, 1),
@@ -246,6 +269,7 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
                      EXTRACT(EPOCH FROM x.published_at - x.created_at) * 1000 AS pub_ms
               FROM payments.charges c JOIN orders.outbox x ON x.msg_id = c.msg_id) l")"
       log "commit→effect at $rate/s: $(tail -1 "$RAW")"
+    done
     done
     done
   done

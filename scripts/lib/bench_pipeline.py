@@ -89,7 +89,8 @@ def main(argv):
     for point in out["steady"]:
         per = point["cpu_us_per_order"]
         if per:
-            print(f"CPU-microseconds per new order at {point['rate']}/s ({point.get('build', 'new')} build): "
+            print(f"CPU-microseconds per new order at {point['rate']}/s ({point.get('build', 'new')} build"
+                  f"{'' if point.get('env', '-') == '-' else ', ' + point['env']}): "
                   f"pipeline {per['pipeline']} (orders, relay, payments, PostgreSQL; machine busy {per['machine_busy']}); "
                   + ", ".join(f"{k} {v}" for k, v in per["processes"].items())
                   + "; PostgreSQL by role: " + ", ".join(f"{k} {v}" for k, v in per["postgres_by_role"].items()))

@@ -51,7 +51,7 @@ async fn main() -> anyhow::Result<()> {
         .set("bootstrap.servers", &bootstrap)
         .set("enable.idempotence", "true")
         .set("acks", "all")
-        .set("linger.ms", "5")
+        .set("linger.ms", "10") // the relay's default --linger-ms
         .set("queue.buffering.max.messages", "1000000")
         .set("batch.num.messages", "10000")
         .set("compression.type", "lz4")

@@ -22,6 +22,14 @@ pub struct DbArgs {
     #[arg(long, env = "DB_ACQUIRE_TIMEOUT_MS", default_value_t = 5_000)]
     pub db_acquire_timeout_ms: u64,
 
+    /// Check each pooled connection with a round trip before handing it out
+    /// (sqlx's default): a connection the server dropped is replaced
+    /// unseen, at the cost of one round trip per acquire. `false` skips it;
+    /// the first statement on a dropped connection then fails, and is
+    /// retried as any lost connection is.
+    #[arg(long, env = "DB_TEST_BEFORE_ACQUIRE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub db_test_before_acquire: bool,
+
     /// Apply the embedded migrations at start-up (safe with several processes:
     /// the migrator takes an advisory lock). Only for a DATABASE_URL of the
     /// schemas' owner: the services' own roles may not change the schema, so
@@ -75,6 +83,7 @@ impl DbArgs {
             database_url: url.into(),
             db_max_connections: 32,
             db_acquire_timeout_ms: 5_000,
+            db_test_before_acquire: true,
             db_migrate: false,
             db_statement_timeout_ms: None,
             db_idle_in_transaction_timeout_ms: None,

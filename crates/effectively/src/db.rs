@@ -108,6 +108,7 @@ pub async fn connect(args: &DbArgs, defaults: SessionLimits) -> anyhow::Result<P
     PgPoolOptions::new()
         .max_connections(args.db_max_connections)
         .acquire_timeout(args.acquire_timeout())
+        .test_before_acquire(args.db_test_before_acquire)
         .connect_with(options)
         .await
         .context("connect to postgres (is the stack up? `make up`)")

@@ -1306,6 +1306,23 @@ async fn a_lost_listen_connection_is_reestablished_and_wakes_the_relay_again() {
     relay.stop().await;
 }
 
+/// A relay (4 workers, batches of 10) whose poll is a minute away, once it
+/// listens and its startup pass is over: only a NOTIFY can wake a loop now.
+async fn relay_woken_by_notify_alone(db: &TestDb, topic: &TestTopic, pool: &PgPool) -> Service {
+    let mut cfg = config(db, topic, 4, 10);
+    cfg.poll_interval_ms = 60_000;
+    let relay = spawn_relay(cfg).await;
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            listener_pid(pool).await.is_some()
+        })
+        .await,
+        "the relay listens"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    relay
+}
+
 /// A NOTIFY that names shards (orders' `Notifier`) wakes only those
 /// shards' loops: a row of another shard waits (the poll interval is a
 /// minute) until a NOTIFY names its shard; the trigger's NOTIFY, which names
@@ -1315,18 +1332,7 @@ async fn a_notify_naming_shards_wakes_only_their_loops() {
     let db = TestDb::create().await;
     let topic = TestTopic::create(3).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
-    let mut cfg = config(&db, &topic, 4, 10);
-    cfg.poll_interval_ms = 60_000;
-    let relay = spawn_relay(cfg).await;
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            listener_pid(&pool).await.is_some()
-        })
-        .await,
-        "the relay listens"
-    );
-    // Past the startup pass: only a NOTIFY can wake a loop now.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let relay = relay_woken_by_notify_alone(&db, &topic, &pool).await;
     let notify = |mask: u16| {
         let pool = pool.clone();
         async move {
@@ -1393,17 +1399,7 @@ async fn later_events_of_a_batchs_keys_go_out_without_another_notify() {
     let db = TestDb::create().await;
     let topic = TestTopic::create(3).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
-    let mut cfg = config(&db, &topic, 4, 10);
-    cfg.poll_interval_ms = 60_000;
-    let relay = spawn_relay(cfg).await;
-    assert!(
-        eventually(Duration::from_secs(10), || async {
-            listener_pid(&pool).await.is_some()
-        })
-        .await,
-        "the relay listens"
-    );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let relay = relay_woken_by_notify_alone(&db, &topic, &pool).await;
     let key = Uuid::now_v7();
     let mut tx = pool.begin().await.expect("begin");
     let events: Vec<OutboxMessage> = (0..5).map(|seq| seq_event(key, seq)).collect();

@@ -12,6 +12,12 @@
 //! headers. Create the topic first with the relay topic's partition count:
 //! the producer does not create it (a broker's default count differs).
 //!
+//! `RAW_RATE=N` paces the sends at N messages a second instead of as fast
+//! as the acks allow (the relay's steady state, not its drain), and
+//! `RAW_SET="key=value,..."` adds librdkafka settings over the relay's. The
+//! output then says what the producer cost: its process's CPU seconds, and
+//! CPU-µs per message.
+//!
 //! cargo run --release -p relay --example raw_producer -- <topic> <count> <bytes> [in_flight]
 
 use std::time::{Duration, Instant};
@@ -47,7 +53,15 @@ async fn main() -> anyhow::Result<()> {
     };
     let bootstrap =
         std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
-    let producer: FutureProducer = ClientConfig::new()
+    let rate: Option<f64> = match std::env::var("RAW_RATE") {
+        Ok(v) => Some(
+            v.parse()
+                .map_err(|e| anyhow::anyhow!("RAW_RATE={v}: {e}"))?,
+        ),
+        Err(_) => None,
+    };
+    let mut config = ClientConfig::new();
+    config
         .set("bootstrap.servers", &bootstrap)
         .set("enable.idempotence", "true")
         .set("acks", "all")
@@ -55,8 +69,15 @@ async fn main() -> anyhow::Result<()> {
         .set("queue.buffering.max.messages", "1000000")
         .set("batch.num.messages", "10000")
         .set("compression.type", "lz4")
-        .set("allow.auto.create.topics", "false")
-        .create()?;
+        .set("allow.auto.create.topics", "false");
+    let extra = std::env::var("RAW_SET").unwrap_or_default();
+    for set in extra.split(',').filter(|s| !s.is_empty()) {
+        let (key, value) = set
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("RAW_SET: '{set}' is not key=value"))?;
+        config.set(key, value);
+    }
+    let producer: FutureProducer = config.create()?;
     let filler_value = vec![b'x'; size];
     // The bytes of a message's value (an envelope's, of the first order).
     let size = if filler {
@@ -64,7 +85,9 @@ async fn main() -> anyhow::Result<()> {
     } else {
         order_created(uuid::Uuid::now_v7(), uuid::Uuid::new_v4(), 0)?.len()
     };
+    let cpu_before = cpu_seconds();
     let start = Instant::now();
+    let t0 = tokio::time::Instant::now();
     let results: Vec<bool> = futures::stream::iter(0..count)
         .map(|i| {
             let order = uuid::Uuid::new_v4();
@@ -73,6 +96,9 @@ async fn main() -> anyhow::Result<()> {
             let filler_value = &filler_value;
             let topic = &topic;
             async move {
+                if let Some(rate) = rate {
+                    tokio::time::sleep_until(t0 + Duration::from_secs_f64(i as f64 / rate)).await;
+                }
                 let msg_id = uuid::Uuid::now_v7();
                 let value = if filler {
                     filler_value.clone()
@@ -106,10 +132,13 @@ async fn main() -> anyhow::Result<()> {
         .collect::<anyhow::Result<_>>()?;
     let failed = results.iter().filter(|ok| !**ok).count();
     let secs = start.elapsed().as_secs_f64();
+    let cpu = cpu_seconds() - cpu_before;
     let payload = if filler { "filler" } else { "envelope" };
+    let rate = rate.map_or("null".to_string(), |r| r.to_string());
     println!(
-        "{{\"messages\": {count}, \"payload\": \"{payload}\", \"bytes\": {size}, \"in_flight\": {in_flight}, \"seconds\": {secs:.3}, \"msgs_per_sec\": {:.0}, \"failed\": {failed}}}",
-        count as f64 / secs
+        "{{\"messages\": {count}, \"payload\": \"{payload}\", \"bytes\": {size}, \"in_flight\": {in_flight}, \"rate\": {rate}, \"set\": {extra:?}, \"seconds\": {secs:.3}, \"msgs_per_sec\": {:.0}, \"failed\": {failed}, \"cpu_seconds\": {cpu:.2}, \"cpu_us_per_msg\": {:.1}}}",
+        count as f64 / secs,
+        cpu * 1e6 / count as f64
     );
     Ok(())
 }
@@ -129,4 +158,22 @@ fn order_created(msg_id: uuid::Uuid, order: uuid::Uuid, i: usize) -> anyhow::Res
         payload.to_string().as_bytes(),
     )?;
     Ok(envelope.encode()?)
+}
+
+/// This process's CPU time (user + system, every thread), from
+/// `/proc/self/stat`, in seconds; 0 where there is no such file.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // The fields after the command name, which is in parentheses and may
+    // hold spaces: utime and stime are the 12th and 13th of them.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let ticks: f64 = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|t| t.parse::<f64>().ok())
+        .sum();
+    ticks / 100.0 // USER_HZ, 100 on Linux
 }

@@ -49,6 +49,17 @@ pub struct Config {
           value_parser = clap::value_parser!(u16).range(1..=SHARDS as i64))]
     pub workers: u16,
 
+    /// Groups the outbox's 16 shards are split into (`--mode poll`): shard
+    /// `s` is in group `s % N`, and each group has a loop (per
+    /// `--shard-depth` slot) whose transaction claims all its shards at
+    /// once, an equal share of `--batch-size` each. At low rates a batch
+    /// cycle collects every row its shards got meanwhile, so fewer groups
+    /// mean fewer, larger transactions for the same rows; at most N
+    /// transactions (× depth) are in flight, within `--workers`.
+    #[arg(long, env = "RELAY_SHARD_GROUPS", default_value_t = 16,
+          value_parser = clap::value_parser!(u8).range(1..=SHARDS as i64))]
+    pub shard_groups: u8,
+
     /// Transactions one shard can have in flight at once (`--mode poll`),
     /// within `--workers`. At 1, a row committed while its shard awaits
     /// its batch's acks waits for them, the mark and the commit; at 2, a

@@ -50,7 +50,6 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::config::{Command, Config, Mode, Sink, session_limits};
 use crate::metrics::RelayMetrics;
-use crate::outbox::SHARDS;
 pub use crate::publish::{RelayContext, RelayProducer, producer};
 use crate::publish::{Worker, topic_max_message_bytes};
 use crate::upkeep::{sample_lag, sample_slot, spawn_outbox_expiry};
@@ -130,7 +129,7 @@ pub async fn run(
     let (wal_end_tx, mut wal_end) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
     match config.mode {
         Mode::Poll => {
-            let wakes = Wakes::new();
+            let wakes = Wakes::new(config.shard_groups);
             tasks.push(tokio::spawn(listen(
                 pool.clone(),
                 wakes.clone(),
@@ -138,13 +137,13 @@ pub async fn run(
                 cancel.clone(),
             )));
             let poll = Duration::from_millis(config.poll_interval_ms);
-            for shard in 0..SHARDS {
+            for (group, shards) in wakes.groups().into_iter().enumerate() {
                 for slot in 0..config.shard_depth.max(1) {
-                    worker_tasks.push(tokio::spawn(worker.clone().run_shard(
-                        shard,
+                    worker_tasks.push(tokio::spawn(worker.clone().run_group(
+                        shards.clone(),
                         slot,
                         poll,
-                        wakes.shard(shard),
+                        wakes.group(group),
                         cancel.clone(),
                     )));
                 }
@@ -173,7 +172,7 @@ pub async fn run(
             }));
         }
     }
-    tracing::info!(mode = ?config.mode, workers, shard_depth = config.shard_depth, batch_size = config.batch_size, topic = %config.kafka.kafka_topic, "relay running");
+    tracing::info!(mode = ?config.mode, workers, shard_groups = config.shard_groups, shard_depth = config.shard_depth, batch_size = config.batch_size, topic = %config.kafka.kafka_topic, "relay running");
 
     let mut wal_result = Ok(());
     tokio::select! {
@@ -243,7 +242,7 @@ async fn run_webhooks(
             },
         )));
     }
-    let wakes = Wakes::new();
+    let wakes = Wakes::new(1); // the fan-out waits on any shard's rows
     let wake_rx = wakes.any();
     tasks.push(tokio::spawn(listen(
         pool.clone(),

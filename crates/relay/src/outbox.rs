@@ -76,13 +76,28 @@ pub async fn try_lock_shard(
     shard: i16,
     slot: u8,
 ) -> sqlx::Result<bool> {
-    // A function's result has no NOT NULL for PostgreSQL to report; this
-    // one never returns NULL.
+    Ok(!try_lock_shards(tx, &[shard], slot).await?.is_empty())
+}
+
+/// [`try_lock_shard`] for several shards in one statement (a group's
+/// transaction, `relay --shard-groups`): the shards whose slot `slot` this
+/// transaction now holds, in the order given; the others are held by
+/// another relay worker and are skipped.
+pub async fn try_lock_shards(
+    tx: &mut Transaction<'_, Postgres>,
+    shards: &[i16],
+    slot: u8,
+) -> sqlx::Result<Vec<i16>> {
+    // Slot `slot` of shard `s` is lock `LOCK_BASE + s + SHARDS * slot`.
+    // unnest's element is never NULL here, but PostgreSQL reports no
+    // nullability for it.
     sqlx::query_scalar!(
-        r#"SELECT pg_try_advisory_xact_lock($1) AS "locked!""#,
-        LOCK_BASE + i64::from(shard) + i64::from(SHARDS) * i64::from(slot.min(MAX_SHARD_DEPTH - 1))
+        r#"SELECT s AS "shard!" FROM unnest($1::int2[]) WITH ORDINALITY AS u(s, n)
+           WHERE pg_try_advisory_xact_lock($2::int8 + s) ORDER BY n"#,
+        shards,
+        LOCK_BASE + i64::from(SHARDS) * i64::from(slot.min(MAX_SHARD_DEPTH - 1))
     )
-    .fetch_one(&mut **tx)
+    .fetch_all(&mut **tx)
     .await
 }
 
@@ -116,26 +131,79 @@ pub async fn claim(
     shard: i16,
     limit: i64,
 ) -> sqlx::Result<Vec<PendingRow>> {
-    sqlx::query_as!(
-        PendingRow,
-        r#"SELECT o.id, o.aggregate_id, o.msg_id, o.event_type, o.payload, o.created_at, o.attempts,
+    Ok(claim_shards(conn, &[shard], limit).await?.rows)
+}
+
+/// What [`claim_shards`] took.
+#[derive(Debug, Default)]
+pub struct Claim {
+    /// The rows, shard by shard (in the order given), each shard's in id order.
+    pub rows: Vec<PendingRow>,
+    /// Some shard gave all its share of the limit: it may have more.
+    pub full: bool,
+}
+
+/// [`claim`] over several shards in one statement (a group's transaction,
+/// `relay --shard-groups`): each shard gets an equal share of `limit` (at
+/// least one row), and its rows are claimed exactly as [`claim`] does, one
+/// ordered probe of `outbox_pending_by_shard` per shard. (One scan of
+/// `shard = ANY(..)` would have to sort every pending row of the shards
+/// before its `LIMIT`: over a backlog, all of them per claim.)
+pub async fn claim_shards(
+    conn: &mut PgConnection,
+    shards: &[i16],
+    limit: i64,
+) -> sqlx::Result<Claim> {
+    let share = (limit / i64::try_from(shards.len().max(1)).unwrap_or(1)).max(1);
+    let rows = sqlx::query!(
+        r#"SELECT c.shard AS "shard!", c.id AS "id!", c.aggregate_id AS "aggregate_id!",
+                  c.msg_id AS "msg_id!", c.event_type AS "event_type!", c.payload AS "payload!",
+                  c.created_at AS "created_at!", c.attempts AS "attempts!", c.later AS "later!"
+         FROM unnest($1::int2[]) WITH ORDINALITY AS s(shard, n),
+         LATERAL (
+           SELECT o.shard, o.id, o.aggregate_id, o.msg_id, o.event_type, o.payload, o.created_at, o.attempts,
                   EXISTS (SELECT 1 FROM orders.outbox l
                           WHERE l.aggregate_id = o.aggregate_id
                             AND l.published_at IS NULL AND l.id > o.id
-                          OFFSET 0) AS "later!"
-         FROM orders.outbox o
-         WHERE o.shard = $1 AND o.published_at IS NULL AND o.failed_at IS NULL
-           AND NOT EXISTS (SELECT 1 FROM orders.outbox e
-                           WHERE e.aggregate_id = o.aggregate_id
-                             AND e.published_at IS NULL AND e.id < o.id
-                           OFFSET 0)
-         ORDER BY o.id LIMIT $2
-         FOR UPDATE OF o SKIP LOCKED"#,
-        shard,
-        limit
+                          OFFSET 0) AS later
+           FROM orders.outbox o
+           WHERE o.shard = s.shard AND o.published_at IS NULL AND o.failed_at IS NULL
+             AND NOT EXISTS (SELECT 1 FROM orders.outbox e
+                             WHERE e.aggregate_id = o.aggregate_id
+                               AND e.published_at IS NULL AND e.id < o.id
+                             OFFSET 0)
+           ORDER BY o.id LIMIT $2
+           FOR UPDATE OF o SKIP LOCKED) c
+         ORDER BY s.n, c.id"#,
+        shards,
+        share
     )
     .fetch_all(conn)
-    .await
+    .await?;
+    let mut claim = Claim {
+        rows: Vec::with_capacity(rows.len()),
+        full: false,
+    };
+    let mut run = (None, 0_i64); // the current shard and its rows so far
+    for row in rows {
+        run = if run.0 == Some(row.shard) {
+            (run.0, run.1 + 1)
+        } else {
+            (Some(row.shard), 1)
+        };
+        claim.full |= run.1 >= share;
+        claim.rows.push(PendingRow {
+            id: row.id,
+            aggregate_id: row.aggregate_id,
+            msg_id: row.msg_id,
+            event_type: row.event_type,
+            payload: row.payload,
+            created_at: row.created_at,
+            attempts: row.attempts,
+            later: row.later,
+        });
+    }
+    Ok(claim)
 }
 
 /// How many of `rows` (`(id, msg_id)`, distinct) are settled as far as a

@@ -1,8 +1,9 @@
-//! `--mode poll`: every shard of the outbox has a loop of its own in each
-//! process (`--shard-depth` of them, one per lock slot); a loop claims a
-//! batch of its shard under the shard's advisory lock, publishes it and
-//! marks it ([`crate::publish`]) in one transaction, then waits for a
-//! NOTIFY ([`crate::wake`]) or the poll interval.
+//! `--mode poll`: the outbox's shards are split into `--shard-groups`
+//! groups, and every group has a loop of its own in each process
+//! (`--shard-depth` of them, one per lock slot); a loop claims a batch of
+//! its group's shards under their advisory locks, publishes it and marks it
+//! ([`crate::publish`]) in one transaction, then waits for a NOTIFY of one
+//! of its shards ([`crate::wake`]) or the poll interval.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,14 +17,14 @@ use crate::outbox;
 use crate::publish::{BatchError, Publish, Stage, Worker};
 
 impl Worker {
-    /// One shard slot's loop (`--shard-depth` of them per shard): publish a
-    /// batch while there is one, then wait for a NOTIFY or the poll. A
-    /// batch holds one of the `--workers` permits from its claim to its
-    /// commit; the semaphore is fair, so a busy shard queues behind the
-    /// others between batches instead of starving them.
-    pub(crate) async fn run_shard(
+    /// One group slot's loop (`--shard-depth` of them per group of
+    /// shards): publish a batch while there is one, then wait for a NOTIFY
+    /// or the poll. A batch holds one of the `--workers` permits from its
+    /// claim to its commit; the semaphore is fair, so a busy group queues
+    /// behind the others between batches instead of starving them.
+    pub(crate) async fn run_group(
         self: Arc<Self>,
-        shard: i16,
+        shards: Vec<i16>,
         slot: u8,
         poll: Duration,
         mut wake: watch::Receiver<u64>,
@@ -44,19 +45,19 @@ impl Worker {
             self.metrics.relay_shards_in_flight.inc();
             // Not cut short by a shutdown: a batch handed to the producer is
             // awaited and marked, so a clean stop re-publishes nothing.
-            let result = self.relay_shard(shard, slot).await;
+            let result = self.relay_shards(&shards, slot).await;
             self.metrics.relay_shards_in_flight.dec();
             drop(permit);
             match result {
                 // A full batch, or one that held back later events of its
                 // keys (claimable now that it is marked): more right away.
-                Ok(batch) if batch.more(self.batch_size) => backoff.reset(),
+                Ok(batch) if batch.more() => backoff.reset(),
                 // A partial batch took every row claimable at its claim. A row
-                // committed since came with a NOTIFY for this shard, which
+                // committed since came with a NOTIFY for its shard, which
                 // ends the wait below at once; claiming again right away
                 // would mostly find nothing, a transaction each (at 1,000
                 // orders/s, one empty claim for every batch: FINDINGS §15).
-                // Nothing claimable, or another relay holds the shard: the same.
+                // Nothing claimable, or another relay holds the shards: the same.
                 Ok(batch) => {
                     if batch.delivered == 0 {
                         self.metrics.relay_empty_claims_total.inc();
@@ -74,7 +75,7 @@ impl Worker {
                         .with_label_values(&[error.stage.as_str()])
                         .inc();
                     tracing::warn!(
-                        shard,
+                        ?shards,
                         slot,
                         stage = error.stage.as_str(),
                         error = %error,
@@ -89,25 +90,26 @@ impl Worker {
         }
     }
 
-    /// One transaction: lock the shard's slot, claim, publish, await acks,
-    /// mark, commit.
+    /// One transaction: lock the shards' slot, claim, publish, await acks,
+    /// mark, commit. Of `shards`, those whose slot another relay worker
+    /// holds are left to it.
     ///
-    /// Its span names the shard and, once claimed, the batch's row count, so
+    /// Its span names the shards and, once claimed, the batch's row count, so
     /// every log of a row's publish says which batch it was in.
     #[tracing::instrument(level = "info", skip(self), fields(rows = tracing::field::Empty))]
-    pub(crate) async fn relay_shard(&self, shard: i16, slot: u8) -> Result<Batch, BatchError> {
+    pub(crate) async fn relay_shards(&self, shards: &[i16], slot: u8) -> Result<Batch, BatchError> {
         let mut tx = self
             .pool
             .begin()
             .await
             .map_err(BatchError::at(Stage::Claim, "begin"))?;
-        if !outbox::try_lock_shard(&mut tx, shard, slot)
+        let locked = outbox::try_lock_shards(&mut tx, shards, slot)
             .await
-            .map_err(BatchError::at(Stage::Claim, "lock shard"))?
-        {
+            .map_err(BatchError::at(Stage::Claim, "lock shard"))?;
+        if locked.is_empty() {
             return Ok(Batch::default());
         }
-        let rows = outbox::claim(&mut tx, shard, self.batch_size)
+        let outbox::Claim { rows, full } = outbox::claim_shards(&mut tx, &locked, self.batch_size)
             .await
             .map_err(BatchError::at(Stage::Claim, "claim outbox batch"))?;
         if rows.is_empty() {
@@ -135,17 +137,20 @@ impl Worker {
             .await?;
         Ok(Batch {
             claimed: rows.len(),
+            full,
             delivered: delivered.len(),
             held_back: rows.iter().any(|row| row.later),
         })
     }
 }
 
-/// What one shard transaction did.
+/// What one transaction did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Batch {
     /// Rows claimed (at most `--batch-size`).
     pub(crate) claimed: usize,
+    /// A shard gave all its share of `--batch-size` ([`outbox::Claim::full`]).
+    pub(crate) full: bool,
     /// Of those, rows the broker acked and the transaction marked published.
     pub(crate) delivered: usize,
     /// A later event of a claimed row's key was pending at the claim.
@@ -154,11 +159,10 @@ pub(crate) struct Batch {
 
 impl Batch {
     /// Whether rows are claimable right after this batch without a NOTIFY:
-    /// the claim took all it could (`--batch-size`), or it held back later
-    /// events of its keys. Only when something was published: a batch the
-    /// broker refused is retried after the wait.
-    fn more(self, batch_size: i64) -> bool {
-        self.delivered > 0
-            && (self.held_back || i64::try_from(self.claimed).unwrap_or(i64::MAX) >= batch_size)
+    /// a shard gave all it could (its share of `--batch-size`), or the claim
+    /// held back later events of its keys. Only when something was
+    /// published: a batch the broker refused is retried after the wait.
+    fn more(self) -> bool {
+        self.delivered > 0 && (self.held_back || self.full)
     }
 }

@@ -17,29 +17,41 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::RelayMetrics;
 use crate::outbox::SHARDS;
 
-/// The relay's wake-ups: one per shard, for its poll loops, and one for a
-/// row of any shard, for the webhook fan-out. Each is a generation number a
-/// loop waits to see change.
+/// The relay's wake-ups: one per group of shards (`--shard-groups`), for
+/// its poll loops, and one for a row of any shard, for the webhook fan-out.
+/// Each is a generation number a loop waits to see change.
 #[derive(Debug)]
 pub(crate) struct Wakes {
-    shards: Vec<watch::Sender<u64>>,
+    groups: Vec<watch::Sender<u64>>,
     any: watch::Sender<u64>,
 }
 
 impl Wakes {
-    pub(crate) fn new() -> Arc<Self> {
+    /// Wake-ups for `groups` groups of shards (at least 1, at most
+    /// [`SHARDS`]): shard `s` is in group `s % groups`.
+    pub(crate) fn new(groups: u8) -> Arc<Self> {
+        let groups = i16::from(groups).clamp(1, SHARDS);
         Arc::new(Self {
-            shards: (0..SHARDS).map(|_| watch::channel(0).0).collect(),
+            groups: (0..groups).map(|_| watch::channel(0).0).collect(),
             any: watch::channel(0).0,
         })
     }
 
-    /// What wakes the loops of `shard`.
-    pub(crate) fn shard(&self, shard: i16) -> watch::Receiver<u64> {
-        let i = usize::try_from(shard)
-            .unwrap_or(0)
-            .min(self.shards.len() - 1);
-        self.shards[i].subscribe()
+    /// The shards of each group, in group order.
+    pub(crate) fn groups(&self) -> Vec<Vec<i16>> {
+        let n = self.groups.len();
+        (0..n)
+            .map(|g| {
+                (0..SHARDS)
+                    .filter(|s| usize::try_from(*s).unwrap_or(0) % n == g)
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// What wakes the loops of `group`.
+    pub(crate) fn group(&self, group: usize) -> watch::Receiver<u64> {
+        self.groups[group.min(self.groups.len() - 1)].subscribe()
     }
 
     /// What wakes on a row of any shard.
@@ -47,11 +59,14 @@ impl Wakes {
         self.any.subscribe()
     }
 
-    /// Wakes the shards of `mask` (bit `s`: shard `s`) and the waiters on any.
+    /// Wakes the groups of the shards of `mask` (bit `s`: shard `s`) and the
+    /// waiters on any.
     pub(crate) fn wake(&self, mask: u16) {
-        for (s, tx) in self.shards.iter().enumerate() {
-            if mask & (1 << s) != 0 {
-                tx.send_modify(|g| *g = g.wrapping_add(1));
+        let n = self.groups.len();
+        for (g, tx) in self.groups.iter().enumerate() {
+            if (0..SHARDS).any(|s| mask & (1 << s) != 0 && usize::try_from(s).unwrap_or(0) % n == g)
+            {
+                tx.send_modify(|n| *n = n.wrapping_add(1));
             }
         }
         self.any.send_modify(|g| *g = g.wrapping_add(1));
@@ -139,9 +154,9 @@ mod tests {
 
     #[test]
     fn a_wake_reaches_the_shards_of_its_mask_and_the_waiters_on_any() {
-        let wakes = Wakes::new();
-        let mut three = wakes.shard(3);
-        let five = wakes.shard(5);
+        let wakes = Wakes::new(SHARDS as u8);
+        let mut three = wakes.group(3);
+        let five = wakes.group(5);
         let mut any = wakes.any();
         wakes.wake(1 << 3);
         assert!(three.has_changed().expect("open"));
@@ -152,8 +167,35 @@ mod tests {
         wakes.wake(ALL_SHARDS);
         assert!(three.has_changed().expect("open") && five.has_changed().expect("open"));
         assert!(any.has_changed().expect("open"));
-        let last = wakes.shard(SHARDS - 1);
+        let last = wakes.group(usize::try_from(SHARDS - 1).expect("positive"));
         wakes.wake(1 << (SHARDS - 1));
         assert_eq!(*last.borrow(), 2, "the last shard's bit is its own");
+    }
+
+    #[test]
+    fn a_group_holds_every_shard_congruent_to_it_and_wakes_for_any_of_them() {
+        let wakes = Wakes::new(4);
+        let groups = wakes.groups();
+        assert_eq!(groups[1], vec![1, 5, 9, 13]);
+        assert_eq!(
+            groups.concat().len(),
+            usize::try_from(SHARDS).expect("positive")
+        );
+        let mut one = wakes.group(1);
+        let two = wakes.group(2);
+        wakes.wake(1 << 13);
+        assert!(one.has_changed().expect("open"));
+        assert!(!two.has_changed().expect("open"));
+        one.borrow_and_update();
+        wakes.wake(1 << 14);
+        assert!(!one.has_changed().expect("open") && two.has_changed().expect("open"));
+        assert_eq!(
+            Wakes::new(0).groups(),
+            vec![(0..SHARDS).collect::<Vec<_>>()]
+        );
+        assert_eq!(
+            Wakes::new(200).groups().len(),
+            usize::try_from(SHARDS).expect("positive")
+        );
     }
 }

@@ -280,7 +280,7 @@ async fn drain(worker: &Arc<Worker>, cancel: &CancellationToken) -> anyhow::Resu
             let mut total = 0;
             while !cancel.is_cancelled() {
                 let permit = worker.permits.acquire().await?;
-                let batch = worker.relay_shard(shard, 0).await;
+                let batch = worker.relay_shards(&[shard], 0).await;
                 drop(permit);
                 match batch?.delivered {
                     0 => break,

@@ -25,6 +25,7 @@ fn config(db: &TestDb, topic: &TestTopic, workers: u16, batch_size: i64) -> Conf
         crash: CrashArgs::default(),
         batch_size,
         workers,
+        shard_groups: 16,
         shard_depth: 1,
         poll_interval_ms: 200,
         lag_sample_ms: 200,
@@ -267,6 +268,46 @@ async fn shards_in_flight_at_once_keep_every_key_in_order() {
     relay.stop().await;
 }
 
+/// `--shard-groups 1`: one transaction claims rows of every shard at once
+/// (a mark's `published_at` is its transaction's start, so rows marked
+/// together share it), and every key's events still arrive in outbox order,
+/// each once. With a group per shard (16, the default) no transaction spans
+/// two shards.
+#[tokio::test]
+async fn a_groups_transaction_claims_all_its_shards_at_once() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(6).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let keys: Vec<Uuid> = (0..64).map(|_| Uuid::now_v7()).collect();
+    fill_outbox(&pool, &keys, 2).await;
+    let shards: i64 = sqlx::query_scalar("SELECT count(DISTINCT shard) FROM orders.outbox")
+        .fetch_one(&pool)
+        .await
+        .expect("shards");
+
+    let relay = spawn_relay(Config {
+        shard_groups: 1,
+        ..config(&db, &topic, 8, 1000)
+    })
+    .await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "relay drained the outbox"
+    );
+    let most: i64 = sqlx::query_scalar(
+        "SELECT max(n) FROM (SELECT count(DISTINCT shard) AS n FROM orders.outbox GROUP BY published_at) t",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("shards per transaction");
+    assert_eq!(most, shards, "one transaction marked rows of every shard");
+    assert_each_event_once_in_order(&topic, 64, 2).await;
+    relay.stop().await;
+}
+
 /// `--shard-depth`: one shard's transactions overlap (a claim while another
 /// batch of the shard awaits its acks), in two relays at once, while the
 /// events are written. Every key still arrives in outbox order, each event
@@ -302,7 +343,7 @@ async fn one_shards_transactions_in_flight_at_once_keep_every_key_in_order() {
             let awaiting = "SELECT count(DISTINCT a.pid) FROM pg_stat_activity a \
                  JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.granted \
                  WHERE a.datname = current_database() AND a.state = 'idle in transaction' \
-                   AND a.query LIKE 'SELECT o.id, o.aggregate_id%' \
+                   AND a.query LIKE 'SELECT c.shard AS %' \
                    AND l.classid = 3601 AND (l.objid::int8 - 2115633152) % 16 = $1";
             let mut most = 0i64;
             while !sampling.is_cancelled() {

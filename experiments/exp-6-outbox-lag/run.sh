@@ -80,8 +80,10 @@ for config in $CONFIGS; do
 
   say "$tag: capacity: the relay drains $DRAIN_ROWS rows"
   start_relay() {
+    # A loop per shard (--shard-groups 16), the layout these configurations
+    # were chosen for: with fewer groups, workers beyond the groups are idle.
     DATABASE_URL=$RELAY_DATABASE_URL RELAY_METRICS_ADDR=$RELAY_METRICS RELAY_WORKERS=$workers \
-      RELAY_BATCH_SIZE=$batch RELAY_MODE=$mode RELAY_WAL_HEARTBEAT_MS=1000 "$BIN/relay" >"$dir/relay.log" 2>&1 &
+      RELAY_SHARD_GROUPS=16 RELAY_BATCH_SIZE=$batch RELAY_MODE=$mode RELAY_WAL_HEARTBEAT_MS=1000 "$BIN/relay" >"$dir/relay.log" 2>&1 &
     relay=$!
     PIDS+=("$relay")
   }

@@ -15,10 +15,12 @@
 //! next event is claimed only after its previous one was acked and
 //! committed published, by whichever transaction. See ARCHITECTURE.md.
 //!
-//! Pipelining: every shard has a loop of its own in each process (with
-//! `--shard-depth` N, N loops, one per lock slot), and up to `--workers` of
-//! them hold a shard transaction at once, so one shard's claim, mark and
-//! commit overlap the others' broker acks, and at a depth over 1 its own.
+//! Pipelining: the shards are split into `--shard-groups` groups, every
+//! group has a loop of its own in each process (with `--shard-depth` N, N
+//! loops, one per lock slot), and up to `--workers` of them hold a
+//! transaction at once, so one group's claim, mark and commit overlap the
+//! others' broker acks, and at a depth over 1 its own. A group's
+//! transaction claims all of its shards whose locks it got.
 //! A key's event is never in flight from two places: a claim skips the rows
 //! in flight and every later row of their keys (`outbox::try_lock_shard`).
 //!

@@ -165,7 +165,7 @@ impl RelayMetrics {
             )?,
             relay_shards_in_flight: IntGauge::new(
                 "relay_shards_in_flight",
-                "Shard transactions open now (claim to commit), at most --workers",
+                "Relay transactions open now (a shard group's claim to its commit), at most --workers",
             )?,
             relay_wal_slot_retained_bytes: IntGauge::new(
                 "relay_wal_slot_retained_bytes",

@@ -165,7 +165,7 @@ async fn relay_reads_and_marks_only_the_outbox() {
         &[
             // crates/relay/src/outbox.rs: lease, claim, mark, failures, lag
             "SELECT pg_try_advisory_xact_lock(1)",
-            "SELECT o.id, o.aggregate_id, o.msg_id, o.event_type, o.payload, o.created_at, o.attempts \
+            "SELECT o.shard, o.id, o.aggregate_id, o.msg_id, o.event_type, o.payload, o.created_at, o.attempts \
              FROM orders.outbox o \
              WHERE o.shard = 0 AND o.published_at IS NULL AND o.failed_at IS NULL \
                AND NOT EXISTS (SELECT 1 FROM orders.outbox e WHERE e.aggregate_id = o.aggregate_id \

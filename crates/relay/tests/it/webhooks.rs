@@ -177,7 +177,7 @@ fn config(db: &TestDb, destinations: Vec<Destination>, scale: f64) -> Config {
         crash: CrashArgs::default(),
         batch_size: 100,
         workers: 2,
-        shard_groups: 16,
+        shard_groups: 2,
         shard_depth: 1,
         poll_interval_ms: 100,
         lag_sample_ms: 200,

@@ -4,8 +4,9 @@
 # (bench_pipeline, 1M published outbox rows): each point marks the first
 # SWEEP_ROWS rows pending again (as a relay crash would) and times the drain
 # to a fresh topic. Settings: SWEEP_ROWS (200000), SWEEP_POINTS
-# ("2:500 8:500 8:1000 16:1000": workers:batch[:shard depth], the depth
-# the relay's default when left out), SWEEP_RELAY_BIN (the relay binary,
+# ("2:500 8:500 8:1000 16:1000": workers:batch[:shard depth[:shard groups]],
+# the relay's defaults where left out or empty: 8:1000::2 is 2 groups at
+# the default depth), SWEEP_RELAY_BIN (the relay binary,
 # target/release/relay; another build's for an A/B on the same backlog).
 # Each line also gives where the CPU went during the drain, in cores per
 # process name and per PostgreSQL role (scripts/lib/cpu.py).
@@ -28,9 +29,10 @@ q() { psql "$URL" -qAt -v ON_ERROR_STOP=1 -c "$1"; }
 CPU_A=$(mktemp) CPU_B=$(mktemp)
 trap 'rm -f "$CPU_A" "$CPU_B"' EXIT
 for point in $POINTS; do
-  IFS=: read -r workers batch depth <<<"$point"
+  IFS=: read -r workers batch depth groups <<<"$point"
   depth_env=()
   [ -n "$depth" ] && depth_env=(RELAY_SHARD_DEPTH="$depth")
+  [ -n "$groups" ] && depth_env+=(RELAY_SHARD_GROUPS="$groups")
   q "UPDATE orders.outbox SET published_at = NULL WHERE id <= $ROWS" >/dev/null
   q "VACUUM orders.outbox" >/dev/null
   topic=bench.sweep.$workers.$batch.$(date +%s)
@@ -51,7 +53,7 @@ for point in $POINTS; do
   python3 scripts/lib/cpu.py snap "$STACK_ADMIN_DATABASE_URL" >"$CPU_B"
   kill "$pid"; wait "$pid" 2>/dev/null || true
   [ "$(q "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL")" = 0 ] || { echo "rows left pending" >&2; exit 1; }
-  echo "relay=$RELAY_BIN workers=$workers batch=$batch depth=${depth:-default} rows=$ROWS" \
+  echo "relay=$RELAY_BIN workers=$workers batch=$batch depth=${depth:-default} groups=${groups:-default} rows=$ROWS" \
     "rows_per_sec=$(python3 -c "print(round($ROWS/($t1-$t0)))")" \
     "cpu=$(python3 scripts/lib/cpu.py diff "$CPU_A" "$CPU_B" "$(python3 -c "print($t1-$t0)")")"
 done

@@ -10,7 +10,7 @@ STACK_DIR ?= $(CURDIR)/.stack
 export STACK_DIR
 -include $(STACK_DIR)/env
 
-.PHONY: help up down status kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness demo demo-webhooks \
+.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness demo demo-webhooks \
         check-config check-dashboards plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 exp-10-long accept
 
 help: ## list the targets
@@ -25,6 +25,9 @@ down: ## stop the embedded stack (data stays in .stack/ until you delete it)
 
 status: ## say what the embedded stack runs
 	@scripts/stack.sh status
+
+clean: ## drop what tests and benchmarks left on the stack: test_* databases, test-* and bench.* topics
+	@scripts/stack.sh clean
 
 kafka: ## Kafka's own CLIs against the stack: make kafka ARGS="topics --describe --topic order.events" (scripts/kafka.sh --help)
 	@scripts/kafka.sh $(ARGS)
@@ -50,9 +53,10 @@ test: ## the test command (installs cargo-nextest and sqlx-cli when missing, sta
 	python3 -m unittest discover -s experiments/lib
 	python3 -m unittest discover -s scripts/lib
 	$(CARGO) nextest run --workspace --no-fail-fast
-	@# Each test made a topic (test-<uuid>); left there, a thousand-odd of them
-	@# make a broker killed -9 (experiment 8) recover for a minute before it serves.
-	scripts/kafka.sh topics --delete --if-exists --topic 'test-.*'
+	@# Each test made a topic (test-<uuid>) and a database (test_<uuid>); left
+	@# there, a thousand-odd topics make a broker killed -9 (experiment 8) recover
+	@# for a minute before it serves, and every message cost the brokers more.
+	scripts/stack.sh clean
 	DEMO_PROFILE=debug DEMO_SECONDS=5 DEMO_RATE=200 scripts/demo.sh
 	DEMO_PROFILE=debug DEMO_SECONDS=5 DEMO_RATE=200 DEMO_TRANSPORT=http scripts/demo.sh
 

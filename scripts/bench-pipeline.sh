@@ -82,6 +82,9 @@ now() { date +%s.%N; }
 record() { printf '%s\n' "$1" >>"$RAW"; }
 
 scripts/stack.sh up >/dev/null
+# What tests and earlier runs left: hundreds of topics made the brokers 2.6x
+# as expensive per message (FINDINGS §15).
+scripts/stack.sh clean
 . .stack/env
 # shellcheck source=scripts/lib/pipeline.sh
 . "$ROOT/scripts/lib/pipeline.sh"

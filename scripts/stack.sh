@@ -8,6 +8,12 @@
 #   scripts/stack.sh down    stop (idempotent)
 #   scripts/stack.sh status  say what runs
 #   scripts/stack.sh fetch   install and download what `up` needs, start nothing
+#   scripts/stack.sh clean   remove what tests and benchmarks leave behind: the
+#                            tests' databases (test_*) and the tests' and
+#                            benchmarks' topics (test-*, bench.*). Left there,
+#                            hundreds of topics made the brokers 2.6x as
+#                            expensive per message (FINDINGS §15). Not while
+#                            tests or a benchmark run.
 #   scripts/stack.sh crash postgres|broker [DOWN_MS [NODE]]
 #                            crash one the hard way (pg_ctl -m immediate;
 #                            kill -9 of Kafka node NODE, by default the leader
@@ -544,6 +550,22 @@ crash() {
   esac
 }
 
+# What tests and benchmarks leave behind (see the usage at the top).
+clean() {
+  pg_running || die "postgres is not running: scripts/stack.sh up"
+  local psql=(psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -v ON_ERROR_STOP=1 -qAt -d postgres) dbs n=0
+  dbs=$("${psql[@]}" -c "SELECT datname FROM pg_database WHERE datname LIKE 'test\_%'")
+  for db in $dbs; do
+    "${psql[@]}" -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null
+    n=$((n + 1))
+  done
+  log "dropped $n test databases"
+  if [ "$WITH_KAFKA" = 1 ] && node_pid 1 >/dev/null; then
+    "$ROOT/scripts/kafka.sh" topics --delete --if-exists --topic 'test-.*|bench\..*' >/dev/null
+    log "deleted the test and benchmark topics; $("$ROOT/scripts/kafka.sh" topics --list 2>/dev/null | grep -vc '^__') topics left"
+  fi
+}
+
 # The network faults' firewall (chaos, its tests) comes with the stack, as root.
 ensure_fault_tools() {
   if [ "$(id -u)" = 0 ] && ! command -v iptables >/dev/null 2>&1; then ensure_net_tools; fi
@@ -559,6 +581,7 @@ case "${1:-}" in
     ensure_fault_tools
     ensure_postgres_installed; if [ "$WITH_KAFKA" = 1 ]; then ensure_kafka; fi
     log "fetched: PostgreSQL ${PG_BIN:-installed}${KAFKA_LIBS:+, Kafka $KAFKA_VERSION in $KAFKA_LIBS}" ;;
+  clean) find_pg_bin || die "PostgreSQL is not installed: scripts/stack.sh up"; clean ;;
   down) kafka_down; if [ "$NET" = netns ]; then net_down; else net_heal_all quiet; fi; pg_down ;;
   status)
     if find_pg_bin && pg_running; then echo "postgres: running on 127.0.0.1:$PG_PORT"; else echo "postgres: stopped"; fi
@@ -569,5 +592,5 @@ case "${1:-}" in
   crash) shift; crash "$@" ;;
   pause) shift; pause "$@" ;;
   net) shift; net_cmd "$@" ;;
-  *) echo "usage: $0 up|down|status|fetch|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]|net partition|lag|cut|heal|check|status ..." >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|fetch|clean|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]|net partition|lag|cut|heal|check|status ..." >&2; exit 2 ;;
 esac

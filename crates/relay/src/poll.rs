@@ -136,7 +136,6 @@ impl Worker {
         self.mark_batch(tx, &delivered, &rejected, self.max_attempts)
             .await?;
         Ok(Batch {
-            claimed: rows.len(),
             full,
             delivered: delivered.len(),
             held_back: rows.iter().any(|row| row.later),
@@ -147,11 +146,9 @@ impl Worker {
 /// What one transaction did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Batch {
-    /// Rows claimed (at most `--batch-size`).
-    pub(crate) claimed: usize,
     /// A shard gave all its share of `--batch-size` ([`outbox::Claim::full`]).
     pub(crate) full: bool,
-    /// Of those, rows the broker acked and the transaction marked published.
+    /// Rows the broker acked and the transaction marked published.
     pub(crate) delivered: usize,
     /// A later event of a claimed row's key was pending at the claim.
     pub(crate) held_back: bool,

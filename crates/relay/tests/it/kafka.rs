@@ -1403,6 +1403,7 @@ async fn a_notify_naming_shards_wakes_only_their_loops() {
         .fetch_one(&pool)
         .await
         .expect("shard");
+    // The next shard is in the other group at the default 2 groups, as at 16.
     let other = (shard + 1) % 16;
     notify(1 << other).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;

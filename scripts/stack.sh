@@ -138,6 +138,12 @@ pg_running() {
   [ -f "$PGDATA/postmaster.pid" ] && as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" status >/dev/null 2>&1
 }
 
+# psql ARGS... as the superuser, to the server's database `postgres`, stopping
+# at the first error, unaligned and tuples only.
+admin_psql() {
+  psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -qAt "$@"
+}
+
 pg_up() {
   ensure_postgres_installed
   ensure_pg_user
@@ -156,7 +162,7 @@ pg_up() {
     || echo "max_slot_wal_keep_size = 2GB  # scripts/stack.sh: the WAL a relay's slot may hold" >>"$PGDATA/postgresql.conf"
   if pg_running; then
     log "postgres already running on 127.0.0.1:$PG_PORT"
-    if [ "$(psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -qAt -c 'SHOW wal_level' 2>/dev/null)" != logical ]; then
+    if [ "$(admin_psql -c 'SHOW wal_level' 2>/dev/null)" != logical ]; then
       log "postgres runs with wal_level other than logical (started by an older stack.sh): relay --mode wal needs it; restart the stack (scripts/stack.sh down; scripts/stack.sh up)"
     fi
   else
@@ -179,9 +185,8 @@ pg_up() {
        -c checkpoint_timeout=15min -c recovery_init_sync_method=syncfs -c log_min_messages=warning" start >/dev/null \
       || die "postgres did not start, see $LOGS/postgres.log"
   fi
-  local psql=(psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -v ON_ERROR_STOP=1 -qAt)
-  if [ "$("${psql[@]}" -d postgres -c "SELECT 1 FROM pg_database WHERE datname = '$DB'")" != 1 ]; then
-    "${psql[@]}" -d postgres -c "CREATE DATABASE \"$DB\"" >/dev/null
+  if [ "$(admin_psql -c "SELECT 1 FROM pg_database WHERE datname = '$DB'")" != 1 ]; then
+    admin_psql -c "CREATE DATABASE \"$DB\"" >/dev/null
     log "created database $DB"
   fi
 }
@@ -553,10 +558,10 @@ crash() {
 # What tests and benchmarks leave behind (see the usage at the top).
 clean() {
   pg_running || die "postgres is not running: scripts/stack.sh up"
-  local psql=(psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -v ON_ERROR_STOP=1 -qAt -d postgres) dbs n=0
-  dbs=$("${psql[@]}" -c "SELECT datname FROM pg_database WHERE datname LIKE 'test\_%'")
+  local dbs n=0
+  dbs=$(admin_psql -c "SELECT datname FROM pg_database WHERE datname LIKE 'test\_%'")
   for db in $dbs; do
-    "${psql[@]}" -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null
+    admin_psql -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null
     n=$((n + 1))
   done
   log "dropped $n test databases"

@@ -30,16 +30,16 @@ CPU_A=$(mktemp) CPU_B=$(mktemp)
 trap 'rm -f "$CPU_A" "$CPU_B"' EXIT
 for point in $POINTS; do
   IFS=: read -r workers batch depth groups <<<"$point"
-  depth_env=()
-  [ -n "$depth" ] && depth_env=(RELAY_SHARD_DEPTH="$depth")
-  [ -n "$groups" ] && depth_env+=(RELAY_SHARD_GROUPS="$groups")
+  point_env=() # the point's depth and groups, where it gives them
+  [ -n "$depth" ] && point_env=(RELAY_SHARD_DEPTH="$depth")
+  [ -n "$groups" ] && point_env+=(RELAY_SHARD_GROUPS="$groups")
   q "UPDATE orders.outbox SET published_at = NULL WHERE id <= $ROWS" >/dev/null
   q "VACUUM orders.outbox" >/dev/null
   topic=bench.sweep.$workers.$batch.$(date +%s)
   target/debug/kafka-tool create --topic "$topic" --partitions 6 2>/dev/null
   python3 scripts/lib/cpu.py snap "$STACK_ADMIN_DATABASE_URL" >"$CPU_A"
   t0=$(date +%s.%N)
-  env "${depth_env[@]}" DATABASE_URL=$RELAY_URL KAFKA_TOPIC=$topic RELAY_WORKERS=$workers RELAY_BATCH_SIZE=$batch \
+  env "${point_env[@]}" DATABASE_URL=$RELAY_URL KAFKA_TOPIC=$topic RELAY_WORKERS=$workers RELAY_BATCH_SIZE=$batch \
     RELAY_METRICS_ADDR=127.0.0.1:19206 RUST_LOG=warn "$RELAY_BIN" &
   pid=$!
   # Watched on the relay's counter: counting the pending rows would load the

@@ -178,9 +178,12 @@ pg_up() {
     # from a logical replication slot; max_slot_wal_keep_size bounds the WAL
     # a slot whose relay is down can hold (past it the server invalidates
     # the slot and the relay says what to do: ARCHITECTURE.md §6).
+    # pg_stat_statements: what each service's statements cost (calls, time,
+    # WAL), read by the benchmarks around each load (scripts/lib/cpu.py).
     as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -l "$LOGS/postgres.log" -w -t 60 -o \
       "-c port=$PG_PORT -c listen_addresses=127.0.0.1 -c unix_socket_directories=$SOCK \
        -c max_connections=400 -c shared_buffers=512MB -c max_wal_size=4GB \
+       -c shared_preload_libraries=pg_stat_statements \
        -c wal_level=logical -c max_replication_slots=64 -c max_wal_senders=64 \
        -c checkpoint_timeout=15min -c recovery_init_sync_method=syncfs -c log_min_messages=warning" start >/dev/null \
       || die "postgres did not start, see $LOGS/postgres.log"
@@ -189,6 +192,10 @@ pg_up() {
     admin_psql -c "CREATE DATABASE \"$DB\"" >/dev/null
     log "created database $DB"
   fi
+  # The view over pg_stat_statements, in the admin database the benchmarks
+  # read it from (it shows every database's statements). A server started
+  # before the library was preloaded answers without it until restarted.
+  admin_psql -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null 2>&1 || true
 }
 
 pg_down() {

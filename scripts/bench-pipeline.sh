@@ -27,7 +27,11 @@
 #    transactions, i.e. each transaction's start: published_at is when the
 #    relay's shard transaction began, before its claim, not the broker's ack.
 #    Each point also records where the CPU went (`cpu`: cores per process
-#    and per PostgreSQL role, scripts/lib/cpu.py) in the load's middle, and
+#    and per PostgreSQL role, scripts/lib/cpu.py) in the load's middle, what
+#    the services' statements did then (`statements_per_order`, per role:
+#    statements, rows, wall time and WAL per new order, from
+#    pg_stat_statements, which the stack's PostgreSQL loads; and the
+#    statements that took the most time, `cpu.statements_top`), and
 #    the relay's batches then (`relay`: count and mean of its histograms
 #    relay_batch_size, relay_publish_duration_seconds, i.e. a batch's
 #    produce to last ack, and relay_commit_to_publish_seconds, i.e. the
@@ -262,7 +266,7 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
         && clean=true || clean=false
       pipeline_stop
       record "$(q "$URL" "SELECT json_build_object('what', 'steady', 'rate', $rate, 'seconds', $STEADY_SECONDS,
-          'build', '$build', 'env', '$envs', 'fetch_wait_ms', '$wait_ms', 'shard_depth', '$depth', 'recon_clean', $clean, 'cpu', '$cpu'::json, 'relay', '$batches'::json, 'effects', count(*),
+          'build', '$build', 'env', '$envs', 'fetch_wait_ms', '$wait_ms', 'shard_depth', '$depth', 'recon_clean', $clean, 'cpu', '${cpu//\'/\'\'}'::json, 'relay', '$batches'::json, 'effects', count(*),
           'p50_ms', round((percentile_cont(0.50) WITHIN GROUP (ORDER BY ms))::numeric, 1),
           'p99_ms', round((percentile_cont(0.99) WITHIN GROUP (ORDER BY ms))::numeric, 1),
           'max_ms', round(max(ms)::numeric, 1),

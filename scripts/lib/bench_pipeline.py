@@ -36,6 +36,24 @@ def cpu_us_per_order(steady):
             "machine_busy": cpu.get("machine_busy")}
 
 
+def statements_per_order(steady):
+    """A steady point's statements per new order, per PostgreSQL role and in all: how many, their
+    rows, their execution time (µs, wall) and the WAL they wrote (records, bytes); from cpu.py's
+    `statements_by_role`. Empty when the point has none (no pg_stat_statements)."""
+    cpu, per_s = steady.get("cpu") or {}, steady.get("rate")
+    by_role = cpu.get("statements_by_role")
+    if not per_s or not by_role:
+        return {}
+
+    def per_order(d):
+        return {"statements": round(d["calls"] / per_s, 2), "rows": round(d["rows"] / per_s, 2),
+                "exec_us": round(d["exec_ms"] * 1e3 / per_s), "wal_records": round(d["wal_records"] / per_s, 1),
+                "wal_bytes": round(d["wal_bytes"] / per_s)}
+
+    total = {c: sum(d[c] for d in by_role.values()) for c in ("calls", "rows", "exec_ms", "wal_records", "wal_bytes")}
+    return {"by_role": {role: per_order(d) for role, d in by_role.items()}, "all": per_order(total)}
+
+
 # The pipeline's own processes: what its CPU per order counts (the broker and
 # loadgen are left out; PostgreSQL is in, all of its roles).
 PIPELINE = ("orders", "relay", "payments", "postgres")
@@ -74,6 +92,7 @@ def summarize(records):
     out["steady"] = by.get("steady", [])
     for point in out["steady"]:
         point["cpu_us_per_order"] = cpu_us_per_order(point)
+        point["statements_per_order"] = statements_per_order(point)
     return out
 
 
@@ -94,6 +113,12 @@ def main(argv):
                   f"pipeline {per['pipeline']} (orders, relay, payments, PostgreSQL; machine busy {per['machine_busy']}); "
                   + ", ".join(f"{k} {v}" for k, v in per["processes"].items())
                   + "; PostgreSQL by role: " + ", ".join(f"{k} {v}" for k, v in per["postgres_by_role"].items()))
+        stmts = point.get("statements_per_order")
+        if stmts:
+            print(f"  statements per new order: {stmts['all']['statements']} (µs of wall time {stmts['all']['exec_us']}, "
+                  f"WAL bytes {stmts['all']['wal_bytes']}); by role: "
+                  + ", ".join(f"{k} {v['statements']} ({v['exec_us']} µs, {v['wal_bytes']} B WAL)"
+                              for k, v in stmts["by_role"].items()))
     print(f"written {result}")
     print(f"relay ratio: {out['relay_vs_raw_producer']}")
     print(f"consumer ratio: {out['consumer_vs_raw_consumer']}")

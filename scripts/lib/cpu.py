@@ -15,6 +15,14 @@ the machine's busy fraction (from /proc/stat, as the experiments' sampler
 counts it: neither idle, iowait nor steal). Take the second snapshot
 while the processes measured are still alive: a process that exited between
 the two is missing from the second.
+
+With a DATABASE_URL on a server that preloads pg_stat_statements (the
+stack's does) and has its view in that database (`scripts/stack.sh up`
+creates it in the admin one), a snapshot also holds every statement's
+counters, and `diff` adds what the statements did over the span, a second:
+per role (`statements_by_role`: calls, rows, execution ms, WAL records and
+bytes) and the statements that took the most time (`statements_top`). The
+times are wall time: on a busy machine they include waiting for a CPU.
 """
 
 import json
@@ -39,6 +47,69 @@ def pg_roles(url):
     return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
 
 
+STATEMENTS = """SELECT r.rolname, s.dbid, s.queryid, s.calls, s.total_exec_time, s.rows, s.wal_records,
+       s.wal_bytes, regexp_replace(left(s.query, 200), '\\s+', ' ', 'g')
+FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid WHERE s.toplevel"""
+
+# A statement's counters, as statements() keeps them.
+COUNTERS = ("calls", "exec_ms", "rows", "wal_records", "wal_bytes")
+
+
+def statements(url):
+    """(role, database, query id) → the statement's counters and the head of
+    its text; None when the server keeps no statistics (pg_stat_statements
+    not preloaded, or its view missing)."""
+    out = subprocess.run(
+        ["psql", url, "-AtF", "\t", "-v", "ON_ERROR_STOP=1", "-c", STATEMENTS],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        return None
+    stmts = {}
+    for line in out.stdout.splitlines():
+        f = line.split("\t")
+        if len(f) != 9:
+            continue
+        try:
+            stmts["|".join(f[0:3])] = {
+                "role": f[0], "calls": int(f[3]), "exec_ms": float(f[4]), "rows": int(f[5]),
+                "wal_records": int(f[6]), "wal_bytes": float(f[7]), "query": f[8],
+            }
+        except ValueError:
+            continue
+    return stmts
+
+
+def statements_diff(a, b, seconds, top=8):
+    """What the statements did between two snapshots of statements(), a
+    second: summed per role, and the `top` that took the most time. A
+    statement first seen in B counts whole; one whose calls went down (the
+    statistics were reset, or its entry evicted and made again) is left out."""
+    spans = []
+    for key, s in b.items():
+        before = a.get(key, {})
+        delta = {c: s[c] - before.get(c, 0) for c in COUNTERS}
+        if delta["calls"] <= 0 or delta["calls"] > s["calls"]:
+            continue
+        spans.append((s["role"], s["query"], delta))
+    by_role = {}
+    for role, _, d in spans:
+        r = by_role.setdefault(role, dict.fromkeys(COUNTERS, 0))
+        for c in COUNTERS:
+            r[c] += d[c]
+
+    def per_s(d):
+        return {c: round(d[c] / seconds, 1) for c in COUNTERS}
+
+    ranked = sorted(spans, key=lambda x: -x[2]["exec_ms"])[:top]
+    return {
+        "statements_by_role": {k: per_s(v) for k, v in sorted(by_role.items(), key=lambda kv: -kv[1]["exec_ms"])},
+        "statements_top": [dict(role=role, query=q, **per_s(d)) for role, q, d in ranked],
+    }
+
+
 def name(comm):
     """The group a process counts in: its command name, every kernel worker
     in one (a kworker's name changes with the work it is doing)."""
@@ -58,7 +129,10 @@ def snap(url=None):
         if comm == "postgres":
             procs[pid]["role"] = roles.get(pid, "other")
     m = sampler.machine_ticks()
-    return {"processes": procs, "machine": {"busy": m.get("busy", 0) / TICK, "total": m.get("total", 0) / TICK}}
+    out = {"processes": procs, "machine": {"busy": m.get("busy", 0) / TICK, "total": m.get("total", 0) / TICK}}
+    if url:
+        out["statements"] = statements(url)
+    return out
 
 
 def diff(a, b, seconds):
@@ -81,12 +155,15 @@ def diff(a, b, seconds):
     def top(d):
         return {k: v for k, v in sorted(d.items(), key=lambda kv: -kv[1]) if v >= 0.005}
 
-    return {
+    out = {
         "seconds": seconds,
         "machine_busy": round(busy / total, 3) if total > 0 else None,
         "cores": top(comm),
         "postgres_cores_by_role": top({k: cores(v) for k, v in roles.items()}),
     }
+    if a.get("statements") is not None and b.get("statements") is not None:
+        out.update(statements_diff(a["statements"], b["statements"], seconds))
+    return out
 
 
 def main(argv):

@@ -118,5 +118,53 @@ class PipelineCpuPerOrder(unittest.TestCase):
         self.assertEqual(bench_pipeline.cpu_us_per_order({"rate": 0, "cpu": point["cpu"]}), {})
 
 
+def stmt(role, calls, exec_ms, rows=0, wal_records=0, wal_bytes=0.0, query="SELECT 1"):
+    return {"role": role, "calls": calls, "exec_ms": exec_ms, "rows": rows,
+            "wal_records": wal_records, "wal_bytes": wal_bytes, "query": query}
+
+
+class Statements(unittest.TestCase):
+    def test_what_the_statements_did_over_the_span_per_role_and_the_slowest(self):
+        a = {"r|1|10": stmt("effectively_relay", 100, 50.0, 1000, 4000, 400000.0, "UPDATE mark"),
+             "r|1|11": stmt("effectively_relay", 100, 10.0, 1000, 1000, 60000.0, "SELECT claim"),
+             "o|1|20": stmt("effectively_orders", 50, 20.0, 200, 2000, 200000.0, "WITH write"),
+             # reset between the snapshots: calls went down
+             "o|1|21": stmt("effectively_orders", 500, 9.0, 500)}
+        b = {"r|1|10": stmt("effectively_relay", 120, 70.0, 1200, 4800, 480000.0, "UPDATE mark"),
+             "r|1|11": stmt("effectively_relay", 120, 12.0, 1200, 1200, 72000.0, "SELECT claim"),
+             "o|1|20": stmt("effectively_orders", 70, 30.0, 300, 3000, 300000.0, "WITH write"),
+             "o|1|21": stmt("effectively_orders", 5, 1.0, 5),
+             # first seen in B: all of it in the span
+             "p|1|30": stmt("effectively_payments", 4, 2.0, 40)}
+        d = cpu.statements_diff(a, b, 2.0, top=2)
+        self.assertEqual(d["statements_by_role"], {
+            "effectively_relay": {"calls": 20.0, "exec_ms": 11.0, "rows": 200.0, "wal_records": 500.0,
+                                  "wal_bytes": 46000.0},
+            "effectively_orders": {"calls": 10.0, "exec_ms": 5.0, "rows": 50.0, "wal_records": 500.0,
+                                   "wal_bytes": 50000.0},
+            "effectively_payments": {"calls": 2.0, "exec_ms": 1.0, "rows": 20.0, "wal_records": 0.0,
+                                     "wal_bytes": 0.0}})
+        self.assertEqual([(t["role"], t["query"], t["exec_ms"]) for t in d["statements_top"]],
+                         [("effectively_relay", "UPDATE mark", 10.0), ("effectively_orders", "WITH write", 5.0)])
+
+    def test_a_diff_without_statistics_has_no_statements(self):
+        a = {"processes": {}, "machine": {"total": 10.0, "busy": 5.0}, "statements": None}
+        b = {"processes": {}, "machine": {"total": 20.0, "busy": 10.0}, "statements": {}}
+        self.assertNotIn("statements_by_role", cpu.diff(a, b, 1.0))
+
+    def test_statements_per_new_order(self):
+        point = {"rate": 1000, "cpu": {"statements_by_role": {
+            "effectively_relay": {"calls": 100.0, "exec_ms": 70.0, "rows": 1000.0, "wal_records": 4200.0,
+                                  "wal_bytes": 490000.0},
+            "effectively_orders": {"calls": 300.0, "exec_ms": 90.0, "rows": 1000.0, "wal_records": 10600.0,
+                                   "wal_bytes": 1237000.0}}}}
+        per = bench_pipeline.statements_per_order(point)
+        self.assertEqual(per["by_role"]["effectively_relay"],
+                         {"statements": 0.1, "rows": 1.0, "exec_us": 70, "wal_records": 4.2, "wal_bytes": 490})
+        self.assertEqual(per["all"],
+                         {"statements": 0.4, "rows": 2.0, "exec_us": 160, "wal_records": 14.8, "wal_bytes": 1727})
+        self.assertEqual(bench_pipeline.statements_per_order({"rate": 1000, "cpu": {}}), {})
+
+
 if __name__ == "__main__":
     unittest.main()

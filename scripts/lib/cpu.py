@@ -36,15 +36,24 @@ import sampler  # noqa: E402  (the experiments' /proc reading)
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def pg_roles(url):
-    """pid → the role (or backend type) of each PostgreSQL server process."""
+def query(url, sql):
+    """One query's rows, each a list of its fields (psql unaligned, split at
+    tabs); None when psql or the query failed."""
     out = subprocess.run(
-        ["psql", url, "-Atc", "SELECT pid, coalesce(usename, backend_type) FROM pg_stat_activity"],
+        ["psql", url, "-AtF", "\t", "-v", "ON_ERROR_STOP=1", "-c", sql],
         capture_output=True,
         text=True,
         check=False,
-    ).stdout
-    return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+    )
+    if out.returncode != 0:
+        return None
+    return [line.split("\t") for line in out.stdout.splitlines()]
+
+
+def pg_roles(url):
+    """pid → the role (or backend type) of each PostgreSQL server process."""
+    rows = query(url, "SELECT pid, coalesce(usename, backend_type) FROM pg_stat_activity") or []
+    return {f[0]: f[1] for f in rows if len(f) == 2}
 
 
 STATEMENTS = """SELECT r.rolname, s.dbid, s.queryid, s.calls, s.total_exec_time, s.rows, s.wal_records,
@@ -59,17 +68,11 @@ def statements(url):
     """(role, database, query id) → the statement's counters and the head of
     its text; None when the server keeps no statistics (pg_stat_statements
     not preloaded, or its view missing)."""
-    out = subprocess.run(
-        ["psql", url, "-AtF", "\t", "-v", "ON_ERROR_STOP=1", "-c", STATEMENTS],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if out.returncode != 0:
+    rows = query(url, STATEMENTS)
+    if rows is None:
         return None
     stmts = {}
-    for line in out.stdout.splitlines():
-        f = line.split("\t")
+    for f in rows:
         if len(f) != 9:
             continue
         try:
@@ -91,7 +94,7 @@ def statements_diff(a, b, seconds, top=8):
     for key, s in b.items():
         before = a.get(key, {})
         delta = {c: s[c] - before.get(c, 0) for c in COUNTERS}
-        if delta["calls"] <= 0 or delta["calls"] > s["calls"]:
+        if delta["calls"] <= 0:
             continue
         spans.append((s["role"], s["query"], delta))
     by_role = {}

@@ -13,6 +13,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "experiments", "lib"))
 import sampler  # noqa: E402  (the experiments' CPU accounting)
 
+from cpu import COUNTERS  # noqa: E402  (the statements' counters, as cpu.py keeps them)
+
 
 def rate(n, seconds):
     return round(n / seconds) if seconds > 0 else None
@@ -50,7 +52,7 @@ def statements_per_order(steady):
                 "exec_us": round(d["exec_ms"] * 1e3 / per_s), "wal_records": round(d["wal_records"] / per_s, 1),
                 "wal_bytes": round(d["wal_bytes"] / per_s)}
 
-    total = {c: sum(d[c] for d in by_role.values()) for c in ("calls", "rows", "exec_ms", "wal_records", "wal_bytes")}
+    total = {c: sum(d[c] for d in by_role.values()) for c in COUNTERS}
     return {"by_role": {role: per_order(d) for role, d in by_role.items()}, "all": per_order(total)}
 
 

@@ -64,7 +64,7 @@ restore
 say "4. the way out: drop the slot, start the relay"
 q "SELECT pg_drop_replication_slot('$SLOT')" >/dev/null
 relay relay-3.log
-pipeline_wait_sql 60 "SELECT NOT EXISTS (SELECT FROM orders.outbox_pending)"
+pipeline_wait_sql 60 "SELECT count(*) = 0 FROM orders.outbox WHERE published_at IS NULL"
 echo "pending: 0; published: $(q 'SELECT count(*) FROM orders.outbox WHERE published_at IS NOT NULL')"
 kill "$PID"; wait "$PID" || true
 q "SELECT pg_drop_replication_slot('$SLOT')" >/dev/null

@@ -65,14 +65,14 @@ pipeline_wait_sql 30 "SELECT EXISTS (SELECT FROM pg_replication_slots WHERE slot
 
 say "2. $BACKLOG rows in one statement"
 q -c "$(pipeline_outbox_rows_sql "$BACKLOG")"
-pipeline_wait_sql 300 "SELECT NOT EXISTS (SELECT FROM orders.outbox_pending)"
+pipeline_wait_sql 300 "SELECT NOT EXISTS (SELECT FROM orders.outbox WHERE published_at IS NULL)"
 
 say "3. pgbench: $RATE rows/s for $SECONDS_ s (10 rows per transaction)"
 { pipeline_outbox_rows_sql :rows; echo "SELECT pg_notify('orders_outbox', '');"; } >"$OUT/insert.pgbench.sql"
 PGOPTIONS="-c effectively.outbox_notify=off" pgbench -n -c 8 -j 2 -R $((RATE / 10)) -T "$SECONDS_" -D rows=10 \
   -f "$OUT/insert.pgbench.sql" "$DATABASE_URL" >"$OUT/pgbench.log" 2>&1
 left=0
-pipeline_wait_sql 120 "SELECT NOT EXISTS (SELECT FROM orders.outbox_pending)" ||
+pipeline_wait_sql 120 "SELECT NOT EXISTS (SELECT FROM orders.outbox WHERE published_at IS NULL)" ||
   left=$(q -c "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL")
 # Every row is published, maybe by a restart's drain (the poll path) while
 # the stream was down: the stream must still read up to the last write.

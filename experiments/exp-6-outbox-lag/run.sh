@@ -46,7 +46,7 @@ now() { date +%s.%N; }
 # through its transaction's commit and WAL flush: inserts that notify commit
 # one at a time, about 300/s here; migrations/*_outbox_notify_when_rows.sql).
 { pipeline_outbox_rows_sql :rows; echo "SELECT pg_notify('orders_outbox', '');"; } >"$RES/logs/insert.pgbench.sql"
-pending() { q -c "SELECT count(*) FROM orders.outbox_pending WHERE NOT failed"; }
+pending() { q -c "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL AND failed_at IS NULL"; }
 
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }

@@ -42,11 +42,8 @@ SELECT b.n, b.age, w.buffers_checkpoint, w.checkpoints_timed + w.checkpoints_req
        pg_current_wal_lsn() - '0/0'::pg_lsn,
        COALESCE((SELECT string_agg(relid::regclass::text, '+' ORDER BY relid) FROM pg_stat_progress_vacuum), ''),
        COALESCE((SELECT string_agg(relid::regclass::text, '+' ORDER BY relid) FROM pg_stat_progress_analyze), '')
-FROM (SELECT count(*) AS n,
-             COALESCE((SELECT extract(epoch FROM now() - o.created_at)
-                       FROM orders.outbox_pending f JOIN orders.outbox o ON o.id = f.id
-                       WHERE NOT f.failed ORDER BY f.id LIMIT 1), 0) AS age
-      FROM orders.outbox_pending WHERE NOT failed) AS b, pg_stat_bgwriter AS w
+FROM (SELECT count(*) AS n, COALESCE(extract(epoch FROM now() - min(created_at)), 0) AS age
+      FROM orders.outbox WHERE published_at IS NULL AND failed_at IS NULL) AS b, pg_stat_bgwriter AS w
 """
 # The process groups whose CPU is recorded, by the name in /proc/PID/comm
 # (COMM_GROUPS renames one: the Kafka nodes are JVMs, comm "java").

@@ -102,9 +102,7 @@ pub async fn try_lock_shards(
 }
 
 /// Claims up to `limit` rows of `shard` in id order: the first pending row
-/// of each aggregate, none that has failed. The pending rows are read from
-/// `orders.outbox_pending`, which the outbox's triggers keep (a row is there
-/// while its `published_at` is NULL), and their bodies from the outbox.
+/// of each aggregate, none that has failed.
 ///
 /// Per-key order: a row is taken only when no earlier row of its aggregate
 /// is pending, so one key is never in flight twice, and a failed row (which
@@ -112,10 +110,8 @@ pub async fn try_lock_shards(
 /// other. A key with a long backlog yields one row per claim and leaves the
 /// rest of the batch to the other keys, so it cannot starve its shard.
 ///
-/// `FOR UPDATE SKIP LOCKED` on the pending rows: rows another claim holds
-/// are skipped rather than waited for. The mark's trigger deletes them in
-/// the same transaction, so a concurrent claim sees them pending, and their
-/// key's later rows held back, until the mark commits.
+/// `FOR UPDATE SKIP LOCKED`: rows locked by anyone else (a manual fix-up, a
+/// relay of an older version) are skipped rather than waited for.
 ///
 /// Each row says whether a later event of its key is pending
 /// ([`PendingRow::later`], one more probe of the same index): the shard's
@@ -126,7 +122,7 @@ pub async fn try_lock_shards(
 /// often taken while it is empty, and a burst arrives before the next
 /// analyze. `OFFSET 0` keeps the `NOT EXISTS` a subquery run per candidate
 /// (PostgreSQL does not flatten a sublink with an OFFSET into a join), so
-/// each candidate costs one probe of `outbox_pending_key` (aggregate, id). As an
+/// each candidate costs one probe of `outbox_pending_by_aggregate`. As an
 /// anti-join, with statistics that said "no row pending", it scanned every
 /// pending row per candidate: a 1,000-row claim took minutes over a large
 /// backlog (FINDINGS.md §16; test `a_claim_after_an_empty_outbox_was_analyzed_…`).
@@ -150,7 +146,7 @@ pub struct Claim {
 /// [`claim`] over several shards in one statement (a group's transaction,
 /// `relay --shard-groups`): each shard gets an equal share of `limit` (at
 /// least one row), and its rows are claimed exactly as [`claim`] does, one
-/// ordered probe of `outbox_pending_claim` (shard, id) per shard. (One scan of
+/// ordered probe of `outbox_pending_by_shard` per shard. (One scan of
 /// `shard = ANY(..)` would have to sort every pending row of the shards
 /// before its `LIMIT`: over a backlog, all of them per claim.)
 pub async fn claim_shards(
@@ -160,23 +156,24 @@ pub async fn claim_shards(
 ) -> sqlx::Result<Claim> {
     let share = (limit / i64::try_from(shards.len().max(1)).unwrap_or(1)).max(1);
     let rows = sqlx::query!(
-        r#"SELECT k.shard AS "shard!", c.id AS "id!", c.aggregate_id AS "aggregate_id!",
+        r#"SELECT c.shard AS "shard!", c.id AS "id!", c.aggregate_id AS "aggregate_id!",
                   c.msg_id AS "msg_id!", c.event_type AS "event_type!", c.payload AS "payload!",
-                  c.created_at AS "created_at!", c.attempts AS "attempts!", k.later AS "later!"
+                  c.created_at AS "created_at!", c.attempts AS "attempts!", c.later AS "later!"
          FROM unnest($1::int2[]) WITH ORDINALITY AS s(shard, n),
          LATERAL (
-           SELECT p.shard, p.id,
-                  EXISTS (SELECT 1 FROM orders.outbox_pending l
-                          WHERE l.aggregate_id = p.aggregate_id AND l.id > p.id
+           SELECT o.shard, o.id, o.aggregate_id, o.msg_id, o.event_type, o.payload, o.created_at, o.attempts,
+                  EXISTS (SELECT 1 FROM orders.outbox l
+                          WHERE l.aggregate_id = o.aggregate_id
+                            AND l.published_at IS NULL AND l.id > o.id
                           OFFSET 0) AS later
-           FROM orders.outbox_pending p
-           WHERE p.shard = s.shard AND NOT p.failed
-             AND NOT EXISTS (SELECT 1 FROM orders.outbox_pending e
-                             WHERE e.aggregate_id = p.aggregate_id AND e.id < p.id
+           FROM orders.outbox o
+           WHERE o.shard = s.shard AND o.published_at IS NULL AND o.failed_at IS NULL
+             AND NOT EXISTS (SELECT 1 FROM orders.outbox e
+                             WHERE e.aggregate_id = o.aggregate_id
+                               AND e.published_at IS NULL AND e.id < o.id
                              OFFSET 0)
-           ORDER BY p.id LIMIT $2
-           FOR UPDATE OF p SKIP LOCKED) k
-         JOIN orders.outbox c ON c.id = k.id
+           ORDER BY o.id LIMIT $2
+           FOR UPDATE OF o SKIP LOCKED) c
          ORDER BY s.n, c.id"#,
         shards,
         share
@@ -279,20 +276,15 @@ pub async fn record_failures(
 }
 
 /// The backlog: rows pending (not failed), the age of the oldest of them in
-/// seconds, and rows marked failed. The oldest is the first pending row in
-/// id order (ids are taken in insert order; `created_at` is its
-/// transaction's start, so a long transaction's row can be older than one
-/// ahead of it, by that transaction's length at most).
+/// seconds, and rows marked failed.
 pub async fn lag(conn: &mut PgConnection) -> sqlx::Result<(i64, f64, i64)> {
     // Aggregates and COALESCE: never NULL here, but PostgreSQL reports no
     // nullability for them.
     let row = sqlx::query!(
-        r#"SELECT count(*) FILTER (WHERE NOT p.failed) AS "pending!",
-                  COALESCE((SELECT EXTRACT(EPOCH FROM now() - o.created_at)::float8
-                            FROM orders.outbox_pending f JOIN orders.outbox o ON o.id = f.id
-                            WHERE NOT f.failed ORDER BY f.id LIMIT 1), 0) AS "oldest_seconds!",
-                  count(*) FILTER (WHERE p.failed) AS "failed!"
-           FROM orders.outbox_pending p"#
+        r#"SELECT count(*) FILTER (WHERE failed_at IS NULL) AS "pending!",
+                  COALESCE(EXTRACT(EPOCH FROM now() - min(created_at) FILTER (WHERE failed_at IS NULL))::float8, 0) AS "oldest_seconds!",
+                  count(*) FILTER (WHERE failed_at IS NOT NULL) AS "failed!"
+           FROM orders.outbox WHERE published_at IS NULL"#
     )
     .fetch_one(conn)
     .await?;

@@ -5,5 +5,3 @@
 mod kafka_tool;
 // Each service role's rights in PostgreSQL, and nothing more.
 mod roles;
-// The outbox's pending table, kept by its triggers; the mark a HOT update.
-mod outbox_pending;

@@ -135,8 +135,6 @@ async fn orders_writes_only_the_orders_schema() {
             "UPDATE orders.outbox SET attempts = 9, failed_at = now()",
             "SELECT payload FROM orders.outbox",
             "DELETE FROM orders.outbox",
-            "SELECT count(*) FROM orders.outbox_pending",
-            "DELETE FROM orders.outbox_pending",
             // an order and its key, once written, stay as written
             "UPDATE orders.orders SET amount_cents = 1",
             "DELETE FROM orders.orders",
@@ -168,21 +166,18 @@ async fn relay_reads_and_marks_only_the_outbox() {
             // crates/relay/src/outbox.rs: lease, claim, mark, failures, lag
             "SELECT pg_try_advisory_xact_lock(1)",
             "SELECT o.shard, o.id, o.aggregate_id, o.msg_id, o.event_type, o.payload, o.created_at, o.attempts \
-             FROM (SELECT p.id FROM orders.outbox_pending p \
-                   WHERE p.shard = 0 AND NOT p.failed \
-                     AND NOT EXISTS (SELECT 1 FROM orders.outbox_pending e \
-                                     WHERE e.aggregate_id = p.aggregate_id AND e.id < p.id OFFSET 0) \
-                   ORDER BY p.id LIMIT 10 FOR UPDATE OF p SKIP LOCKED) k \
-             JOIN orders.outbox o ON o.id = k.id",
+             FROM orders.outbox o \
+             WHERE o.shard = 0 AND o.published_at IS NULL AND o.failed_at IS NULL \
+               AND NOT EXISTS (SELECT 1 FROM orders.outbox e WHERE e.aggregate_id = o.aggregate_id \
+                               AND e.published_at IS NULL AND e.id < o.id OFFSET 0) \
+             ORDER BY o.id LIMIT 10 FOR UPDATE OF o SKIP LOCKED",
             "UPDATE orders.outbox SET published_at = now() WHERE id = ANY('{1}')",
             "UPDATE orders.outbox o SET attempts = o.attempts + 1, last_error = f.error, \
                     failed_at = CASE WHEN o.attempts + 1 >= 3 THEN now() END \
              FROM unnest('{1}'::int8[], '{boom}'::text[]) AS f(id, error) \
              WHERE o.id = f.id RETURNING o.failed_at",
-            "SELECT count(*) FILTER (WHERE NOT failed), count(*) FILTER (WHERE failed) \
-             FROM orders.outbox_pending",
-            "SELECT o.created_at FROM orders.outbox_pending p JOIN orders.outbox o ON o.id = p.id \
-             WHERE NOT p.failed ORDER BY p.id LIMIT 1",
+            "SELECT count(*) FILTER (WHERE failed_at IS NULL), min(created_at) \
+             FROM orders.outbox WHERE published_at IS NULL",
             "LISTEN orders_outbox",
             // expiry of published rows (as the owner, through the function), its retention
             "SELECT orders.outbox_expire(10)",
@@ -200,11 +195,6 @@ async fn relay_reads_and_marks_only_the_outbox() {
             "UPDATE orders.outbox SET payload = '{}'",
             "UPDATE orders.outbox SET msg_id = gen_random_uuid()",
             "DELETE FROM orders.outbox",
-            // the pending rows are the outbox's triggers' to keep
-            "INSERT INTO orders.outbox_pending (id, shard, aggregate_id) \
-             VALUES (99, 0, gen_random_uuid())",
-            "UPDATE orders.outbox_pending SET shard = 1",
-            "DELETE FROM orders.outbox_pending",
             // orders and keys: none of its business
             "INSERT INTO orders.orders (order_id, account_id, amount_cents, status) \
              VALUES (gen_random_uuid(), 1, 1, 'created')",
@@ -303,7 +293,6 @@ async fn recon_only_reads() {
         ("orders.orders", "status"),
         ("orders.idempotency_keys", "response_code"),
         ("orders.outbox", "published_at"),
-        ("orders.outbox_pending", "failed"),
         ("payments.inbox", "payload_hash"),
         ("payments.charges", "amount_cents"),
         ("payments.ledger", "amount_cents"),
@@ -424,8 +413,6 @@ async fn the_grant_matrix_is_exactly_this() {
         "effectively_relay orders.outbox UPDATE(attempts)",
         "effectively_relay orders.outbox UPDATE(last_error)",
         "effectively_relay orders.outbox UPDATE(failed_at)",
-        "effectively_relay orders.outbox_pending SELECT",
-        "effectively_relay orders.outbox_pending UPDATE(failed)",
         "effectively_relay orders.webhook_deliveries SELECT",
         "effectively_relay orders.webhook_deliveries INSERT",
         "effectively_relay orders.webhook_deliveries DELETE",
@@ -485,7 +472,6 @@ async fn the_grant_matrix_is_exactly_this() {
         "orders.orders",
         "orders.idempotency_keys",
         "orders.outbox",
-        "orders.outbox_pending",
         "payments.inbox",
         "payments.charges",
         "payments.ledger",

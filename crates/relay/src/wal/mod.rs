@@ -300,10 +300,12 @@ async fn drain(worker: &Arc<Worker>, cancel: &CancellationToken) -> anyhow::Resu
 /// Aggregates with a failed row still pending: their later events are held
 /// back (left pending), as the poll relay's claim does.
 async fn blocked_aggregates(pool: &PgPool) -> anyhow::Result<HashSet<Uuid>> {
-    let rows: Vec<Uuid> =
-        sqlx::query_scalar("SELECT DISTINCT aggregate_id FROM orders.outbox_pending WHERE failed")
-            .fetch_all(pool)
-            .await?;
+    let rows: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT DISTINCT aggregate_id FROM orders.outbox \
+         WHERE published_at IS NULL AND failed_at IS NOT NULL",
+    )
+    .fetch_all(pool)
+    .await?;
     Ok(rows.into_iter().collect())
 }
 

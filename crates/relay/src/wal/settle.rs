@@ -476,11 +476,11 @@ impl Probe {
     async fn take(pool: &PgPool) -> sqlx::Result<Option<Self>> {
         let (lsn, ids): (String, Option<Vec<i64>>) = sqlx::query_as(
             "SELECT pg_current_wal_insert_lsn()::text, \
-                    (SELECT array_agg(id) FROM (SELECT o.id \
-                      FROM orders.outbox_pending p JOIN orders.outbox o ON o.id = p.id \
-                      WHERE NOT p.failed \
-                        AND NOT EXISTS (SELECT 1 FROM orders.outbox_pending f \
-                                        WHERE f.aggregate_id = p.aggregate_id AND f.failed) \
+                    (SELECT array_agg(id) FROM (SELECT o.id FROM orders.outbox o \
+                      WHERE o.published_at IS NULL AND o.failed_at IS NULL \
+                        AND NOT EXISTS (SELECT 1 FROM orders.outbox f \
+                                        WHERE f.aggregate_id = o.aggregate_id \
+                                          AND f.published_at IS NULL AND f.failed_at IS NOT NULL) \
                       ORDER BY o.created_at, o.id LIMIT $1) p)",
         )
         .bind(PROBE_ROWS)
@@ -495,11 +495,10 @@ impl Probe {
     /// probe's position, and not held back by a failed row of its key.
     async fn missed(&self, pool: &PgPool) -> sqlx::Result<Option<String>> {
         let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(
-            "SELECT o.id, o.created_at \
-             FROM orders.outbox_pending p JOIN orders.outbox o ON o.id = p.id \
-             WHERE p.id = ANY($1) AND NOT p.failed \
-               AND NOT EXISTS (SELECT 1 FROM orders.outbox_pending f \
-                               WHERE f.aggregate_id = p.aggregate_id AND f.failed) \
+            "SELECT o.id, o.created_at FROM orders.outbox o \
+             WHERE o.id = ANY($1) AND o.published_at IS NULL AND o.failed_at IS NULL \
+               AND NOT EXISTS (SELECT 1 FROM orders.outbox f WHERE f.aggregate_id = o.aggregate_id \
+                               AND f.published_at IS NULL AND f.failed_at IS NOT NULL) \
              LIMIT 1",
         )
         .bind(&self.ids)

@@ -104,6 +104,13 @@ pub async fn try_lock_shards(
 /// Claims up to `limit` rows of `shard` in id order: the first pending row
 /// of each aggregate, none that has failed.
 ///
+/// The claim marks the rows it takes published, in the same statement: the
+/// mark commits with the claiming transaction, after the broker's acks, or
+/// rolls back with it. So the caller puts back ([`release`]) or records as
+/// failed ([`record_failures`]) every row it did not deliver, before it
+/// commits. One statement a batch instead of a claim and a mark
+/// (FINDINGS.md §15).
+///
 /// Per-key order: a row is taken only when no earlier row of its aggregate
 /// is pending, so one key is never in flight twice, and a failed row (which
 /// stays unpublished) holds back the later events of its own key and of no
@@ -155,31 +162,35 @@ pub async fn claim_shards(
     limit: i64,
 ) -> sqlx::Result<Claim> {
     let share = (limit / i64::try_from(shards.len().max(1)).unwrap_or(1)).max(1);
-    let rows = sqlx::query!(
-        r#"SELECT c.shard AS "shard!", c.id AS "id!", c.aggregate_id AS "aggregate_id!",
-                  c.msg_id AS "msg_id!", c.event_type AS "event_type!", c.payload AS "payload!",
-                  c.created_at AS "created_at!", c.attempts AS "attempts!", c.later AS "later!"
-         FROM unnest($1::int2[]) WITH ORDINALITY AS s(shard, n),
-         LATERAL (
-           SELECT o.shard, o.id, o.aggregate_id, o.msg_id, o.event_type, o.payload, o.created_at, o.attempts,
-                  EXISTS (SELECT 1 FROM orders.outbox l
-                          WHERE l.aggregate_id = o.aggregate_id
-                            AND l.published_at IS NULL AND l.id > o.id
-                          OFFSET 0) AS later
-           FROM orders.outbox o
-           WHERE o.shard = s.shard AND o.published_at IS NULL AND o.failed_at IS NULL
-             AND NOT EXISTS (SELECT 1 FROM orders.outbox e
-                             WHERE e.aggregate_id = o.aggregate_id
-                               AND e.published_at IS NULL AND e.id < o.id
-                             OFFSET 0)
-           ORDER BY o.id LIMIT $2
-           FOR UPDATE OF o SKIP LOCKED) c
-         ORDER BY s.n, c.id"#,
+    let mut rows = sqlx::query!(
+        r#"WITH c AS (
+           SELECT s.n, c.id, c.later
+           FROM unnest($1::int2[]) WITH ORDINALITY AS s(shard, n),
+           LATERAL (
+             SELECT o.id,
+                    EXISTS (SELECT 1 FROM orders.outbox l
+                            WHERE l.aggregate_id = o.aggregate_id
+                              AND l.published_at IS NULL AND l.id > o.id
+                            OFFSET 0) AS later
+             FROM orders.outbox o
+             WHERE o.shard = s.shard AND o.published_at IS NULL AND o.failed_at IS NULL
+               AND NOT EXISTS (SELECT 1 FROM orders.outbox e
+                               WHERE e.aggregate_id = o.aggregate_id
+                                 AND e.published_at IS NULL AND e.id < o.id
+                               OFFSET 0)
+             ORDER BY o.id LIMIT $2
+             FOR UPDATE OF o SKIP LOCKED) c)
+         UPDATE orders.outbox x SET published_at = now() FROM c WHERE x.id = c.id
+         RETURNING c.n AS "n!", x.shard AS "shard!", x.id AS "id!", x.aggregate_id AS "aggregate_id!",
+                   x.msg_id AS "msg_id!", x.event_type AS "event_type!", x.payload AS "payload!",
+                   x.created_at AS "created_at!", x.attempts AS "attempts!", c.later AS "later!""#,
         shards,
         share
     )
     .fetch_all(conn)
     .await?;
+    // RETURNING keeps no order: the shards as given, each in id order.
+    rows.sort_unstable_by_key(|row| (row.n, row.id));
     let mut claim = Claim {
         rows: Vec::with_capacity(rows.len()),
         full: false,
@@ -243,9 +254,22 @@ pub async fn mark_published(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Resul
     .rows_affected())
 }
 
+/// Puts rows the claim marked back to pending (the broker did not ack
+/// them; they are claimed again). Returns how many.
+pub async fn release(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<u64> {
+    Ok(sqlx::query!(
+        "UPDATE orders.outbox SET published_at = NULL WHERE id = ANY($1)",
+        ids
+    )
+    .execute(conn)
+    .await?
+    .rows_affected())
+}
+
 /// Records a failed publish attempt of each row (`(id, error)`): counts it,
 /// keeps the error, and marks the row failed once it has failed
-/// `max_attempts` times. Returns how many rows this marked failed.
+/// `max_attempts` times. The row is unpublished again (the claim marked
+/// it). Returns how many rows this marked failed.
 pub async fn record_failures(
     conn: &mut PgConnection,
     failures: &[(i64, String)],
@@ -261,7 +285,8 @@ pub async fn record_failures(
     let failed: i64 = sqlx::query_scalar!(
         r#"WITH u AS (
              UPDATE orders.outbox o SET attempts = o.attempts + 1, last_error = f.error,
-                    failed_at = CASE WHEN o.attempts + 1 >= $3 THEN now() END
+                    failed_at = CASE WHEN o.attempts + 1 >= $3 THEN now() END,
+                    published_at = NULL
              FROM unnest($1::int8[], $2::text[]) AS f(id, error)
              WHERE o.id = f.id
              RETURNING o.failed_at)

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::outbox;
-use crate::publish::{BatchError, Publish, Stage, Worker};
+use crate::publish::{BatchError, Marks, Publish, Stage, Worker};
 
 impl Worker {
     /// One group slot's loop (`--shard-depth` of them per group of
@@ -90,8 +90,8 @@ impl Worker {
         }
     }
 
-    /// One transaction: lock the shards' slot, claim, publish, await acks,
-    /// mark, commit. Of `shards`, those whose slot another relay worker
+    /// One transaction: lock the shards' slot, claim (which marks), publish,
+    /// await acks, put back what was not acked, commit. Of `shards`, those whose slot another relay worker
     /// holds are left to it.
     ///
     /// Its span names the shards and, once claimed, the batch's row count, so
@@ -121,23 +121,28 @@ impl Worker {
         tracing::Span::current().record("rows", rows.len());
         let start = Instant::now();
         let results = join_all(rows.iter().map(|row| self.publish(row))).await;
-        let mut delivered = Vec::with_capacity(rows.len());
+        let mut delivered = 0;
+        let mut undelivered = Vec::new();
         let mut rejected = Vec::new();
         for (row, result) in rows.iter().zip(results) {
             match result {
-                Publish::Delivered => delivered.push(row.id),
-                Publish::Retry => {}
+                Publish::Delivered => delivered += 1,
+                Publish::Retry => undelivered.push(row.id),
                 Publish::Rejected(error) => rejected.push((row.id, error)),
             }
         }
         self.metrics
             .relay_publish_duration_seconds
             .observe(start.elapsed().as_secs_f64());
-        self.mark_batch(tx, &delivered, &rejected, self.max_attempts)
+        let marks = Marks::Claimed {
+            delivered,
+            undelivered: &undelivered,
+        };
+        self.mark_batch(tx, marks, &rejected, self.max_attempts)
             .await?;
         Ok(Batch {
             full,
-            delivered: delivered.len(),
+            delivered,
             held_back: rows.iter().any(|row| row.later),
         })
     }

@@ -156,24 +156,57 @@ pub enum Publish {
     Rejected(String),
 }
 
+/// How a batch's delivered rows are marked published.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Marks<'a> {
+    /// By this commit: mark these rows (the WAL relay's, read from the
+    /// stream).
+    Rows(&'a [i64]),
+    /// By the claim, which marked every row it took (`outbox::claim`):
+    /// `delivered` of them were acked; `undelivered` (the broker failed)
+    /// are put back to pending. The rejected ones are unmarked by their
+    /// failure's record.
+    Claimed {
+        delivered: usize,
+        undelivered: &'a [i64],
+    },
+}
+
 impl Worker {
-    /// After the broker's acks: marks `delivered` published and records
+    /// After the broker's acks: marks the delivered rows published (or puts
+    /// back the claimed rows that were not, [`Marks`]) and records
     /// `rejected` (each row's own failure; marked failed at its
     /// `max_attempts`th), then commits `tx`. Both relay modes end a batch
     /// here.
     pub(crate) async fn mark_batch(
         &self,
         mut tx: Transaction<'_, Postgres>,
-        delivered: &[i64],
+        marks: Marks<'_>,
         rejected: &[(i64, String)],
         max_attempts: i32,
     ) -> Result<(), BatchError> {
-        // The broker has acked; the rows are not yet marked. A crash here
-        // re-publishes them on restart: the at-least-once window.
+        // The broker has acked; the marks are not committed. A crash here
+        // re-publishes the rows on restart: the at-least-once window.
         self.crasher.point(CrashPoint::Publish);
-        outbox::mark_published(&mut tx, delivered)
-            .await
-            .map_err(BatchError::at(Stage::Mark, "mark published"))?;
+        let delivered = match marks {
+            Marks::Rows(ids) => {
+                outbox::mark_published(&mut tx, ids)
+                    .await
+                    .map_err(BatchError::at(Stage::Mark, "mark published"))?;
+                ids.len()
+            }
+            Marks::Claimed {
+                delivered,
+                undelivered,
+            } => {
+                if !undelivered.is_empty() {
+                    outbox::release(&mut tx, undelivered)
+                        .await
+                        .map_err(BatchError::at(Stage::Mark, "put back undelivered rows"))?;
+                }
+                delivered
+            }
+        };
         let failed = if rejected.is_empty() {
             0
         } else {
@@ -196,12 +229,8 @@ impl Worker {
             );
         }
         self.metrics.relay_rows_failed_total.inc_by(failed);
-        self.metrics
-            .relay_published_total
-            .inc_by(delivered.len() as u64);
-        self.metrics
-            .relay_batch_size
-            .observe(delivered.len() as f64);
+        self.metrics.relay_published_total.inc_by(delivered as u64);
+        self.metrics.relay_batch_size.observe(delivered as f64);
         Ok(())
     }
 

@@ -172,6 +172,12 @@ async fn relay_reads_and_marks_only_the_outbox() {
                                AND e.published_at IS NULL AND e.id < o.id OFFSET 0) \
              ORDER BY o.id LIMIT 10 FOR UPDATE OF o SKIP LOCKED",
             "UPDATE orders.outbox SET published_at = now() WHERE id = ANY('{1}')",
+            // the claim that marks, and the put-back of what the broker did not ack
+            "WITH c AS (SELECT o.id FROM orders.outbox o WHERE o.shard = 0 AND o.published_at IS NULL \
+                        ORDER BY o.id LIMIT 10 FOR UPDATE OF o SKIP LOCKED) \
+             UPDATE orders.outbox x SET published_at = now() FROM c WHERE x.id = c.id \
+             RETURNING x.id, x.payload",
+            "UPDATE orders.outbox SET published_at = NULL WHERE id = ANY('{1}')",
             "UPDATE orders.outbox o SET attempts = o.attempts + 1, last_error = f.error, \
                     failed_at = CASE WHEN o.attempts + 1 >= 3 THEN now() END \
              FROM unnest('{1}'::int8[], '{boom}'::text[]) AS f(id, error) \

@@ -22,7 +22,7 @@ use uuid::Uuid;
 
 use super::decode::decode_row;
 use crate::outbox::PendingRow;
-use crate::publish::{Publish, Worker};
+use crate::publish::{Marks, Publish, Worker};
 
 /// How often the table is compared with the stream ([`Probe`]).
 const GAP_CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -358,7 +358,7 @@ impl Settle {
             // The stream cannot come back to a row: its own failure is final
             // at its first attempt.
             self.worker
-                .mark_batch(tx, &self.delivered, &self.rejected, 1)
+                .mark_batch(tx, Marks::Rows(&self.delivered), &self.rejected, 1)
                 .await?;
             self.delivered.clear();
             self.rejected.clear();

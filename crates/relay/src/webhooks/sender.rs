@@ -295,21 +295,18 @@ impl Sender {
         .await
         .context("write the deliveries")?
         .rows_affected();
-        let moved: Vec<i64> = ready.iter().map(|(row, _)| row.id).collect();
-        outbox::mark_published(&mut tx, &moved)
-            .await
-            .context("mark published")?;
+        // The claim marked every row it took: the moved ones stay marked.
+        let moved = ready.len();
         if !rejected.is_empty() {
-            // Not JSON: it never will be; failed at once (max attempts 1).
+            // Not JSON: it never will be; failed at once (max attempts 1),
+            // which also unmarks it.
             outbox::record_failures(&mut tx, &rejected, 1)
                 .await
                 .context("record unpublishable rows")?;
         }
         tx.commit().await.context("commit the fan-out")?;
         self.metrics.relay_webhook_fanned_out_total.inc_by(written);
-        self.metrics
-            .relay_published_total
-            .inc_by(moved.len() as u64);
+        self.metrics.relay_published_total.inc_by(moved as u64);
         self.metrics
             .relay_rows_failed_total
             .inc_by(rejected.len() as u64);

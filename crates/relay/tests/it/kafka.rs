@@ -343,7 +343,7 @@ async fn one_shards_transactions_in_flight_at_once_keep_every_key_in_order() {
             let awaiting = "SELECT count(DISTINCT a.pid) FROM pg_stat_activity a \
                  JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.granted \
                  WHERE a.datname = current_database() AND a.state = 'idle in transaction' \
-                   AND a.query LIKE 'SELECT c.shard AS %' \
+                   AND a.query LIKE '%FOR UPDATE OF o SKIP LOCKED%' \
                    AND l.classid = 3601 AND (l.objid::int8 - 2115633152) % 16 = $1";
             let mut most = 0i64;
             while !sampling.is_cancelled() {
@@ -989,6 +989,66 @@ async fn a_failed_publish_is_retried_in_place_without_a_stream_restart() {
     }
     relay.stop().await;
     drop_slot(&pool, &db).await;
+}
+
+/// The poll relay's claim marks the rows it takes; a row the broker did
+/// not ack is put back before the batch commits. Here every send fails
+/// (the topic does not exist yet, `--message-timeout-ms` 1 s): batches
+/// commit, and every row stays pending. Once the topic is there, every row
+/// goes out, in per-key order.
+#[tokio::test]
+async fn rows_the_broker_did_not_ack_are_put_back_pending() {
+    let db = TestDb::create().await;
+    let topic = missing_topic();
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let config = Config {
+        message_timeout_ms: 1_000,
+        ..config(&db, &topic, 2, 10)
+    };
+    let relay = spawn_relay(config).await;
+    let keys: Vec<Uuid> = (0..5).map(|_| Uuid::now_v7()).collect();
+    for seq in 0..3 {
+        for key in &keys {
+            insert_raw(&pool, *key, format!(r#"{{"seq":{seq}}}"#).as_bytes()).await;
+        }
+    }
+    // Only each key's first row is claimable: 5 sends fail a round. More
+    // than 5 failed sends: a second round began, so a first batch
+    // committed.
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            relay.metric(r#"relay_errors_total{stage="produce"}"#).await > 5.0
+        })
+        .await,
+        "the sends failed, twice"
+    );
+    assert_eq!(pending(&pool).await, 15, "no unacked row is left marked");
+    assert_eq!(relay.metric("relay_published_total").await, 0.0);
+    effectively::kafka::ensure_topic(
+        &topic.bootstrap_servers,
+        &topic.name,
+        3,
+        1,
+        &effectively::contract::order_events_topic_configs(),
+    )
+    .await
+    .expect("create the topic");
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "every row published once the topic exists"
+    );
+    let messages = topic.read_all(15, Duration::from_secs(30)).await;
+    let (seqs, _) = per_key_sequences(&messages);
+    for key in &keys {
+        let got = seqs.get(&key.to_string()).expect("the key's events");
+        let mut first = got.clone();
+        first.dedup();
+        assert_eq!(first, vec![0, 1, 2], "key {key}: {got:?}");
+    }
+    relay.stop().await;
 }
 
 /// The PID of the walsender streaming the test database's slot, if any.

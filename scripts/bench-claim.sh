@@ -4,7 +4,8 @@
 # row published, ANALYZE, then the burst) and when they are fresh. "before"
 # is the claim and indexes up to migration 20261126 (an anti-join, a partial
 # index on id alone); "after" is crates/relay/src/outbox.rs::claim_shards's
-# query on the current migrations. Times are EXPLAIN ANALYZE's execution time, one run
+# query on the current migrations (which marks the rows it claims: each
+# claim is rolled back). Times are EXPLAIN ANALYZE's execution time, one run
 # per cell, on a scratch database (bench_claim). Settings: CLAIM_BACKLOGS
 # ("30000 300000": pending rows, as many published rows before them),
 # CLAIM_TIMEOUT_S (60: a claim cut off there prints "> 60000").
@@ -32,7 +33,7 @@ before="SELECT $cols FROM orders.outbox o
 # The query of crates/relay/src/outbox.rs::claim_shards (which claim calls),
 # for shard 3 alone and a limit of 1000.
 after=$(sed -n '/^pub async fn claim_shards(/,/^}/p' crates/relay/src/outbox.rs \
-  | sed -n '/r#"SELECT/,/"#,/p' | sed 's/^ *r#"//; s/"#,$//' \
+  | sed -n '/r#"WITH/,/"#,/p' | sed 's/^ *r#"//; s/"#,$//' \
   | sed "s/\$1::int2\[\]/'{3}'::int2[]/; s/\$2/1000/" | tr '\n' ' ')
 case $after in *"NOT EXISTS"*"SKIP LOCKED"*) ;; *) echo "cannot read the claim's query from outbox.rs" >&2; exit 1 ;; esac
 
@@ -44,10 +45,11 @@ new_indexes="DROP INDEX orders.outbox_pending; DROP INDEX orders.outbox_pending_
   CREATE INDEX outbox_pending_by_shard ON orders.outbox (shard, id)
     WHERE published_at IS NULL AND failed_at IS NULL"
 
-ms() { # ms QUERY: EXPLAIN ANALYZE's execution time in ms, or "> timeout"
+ms() { # ms QUERY: EXPLAIN ANALYZE's execution time in ms, or "> timeout";
+  # rolled back (today's claim marks the rows it takes)
   local out
   if out=$(psql "$URL" -qAt -v ON_ERROR_STOP=1 -c "SET statement_timeout = '${TIMEOUT_S}s'" \
-             -c "EXPLAIN (ANALYZE, FORMAT JSON) $1" 2>&1); then
+             -c "BEGIN" -c "EXPLAIN (ANALYZE, FORMAT JSON) $1" -c "ROLLBACK" 2>&1); then
     python3 -c 'import json,sys; print(round(json.loads(sys.stdin.read())[0]["Execution Time"], 1))' <<<"$out"
   else
     case $out in *"statement timeout"*) echo "> $((TIMEOUT_S * 1000))" ;; *) echo "$out" >&2; exit 1 ;; esac

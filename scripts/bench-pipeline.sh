@@ -52,9 +52,10 @@
 # before a change; when it holds that build's orders too, every steady point
 # runs with each build in turn, this one first: the CPU per order of both in
 # one run; each steady point's database is migrated by the build that runs
-# it, the drains share this build's schema), BENCH_STEADY_BUILDS (which builds the steady points run, in
-# order: "new", "base", e.g. "base new"; default "new base" when
-# BENCH_BASE_BIN has orders, else "new"), BENCH_SKIP_STEADY=1,
+# it, the drains share this build's schema), BENCH_STEADY_BUILDS (which
+# builds the steady points run, in order: "new", "base", e.g. "base new";
+# default "new base" when BENCH_BASE_BIN has orders, else "new"),
+# BENCH_SKIP_STEADY=1,
 # BENCH_SKIP_THROUGHPUT=1 (steps 3 only).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -230,14 +231,15 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
       else export RELAY_SHARD_DEPTH=$depth; name=$name-depth$depth; fi
       point=$((${point:-0} + 1)) # a value repeated in a list is a run of its own
       name=$name-$point
-      # The services of the build measured, with the point's settings;
-      # loadgen and recon stay this build's. The build migrates the point's
-      # database itself: its statements were written for its own schema (an
-      # index moved is a change of the build too).
-      new_bin=$BIN BIN=$steady_bin
-      pipeline_fresh bench_steady "steady.$name.$RUN" 2>/dev/null
+      # The build measured migrates the point's database itself: its
+      # statements were written for its own schema (an index moved is a
+      # change of the build too).
+      pipeline_fresh bench_steady "steady.$name.$RUN" "$steady_bin" 2>/dev/null
       URL=$DATABASE_URL
       mkdir -p "$LOGS/steady-$name"
+      # The services of the build measured, with the point's settings;
+      # loadgen and recon stay this build's.
+      new_bin=$BIN BIN=$steady_bin
       saved=() unsets=() sets=()
       [ "$envs" = - ] || IFS=, read -ra sets <<<"$envs"
       for set in "${sets[@]}"; do

@@ -37,14 +37,16 @@ pipeline_stack() {
   fi
 }
 
-# pipeline_db DB: (re)creates database DB and migrates it as the owner; sets
-# DB_URL to it as the owner (the caller decides whether that becomes
-# DATABASE_URL) and exports the four services' URLs (pipeline_roles) for it.
+# pipeline_db DB [BIN_DIR]: (re)creates database DB and migrates it as the
+# owner, with BIN_DIR's orders (default $BIN: another build's, for its own
+# schema); sets DB_URL to it as the owner (the caller decides whether that
+# becomes DATABASE_URL) and exports the four services' URLs (pipeline_roles)
+# for it.
 pipeline_db() {
   PGOPTIONS=--client-min-messages=warning psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
     -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1" >/dev/null
   DB_URL=${STACK_ADMIN_DATABASE_URL%/*}/$1
-  DATABASE_URL=$DB_URL "$BIN/orders" --migrate-only 2>/dev/null
+  DATABASE_URL=$DB_URL "${2:-$BIN}/orders" --migrate-only 2>/dev/null
   pipeline_roles "$1"
 }
 
@@ -81,12 +83,12 @@ pipeline_drop_topics() {
     echo "pipeline: deleting earlier runs' topics failed; they stay (a broker killed -9 recovers them all)" >&2
 }
 
-# pipeline_fresh DB RUN: a fresh database DB (pipeline_db) and topic
-# order.events.RUN; exports DATABASE_URL (the owner's, for a script's own
-# queries), the services' URLs and KAFKA_TOPIC for what follows. So a recon
-# of this run covers exactly this run.
+# pipeline_fresh DB RUN [BIN_DIR]: a fresh database DB (pipeline_db, migrated
+# by BIN_DIR's orders) and topic order.events.RUN; exports DATABASE_URL (the
+# owner's, for a script's own queries), the services' URLs and KAFKA_TOPIC
+# for what follows. So a recon of this run covers exactly this run.
 pipeline_fresh() {
-  pipeline_db "$1"
+  pipeline_db "$1" "${3:-$BIN}"
   export DATABASE_URL=$DB_URL
   pipeline_drop_topics
   export KAFKA_TOPIC=order.events.$2

@@ -91,8 +91,8 @@ impl Worker {
     }
 
     /// One transaction: lock the shards' slot, claim (which marks), publish,
-    /// await acks, put back what was not acked, commit. Of `shards`, those whose slot another relay worker
-    /// holds are left to it.
+    /// await acks, put back what was not acked, commit. Of `shards`, those
+    /// whose slot another relay worker holds are left to it.
     ///
     /// Its span names the shards and, once claimed, the batch's row count, so
     /// every log of a row's publish says which batch it was in.

@@ -220,9 +220,10 @@ impl Sender {
         }
     }
 
-    /// One shard: claim, write the deliveries to every destination of
-    /// `orders.webhook_destinations` (read in this transaction, FOR KEY
-    /// SHARE: a removal waits for this commit), mark published, commit.
+    /// One shard: claim (which marks the rows published), write the
+    /// deliveries to every destination of `orders.webhook_destinations`
+    /// (read in this transaction, FOR KEY SHARE: a removal waits for this
+    /// commit), record the rows that are not JSON as failed, commit.
     /// With no destination nothing is claimed: the rows wait. Returns how
     /// many outbox rows moved.
     async fn fan_out_shard(&self, shard: i16, batch_size: i64) -> anyhow::Result<usize> {

@@ -86,8 +86,16 @@ impl Crasher {
         }
         if (every || chance) && self.args.crash_action == CrashAction::Stop {
             eprintln!("crash point {}: SIGSTOP (pass {n})", point.as_str());
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGSTOP);
+            // Sent to this thread, not to the process: a stop signal stops
+            // every thread either way, but one sent to the process is taken
+            // by some other thread first, and this one ran on meanwhile (a
+            // relay committed the batch it stopped in, 2 runs in 6 of
+            // a_hung_relay_loses_its_shard_…). This thread stops before
+            // pthread_kill returns to it.
+            let _ = nix::sys::pthread::pthread_kill(
+                nix::sys::pthread::pthread_self(),
+                nix::sys::signal::Signal::SIGSTOP,
+            );
             return; // resumed by SIGCONT
         }
         if every || chance {

@@ -256,9 +256,9 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
       # Where the CPU goes under the load: its middle, 5 s in to 5 s before the end.
       # And the relay's batches over the same span: how many, their rows and
       # their produce-to-last-ack time (its histograms, scripts/lib/histo_delta.py).
-      ( sleep 5; python3 scripts/lib/cpu.py snap "$STACK_ADMIN_DATABASE_URL" >"$LOGS/steady-$name-cpu-a.json"
+      ( sleep 5; python3 scripts/lib/cpu.py snap "$STACK_ADMIN_DATABASE_URL" bench_steady >"$LOGS/steady-$name-cpu-a.json"
         curl -fs http://127.0.0.1:19181/metrics >"$LOGS/steady-$name-relay-a.txt" || true
-        sleep $((STEADY_SECONDS - 10)); python3 scripts/lib/cpu.py snap "$STACK_ADMIN_DATABASE_URL" >"$LOGS/steady-$name-cpu-b.json"
+        sleep $((STEADY_SECONDS - 10)); python3 scripts/lib/cpu.py snap "$STACK_ADMIN_DATABASE_URL" bench_steady >"$LOGS/steady-$name-cpu-b.json"
         curl -fs http://127.0.0.1:19181/metrics >"$LOGS/steady-$name-relay-b.txt" || true ) &
       cpu_pid=$!
       "$BIN/loadgen" --http-url http://127.0.0.1:18180 --grpc-url http://127.0.0.1:15151 --rate "$rate" \

@@ -37,7 +37,7 @@ for point in $POINTS; do
   q "VACUUM orders.outbox" >/dev/null
   topic=bench.sweep.$workers.$batch.$(date +%s)
   target/debug/kafka-tool create --topic "$topic" --partitions 6 2>/dev/null
-  python3 scripts/lib/cpu.py snap "$STACK_ADMIN_DATABASE_URL" >"$CPU_A"
+  python3 scripts/lib/cpu.py snap "$STACK_ADMIN_DATABASE_URL" bench_pipeline >"$CPU_A"
   t0=$(date +%s.%N)
   env "${point_env[@]}" DATABASE_URL=$RELAY_URL KAFKA_TOPIC=$topic RELAY_WORKERS=$workers RELAY_BATCH_SIZE=$batch \
     RELAY_METRICS_ADDR=127.0.0.1:19206 RUST_LOG=warn "$RELAY_BIN" &
@@ -50,7 +50,7 @@ for point in $POINTS; do
   done
   t1=$(date +%s.%N)
   # Before the kill: the relay and its sessions' backends are still alive.
-  python3 scripts/lib/cpu.py snap "$STACK_ADMIN_DATABASE_URL" >"$CPU_B"
+  python3 scripts/lib/cpu.py snap "$STACK_ADMIN_DATABASE_URL" bench_pipeline >"$CPU_B"
   kill "$pid"; wait "$pid" 2>/dev/null || true
   [ "$(q "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL")" = 0 ] || { echo "rows left pending" >&2; exit 1; }
   echo "relay=$RELAY_BIN workers=$workers batch=$batch depth=${depth:-default} groups=${groups:-default} rows=$ROWS" \

@@ -1,8 +1,8 @@
 """Where the CPU goes, from /proc: the benchmarks' per-process accounting.
 
-    python3 scripts/lib/cpu.py snap [DATABASE_URL] > A.json
+    python3 scripts/lib/cpu.py snap [DATABASE_URL [DATABASE]] > A.json
     ... the work ...
-    python3 scripts/lib/cpu.py snap [DATABASE_URL] > B.json
+    python3 scripts/lib/cpu.py snap [DATABASE_URL [DATABASE]] > B.json
     python3 scripts/lib/cpu.py diff A.json B.json SECONDS
 
 A snapshot holds each live process's user+system CPU seconds (not its
@@ -23,6 +23,18 @@ counters, and `diff` adds what the statements did over the span, a second:
 per role (`statements_by_role`: calls, rows, execution ms, WAL records and
 bytes) and the statements that took the most time (`statements_top`). The
 times are wall time: on a busy machine they include waiting for a CPU.
+
+For a Kafka node (a JVM) a snapshot also holds its JIT compiler threads'
+seconds, and `diff` gives them as `kafka_jit_cores` (a part of the kafka
+cores): the brokers compile their hot paths for a minute or two after they
+start and under a new load, and those cores are warm-up, not the load's
+steady cost.
+
+With a DATABASE (its name), the sessions and statements of the other
+databases on the server do not count under their roles: their sessions
+count as `other databases` and their statements not at all. So tests run
+against the same server beside a benchmark do not add to its roles' figures
+(their sessions use the same roles and statements).
 """
 
 import json
@@ -50,9 +62,18 @@ def query(url, sql):
     return [line.split("\t") for line in out.stdout.splitlines()]
 
 
-def pg_roles(url):
-    """pid → the role (or backend type) of each PostgreSQL server process."""
-    rows = query(url, "SELECT pid, coalesce(usename, backend_type) FROM pg_stat_activity") or []
+def literal(text):
+    """TEXT as an SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def pg_roles(url, database=None):
+    """pid → the role (or backend type) of each PostgreSQL server process;
+    with DATABASE, a session in another database is `other databases`."""
+    role = "coalesce(usename, backend_type)"
+    if database is not None:
+        role = f"CASE WHEN datname IS NULL OR datname = {literal(database)} THEN {role} ELSE 'other databases' END"
+    rows = query(url, f"SELECT pid, {role} FROM pg_stat_activity") or []
     return {f[0]: f[1] for f in rows if len(f) == 2}
 
 
@@ -64,11 +85,15 @@ FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid WHERE s.toplevel""
 COUNTERS = ("calls", "exec_ms", "rows", "wal_records", "wal_bytes")
 
 
-def statements(url):
+def statements(url, database=None):
     """(role, database, query id) → the statement's counters and the head of
-    its text; None when the server keeps no statistics (pg_stat_statements
-    not preloaded, or its view missing)."""
-    rows = query(url, STATEMENTS)
+    its text (with DATABASE, only that database's statements); None when the
+    server keeps no statistics (pg_stat_statements not preloaded, or its view
+    missing)."""
+    sql = STATEMENTS
+    if database is not None:
+        sql += f" AND s.dbid = (SELECT oid FROM pg_database WHERE datname = {literal(database)})"
+    rows = query(url, sql)
     if rows is None:
         return None
     stmts = {}
@@ -119,22 +144,36 @@ def name(comm):
     return "kworker" if comm.startswith("kworker/") else sampler.COMM_GROUPS.get(comm, comm)
 
 
-def snap(url=None):
+def jit_ticks(pid):
+    """The clock ticks of process PID's JIT compiler threads (a JVM's
+    "C1 CompilerThread0", "C2 CompilerThre"...: comm keeps 15 characters)."""
+    total = 0
+    for _tid, comm, ticks in sampler.process_ticks(os.path.join("/proc", pid, "task")):
+        if "CompilerThre" in comm:
+            total += ticks
+    return total
+
+
+def snap(url=None, database=None):
     """Every process but this one (its name, CPU seconds, and a PostgreSQL
-    server process's role), and the machine's busy and total seconds."""
-    roles = pg_roles(url) if url else {}
+    server process's role), and the machine's busy and total seconds; with
+    DATABASE, only that database's sessions and statements under their
+    roles."""
+    roles = pg_roles(url, database) if url else {}
     me = str(os.getpid())
     procs = {}
     for pid, comm, ticks in sampler.process_ticks():
         if pid == me:
             continue
         procs[pid] = {"name": name(comm), "seconds": ticks / TICK}
+        if comm == "java":
+            procs[pid]["jit_seconds"] = jit_ticks(pid) / TICK
         if comm == "postgres":
             procs[pid]["role"] = roles.get(pid, "other")
     m = sampler.machine_ticks()
     out = {"processes": procs, "machine": {"busy": m.get("busy", 0) / TICK, "total": m.get("total", 0) / TICK}}
     if url:
-        out["statements"] = statements(url)
+        out["statements"] = statements(url, database)
     return out
 
 
@@ -145,10 +184,13 @@ def diff(a, b, seconds):
     def cores(x):
         return round(x / seconds, 3)
 
-    by_name, roles = {}, {}
+    by_name, roles, jit = {}, {}, None
     for pid, p in b["processes"].items():
-        spent = p["seconds"] - a["processes"].get(pid, {}).get("seconds", 0.0)
+        before = a["processes"].get(pid, {})
+        spent = p["seconds"] - before.get("seconds", 0.0)
         by_name[p["name"]] = by_name.get(p["name"], 0.0) + spent
+        if "jit_seconds" in p:
+            jit = (jit or 0.0) + p["jit_seconds"] - before.get("jit_seconds", 0.0)
         if "role" in p:
             roles[p["role"]] = roles.get(p["role"], 0.0) + spent
     comm = {k: cores(v) for k, v in by_name.items()}
@@ -164,14 +206,16 @@ def diff(a, b, seconds):
         "cores": top(comm),
         "postgres_cores_by_role": top({k: cores(v) for k, v in roles.items()}),
     }
+    if jit is not None:
+        out["kafka_jit_cores"] = cores(jit)
     if a.get("statements") is not None and b.get("statements") is not None:
         out.update(statements_diff(a["statements"], b["statements"], seconds))
     return out
 
 
 def main(argv):
-    if len(argv) >= 2 and argv[1] == "snap":
-        json.dump(snap(argv[2] if len(argv) > 2 else None), sys.stdout)
+    if 2 <= len(argv) <= 4 and argv[1] == "snap":
+        json.dump(snap(*argv[2:]), sys.stdout)
     elif len(argv) == 5 and argv[1] == "diff":
         with open(argv[2]) as fa, open(argv[3]) as fb:
             print(json.dumps(diff(json.load(fa), json.load(fb), float(argv[4]))))

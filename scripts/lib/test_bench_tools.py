@@ -50,6 +50,24 @@ class CpuDiff(unittest.TestCase):
         self.assertEqual(d["machine_busy"], 0.75)
         self.assertEqual(list(d["cores"]), sorted(d["cores"], key=lambda k: -d["cores"][k]))
 
+    def test_the_brokers_jit_cores_are_their_compiler_threads_over_the_span(self):
+        a = {"processes": {"1": dict(proc("kafka", 100.0), jit_seconds=20.0),
+                           "2": dict(proc("kafka", 90.0), jit_seconds=30.0)},
+             "machine": {"total": 1000.0, "busy": 500.0}}
+        b = {"processes": {"1": dict(proc("kafka", 110.0), jit_seconds=26.0),
+                           "2": dict(proc("kafka", 94.0), jit_seconds=31.0)},
+             "machine": {"total": 1020.0, "busy": 515.0}}
+        d = cpu.diff(a, b, 10.0)
+        self.assertEqual(d["cores"]["kafka"], 1.4)
+        self.assertEqual(d["kafka_jit_cores"], 0.7)
+        # No JVM in the snapshots: no figure, rather than a zero.
+        self.assertNotIn("kafka_jit_cores", cpu.diff({"processes": {}, "machine": a["machine"]},
+                                                     {"processes": {}, "machine": b["machine"]}, 10.0))
+
+    def test_a_database_name_is_quoted_as_an_sql_literal(self):
+        self.assertEqual(cpu.literal("bench_steady"), "'bench_steady'")
+        self.assertEqual(cpu.literal("it's"), "'it''s'")
+
     def test_kernel_workers_count_as_one_name(self):
         self.assertEqual(cpu.name("kworker/u8:3-events_unbound"), "kworker")
         self.assertEqual(cpu.name("relay"), "relay")

@@ -26,16 +26,20 @@ def ratio(a, b):
 
 def cpu_us_per_order(steady):
     """A steady point's CPU-microseconds per new order: each process group's and each PostgreSQL
-    role's cores over the point's rate of new orders a second (its `rate`)."""
+    role's cores over the point's rate of new orders a second (its `rate`); and, as cores, the
+    machine's busy share and the brokers' JIT's (when the point has it)."""
     cpu, per_s = steady.get("cpu") or {}, steady.get("rate")
     if not per_s:
         return {}
     cores = cpu.get("cores") or {}
     pipeline = sum(cores.get(name, 0.0) for name in PIPELINE)
-    return {"processes": sampler.cpu_us_per(cores, per_s),
-            "postgres_by_role": sampler.cpu_us_per(cpu.get("postgres_cores_by_role") or {}, per_s),
-            "pipeline": round(pipeline * 1e6 / per_s),
-            "machine_busy": cpu.get("machine_busy")}
+    out = {"processes": sampler.cpu_us_per(cores, per_s),
+           "postgres_by_role": sampler.cpu_us_per(cpu.get("postgres_cores_by_role") or {}, per_s),
+           "pipeline": round(pipeline * 1e6 / per_s),
+           "machine_busy": cpu.get("machine_busy")}
+    if "kafka_jit_cores" in cpu:  # the brokers still compiling: a point not warm
+        out["kafka_jit_cores"] = cpu["kafka_jit_cores"]
+    return out
 
 
 def statements_per_order(steady):
@@ -112,7 +116,8 @@ def main(argv):
         if per:
             print(f"CPU-microseconds per new order at {point['rate']}/s ({point.get('build', 'new')} build"
                   f"{'' if point.get('env', '-') == '-' else ', ' + point['env']}): "
-                  f"pipeline {per['pipeline']} (orders, relay, payments, PostgreSQL; machine busy {per['machine_busy']}); "
+                  f"pipeline {per['pipeline']} (orders, relay, payments, PostgreSQL; machine busy {per['machine_busy']}"
+                  f"{'' if 'kafka_jit_cores' not in per else ', brokers JIT ' + str(per['kafka_jit_cores']) + ' cores'}); "
                   + ", ".join(f"{k} {v}" for k, v in per["processes"].items())
                   + "; PostgreSQL by role: " + ", ".join(f"{k} {v}" for k, v in per["postgres_by_role"].items()))
         stmts = point.get("statements_per_order")

@@ -134,6 +134,9 @@ class PipelineCpuPerOrder(unittest.TestCase):
             "pipeline": 1200,
             "machine_busy": 0.94})
         self.assertEqual(bench_pipeline.cpu_us_per_order({"rate": 0, "cpu": point["cpu"]}), {})
+        # The brokers' JIT, when the point has it, stays in cores (a point still warming up).
+        point["cpu"]["kafka_jit_cores"] = 0.31
+        self.assertEqual(bench_pipeline.cpu_us_per_order(point)["kafka_jit_cores"], 0.31)
 
 
 def stmt(role, calls, exec_ms, rows=0, wal_records=0, wal_bytes=0.0, query="SELECT 1"):

@@ -244,9 +244,21 @@ pub async fn count_settled(conn: &mut PgConnection, rows: &[(i64, Uuid)]) -> sql
 /// WAL relay reads rows again after a restart, and re-marking them made
 /// experiment 6's commit→publish show the restart, not the first publish
 /// (FINDINGS.md §22).
+///
+/// "Not yet published" is written `coalesce(published_at, 'infinity') =
+/// 'infinity'` (no row is published at infinity) rather than `published_at
+/// IS NULL`, so the planner cannot prove the pending partial indexes'
+/// predicate from it: the rows are found by `outbox_pkey`, one probe per id.
+/// With `IS NULL`, after statistics taken while nothing was pending, the
+/// planner believed `outbox_pending_by_aggregate` held one row and scanned it
+/// whole for the ids: every pending row read for every mark, about 100 µs
+/// per row marked with 2,000 pending (test
+/// a_mark_after_an_empty_outbox_was_analyzed_reads_only_its_rows; FINDINGS.md
+/// §15).
 pub async fn mark_published(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<u64> {
     Ok(sqlx::query!(
-        "UPDATE orders.outbox SET published_at = now() WHERE id = ANY($1) AND published_at IS NULL",
+        "UPDATE orders.outbox SET published_at = now() \
+         WHERE id = ANY($1) AND coalesce(published_at, 'infinity') = 'infinity'",
         ids
     )
     .execute(conn)

@@ -1203,6 +1203,58 @@ async fn a_claim_after_an_empty_outbox_was_analyzed_reads_each_row_once() {
     );
 }
 
+/// The WAL relay's mark after the same statistics: each mark reads its own
+/// rows (by `outbox_pkey`), not every pending row (a scan of
+/// `outbox_pending_by_aggregate` filtered by id, which its `published_at IS
+/// NULL` let the planner choose).
+#[tokio::test]
+async fn a_mark_after_an_empty_outbox_was_analyzed_reads_only_its_rows() {
+    let db = TestDb::create().await;
+    let owner = PgPool::connect(&db.url).await.expect("connect");
+    for sql in [
+        "ALTER TABLE orders.outbox SET (autovacuum_enabled = off)",
+        "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload, published_at) \
+         SELECT gen_random_uuid(), gen_random_uuid(), 'test.event', '{}', now() \
+         FROM generate_series(1, 5000)",
+        "ANALYZE orders.outbox",
+        "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload) \
+         SELECT gen_random_uuid(), gen_random_uuid(), 'test.event', '{}' \
+         FROM generate_series(1, 4000)",
+    ] {
+        sqlx::query(sql).execute(&owner).await.expect(sql);
+    }
+    let pending: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM orders.outbox WHERE published_at IS NULL ORDER BY id LIMIT 100",
+    )
+    .fetch_all(&owner)
+    .await
+    .expect("pending ids");
+    let mut tx = owner.begin().await.expect("begin");
+    let mut marked = 0;
+    for ids in pending.chunks(10) {
+        marked += relay::outbox::mark_published(&mut tx, ids)
+            .await
+            .expect("mark");
+    }
+    // Marking them again marks nothing: a row keeps its first time.
+    let again = relay::outbox::mark_published(&mut tx, &pending[..10])
+        .await
+        .expect("mark again");
+    let (fetched, scanned): (i64, i64) = sqlx::query_as(
+        "SELECT idx_tup_fetch, seq_tup_read FROM pg_stat_xact_user_tables \
+         WHERE relid = 'orders.outbox'::regclass",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .expect("this transaction's reads");
+    assert_eq!((marked, again), (100, 0), "each row marked once");
+    let read = fetched + scanned;
+    assert!(
+        read <= 3 * 110,
+        "11 marks of 10 rows read {read} rows of the table: every pending row per mark"
+    );
+}
+
 /// A relay that hangs (SIGSTOP at crash point `publish`, inside a group's
 /// transaction, holding its shards' locks) loses them within its
 /// idle-in-transaction limit: the server ends the session, the locks go

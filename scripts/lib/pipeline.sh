@@ -43,7 +43,9 @@ pipeline_stack() {
 # becomes DATABASE_URL) and exports the four services' URLs (pipeline_roles)
 # for it.
 pipeline_db() {
+  # A WAL relay's slot (relay --mode wal) would keep the database from being dropped.
   PGOPTIONS=--client-min-messages=warning psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
+    -c "SELECT count(pg_drop_replication_slot(slot_name)) FROM pg_replication_slots WHERE database = '$1'" \
     -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1" >/dev/null
   DB_URL=${STACK_ADMIN_DATABASE_URL%/*}/$1
   DATABASE_URL=$DB_URL "${2:-$BIN}/orders" --migrate-only 2>/dev/null
@@ -53,6 +55,7 @@ pipeline_db() {
 # pipeline_drop_db DB: drops database DB (a run's, once its numbers are read).
 pipeline_drop_db() {
   PGOPTIONS=--client-min-messages=warning psql "$STACK_ADMIN_DATABASE_URL" -qAt \
+    -c "SELECT count(pg_drop_replication_slot(slot_name)) FROM pg_replication_slots WHERE database = '$1'" \
     -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" >/dev/null
 }
 

@@ -1155,6 +1155,37 @@ async fn a_hot_key_backlog_does_not_starve_its_shard() {
     relay.stop().await;
 }
 
+/// An outbox whose statistics say "nothing is pending" (5,000 rows, every
+/// one published, then analyzed; autovacuum off, so they stay so), then a
+/// burst of 4,000 pending rows, one per aggregate.
+async fn analyzed_empty_then_a_backlog(owner: &PgPool) {
+    for sql in [
+        "ALTER TABLE orders.outbox SET (autovacuum_enabled = off)",
+        "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload, published_at) \
+         SELECT gen_random_uuid(), gen_random_uuid(), 'test.event', '{}', now() \
+         FROM generate_series(1, 5000)",
+        "ANALYZE orders.outbox",
+        "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload) \
+         SELECT gen_random_uuid(), gen_random_uuid(), 'test.event', '{}' \
+         FROM generate_series(1, 4000)",
+    ] {
+        sqlx::query(sql).execute(owner).await.expect(sql);
+    }
+}
+
+/// The rows of the outbox this transaction has read so far (fetched through
+/// an index or read by a scan): a count, not a time.
+async fn outbox_reads(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> i64 {
+    let (fetched, scanned): (i64, i64) = sqlx::query_as(
+        "SELECT idx_tup_fetch, seq_tup_read FROM pg_stat_xact_user_tables \
+         WHERE relid = 'orders.outbox'::regclass",
+    )
+    .fetch_one(&mut **tx)
+    .await
+    .expect("this transaction's reads");
+    fetched + scanned
+}
+
 /// The claim's plan holds when the statistics were taken while nothing was
 /// pending (a drained queue, analyzed) and a backlog arrived before the next
 /// analyze: the claims read about one row of the table per row they return.
@@ -1166,20 +1197,7 @@ async fn a_claim_after_an_empty_outbox_was_analyzed_reads_each_row_once() {
     let db = TestDb::create().await;
     let owner = PgPool::connect(&db.url).await.expect("connect");
     const BACKLOG: usize = 4000;
-    for sql in [
-        "ALTER TABLE orders.outbox SET (autovacuum_enabled = off)",
-        // 5,000 rows, every one published, then analyzed: "nothing is pending".
-        "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload, published_at) \
-         SELECT gen_random_uuid(), gen_random_uuid(), 'test.event', '{}', now() \
-         FROM generate_series(1, 5000)",
-        "ANALYZE orders.outbox",
-        // The burst: one pending row per aggregate.
-        "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload) \
-         SELECT gen_random_uuid(), gen_random_uuid(), 'test.event', '{}' \
-         FROM generate_series(1, 4000)",
-    ] {
-        sqlx::query(sql).execute(&owner).await.expect(sql);
-    }
+    analyzed_empty_then_a_backlog(&owner).await;
     let mut tx = owner.begin().await.expect("begin");
     let mut claimed = 0;
     for shard in 0..relay::outbox::SHARDS {
@@ -1188,15 +1206,8 @@ async fn a_claim_after_an_empty_outbox_was_analyzed_reads_each_row_once() {
             .expect("claim")
             .len();
     }
-    let (fetched, scanned): (i64, i64) = sqlx::query_as(
-        "SELECT idx_tup_fetch, seq_tup_read FROM pg_stat_xact_user_tables \
-         WHERE relid = 'orders.outbox'::regclass",
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .expect("this transaction's reads");
+    let read = usize::try_from(outbox_reads(&mut tx).await).expect("a count");
     assert_eq!(claimed, BACKLOG, "every aggregate's only row, once");
-    let read = usize::try_from(fetched + scanned).expect("a count");
     assert!(
         read <= 3 * BACKLOG,
         "the claims read {read} rows of the table to return {claimed}: a plan per row, not per claim"
@@ -1211,18 +1222,7 @@ async fn a_claim_after_an_empty_outbox_was_analyzed_reads_each_row_once() {
 async fn a_mark_after_an_empty_outbox_was_analyzed_reads_only_its_rows() {
     let db = TestDb::create().await;
     let owner = PgPool::connect(&db.url).await.expect("connect");
-    for sql in [
-        "ALTER TABLE orders.outbox SET (autovacuum_enabled = off)",
-        "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload, published_at) \
-         SELECT gen_random_uuid(), gen_random_uuid(), 'test.event', '{}', now() \
-         FROM generate_series(1, 5000)",
-        "ANALYZE orders.outbox",
-        "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload) \
-         SELECT gen_random_uuid(), gen_random_uuid(), 'test.event', '{}' \
-         FROM generate_series(1, 4000)",
-    ] {
-        sqlx::query(sql).execute(&owner).await.expect(sql);
-    }
+    analyzed_empty_then_a_backlog(&owner).await;
     let pending: Vec<i64> = sqlx::query_scalar(
         "SELECT id FROM orders.outbox WHERE published_at IS NULL ORDER BY id LIMIT 100",
     )
@@ -1240,15 +1240,8 @@ async fn a_mark_after_an_empty_outbox_was_analyzed_reads_only_its_rows() {
     let again = relay::outbox::mark_published(&mut tx, &pending[..10])
         .await
         .expect("mark again");
-    let (fetched, scanned): (i64, i64) = sqlx::query_as(
-        "SELECT idx_tup_fetch, seq_tup_read FROM pg_stat_xact_user_tables \
-         WHERE relid = 'orders.outbox'::regclass",
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .expect("this transaction's reads");
+    let read = outbox_reads(&mut tx).await;
     assert_eq!((marked, again), (100, 0), "each row marked once");
-    let read = fetched + scanned;
     assert!(
         read <= 3 * 110,
         "11 marks of 10 rows read {read} rows of the table: every pending row per mark"

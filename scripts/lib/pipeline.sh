@@ -43,16 +43,17 @@ pipeline_stack() {
 # becomes DATABASE_URL) and exports the four services' URLs (pipeline_roles)
 # for it.
 pipeline_db() {
-  # A WAL relay's slot (relay --mode wal) would keep the database from being dropped.
+  pipeline_drop_db "$1"
   PGOPTIONS=--client-min-messages=warning psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
-    -c "SELECT count(pg_drop_replication_slot(slot_name)) FROM pg_replication_slots WHERE database = '$1'" \
-    -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1" >/dev/null
+    -c "CREATE DATABASE $1" >/dev/null
   DB_URL=${STACK_ADMIN_DATABASE_URL%/*}/$1
   DATABASE_URL=$DB_URL "${2:-$BIN}/orders" --migrate-only 2>/dev/null
   pipeline_roles "$1"
 }
 
-# pipeline_drop_db DB: drops database DB (a run's, once its numbers are read).
+# pipeline_drop_db DB: drops database DB (a run's, once its numbers are read),
+# and first the replication slots in it: a WAL relay's (relay --mode wal)
+# would keep the database from being dropped.
 pipeline_drop_db() {
   PGOPTIONS=--client-min-messages=warning psql "$STACK_ADMIN_DATABASE_URL" -qAt \
     -c "SELECT count(pg_drop_replication_slot(slot_name)) FROM pg_replication_slots WHERE database = '$1'" \

@@ -230,7 +230,7 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
   # more (0.22 cores in the first point after such a warm-up): its
   # `kafka_jit_cores` says how much.
   if [ "$WARMUP_SECONDS" -gt 0 ]; then
-    warm_rate=${STEADY_RATES%% *} warmed=0 jit=
+    warm_rate=${STEADY_RATES%% *} warmed=0
     log "warm-up (not recorded): $warm_rate new orders/s, 30 s at a time, until the brokers' JIT takes < $WARMUP_JIT cores (at most $WARMUP_SECONDS s)"
     pipeline_fresh bench_steady "steady.warmup.$RUN" 2>/dev/null
     mkdir -p "$LOGS/steady-warmup"

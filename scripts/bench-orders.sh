@@ -16,8 +16,10 @@
 # passing rate, in sends/s. Each point also records the CPU each process
 # group used (orders, loadgen, postgres; cores, from /proc) and what the
 # service's database sessions wait on (pg_stat_activity, 5 times a second),
-# and the writers' batches (a second, and requests per batch, from orders'
-# orders_write_batch_size histogram).
+# the writers' batches (a second, and requests per batch, from orders'
+# orders_write_batch_size histogram), and its stalls: loadgen's p99 second by
+# second beside the page cache's dirty data (10 times a second), so a second
+# over 25 ms shows whether the kernel was writing a burst back then.
 #
 # Prints a table and, last, `ratio: N.NN` (the unique knee over the
 # one-transaction-per-request TPS) and `batched ratio: 0.NN` (over the
@@ -27,7 +29,9 @@
 # raw files end in the run's raw.tar.gz.
 #
 # Settings (env): BENCH_START (2000), BENCH_STEP (2000), BENCH_MAX (40000),
-# BENCH_REFINE (2), BENCH_SECONDS (15 per point), BENCH_PGBENCH_CLIENTS (16),
+# BENCH_REFINE (2), BENCH_SECONDS (15 per point), BENCH_WARMUP_SECONDS (3: a
+# load at the first point's rate before the first point, not recorded; 0 for
+# none), BENCH_PGBENCH_CLIENTS (16),
 # BENCH_BATCH_CLIENTS (4); BENCH_RATES ("4000 8000 ...") runs those points
 # instead of a sweep; BENCH_PERF=RATE also records `perf record` system-wide
 # at that rate (both modes; the per-process and per-symbol tables land in
@@ -44,6 +48,8 @@ SECS=${BENCH_SECONDS:-15}
 CLIENTS=${BENCH_PGBENCH_CLIENTS:-16}
 BATCH_CLIENTS=${BENCH_BATCH_CLIENTS:-4}
 PERF_AT=${BENCH_PERF:-}
+WARMUP_SECS=${BENCH_WARMUP_SECONDS:-3}
+[[ $WARMUP_SECS =~ ^[0-9]+$ ]] || { echo "bench: BENCH_WARMUP_SECONDS must be a whole number of seconds" >&2; exit 2; }
 RUN=$(date +%Y%m%d-%H%M%S)
 OUT=$ROOT/bench/results/orders-$RUN
 mkdir -p "$OUT"
@@ -70,6 +76,18 @@ DATABASE_URL=$ORDERS_DATABASE_URL RUST_LOG=warn ORDERS_HTTP_ADDR=127.0.0.1:18280
 ORDERS=$!
 trap 'kill $ORDERS 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do curl -fs http://127.0.0.1:18280/metrics >/dev/null 2>&1 && break; sleep 0.1; done
+# A warm-up at the first point's rate, not recorded: the first load after
+# orders starts opens its connections, and that load's first second had a
+# p99 of 110-150 ms, enough on its own to fail a 15 s point (FINDINGS §14).
+WARMUP_RATE=${BENCH_RATES:-$START}
+WARMUP_RATE=${WARMUP_RATE%% *}
+if [ "$WARMUP_SECS" -gt 0 ]; then
+  log "warm-up: $WARMUP_RATE intents/s for $WARMUP_SECS s, not recorded"
+  "$BIN/loadgen" --http-url http://127.0.0.1:18280 --grpc-url http://127.0.0.1:15251 --progress off \
+    --rate "$WARMUP_RATE" --duration "$WARMUP_SECS" --zipf-s 0 --retry-rate 0 --seed 1 >/dev/null 2>&1 ||
+    log "warm-up: loadgen exited $?"
+  sleep 2
+fi
 
 # The orders role's sessions that are not idle, by what they wait on (CPU:running when on the CPU;
 # Client:ClientRead while a transaction waits for the service's next statement).
@@ -101,11 +119,21 @@ point() {
       >/dev/null 2>&1 &
     perf_pid=$!
   fi
+  # The page cache's dirty and writeback data, ten times a second, beside
+  # loadgen's per-second p99: a stall lines up with a writeback burst or not.
+  python3 scripts/lib/bench_orders.py dirty $((SECS + 4)) >"$OUT/$tag.dirty" &
+  local dirty_pid=$!
+  # The samplers' start-up (a psql session, two Python processes) is kept out
+  # of the load's first second: beside it that second's p99 was 80-120 ms.
+  sleep 1
   batches >"$OUT/$tag.batches"
+  date +%s.%N >"$OUT/$tag.start"
   "$BIN/loadgen" --http-url http://127.0.0.1:18280 --grpc-url http://127.0.0.1:15251 --progress off \
     --rate "$rate" --duration "$SECS" --zipf-s 0 --retry-rate "$retry" --seed "$rate" \
-    --json "$OUT/$tag.json" >/dev/null || log "loadgen exited $? at $rate $mode"
+    --json "$OUT/$tag.json" --csv "$OUT/$tag.seconds.csv" >/dev/null || log "loadgen exited $? at $rate $mode"
   batches >>"$OUT/$tag.batches"
+  kill "$dirty_pid" 2>/dev/null || true
+  wait "$dirty_pid" 2>/dev/null || true
   wait "$cpu_pid" || true
   kill "$waits_pid" 2>/dev/null || true
   if [ -n "$perf_pid" ]; then
@@ -170,5 +198,6 @@ python3 scripts/lib/bench_orders.py summary "$OUT"
 # The run stays lean: summary.json and pgbench's and perf's tables stay plain, each point's
 # files (loadgen's report, CPU snapshots, waits, batches) go into raw.tar.gz (`tar xzf
 # raw.tar.gz` to read them; bench_orders.py summary reads them from it).
-(cd "$OUT" && "$ROOT/scripts/lib/pack-raw.sh" . ./*-*.json ./*.cpu0 ./*.cpu1 ./*.waits ./*.batches) ||
+(cd "$OUT" && "$ROOT/scripts/lib/pack-raw.sh" . ./*-*.json ./*.cpu0 ./*.cpu1 ./*.waits ./*.batches \
+  ./*.seconds.csv ./*.dirty ./*.start) ||
   echo "bench-orders: packing the points' files into raw.tar.gz failed (they stay plain)" >&2

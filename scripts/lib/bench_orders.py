@@ -2,6 +2,8 @@
 run's table, knees, ratios and summary.json.
 
 Usage: python3 scripts/lib/bench_orders.py cpu                (a CPU snapshot, JSON, to stdout)
+       python3 scripts/lib/bench_orders.py dirty SECONDS      (the page cache's dirty and writeback
+                                                               kB, 10 times a second, to stdout)
        python3 scripts/lib/bench_orders.py passed POINT.json  (exit 0 when the point passed)
        python3 scripts/lib/bench_orders.py summary OUT        (the results folder OUT)
 
@@ -17,12 +19,15 @@ import re
 import sys
 import tarfile
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "experiments", "lib"))
 import sampler  # noqa: E402
 
 SLO_P99_MS = 25
 MIN_ACHIEVED = 0.95
+# A writeback burst: the page cache's dirty data falls by this much within a second.
+BURST_MB = 64
 
 
 def errors(r):
@@ -86,6 +91,68 @@ def batches(out, tag):
     return {"per_sec": round(n / (t1 - t0)), "requests_per_batch": round((s1 - s0) / n, 1)} if n > 0 and t1 > t0 else {}
 
 
+def dirty_sampler(seconds, interval=0.1, meminfo="/proc/meminfo", out=sys.stdout):
+    """Lines `unix-time dirty-kB writeback-kB` every INTERVAL for SECONDS."""
+    end = time.time() + seconds
+    while time.time() < end:
+        t = time.time()
+        kb = {}
+        with open(meminfo) as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name in ("Dirty", "Writeback"):
+                    kb[name] = int(rest.split()[0])
+        print(f"{t:.2f} {kb.get('Dirty', 0)} {kb.get('Writeback', 0)}", file=out, flush=True)
+        time.sleep(max(0.0, interval - (time.time() - t)))
+
+
+def stalls(out, tag):
+    """Point TAG's seconds over the SLO (loadgen's per-second p99, TAG.seconds.csv) beside the
+    page cache's writeback bursts (TAG.dirty): how many seconds were over, the worst three, the
+    most dirty data, and each burst (dirty data falling by BURST_MB or more within a second) with
+    the second of the load it fell in (from TAG.start, the clock just before loadgen started, to
+    within its probe; without it, from the first sample)."""
+    try:
+        secs = [line.strip().split(",") for line in open(os.path.join(out, f"{tag}.seconds.csv"))][1:]
+        p99 = [(int(r[0]), float(r[4])) for r in secs if len(r) == 5 and r[4]]
+    except (OSError, ValueError):
+        return {}
+    res = {"seconds_over_slo": sum(1 for _, v in p99 if v >= SLO_P99_MS),
+           "worst_seconds": [[s, v] for s, v in sorted(p99, key=lambda x: -x[1])[:3]]}
+    try:
+        samples = [tuple(map(float, line.split())) for line in open(os.path.join(out, f"{tag}.dirty"))]
+    except (OSError, ValueError):
+        return res
+    samples = [x for x in samples if len(x) == 3]
+    if not samples:
+        return res
+    try:
+        t0 = float(open(os.path.join(out, f"{tag}.start")).read())
+    except (OSError, ValueError):
+        t0 = samples[0][0]
+    res["dirty_max_mb"] = round(max(d for _, d, _ in samples) / 1024)
+    bursts, last = [], None
+    for i, (t, d, _) in enumerate(samples):
+        window = [x[1] for x in samples[:i] if t - x[0] <= 1.0]
+        if window and max(window) - d >= BURST_MB * 1024 and (last is None or t - last > 2.0):
+            bursts.append([int(t - t0), round(max(window) / 1024), round(d / 1024)])
+            last = t
+    res["writeback_bursts"] = bursts
+    return res
+
+
+def stall_line(st):
+    """One line of a point's stalls, for the table."""
+    if not st:
+        return ""
+    worst = ", ".join(f"s{s} {v:.0f} ms" for s, v in st["worst_seconds"])
+    line = f"{st['seconds_over_slo']} s over {SLO_P99_MS} ms (worst: {worst})"
+    if "dirty_max_mb" in st:
+        bursts = ", ".join(f"s{s} {a}->{b} MB" for s, a, b in st["writeback_bursts"]) or "none"
+        line += f"; dirty at most {st['dirty_max_mb']} MB; writeback bursts: {bursts}"
+    return line
+
+
 def summary(out):
     """The run's table and summary.json; each point's files are read from OUT/raw.tar.gz when
     they are not in OUT (bench-orders.sh packs them there)."""
@@ -118,6 +185,7 @@ def summarize(out, points):
             "errors": errors(r), "dropped": r["sends"]["dropped"], "replay_mismatches": r["replay"]["mismatches"],
             "cores": used, "cpu_us_per_send": cpu_us(used, r["rates"]["achieved"]),
             "waits": waits(points, tag), "batches": batches(points, tag), "passed": passed(r),
+            "stalls": stalls(points, tag),
         })
     rows.sort(key=lambda x: (x["mode"] != "unique", x["intents"], x["again"]))
     print(f"{'intents':>8} {'mode':>8} {'sends':>7} {'achieved':>9} {'p50 ms':>8} {'p99 ms':>8} {'err':>5} {'drop':>6} "
@@ -134,6 +202,11 @@ def summarize(out, points):
         print(f"{x['intents']:>8} {x['mode']:>8} {u.get('orders', ''):>5} {u.get('postgres', ''):>5} "
               f"{u.get('loadgen', ''):>5}  {b.get('per_sec', ''):>6} {b.get('requests_per_batch', ''):>6}  "
               + ", ".join(f"{k} {v}" for k, v in x["waits"].items()))
+    print(f"Stalls: each point's seconds with a p99 over {SLO_P99_MS} ms (loadgen's, second by second) "
+          f"and the page cache's writeback bursts (dirty data falling by {BURST_MB} MB or more within a second):")
+    for x in rows:
+        if x["stalls"]:
+            print(f"{x['intents']:>8} {x['mode']:>8}  {stall_line(x['stalls'])}")
 
     def knee(mode):
         return max((x["achieved"] for x in rows if x["mode"] == mode and x["passed"]), default=0)
@@ -159,6 +232,9 @@ def summarize(out, points):
 def main(argv):
     if argv[:1] == ["cpu"]:
         print(json.dumps(sampler.cpu_ticks()))
+        return 0
+    if argv[:1] == ["dirty"] and len(argv) == 2:
+        dirty_sampler(float(argv[1]))
         return 0
     if argv[:1] == ["passed"] and len(argv) == 2:
         return 0 if passed(json.load(open(argv[1]))) else 1

@@ -1,10 +1,12 @@
 """The benchmarks' accounting helpers: cpu.py's diff, histo_delta.py and bench_orders.py's
-CPU per send.
+CPU per send and stalls.
 
     python3 -m unittest discover -s scripts/lib
 """
 
+import io
 import os
+import shutil
 import tempfile
 import unittest
 
@@ -118,6 +120,49 @@ class CpuPerSend(unittest.TestCase):
     def test_no_sends_or_no_snapshot_is_no_figure(self):
         self.assertEqual(bench_orders.cpu_us({"orders": 0.5}, 0), {})
         self.assertEqual(bench_orders.cpu_us({}, 1_000), {})
+
+
+class OrdersStalls(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp()
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def write(self, name, text):
+        with open(os.path.join(self.dir, name), "w") as f:
+            f.write(text)
+
+    def test_a_burst_is_placed_in_the_second_of_the_load_it_fell_in(self):
+        self.write("p.seconds.csv", "second,sent,ok,errors,p99_ms\n0,10,10,0,12.5\n1,10,10,0,317.4\n"
+                   "2,10,10,0,30.0\n3,10,10,0,\n4,10,10,0,9.1\n")
+        # 500 MB dirty, falling to 10 MB between 1.2 and 1.6 s; a slow drift later is no burst.
+        t = [(1000.0 + i / 10, 500 * 1024 if i < 12 else 10 * 1024, 0) for i in range(16)]
+        t += [(1001.6 + i / 10, (10 - i) * 1024, 0) for i in range(10)]
+        self.write("p.dirty", "".join(f"{a:.2f} {b} {c}\n" for a, b, c in t))
+        st = bench_orders.stalls(self.dir, "p")
+        self.assertEqual(st["seconds_over_slo"], 2)
+        self.assertEqual(st["worst_seconds"], [[1, 317.4], [2, 30.0], [0, 12.5]])
+        self.assertEqual(st["dirty_max_mb"], 500)
+        self.assertEqual(st["writeback_bursts"], [[1, 500, 10]])
+        self.assertIn("writeback bursts: s1 500->10 MB", bench_orders.stall_line(st))
+        # With the load's start on record, the burst is placed from it.
+        self.write("p.start", "1000.9\n")
+        self.assertEqual(bench_orders.stalls(self.dir, "p")["writeback_bursts"], [[0, 500, 10]])
+
+    def test_without_the_dirty_samples_only_the_seconds(self):
+        self.write("q.seconds.csv", "second,sent,ok,errors,p99_ms\n0,10,10,0,40\n")
+        self.assertEqual(bench_orders.stalls(self.dir, "q"),
+                         {"seconds_over_slo": 1, "worst_seconds": [[0, 40.0]]})
+        self.assertEqual(bench_orders.stalls(self.dir, "none"), {})
+
+    def test_the_sampler_reads_dirty_and_writeback(self):
+        self.write("meminfo", "MemTotal: 100 kB\nDirty:    2048 kB\nWriteback:  16 kB\n")
+        out = io.StringIO()
+        bench_orders.dirty_sampler(0.05, interval=0.01, meminfo=os.path.join(self.dir, "meminfo"), out=out)
+        lines = out.getvalue().split("\n")
+        self.assertGreaterEqual(len(lines), 2)
+        self.assertEqual(lines[0].split()[1:], ["2048", "16"])
 
 
 class PipelineCpuPerOrder(unittest.TestCase):

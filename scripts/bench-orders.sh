@@ -77,8 +77,8 @@ ORDERS=$!
 trap 'kill $ORDERS 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do curl -fs http://127.0.0.1:18280/metrics >/dev/null 2>&1 && break; sleep 0.1; done
 # A warm-up at the first point's rate, not recorded: the first load after
-# orders starts opens its connections, and that load's first second had a
-# p99 of 110-150 ms, enough on its own to fail a 15 s point (FINDINGS §14).
+# orders starts opens its connections, and one slow second is enough to
+# fail a 15 s point.
 WARMUP_RATE=${BENCH_RATES:-$START}
 WARMUP_RATE=${WARMUP_RATE%% *}
 if [ "$WARMUP_SECS" -gt 0 ]; then
@@ -124,7 +124,8 @@ point() {
   python3 scripts/lib/bench_orders.py dirty $((SECS + 4)) >"$OUT/$tag.dirty" &
   local dirty_pid=$!
   # The samplers' start-up (a psql session, two Python processes) is kept out
-  # of the load's first second: beside it that second's p99 was 80-120 ms.
+  # of the load's first second: beside it that second's p99 was 31-121 ms
+  # (FINDINGS §14).
   sleep 1
   batches >"$OUT/$tag.batches"
   date +%s.%N >"$OUT/$tag.start"

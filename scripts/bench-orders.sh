@@ -31,7 +31,9 @@
 # Settings (env): BENCH_START (2000), BENCH_STEP (2000), BENCH_MAX (40000),
 # BENCH_REFINE (2), BENCH_SECONDS (15 per point), BENCH_WARMUP_SECONDS (3: a
 # load at the first point's rate before the first point, not recorded; 0 for
-# none), BENCH_PGBENCH_CLIENTS (16),
+# none), BENCH_PG_SETTINGS (PostgreSQL settings for the run's database, e.g.
+# "backend_flush_after=512kB": NAME=VALUE items, for settings a session may
+# change), BENCH_PGBENCH_CLIENTS (16),
 # BENCH_BATCH_CLIENTS (4); BENCH_RATES ("4000 8000 ...") runs those points
 # instead of a sweep; BENCH_PERF=RATE also records `perf record` system-wide
 # at that rate (both modes; the per-process and per-symbol tables land in
@@ -49,6 +51,11 @@ CLIENTS=${BENCH_PGBENCH_CLIENTS:-16}
 BATCH_CLIENTS=${BENCH_BATCH_CLIENTS:-4}
 PERF_AT=${BENCH_PERF:-}
 WARMUP_SECS=${BENCH_WARMUP_SECONDS:-3}
+PG_SETTINGS=${BENCH_PG_SETTINGS:-}
+for setting in $PG_SETTINGS; do
+  [[ $setting =~ ^[a-z_]+=[A-Za-z0-9_.]+$ ]] ||
+    { echo "bench: BENCH_PG_SETTINGS takes NAME=VALUE items, e.g. backend_flush_after=512kB (got '$setting')" >&2; exit 2; }
+done
 [[ $WARMUP_SECS =~ ^[0-9]+$ ]] || { echo "bench: BENCH_WARMUP_SECONDS must be a whole number of seconds" >&2; exit 2; }
 RUN=$(date +%Y%m%d-%H%M%S)
 OUT=$ROOT/bench/results/orders-$RUN
@@ -70,6 +77,14 @@ cargo build -q --release -p orders -p loadgen
 . "$ROOT/scripts/lib/pipeline.sh"
 pipeline_db bench_orders # no broker needed: orders alone
 URL=$DB_URL
+# PostgreSQL settings for this run's database only (sessions opened from here
+# on take them; the database is made anew by each run).
+for setting in $PG_SETTINGS; do
+  psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 \
+    -c "ALTER DATABASE bench_orders SET ${setting%%=*} = '${setting#*=}'" >/dev/null
+  log "database setting: $setting"
+done
+[ -z "$PG_SETTINGS" ] || echo "$PG_SETTINGS" >"$OUT/pg-settings.txt" # summary.json records them
 
 DATABASE_URL=$ORDERS_DATABASE_URL RUST_LOG=warn ORDERS_HTTP_ADDR=127.0.0.1:18280 ORDERS_GRPC_ADDR=127.0.0.1:15251 \
   "${BENCH_ORDERS_BIN:-$BIN/orders}" >"$OUT/orders.log" 2>&1 &

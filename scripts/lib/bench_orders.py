@@ -153,6 +153,14 @@ def stall_line(st):
     return line
 
 
+def pg_settings(out):
+    """The run's BENCH_PG_SETTINGS (OUT/pg-settings.txt), or None."""
+    try:
+        return open(os.path.join(out, "pg-settings.txt")).read().strip() or None
+    except OSError:
+        return None
+
+
 def summary(out):
     """The run's table and summary.json; each point's files are read from OUT/raw.tar.gz when
     they are not in OUT (bench-orders.sh packs them there)."""
@@ -216,8 +224,11 @@ def summarize(out, points):
          "pgbench_batch64_txn_orders_per_sec": round(batched_txn) if has_txn else None,
          "best_sustained_req_per_sec": unique, "best_sustained_retry15_sends_per_sec": retry,
          "ratio": round(unique / single, 2) if single else 0,
-         "batched_ratio": round(unique / batched, 2) if batched else 0, "points": rows}
+         "batched_ratio": round(unique / batched, 2) if batched else 0,
+         "pg_settings": pg_settings(out), "points": rows}
     json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=2)
+    if s["pg_settings"]:
+        print(f"PostgreSQL settings of the run's database: {s['pg_settings']}")
     print(f"pgbench ceiling, one transaction per request: {single:.0f} tps")
     print(f"pgbench ceiling, 64 requests per statement: {batched:.0f} orders/s")
     if has_txn:

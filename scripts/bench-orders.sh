@@ -122,8 +122,9 @@ point() {
   tag=$rate-$mode
   [ -f "$OUT/$tag.json" ] && tag=$rate-$mode-again
   log "POST /orders: $rate intents/s, $mode, $SECS s"
-  # CPU snapshots inside the load (loadgen's ticks vanish with it): 2 s in, 1 s before the end.
-  (sleep 2; python3 scripts/lib/bench_orders.py cpu >"$OUT/$tag.cpu0"; sleep $((SECS - 3))
+  # CPU snapshots inside the load (loadgen's ticks vanish with it): 2 s in, 1 s before the end
+  # (the load starts a second after this, below).
+  (sleep 3; python3 scripts/lib/bench_orders.py cpu >"$OUT/$tag.cpu0"; sleep $((SECS - 3))
     python3 scripts/lib/bench_orders.py cpu >"$OUT/$tag.cpu1") &
   local cpu_pid=$!
   # What the service's backends wait on, five times a second, from one psql.

@@ -23,6 +23,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "experiments", "lib"))
 import sampler  # noqa: E402
+from common import number, read_csv  # noqa: E402
 
 SLO_P99_MS = 25
 MIN_ACHIEVED = 0.95
@@ -113,10 +114,11 @@ def stalls(out, tag):
     the second of the load it fell in (from TAG.start, the clock just before loadgen started, to
     within its probe; without it, from the first sample)."""
     try:
-        secs = [line.strip().split(",") for line in open(os.path.join(out, f"{tag}.seconds.csv"))][1:]
-        p99 = [(int(r[0]), float(r[4])) for r in secs if len(r) == 5 and r[4]]
-    except (OSError, ValueError):
+        rows = read_csv(os.path.join(out, f"{tag}.seconds.csv"))
+    except OSError:
         return {}
+    cells = ((number(r.get("second")), number(r.get("p99_ms"))) for r in rows)
+    p99 = [(int(sec), v) for sec, v in cells if sec is not None and v is not None]
     res = {"seconds_over_slo": sum(1 for _, v in p99 if v >= SLO_P99_MS),
            "worst_seconds": [[s, v] for s, v in sorted(p99, key=lambda x: -x[1])[:3]]}
     try:

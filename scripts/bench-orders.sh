@@ -38,7 +38,8 @@
 # instead of a sweep; BENCH_PERF=RATE also records `perf record` system-wide
 # at that rate (both modes; the per-process and per-symbol tables land in
 # the results as perf-RATE-MODE.txt); BENCH_ORDERS_BIN runs another orders
-# binary (an A/B of two builds on the same database and ceilings).
+# binary, BENCH_LOADGEN_BIN another loadgen (an A/B of two builds on the
+# same database and ceilings).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -61,6 +62,7 @@ RUN=$(date +%Y%m%d-%H%M%S)
 OUT=$ROOT/bench/results/orders-$RUN
 mkdir -p "$OUT"
 BIN=$ROOT/target/release
+LOADGEN=${BENCH_LOADGEN_BIN:-$BIN/loadgen}
 log() { printf 'bench: %s\n' "$*" >&2; }
 
 STACK_KAFKA=0 scripts/stack.sh up >/dev/null
@@ -98,7 +100,7 @@ WARMUP_RATE=${BENCH_RATES:-$START}
 WARMUP_RATE=${WARMUP_RATE%% *}
 if [ "$WARMUP_SECS" -gt 0 ]; then
   log "warm-up: $WARMUP_RATE intents/s for $WARMUP_SECS s, not recorded"
-  "$BIN/loadgen" --http-url http://127.0.0.1:18280 --grpc-url http://127.0.0.1:15251 --progress off \
+  "$LOADGEN" --http-url http://127.0.0.1:18280 --grpc-url http://127.0.0.1:15251 --progress off \
     --rate "$WARMUP_RATE" --duration "$WARMUP_SECS" --zipf-s 0 --retry-rate 0 --seed 1 >/dev/null 2>&1 ||
     log "warm-up: loadgen exited $?"
   sleep 2
@@ -145,7 +147,7 @@ point() {
   sleep 1
   batches >"$OUT/$tag.batches"
   date +%s.%N >"$OUT/$tag.start"
-  "$BIN/loadgen" --http-url http://127.0.0.1:18280 --grpc-url http://127.0.0.1:15251 --progress off \
+  "$LOADGEN" --http-url http://127.0.0.1:18280 --grpc-url http://127.0.0.1:15251 --progress off \
     --rate "$rate" --duration "$SECS" --zipf-s 0 --retry-rate "$retry" --seed "$rate" \
     --json "$OUT/$tag.json" --csv "$OUT/$tag.seconds.csv" >/dev/null || log "loadgen exited $? at $rate $mode"
   batches >>"$OUT/$tag.batches"

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use effectively::config::DbArgs;
+use effectively::config::{DbArgs, RuntimeArgs};
 use effectively::crash::CrashArgs;
 use effectively::idempotency::ClaimStrategy;
 
@@ -39,6 +39,9 @@ pub const SESSION_LIMITS: effectively::config::SessionLimits = effectively::conf
 pub struct Config {
     #[command(flatten)]
     pub db: DbArgs,
+
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
 
     /// Crash point `commit`: SIGKILL after a write transaction commits and
     /// before its clients get their responses (they see an error and retry).

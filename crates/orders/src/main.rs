@@ -9,9 +9,16 @@ use tokio::net::TcpListener;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let config = Config::parse();
+    let runtime = config
+        .runtime
+        .runtime()
+        .context("start the async runtime")?;
+    runtime.block_on(serve(config))
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
     effectively::telemetry::init();
     if config.migrate_only {
         // Whatever DB_MIGRATE says: migrating is the whole point here.

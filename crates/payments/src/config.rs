@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use effectively::config::{DbArgs, KafkaArgs};
+use effectively::config::{DbArgs, KafkaArgs, RuntimeArgs};
 use effectively::contract::{SplitTxn, UNSAFE_SPLIT_TXN_ENV};
 use effectively::crash::CrashArgs;
 use effectively::retry::Backoff;
@@ -27,6 +27,9 @@ use crate::{dup, expiry, receiver};
 pub struct Config {
     #[command(flatten)]
     pub db: DbArgs,
+
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
 
     #[command(flatten)]
     pub kafka: KafkaArgs,

@@ -3,9 +3,16 @@ use clap::Parser;
 use payments::Config;
 use tokio::net::TcpListener;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let config = Config::parse();
+    let runtime = config
+        .runtime
+        .runtime()
+        .context("start the async runtime")?;
+    runtime.block_on(serve(config))
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
     effectively::telemetry::init();
     let metrics = TcpListener::bind(config.metrics_addr)
         .await

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use effectively::config::{DbArgs, KafkaArgs};
+use effectively::config::{DbArgs, KafkaArgs, RuntimeArgs};
 use effectively::contract::RELAY_MAX_MESSAGE_TIMEOUT;
 use effectively::crash::CrashArgs;
 
@@ -26,6 +26,9 @@ pub struct Config {
 
     #[command(flatten)]
     pub db: DbArgs,
+
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
 
     #[command(flatten)]
     pub kafka: KafkaArgs,

@@ -61,6 +61,7 @@ impl TestApp {
         let db_args = DbArgs::for_url(db.url_as(ServiceRole::Orders));
         let mut config = Config {
             db: db_args,
+            runtime: effectively::config::RuntimeArgs { worker_threads: 0 },
             crash: effectively::crash::CrashArgs::default(),
             http_addr,
             grpc_addr,

@@ -82,6 +82,7 @@ fn config(db: &TestDb, topic: &TestTopic, group: &str) -> Config {
     let db_args = DbArgs::for_url(db.url_as(ServiceRole::Payments));
     Config {
         db: db_args,
+        runtime: effectively::config::RuntimeArgs { worker_threads: 0 },
         kafka: topic.kafka_args(),
         crash: CrashArgs::default(),
         group_id: group.to_owned(),

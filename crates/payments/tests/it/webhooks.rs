@@ -43,6 +43,7 @@ fn event(msg_id: Uuid, order_id: Uuid, amount_cents: i64) -> Vec<u8> {
 fn config(db: &TestDb, secret: &Secret) -> Config {
     Config {
         db: DbArgs::for_url(db.url_as(ServiceRole::Payments)),
+        runtime: effectively::config::RuntimeArgs { worker_threads: 0 },
         // Nothing listens there: over HTTP payments never asks a broker.
         kafka: KafkaArgs {
             kafka_bootstrap_servers: "127.0.0.1:9".into(),

@@ -21,6 +21,7 @@ fn config(db: &TestDb, topic: &TestTopic, workers: u16, batch_size: i64) -> Conf
     Config {
         command: None,
         db: db_args,
+        runtime: effectively::config::RuntimeArgs { worker_threads: 0 },
         kafka: topic.kafka_args(),
         crash: CrashArgs::default(),
         batch_size,

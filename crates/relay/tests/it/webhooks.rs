@@ -169,6 +169,7 @@ fn config(db: &TestDb, destinations: Vec<Destination>, scale: f64) -> Config {
     Config {
         command: None,
         db: DbArgs::for_url(db.url_as(ServiceRole::Relay)),
+        runtime: effectively::config::RuntimeArgs { worker_threads: 0 },
         // Nothing listens there: the http sink never asks a broker.
         kafka: KafkaArgs {
             kafka_bootstrap_servers: "127.0.0.1:9".into(),

@@ -23,12 +23,13 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "experiments", "lib"))
 import sampler  # noqa: E402
+import writeback  # noqa: E402
 from common import number, read_csv  # noqa: E402
 
 SLO_P99_MS = 25
 MIN_ACHIEVED = 0.95
 # A writeback burst: the page cache's dirty data falls by this much within a second.
-BURST_MB = 64
+BURST_MB = writeback.BURST_MB
 
 
 def errors(r):
@@ -97,13 +98,8 @@ def dirty_sampler(seconds, interval=0.1, meminfo="/proc/meminfo", out=sys.stdout
     end = time.time() + seconds
     while time.time() < end:
         t = time.time()
-        kb = {}
-        with open(meminfo) as f:
-            for line in f:
-                name, _, rest = line.partition(":")
-                if name in ("Dirty", "Writeback"):
-                    kb[name] = int(rest.split()[0])
-        print(f"{t:.2f} {kb.get('Dirty', 0)} {kb.get('Writeback', 0)}", file=out, flush=True)
+        dirty, back = writeback.read_meminfo(meminfo)
+        print(f"{t:.2f} {dirty} {back}", file=out, flush=True)
         time.sleep(max(0.0, interval - (time.time() - t)))
 
 
@@ -133,13 +129,8 @@ def stalls(out, tag):
     except (OSError, ValueError):
         t0 = samples[0][0]
     res["dirty_max_mb"] = round(max(d for _, d, _ in samples) / 1024)
-    bursts, last = [], None
-    for i, (t, d, _) in enumerate(samples):
-        window = [x[1] for x in samples[:i] if t - x[0] <= 1.0]
-        if window and max(window) - d >= BURST_MB * 1024 and (last is None or t - last > 2.0):
-            bursts.append([int(t - t0), round(max(window) / 1024), round(d / 1024)])
-            last = t
-    res["writeback_bursts"] = bursts
+    res["writeback_bursts"] = [[int(t - t0), round(top / 1024), round(d / 1024)]
+                               for t, top, d in writeback.bursts([(t, d) for t, d, _ in samples])]
     return res
 
 

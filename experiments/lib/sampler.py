@@ -10,8 +10,10 @@ beside the client's per-second latency (accept.py does): the CPU each
 process group used since the previous sample (in cores, from /proc: every
 process of the machine with that name), the machine's busy, iowait and
 steal share, PostgreSQL's checkpoint buffers written and WAL bytes since the
-previous sample, and the tables an autovacuum worker was vacuuming or
-analyzing at the sample.
+previous sample, the tables an autovacuum worker was vacuuming or
+analyzing at the sample, and the page cache's dirty data: its most since the
+previous sample and its largest fall within a second (a writeback burst when
+64 MB or more; read ten times a second in a thread, writeback.py).
 
 Usage: python3 experiments/lib/sampler.py --database-url URL --relay HOST:PORT
        [--payments HOST:PORT] --duration SECONDS --out samples.csv --minutes minutes.csv
@@ -33,6 +35,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+
+import writeback
 
 HISTOGRAMS = {"publish": "relay_commit_to_publish_seconds", "effect": "payments_commit_to_effect_seconds"}
 # One row: the backlog, then the server's cumulative counters and what its
@@ -228,6 +232,7 @@ def main(argv):
         print("sampler: the services' /metrics never answered", file=sys.stderr)
     t0 = time.monotonic()
     hz = os.sysconf("SC_CLK_TCK")
+    dirty = writeback.Watch().start()
     samples, previous, ticks_before = [], {}, None
     while not stop and time.monotonic() - t0 <= args.duration:
         t = time.monotonic() - t0
@@ -242,12 +247,15 @@ def main(argv):
                 sample[key] = db[key] - previous[key]
         if ticks_before is not None:
             sample.update(cpu_columns(ticks_before[0], ticks[0], ticks[1] - ticks_before[1], hz))
+        sample.update(dirty.take() or {})
         previous, ticks_before = db or previous, ticks
         samples.append(sample)
         time.sleep(max(0.0, args.interval - (time.monotonic() - t0 - t)))
+    dirty.stop()
     columns = ["t_s", "unix_s", "pending_rows", "oldest_pending_s", "published", "effects", "ckpt_buffers",
                "checkpoints", "wal_bytes", "vacuum", "analyze"]
     columns += [f"cpu_{n}" for n in PROCESSES] + ["machine_busy", "machine_iowait", "machine_steal"]
+    columns += ["dirty_max_mb", "dirty_fall_mb"]
     with open(args.out, "w", encoding="utf-8", newline="") as f:
         w = csv.writer(f)
         w.writerow(columns)

@@ -1,7 +1,8 @@
 """Lays the client's per-second latency beside what the sampler saw
 (sampler.py), to find what goes with the seconds over the SLO: autovacuum
-on a table, a checkpoint writing, the machine's CPU running out. Also sums
-where the CPU went, per process group.
+on a table, a checkpoint writing, the machine's CPU running out, the page
+cache writing a burst of dirty data back. Also sums where the CPU went, per
+process group.
 
 This shows association, not cause: a condition whose seconds are over the
 SLO far more often than the others' is a suspect to test by removing it.
@@ -9,6 +10,7 @@ SLO far more often than the others' is a suspect to test by removing it.
 import os
 
 import sampler
+import writeback
 from common import number, read_csv
 
 
@@ -38,6 +40,8 @@ def conditions(prev, cur, busy_share):
         found.add("checkpoint writing")
     if (cur.get("machine_busy") or 0) >= busy_share:
         found.add(f"machine CPU >= {busy_share:.0%} busy")
+    if (cur.get("dirty_fall_mb") or 0) >= writeback.BURST_MB:
+        found.add(f"writeback burst (dirty data -{writeback.BURST_MB} MB within 1 s)")
     return found
 
 

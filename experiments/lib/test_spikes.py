@@ -34,6 +34,20 @@ class SpikesTest(unittest.TestCase):
         # The most suspicious condition first.
         self.assertIn(a["conditions"][0]["condition"], ("vacuum orders.outbox", "autovacuum (any table)"))
 
+    def test_a_writeback_burst_is_a_condition_of_its_interval(self):
+        start = 1000.0
+        samples = [sample(start + t) for t in range(0, 40, 2)]
+        samples[6]["dirty_fall_mb"] = 250  # a burst in (1010, 1012]
+        samples[7]["dirty_fall_mb"] = 30  # a fall too small to count
+        seconds = [{"second": str(i), "p99_ms": "90" if i == 10 else "10"} for i in range(38)]
+        a = spikes.analyse(seconds, start, samples, 25.0, from_s=0)
+        by = {c["condition"]: c for c in a["conditions"]}
+        burst = by["writeback burst (dirty data -64 MB within 1 s)"]
+        self.assertEqual(burst["seconds"], 2)
+        self.assertEqual(burst["over_slo_share"], 0.5)
+        self.assertEqual(burst["over_slo_share_without"], 0.0)
+        self.assertEqual(a["conditions"][0]["condition"], "writeback burst (dirty data -64 MB within 1 s)")
+
     def test_cpu_means_from_the_steady_part(self):
         start = 0.0
         samples = [sample(t) for t in range(0, 120, 10)]

@@ -29,21 +29,35 @@ def read_meminfo(path="/proc/meminfo"):
     return kb.get("Dirty", 0), kb.get("Writeback", 0)
 
 
+class Window:
+    """The readings of the last WINDOW_S seconds, for the fall within it."""
+
+    def __init__(self, window_s=WINDOW_S):
+        self.window_s = window_s
+        self.recent = collections.deque()  # (time, dirty kB)
+
+    def push(self, t, dirty_kb):
+        """The most dirty data of the readings within WINDOW_S before T
+        (None without one); then keeps this reading."""
+        while self.recent and t - self.recent[0][0] > self.window_s:
+            self.recent.popleft()
+        top = max((d for _, d in self.recent), default=None)
+        self.recent.append((t, dirty_kb))
+        return top
+
+
 def bursts(readings, burst_mb=BURST_MB, window_s=WINDOW_S, gap_s=2.0):
     """The bursts in READINGS, (unix time, dirty kB) in time order: each as
     (time, dirty kB at the window's most, dirty kB after), where the dirty data
     fell by BURST_MB or more within WINDOW_S; a fall within GAP_S of the last
     one found is the same burst."""
     out, last = [], None
-    recent = collections.deque()
+    window = Window(window_s)
     for t, dirty in readings:
-        while recent and t - recent[0][0] > window_s:
-            recent.popleft()
-        top = max((d for _, d in recent), default=None)
+        top = window.push(t, dirty)
         if top is not None and top - dirty >= burst_mb * 1024 and (last is None or t - last > gap_s):
             out.append((t, top, dirty))
             last = t
-        recent.append((t, dirty))
     return out
 
 
@@ -54,9 +68,9 @@ class Watch:
     interval before), or None before any reading."""
 
     def __init__(self, interval=0.1, meminfo="/proc/meminfo", window_s=WINDOW_S):
-        self.interval, self.meminfo, self.window_s = interval, meminfo, window_s
+        self.interval, self.meminfo = interval, meminfo
         self.lock = threading.Lock()
-        self.recent = collections.deque()  # (time, dirty kB) over the last window
+        self.window = Window(window_s)
         self.max_kb = self.fall_kb = None
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -72,10 +86,8 @@ class Watch:
     def add(self, t, dirty_kb):
         """One reading (the thread's, or a test's)."""
         with self.lock:
-            while self.recent and t - self.recent[0][0] > self.window_s:
-                self.recent.popleft()
-            top = max((d for _, d in self.recent), default=dirty_kb)
-            self.recent.append((t, dirty_kb))
+            top = self.window.push(t, dirty_kb)
+            top = dirty_kb if top is None else top
             self.max_kb = dirty_kb if self.max_kb is None else max(self.max_kb, dirty_kb)
             fall = max(0, top - dirty_kb)
             self.fall_kb = fall if self.fall_kb is None else max(self.fall_kb, fall)

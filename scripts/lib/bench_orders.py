@@ -28,8 +28,6 @@ from common import number, read_csv  # noqa: E402
 
 SLO_P99_MS = 25
 MIN_ACHIEVED = 0.95
-# A writeback burst: the page cache's dirty data falls by this much within a second.
-BURST_MB = writeback.BURST_MB
 
 
 def errors(r):
@@ -106,8 +104,8 @@ def dirty_sampler(seconds, interval=0.1, meminfo="/proc/meminfo", out=sys.stdout
 def stalls(out, tag):
     """Point TAG's seconds over the SLO (loadgen's per-second p99, TAG.seconds.csv) beside the
     page cache's writeback bursts (TAG.dirty): how many seconds were over, the worst three, the
-    most dirty data, and each burst (dirty data falling by BURST_MB or more within a second) with
-    the second of the load it fell in (from TAG.start, the clock just before loadgen started, to
+    most dirty data, and each burst (writeback.bursts: dirty data falling by 64 MB or more within
+    a second) with the second of the load it fell in (from TAG.start, the clock just before loadgen started, to
     within its probe; without it, from the first sample)."""
     try:
         rows = read_csv(os.path.join(out, f"{tag}.seconds.csv"))
@@ -204,7 +202,7 @@ def summarize(out, points):
               f"{u.get('loadgen', ''):>5}  {b.get('per_sec', ''):>6} {b.get('requests_per_batch', ''):>6}  "
               + ", ".join(f"{k} {v}" for k, v in x["waits"].items()))
     print(f"Stalls: each point's seconds with a p99 over {SLO_P99_MS} ms (loadgen's, second by second) "
-          f"and the page cache's writeback bursts (dirty data falling by {BURST_MB} MB or more within a second):")
+          f"and the page cache's writeback bursts (dirty data falling by {writeback.BURST_MB} MB or more within a second):")
     for x in rows:
         if x["stalls"]:
             print(f"{x['intents']:>8} {x['mode']:>8}  {stall_line(x['stalls'])}")

@@ -104,9 +104,9 @@ def dirty_sampler(seconds, interval=0.1, meminfo="/proc/meminfo", out=sys.stdout
 def stalls(out, tag):
     """Point TAG's seconds over the SLO (loadgen's per-second p99, TAG.seconds.csv) beside the
     page cache's writeback bursts (TAG.dirty): how many seconds were over, the worst three, the
-    most dirty data, and each burst (writeback.bursts: dirty data falling by 64 MB or more within
-    a second) with the second of the load it fell in (from TAG.start, the clock just before loadgen started, to
-    within its probe; without it, from the first sample)."""
+    most dirty data, and each burst (writeback.bursts: dirty data falling by writeback.BURST_MB
+    or more within a second) with the second of the load it fell in (from TAG.start, the clock
+    just before loadgen started, to within its probe; without it, from the first sample)."""
     try:
         rows = read_csv(os.path.join(out, f"{tag}.seconds.csv"))
     except OSError:

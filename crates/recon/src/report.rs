@@ -54,6 +54,8 @@ pub struct Part {
     pub effect_mismatches: i64,
     /// Keys in the range.
     pub keys: i64,
+    /// ... of an order minted at or above the keys' floor.
+    pub keys_since_floor: i64,
     /// ... whose stored response names another order.
     pub foreign_responses: i64,
     /// Outbox events in the range.
@@ -155,6 +157,7 @@ impl Part {
         self.charges_without_effect += o.charges_without_effect;
         self.effect_mismatches += o.effect_mismatches;
         self.keys += o.keys;
+        self.keys_since_floor += o.keys_since_floor;
         self.foreign_responses += o.foreign_responses;
         self.events += o.events;
         self.unpublished += o.unpublished;
@@ -234,7 +237,9 @@ pub struct Report {
     pub outbox_rows_since_floor: i64,
     /// Outbox rows minted since the msg_id floor: each must be in the inbox.
     pub events_since_msg_floor: i64,
-    /// Accepted intents: idempotency keys.
+    /// Accepted intents: idempotency keys of orders minted since the keys'
+    /// floor (the keys below it may be gone by design; a key that outlives
+    /// the floor's move is not counted, as its order is not).
     pub intents: i64,
     /// Orders.
     pub distinct_orders: i64,
@@ -376,7 +381,7 @@ impl Report {
             orders_since_outbox_floor: p.orders_since_outbox_floor,
             outbox_rows_since_floor: p.events_since_outbox_floor,
             events_since_msg_floor: p.events_since_msg_floor,
-            intents: p.keys,
+            intents: p.keys_since_floor,
             distinct_orders: p.orders,
             intents_without_order: p.keys - p.keys_matched,
             orders_without_key: p.orders_without_key,

@@ -54,6 +54,10 @@ j AS (SELECT count(*) AS orders,
       LEFT JOIN l ON l.order_id = o.order_id
       WHERE o.order_id BETWEEN $1 AND $2),
 ks AS (SELECT count(*) AS n,
+              -- The intents the orders since the keys' floor are counted
+              -- against: a key below the floor may outlive the floor's move
+              -- (keys_expire) or not, by design, and its order is not counted.
+              count(*) FILTER (WHERE order_id >= $3) AS since_floor,
               count(*) FILTER (WHERE position(convert_to('"order_id":"' || order_id || '"', 'UTF8')
                                               IN response_body) = 0) AS foreign_responses
        FROM orders.idempotency_keys WHERE order_id BETWEEN $1 AND $2),
@@ -92,6 +96,7 @@ SELECT j.orders AS "orders!",
        j.charges_without_effect AS "charges_without_effect!",
        j.effect_mismatches AS "effect_mismatches!",
        ks.n AS "keys!",
+       ks.since_floor AS "keys_since_floor!",
        ks.foreign_responses AS "foreign_responses!",
        xs.n AS "events!",
        xs.unpublished AS "unpublished!",

@@ -688,6 +688,75 @@ async fn recon_checks_what_the_stores_kept_after_expiry() {
     }
 }
 
+/// A key is deleted when its order id is below the cut and its own
+/// `created_at` (the database's clock at the insert) is older than the
+/// retention. A key's `created_at` lags its order id's mint time (the
+/// request's queue and the writers' linger, more with a slow orders clock),
+/// so keys below the cut survive a pass while the key floor moves to the
+/// cut. Recon counts intents from the floor up, as it counts the orders
+/// that need one: CLEAN on such a database, and still CLEAN once those keys
+/// expire too. (Before, recon counted every key as an intent and only the
+/// orders from the floor up: "distinct_orders - intents" was -5.)
+#[tokio::test]
+async fn keys_that_outlive_the_key_floor_are_not_drift() {
+    let (_db, pool) = seeded(40).await;
+    // The seed's order ids are minted in 1970; its keys were written two
+    // hours ago, but five of them only now.
+    let written = "UPDATE orders.idempotency_keys SET created_at = now() - interval '2 hours'";
+    let lagging = "UPDATE orders.idempotency_keys SET created_at = now() \
+                   WHERE order_id IN (SELECT order_id FROM orders.idempotency_keys \
+                                      ORDER BY order_id OFFSET 20 LIMIT 5)";
+    for sql in [
+        written,
+        lagging,
+        "UPDATE orders.key_policy SET retention = interval '1 hour'",
+    ] {
+        sqlx::query(sql).execute(&pool).await.expect(sql);
+    }
+    let expired: i32 = sqlx::query_scalar("SELECT orders.keys_expire(1000)")
+        .fetch_one(&pool)
+        .await
+        .expect("expire");
+    assert_eq!(expired, 35, "the keys younger than the retention survive");
+    let below: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM orders.idempotency_keys \
+         WHERE order_id < (SELECT floor FROM orders.key_policy)",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("below the floor");
+    assert_eq!(below, 5, "the floor moved past the surviving keys");
+
+    let mut conn = pool.acquire().await.expect("connect");
+    let whole = recon::reconcile(&mut conn).await.expect("recon");
+    let table = whole.table(Policy::default());
+    assert!(whole.is_clean(Policy::default()), "{table}");
+    assert_eq!(
+        (
+            whole.intents,
+            whole.orders_since_key_floor,
+            whole.distinct_orders
+        ),
+        (0, 0, 40)
+    );
+    for jobs in [1, 3, 7] {
+        let parts = recon::reconcile_in_parts(&pool, jobs).await.expect("recon");
+        assert_eq!(parts, whole, "--jobs {jobs}");
+    }
+
+    // A key below the floor is still checked for pointing at an order.
+    sqlx::query(
+        "UPDATE orders.idempotency_keys SET order_id = '00000000-0000-0000-0000-0000000000ff' \
+         WHERE order_id = (SELECT order_id FROM orders.idempotency_keys ORDER BY order_id LIMIT 1)",
+    )
+    .execute(&mut *conn)
+    .await
+    .expect("orphan key");
+    let drift = recon::reconcile(&mut conn).await.expect("recon");
+    let names = drift.drift(Policy::default());
+    assert!(names.contains(&"intents_without_order"), "{names:?}");
+}
+
 /// A dead letter refused after the dedup horizon whose msg_id is the one
 /// that charged the order it names is a late duplicate: reported, not drift.
 #[tokio::test]

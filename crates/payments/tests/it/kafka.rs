@@ -416,6 +416,118 @@ async fn a_consumer_killed_before_commit_loses_nothing_and_doubles_nothing() {
     }
 }
 
+/// SIGTERM under a load that never lets the prefetch run dry (a backlog,
+/// and production that goes on): payments stops within seconds, exits 0,
+/// and its final commit covers exactly what it applied, so the next owner
+/// neither skips nor re-reads an applied event. (Before, the loop looked at
+/// the cancellation only when a batch came back empty, which under load it
+/// never did: the supervisor's SIGTERM became its SIGKILL.)
+#[tokio::test]
+async fn sigterm_under_a_steady_load_stops_within_seconds_and_commits_what_it_applied() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(1).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let group = "g-sigterm";
+    // Bounded: at most 200 chunks of 500, at most 90 s.
+    let producing = tokio_util::sync::CancellationToken::new();
+    let producer = tokio::spawn({
+        let topic = topic.clone();
+        let stop = producing.clone();
+        async move {
+            let producer: FutureProducer = ClientConfig::new()
+                .set("bootstrap.servers", &topic.bootstrap_servers)
+                .set("enable.idempotence", "true")
+                .set("linger.ms", "5")
+                .create()
+                .expect("producer");
+            let until = tokio::time::Instant::now() + Duration::from_secs(90);
+            let mut sent = 0;
+            for _ in 0..200 {
+                if stop.is_cancelled() || tokio::time::Instant::now() > until {
+                    break;
+                }
+                let chunk = events(500);
+                let sends = chunk.iter().map(|e| {
+                    let (key, value) = (e.order_id.to_string(), envelope(e));
+                    let producer = &producer;
+                    let topic = &topic.name;
+                    async move {
+                        producer
+                            .send(
+                                FutureRecord::to(topic).key(&key).payload(&value),
+                                Duration::from_secs(10),
+                            )
+                            .await
+                            .map_err(|(e, _)| e)
+                    }
+                });
+                for sent_one in futures::future::join_all(sends).await {
+                    sent_one.expect("produce");
+                }
+                sent += chunk.len();
+            }
+            sent
+        }
+    });
+    // A backlog first, so every batch has a next one waiting.
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            topic_end(&topic) >= 5_000
+        })
+        .await,
+        "a backlog was produced"
+    );
+    let mut child = payments_process(&db, &topic, group)
+        .env("PAYMENTS_BATCH_SIZE", "100")
+        .spawn()
+        .expect("spawn payments");
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            count(&pool, INBOX).await >= 1_000
+        })
+        .await,
+        "payments consumes"
+    );
+    let pid = child.id().expect("pid").to_string();
+    let status = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill -TERM");
+    assert!(status.success());
+    let stopped = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+    let produced_meanwhile = topic_end(&topic);
+    producing.cancel();
+    let sent = producer.await.expect("producer task");
+    let exit = stopped
+        .expect("payments still running 10 s after SIGTERM under load")
+        .expect("wait");
+    assert!(exit.success(), "a clean stop exits 0: {exit}");
+    let applied = count(&pool, INBOX).await;
+    assert!(
+        applied < produced_meanwhile,
+        "it stopped with a backlog left ({applied} of {produced_meanwhile}; {sent} sent in all)"
+    );
+    assert_eq!(
+        committed_offset(&topic, group),
+        applied,
+        "the final commit covers exactly what was applied"
+    );
+    assert_eq!(count(&pool, CHARGES).await, applied);
+}
+
+/// The end offset of partition 0 of `topic`: how many messages it holds.
+fn topic_end(topic: &TestTopic) -> i64 {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &topic.bootstrap_servers)
+        .create()
+        .expect("consumer");
+    consumer
+        .fetch_watermarks(&topic.name, 0, Duration::from_secs(10))
+        .map(|(_, high)| high)
+        .unwrap_or(0)
+}
+
 /// The counter-example: the same crashes with inbox and effect in TWO
 /// transactions (`--unsafe-split-txn`, crash point `split` between them) must
 /// lose effects (inbox-first) and double them (effect-first). If this test

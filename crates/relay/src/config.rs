@@ -168,10 +168,10 @@ pub struct Config {
     /// each, for a rotation), `,timeout=10s` (per attempt, at most 30s),
     /// `,concurrency=16` (attempts in flight), `,max-attempts=8` (at most
     /// 8). Repeat the flag for more destinations; in the environment,
-    /// separate them with `;`. At start-up each is added to (or replaces its
-    /// namesake in) `orders.webhook_destinations`, the destinations every
-    /// relay delivers to; `relay webhooks add|remove` change them while
-    /// relays run.
+    /// separate them with `;`. At start-up each one missing from
+    /// `orders.webhook_destinations`, the destinations every relay delivers
+    /// to, is added; one already there (or removed) is left as the database
+    /// has it, with a warning: `relay webhooks add|remove` change them.
     #[arg(
         long,
         env = effectively::contract::env::RELAY_WEBHOOK_DESTINATIONS,

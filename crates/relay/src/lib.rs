@@ -252,9 +252,26 @@ async fn run_webhooks(
         metrics.clone(),
         work.clone(),
     )));
-    webhooks::upsert(&pool, &config.webhook_destination)
+    let flags = webhooks::add_missing(&pool, &config.webhook_destination)
         .await
         .context("add the --webhook-destination flags to orders.webhook_destinations")?;
+    if !flags.added.is_empty() {
+        tracing::info!(destinations = ?flags.added, "added the --webhook-destination flags the database did not have");
+    }
+    if !flags.differing.is_empty() {
+        tracing::warn!(
+            destinations = ?flags.differing,
+            "--webhook-destination differs from orders.webhook_destinations: the database's is kept \
+             (change a destination with `relay webhooks add`, which every relay follows)"
+        );
+    }
+    if !flags.removed.is_empty() {
+        tracing::warn!(
+            destinations = ?flags.removed,
+            "--webhook-destination names destinations an operator removed: they stay removed \
+             (`relay webhooks add` brings one back)"
+        );
+    }
     let destinations = webhooks::active(&pool)
         .await
         .context("read orders.webhook_destinations")?;

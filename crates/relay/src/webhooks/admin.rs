@@ -2,6 +2,7 @@
 //! the deliveries.
 
 use chrono::{DateTime, Utc};
+use effectively::webhook;
 use sqlx::PgPool;
 
 use super::destination::{DESTINATIONS_REFRESH, Destination};
@@ -62,11 +63,14 @@ pub enum Admin {
 /// events again. Past its dedup horizon (payments' `--inbox-retention`, 16
 /// days by default) a receiver refuses an event as `after_horizon` and
 /// dead-letters it, because it can no longer tell a first delivery from a
-/// duplicate; sending such events is refused here unless told to skip them.
+/// duplicate; sending such events (or events whose retries could arrive
+/// past it) is refused here unless told to skip them.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReceiverHorizon {
     /// The receiver's dedup horizon: its inbox retention (payments
-    /// `--inbox-retention`). Events minted longer ago than this are past it.
+    /// `--inbox-retention`). Events minted longer ago than this less the
+    /// sender's retry span (about 28 h: a delivery sent again may be
+    /// retried that long) are past it.
     #[arg(long = "receiver-horizon", value_parser = humantime::parse_duration, default_value = "16d")]
     pub receiver_horizon: std::time::Duration,
     /// Leave the deliveries of events past the receiver's horizon out (they
@@ -86,22 +90,38 @@ impl Default for ReceiverHorizon {
 }
 
 impl ReceiverHorizon {
-    /// The horizon as a PostgreSQL interval's seconds.
-    fn seconds(&self) -> f64 {
-        self.receiver_horizon.as_secs_f64()
+    /// The oldest an event sent again may be: the horizon less the longest
+    /// the sender's retries can take ([`webhook::max_retry_span`], about 28
+    /// h). A delivery queued now may be tried for that long, and each try
+    /// must reach the receiver while it still remembers the event's id;
+    /// compared with the horizon alone, an event a little younger than it
+    /// was sent, its retries arrived past it, and the receiver dead-lettered
+    /// a first delivery as `after_horizon`. Zero when the horizon is
+    /// shorter than the span: every event is past it.
+    pub fn cutoff(&self) -> std::time::Duration {
+        self.receiver_horizon
+            .saturating_sub(webhook::max_retry_span())
     }
 
-    /// The refusal when `n` deliveries are past the horizon and
+    /// [`Self::cutoff`] as a PostgreSQL interval's seconds.
+    fn seconds(&self) -> f64 {
+        self.cutoff().as_secs_f64()
+    }
+
+    /// The refusal when `n` deliveries are past the cutoff and
     /// `--skip-past-horizon` was not given.
     fn refusal(&self, n: i64, what: &str) -> anyhow::Error {
         anyhow::anyhow!(
-            "{n} of the {what} carry events minted more than {} ago, past the receiver's dedup \
-             horizon (--receiver-horizon, its --inbox-retention): it would refuse them as \
+            "{n} of the {what} carry events minted more than {} ago: the receiver's dedup \
+             horizon (--receiver-horizon {}, its --inbox-retention) less the sender's retry span \
+             ({}), so their retries could reach it after it forgot them; it would refuse them as \
              after_horizon and dead-letter them, so nothing was done. Give --skip-past-horizon \
              to send only the younger ones (the older stay failed); for each older one, check \
              at the receiver whether its effect exists (payments.charges by order id) and apply \
              the missing ones there by hand",
-            humantime::format_duration(self.receiver_horizon)
+            humantime::format_duration(self.cutoff()),
+            humantime::format_duration(self.receiver_horizon),
+            humantime::format_duration(webhook::max_retry_span()),
         )
     }
 }

@@ -43,4 +43,4 @@ pub use admin::{Admin, ReceiverHorizon, replay_failed};
 pub use answer::{CLOCK_SKEW_WARN, Outcome, clock_skew, judge, next_wait};
 pub use destination::{DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT, DESTINATIONS_REFRESH, Destination};
 pub use sender::Sender;
-pub use store::{active, expire, remove, upsert};
+pub use store::{Added, active, add_missing, expire, remove, upsert};

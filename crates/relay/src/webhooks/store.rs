@@ -46,10 +46,69 @@ pub async fn expire(pool: &PgPool, batch: i32) -> sqlx::Result<i32> {
     Ok(i32::try_from(n).unwrap_or(i32::MAX))
 }
 
-/// Records the destinations (a destination's disabled state lives there).
-/// Adds `destinations` to `orders.webhook_destinations`, or replaces the
-/// spec of those there (a removed one is added again: its later events are
-/// fanned out to it; its failed deliveries wait for `relay webhooks replay`).
+/// What [`add_missing`] did with a relay's `--webhook-destination` flags.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Added {
+    /// Destinations the database did not have: added.
+    pub added: Vec<String>,
+    /// Destinations it has with another spec (an operator rotated a secret
+    /// or changed the URL since): the database's is kept.
+    pub differing: Vec<String>,
+    /// Destinations an operator removed: they stay removed.
+    pub removed: Vec<String>,
+}
+
+/// A relay's `--webhook-destination` flags at its start: each destination
+/// `orders.webhook_destinations` does not have is added; one it has is left
+/// as it is. The database is the one source of truth: a flag never
+/// overwrites what `relay webhooks add` or a secret rotation wrote, and
+/// never brings back what `relay webhooks remove` removed (before, every
+/// relay's start re-applied its flags: a removed destination came back and a
+/// rotated secret was reverted). A row an older relay registered by name
+/// only (no spec, not removed) takes the flag's spec.
+pub async fn add_missing(pool: &PgPool, destinations: &[Destination]) -> sqlx::Result<Added> {
+    let names: Vec<&str> = destinations.iter().map(|d| d.name.as_str()).collect();
+    let specs: Vec<&str> = destinations.iter().map(|d| d.spec.as_str()).collect();
+    let added: Vec<String> = sqlx::query_scalar(
+        "INSERT INTO orders.webhook_destinations AS w (destination, spec) \
+         SELECT * FROM unnest($1::text[], $2::text[]) \
+         ON CONFLICT (destination) DO UPDATE SET spec = EXCLUDED.spec, added_at = now() \
+           WHERE w.spec IS NULL AND w.removed_at IS NULL \
+         RETURNING w.destination",
+    )
+    .bind(&names)
+    .bind(&specs)
+    .fetch_all(pool)
+    .await?;
+    let kept: Vec<(String, bool, bool)> = sqlx::query_as(
+        "SELECT w.destination, w.removed_at IS NOT NULL, w.spec IS DISTINCT FROM f.spec \
+         FROM orders.webhook_destinations w \
+         JOIN unnest($1::text[], $2::text[]) AS f(destination, spec) USING (destination) \
+         WHERE w.destination <> ALL($3::text[]) ORDER BY w.destination",
+    )
+    .bind(&names)
+    .bind(&specs)
+    .bind(&added)
+    .fetch_all(pool)
+    .await?;
+    let mut out = Added {
+        added,
+        ..Added::default()
+    };
+    for (name, removed, differs) in kept {
+        if removed {
+            out.removed.push(name);
+        } else if differs {
+            out.differing.push(name);
+        }
+    }
+    Ok(out)
+}
+
+/// `relay webhooks add`, the operator's command: adds `destinations` to
+/// `orders.webhook_destinations`, or replaces the spec of those there (a
+/// removed one is added again: its later events are fanned out to it; its
+/// failed deliveries wait for `relay webhooks replay`).
 pub async fn upsert(pool: &PgPool, destinations: &[Destination]) -> sqlx::Result<()> {
     let names: Vec<&str> = destinations.iter().map(|d| d.name.as_str()).collect();
     let specs: Vec<&str> = destinations.iter().map(|d| d.spec.as_str()).collect();

@@ -830,8 +830,9 @@ async fn the_http_sink_without_a_destination_or_with_wal_is_refused() {
     assert!(error.to_string().contains("--mode poll"), "{error}");
 }
 
-/// A delivery whose event was minted before the receiver's dedup horizon
-/// would be refused there as `after_horizon` and dead-lettered: `replay
+/// A delivery whose event was minted before the receiver's dedup horizon,
+/// or so close to it that its retries (about 28 h of them) could arrive
+/// after it, would be refused there as `after_horizon` and dead-lettered: `replay
 /// --failed` and `enable` refuse to send it (nothing is changed), or leave it
 /// out with `--skip-past-horizon` (a waiting one is marked failed, with why).
 #[tokio::test]
@@ -846,9 +847,14 @@ async fn replays_and_enables_refuse_events_past_the_receivers_horizon() {
         .execute(&owner)
         .await
         .expect("destinations");
-    // r: one old and one young failed delivery; gone: one old and one young waiting.
+    // Inside the horizon, but its retries (up to about 28 h) could reach the
+    // receiver past it.
+    let late = effectively::v7::minted_ago(Duration::from_secs(15 * 86_400 + 12 * 3600));
+    // r: one old, one late and one young failed delivery; gone: one old and
+    // one young waiting.
     for (destination, outbox_id, msg_id, failed) in [
         ("r", 1_i64, old, true),
+        ("r", 5, late, true),
         ("r", 2, Uuid::now_v7(), true),
         ("gone", 3, old, false),
         ("gone", 4, Uuid::now_v7(), false),
@@ -883,18 +889,20 @@ async fn replays_and_enables_refuse_events_past_the_receivers_horizon() {
         },
     };
     let refused = replay(false).run(&as_relay).await.expect_err("refused");
+    let cutoff = humantime::format_duration(ReceiverHorizon::default().cutoff()).to_string();
     assert!(
-        format!("{refused:#}").contains(
-            "1 of the failed deliveries selected carry events minted more than 16days ago"
-        ),
+        format!("{refused:#}").contains(&format!(
+            "2 of the failed deliveries selected carry events minted more than {cutoff} ago: \
+             the receiver's dedup horizon (--receiver-horizon 16days"
+        )),
         "{refused:#}"
     );
-    assert_eq!(failed().await, 2, "nothing was replayed");
+    assert_eq!(failed().await, 3, "nothing was replayed");
     assert_eq!(
         replay(true).run(&as_relay).await.expect("replay"),
-        "1 failed deliveries queued again\n1 left failed: their events are past the receiver's horizon\n"
+        "1 failed deliveries queued again\n2 left failed: their events are past the receiver's horizon\n"
     );
-    assert_eq!(failed().await, 1, "the old one stays failed");
+    assert_eq!(failed().await, 2, "the old and the late one stay failed");
 
     let enable = |skip: bool| Admin::Enable {
         destination: "gone".into(),
@@ -917,7 +925,7 @@ async fn replays_and_enables_refuse_events_past_the_receivers_horizon() {
         enable(true).run(&as_relay).await.expect("enable"),
         "destination gone enabled\n1 waiting deliveries marked failed: their events are past the receiver's horizon\n"
     );
-    assert_eq!(failed().await, 2);
+    assert_eq!(failed().await, 3);
     assert_eq!(
         count(&owner, "SELECT count(*) FROM orders.webhook_deliveries WHERE last_error LIKE 'past the receiver%'").await,
         1
@@ -1062,4 +1070,106 @@ async fn destinations_added_and_removed_in_the_database_are_followed_by_running_
     assert_eq!(count(&pool, OPEN).await, 0);
     first.stop().await;
     second.stop().await;
+}
+
+/// A relay's `--webhook-destination` flags add a destination the database
+/// does not have, and nothing more: after an operator rotated a's secret
+/// (`relay webhooks add`) and removed b, a relay started again with its old
+/// flags keeps the rotated secret, leaves b removed (no later event is
+/// fanned out to it) and says so. (Before, every start re-applied the
+/// flags: the removed destination came back and the rotation was reverted.)
+#[tokio::test]
+async fn a_relay_s_flags_never_overwrite_or_bring_back_a_destination() {
+    let db = TestDb::create().await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let relay_pool = PgPool::connect(&db.url_as(ServiceRole::Relay))
+        .await
+        .expect("connect as the relay");
+    let (a, a_url) = Receiver::start(|_| Reply::OK).await;
+    let (b, b_url) = Receiver::start(|_| Reply::OK).await;
+    let flags = vec![
+        a.destination("a", &a_url, ""),
+        b.destination("b", &b_url, ""),
+    ];
+    let spec = |name: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, Option<String>>(
+                "SELECT spec FROM orders.webhook_destinations WHERE destination = $1",
+            )
+            .bind(name)
+            .fetch_optional(&pool)
+            .await
+            .expect("spec")
+            .flatten()
+        }
+    };
+    let relay = spawn_relay(config(&db, flags.clone(), 1.0)).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            spec("a").await.is_some()
+        })
+        .await,
+        "the relay's flag adds a"
+    );
+    let first = spec("a").await.expect("a's spec");
+    assert!(first.contains(&a.secret.to_whsec()), "the flag added a");
+    relay.stop().await;
+
+    // The operator rotates a's secret and removes b.
+    let new_secret = Secret::generate().to_whsec();
+    let rotated_spec = format!(
+        "a={a_url},secret={new_secret},secret={}",
+        a.secret.to_whsec()
+    );
+    Admin::Add {
+        destination: rotated_spec.parse().expect("destination"),
+    }
+    .run(&relay_pool)
+    .await
+    .expect("rotate a");
+    Admin::Remove {
+        destination: "b".into(),
+    }
+    .run(&relay_pool)
+    .await
+    .expect("remove b");
+
+    let added = relay::webhooks::add_missing(&relay_pool, &flags)
+        .await
+        .expect("flags");
+    assert_eq!(
+        added,
+        relay::webhooks::Added {
+            added: vec![],
+            differing: vec!["a".into()],
+            removed: vec!["b".into()],
+        }
+    );
+    let relay = spawn_relay(config(&db, flags.clone(), 1.0)).await;
+    enqueue(&pool, Uuid::now_v7(), 0).await;
+    assert!(
+        eventually(Duration::from_secs(20), || async { a.hits().len() == 1 }).await,
+        "a gets the event: the relay is past its start-up"
+    );
+    let kept = spec("a").await.expect("a's spec");
+    assert!(kept.contains(&new_secret), "the rotation stays");
+    assert_ne!(kept, first);
+    let removed: i64 = count(
+        &pool,
+        "SELECT count(*) FROM orders.webhook_destinations WHERE destination = 'b' AND removed_at IS NOT NULL",
+    )
+    .await;
+    assert_eq!(removed, 1, "b stays removed");
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM orders.webhook_deliveries WHERE destination = 'b'"
+        )
+        .await,
+        0,
+        "nothing fanned out to b"
+    );
+    assert!(b.hits().is_empty());
+    relay.stop().await;
 }

@@ -51,9 +51,14 @@ impl ClientIntents {
 pub struct IntentsReport {
     /// Keys the client saw succeed.
     pub client_succeeded: i64,
-    /// ... that have exactly their order: key row, same order id, order row.
+    /// ... that have exactly their order: key row, same order id, order row;
+    /// or, for a key expired by design (its order minted below the keys'
+    /// floor, `orders.keys_expire`), the order row the client was given.
     pub matched: i64,
-    /// ... whose key is not in the database (a success the database lost).
+    /// ... of which matched by their order alone: the key expired.
+    pub key_expired: i64,
+    /// ... whose key is not in the database (a success the database lost),
+    /// and not expired (its order above the keys' floor, or missing).
     pub missing_in_db: i64,
     /// ... whose key maps to another order id, or whose order row is gone.
     pub wrong_order: i64,
@@ -75,6 +80,7 @@ impl IntentsReport {
         let rows = [
             ("client successes (distinct keys)", self.client_succeeded),
             ("  with exactly their order", self.matched),
+            ("    of which the key expired", self.key_expired),
             ("  missing in the database", self.missing_in_db),
             ("  mapped to another order", self.wrong_order),
             ("client ambiguous keys (timeouts)", self.client_ambiguous),
@@ -99,14 +105,23 @@ pub async fn check_intents(pool: &PgPool, client: &ClientIntents) -> sqlx::Resul
     let ids: Vec<Uuid> = client.succeeded.iter().map(|(_, id)| *id).collect();
     // count(*) is never NULL, but PostgreSQL reports no nullability for an
     // aggregate: hence the "!".
+    // A key of an order minted below the keys' floor may have expired by
+    // design (orders.keys_expire): the order the client was given must
+    // still be there (orders never expire). Without this, every run older
+    // than the key retention reported its expired keys as "missing".
     let counts = sqlx::query!(
         r#"SELECT count(*) FILTER (WHERE k.order_id = c.id AND o.order_id IS NOT NULL) AS "matched!",
-                  count(*) FILTER (WHERE k.idem_key IS NULL) AS "missing!",
+                  count(*) FILTER (WHERE k.idem_key IS NULL AND c.id < f.floor
+                                    AND given.order_id IS NOT NULL) AS "expired!",
+                  count(*) FILTER (WHERE k.idem_key IS NULL
+                                    AND NOT (c.id < f.floor AND given.order_id IS NOT NULL)) AS "missing!",
                   count(*) FILTER (WHERE k.idem_key IS NOT NULL
                                     AND (k.order_id <> c.id OR o.order_id IS NULL)) AS "wrong!"
            FROM unnest($1::text[], $2::uuid[]) AS c(key, id)
+           CROSS JOIN orders.key_policy f
            LEFT JOIN orders.idempotency_keys k ON k.idem_key = c.key
-           LEFT JOIN orders.orders o ON o.order_id = k.order_id"#,
+           LEFT JOIN orders.orders o ON o.order_id = k.order_id
+           LEFT JOIN orders.orders given ON given.order_id = c.id"#,
         // Borrowed keys encode as text[] like owned ones; the macro's check
         // only knows `&[String]` for text[], so the type is stated.
         &keys as &[&str],
@@ -122,7 +137,8 @@ pub async fn check_intents(pool: &PgPool, client: &ClientIntents) -> sqlx::Resul
     .await?;
     Ok(IntentsReport {
         client_succeeded: client.succeeded.len() as i64,
-        matched: counts.matched,
+        matched: counts.matched + counts.expired,
+        key_expired: counts.expired,
         missing_in_db: counts.missing,
         wrong_order: counts.wrong,
         client_ambiguous: client.ambiguous.len() as i64,

@@ -744,6 +744,32 @@ async fn keys_that_outlive_the_key_floor_are_not_drift() {
         assert_eq!(parts, whole, "--jobs {jobs}");
     }
 
+    // The client's successes: an expired key is matched by the order it was
+    // given (orders never expire); a success whose order is not there is
+    // missing, expired key or not.
+    let mut succeeded: Vec<(String, uuid::Uuid)> = (1..=40_u128)
+        .map(|i| (format!("seed-{i}"), uuid::Uuid::from_u128(i)))
+        .collect();
+    let client = recon::ClientIntents {
+        succeeded: succeeded.clone(),
+        ambiguous: vec![],
+    };
+    let intents = recon::check_intents(&pool, &client).await.expect("intents");
+    assert!(intents.is_clean(), "{}", intents.table());
+    assert_eq!((intents.matched, intents.key_expired), (40, 35));
+    succeeded.push(("seed-lost".into(), uuid::Uuid::from_u128(1000)));
+    let lost = recon::check_intents(
+        &pool,
+        &recon::ClientIntents {
+            succeeded,
+            ambiguous: vec![],
+        },
+    )
+    .await
+    .expect("intents");
+    assert_eq!((lost.matched, lost.missing_in_db), (40, 1));
+    assert!(!lost.is_clean());
+
     // A key below the floor is still checked for pointing at an order.
     sqlx::query(
         "UPDATE orders.idempotency_keys SET order_id = '00000000-0000-0000-0000-0000000000ff' \

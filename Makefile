@@ -10,7 +10,7 @@ STACK_DIR ?= $(CURDIR)/.stack
 export STACK_DIR
 -include $(STACK_DIR)/env
 
-.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness demo demo-webhooks \
+.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness key-expiry demo demo-webhooks \
         check-config check-dashboards plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 exp-10-long accept
 
 help: ## list the targets
@@ -122,6 +122,9 @@ exp-6: ## outbox lag under steady load and 2x/3x bursts, per relay workers x bat
 
 exp-7: ## hot keys: half the intents on 10 keys; ON CONFLICT vs advisory-lock claims, with and without coalescing
 	@QUICK=$(QUICK) experiments/exp-7-hot-keys/run.sh
+
+key-expiry: ## idempotency keys expiring under load (1,000 orders/s, 5 min, key retention 1 min): recon's key counts 0 in every snapshot, CLEAN at the end
+	@QUICK=$(QUICK) experiments/key-expiry/run.sh
 
 accept: ## the acceptance run: 20 min at 5,000 req/s, orders == keys (recon, SQL attached), p99 < 25 ms, per-minute CSV
 	@QUICK=$(QUICK) experiments/accept/run.sh

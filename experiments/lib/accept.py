@@ -18,8 +18,8 @@ import os
 import sys
 
 import spikes
-from common import (chaos_intents, chaos_report, exit_code, load_json, number, print_checks, read_csv,
-                    recon_word, verdict, write_csv, write_json)
+from common import (chaos_intents, chaos_report, exit_code, load_json, number, orders_account_for_keys,
+                    print_checks, read_csv, recon_word, verdict, write_csv, write_json)
 
 SLO_P99_MS = 25.0
 TARGET_SENDS_PER_S = 5000.0
@@ -57,6 +57,8 @@ def judge(c, rows, mode, duration):
         "client_keys_succeeded": keys,
         "client_ambiguous": intents.get("client_ambiguous"),
         "client_ambiguous_committed": intents.get("ambiguous_committed"),
+        "client_refused": intents.get("client_failed"),
+        "client_refused_committed": intents.get("failed_committed"),
         "replay_mismatches": (load.get("replay") or {}).get("mismatches"),
         "offered_sends_per_s": rates.get("offered_sends"),
         "achieved_per_s": rates.get("achieved"),
@@ -70,12 +72,15 @@ def judge(c, rows, mode, duration):
     }
     checks = {
         "recon CLEAN (distinct effects == distinct intents, the SQL diff in recon.sql)": c.get("recon_exit") == 0,
-        # A key whose send timed out is ambiguous to the client; recon
-        # finds whether it committed. Every order is a key the client saw
-        # succeed or an ambiguous one that committed.
+        # A key whose send timed out or was answered 408/5xx is ambiguous
+        # to the client (0 or 1 order); recon finds whether it committed.
+        # Every order is a key the client saw succeed or an ambiguous one
+        # that committed.
         "distinct orders == distinct keys, exactly (client successes + committed ambiguous keys)": (
             facts["distinct_orders"] is not None and facts["distinct_orders"] == facts["distinct_keys"]
-            and facts["distinct_orders"] == (keys or 0) + (intents.get("ambiguous_committed") or 0)),
+            and orders_account_for_keys(facts["distinct_orders"], load, intents)[0]),
+        # Recon results from before it read loadgen's refused keys lack the count.
+        "no key the client was refused has an order": (intents.get("failed_committed") or 0) == 0,
         "every key the client saw succeed has exactly its order": (
             intents.get("matched") == intents.get("client_succeeded")
             and intents.get("missing_in_db") == 0 and intents.get("wrong_order") == 0),

@@ -71,6 +71,23 @@ def recon_intents(recon):
     return (recon or {}).get("intents") or {}
 
 
+def orders_account_for_keys(orders, load, intents):
+    """Whether ORDERS (recon's distinct orders) is what the client's keys
+    allow: one order for each key loadgen report LOAD saw succeed, 0 or 1 for
+    each ambiguous key (no answer, or a 408/5xx: it may have committed), none
+    for a refused one. With recon's count of the ambiguous keys that
+    committed (client-intents check INTENTS) the count is exact, else a
+    range. Returns (holds, what was expected, as text)."""
+    keys = (load or {}).get("keys") or {}
+    succeeded, ambiguous = keys.get("succeeded") or 0, keys.get("ambiguous") or 0
+    committed = (intents or {}).get("ambiguous_committed")
+    if committed is not None:
+        return (orders is not None and orders == succeeded + committed,
+                f"keys that succeeded {succeeded} + ambiguous committed {committed}")
+    return (orders is not None and succeeded <= orders <= succeeded + ambiguous,
+            f"between keys that succeeded {succeeded} and that + ambiguous {ambiguous}")
+
+
 # --- chaos's summary: {"recon": <recon --json>, "recon_exit", "load": <loadgen report>,
 #     "services": {name: {"deaths", "counters", "recovery_ms", "lives"}}, "totals", ...}
 

@@ -15,7 +15,7 @@ Usage: python3 experiments/lib/exp1.py RES MODE SECONDS RETRY_RATE ZIPF_S "RATES
 import os
 import sys
 
-from common import load_json, read_text, recon_intents, recon_report, write_csv, write_json
+from common import load_json, orders_account_for_keys, read_text, recon_intents, recon_report, write_csv, write_json
 
 MODES = ("pipeline", "check", "nocheck")
 LABELS = {
@@ -118,14 +118,16 @@ def point(mode, rate, r, recon, recon_exit, loadgen_exit, busy=None, others=None
             "ambiguous_committed": intents.get("ambiguous_committed"),
         })
         # distinct orders == distinct keys that succeeded (+ the ambiguous
-        # keys that did commit: a timeout after the commit is not a loss).
-        p["orders_equal_keys"] = (p["distinct_orders"] is not None and p["distinct_orders"]
-                                  == p["keys_succeeded"] + (p["ambiguous_committed"] or 0))
+        # keys that did commit: a timeout, a 408 or a 503 after the commit
+        # is not a loss); a refused key has no order.
+        p["orders_equal_keys"], expected = orders_account_for_keys(p["distinct_orders"], r, intents)
+        p["refused_committed"] = intents.get("failed_committed")
         if not p["recon_clean"]:
             problems.append(f"{rate} pipeline: recon not CLEAN (exit {recon_exit}; {where})")
         if not p["orders_equal_keys"]:
-            problems.append(f"{rate} pipeline: distinct orders {p['distinct_orders']} != keys that "
-                            f"succeeded {p['keys_succeeded']} + ambiguous committed {p['ambiguous_committed']}")
+            problems.append(f"{rate} pipeline: distinct orders {p['distinct_orders']} != {expected}")
+        if p["refused_committed"]:
+            problems.append(f"{rate} pipeline: {p['refused_committed']} keys the client was refused have an order")
     p["sustainable"] = sustainable(p)
     if mode in ("pipeline", "check") and p["replay_mismatches"]:
         problems.append(f"{rate} {mode}: {p['replay_mismatches']} replay mismatches with the check on")

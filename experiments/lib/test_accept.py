@@ -46,6 +46,29 @@ class AcceptTest(unittest.TestCase):
                                       "ambiguous_committed": 10})
         self.assertEqual(self.failed(c, minute_rows(20)), ("PASS", []))
 
+    def test_keys_answered_408_or_5xx_that_committed_count_as_keys(self):
+        # loadgen files a key answered 408 or 503 as ambiguous; recon finds
+        # which of them committed and reports none of the refused keys did.
+        c = summary(keys=995)
+        c["load"]["keys"].update({"ambiguous": 7, "failed": 3})
+        c["recon"]["intents"].update({"client_succeeded": 995, "matched": 995, "client_ambiguous": 7,
+                                      "ambiguous_committed": 5, "client_failed": 3, "failed_committed": 0})
+        s = accept.judge(c, minute_rows(20), "full", 1200)
+        self.assertEqual((s["verdict"], s["facts"]["client_refused"], s["facts"]["client_refused_committed"]),
+                         ("PASS", 3, 0))
+
+    def test_a_refused_key_with_an_order_fails(self):
+        # A key the client was refused (a definite 4xx) that has an order:
+        # recon says DRIFT, and the verdict names it.
+        c = summary(recon_exit=1, keys=999)
+        c["load"]["keys"]["failed"] = 1
+        c["recon"]["intents"].update({"client_succeeded": 999, "matched": 999, "client_failed": 1,
+                                      "failed_committed": 1})
+        self.assertEqual(self.failed(c, minute_rows(20))[1], [
+            "recon CLEAN (distinct effects == distinct intents, the SQL diff in recon.sql)",
+            "distinct orders == distinct keys, exactly (client successes + committed ambiguous keys)",
+            "no key the client was refused has an order"])
+
     def test_a_missing_order_or_drift_fails(self):
         self.assertEqual(self.failed(summary(recon_exit=1, keys=1001), minute_rows(20))[1], [
             "recon CLEAN (distinct effects == distinct intents, the SQL diff in recon.sql)",

@@ -3,8 +3,9 @@ import os
 import tempfile
 import unittest
 
-from common import (deaths, load_json, read_csv, recon_word, service_deaths, verdict, write_csv,
-                    write_json)
+from common import (deaths, load_json, orders_account_for_keys, read_csv, recon_word, service_deaths,
+                    verdict, write_csv, write_json)
+from fixtures import loadgen
 
 
 class CommonTest(unittest.TestCase):
@@ -20,6 +21,22 @@ class CommonTest(unittest.TestCase):
         self.assertEqual(verdict({"a": True, "b": True}), "PASS")
         self.assertEqual(verdict({"a": True, "b": False}), "FAIL")
         self.assertEqual(verdict({}), "FAIL")
+
+    def test_ambiguous_keys_hold_zero_or_one_order(self):
+        # 990 keys succeeded; 10 were ambiguous (a timeout, a 408, a 503 after
+        # the commit), 4 of which committed.
+        load = loadgen(keys_succeeded=990, ambiguous=10)
+        exact = {"ambiguous_committed": 4}
+        self.assertEqual(orders_account_for_keys(994, load, exact),
+                         (True, "keys that succeeded 990 + ambiguous committed 4"))
+        self.assertFalse(orders_account_for_keys(990, load, exact)[0])
+        self.assertFalse(orders_account_for_keys(995, load, exact)[0])
+        self.assertFalse(orders_account_for_keys(None, load, exact)[0])
+        # Without recon's count: anything from 0 to all of the ambiguous keys.
+        for orders, holds in ((989, False), (990, True), (994, True), (1000, True), (1001, False)):
+            self.assertEqual(orders_account_for_keys(orders, load, {})[0], holds, orders)
+        self.assertEqual(orders_account_for_keys(1000, load, None)[1],
+                         "between keys that succeeded 990 and that + ambiguous 10")
 
     def test_recon_word(self):
         self.assertEqual([recon_word(i) for i in (0, 1, 2, -1)], ["CLEAN", "DRIFT", "ERROR", "ERROR"])

@@ -85,6 +85,20 @@ class ProblemsTest(unittest.TestCase):
         self.assertEqual(problems, [f"500 pipeline: distinct orders {KEYS + 1} != keys that succeeded {KEYS} "
                                     "+ ambiguous committed 0"])
 
+    def test_ambiguous_keys_that_committed_are_keys_and_refused_ones_are_not(self):
+        # 795 keys succeeded, 5 were answered 408/503 (ambiguous), 3 of
+        # which committed: 798 orders is right.
+        rec = recon(KEYS - 2)
+        rec["intents"].update({"client_succeeded": KEYS - 5, "matched": KEYS - 5, "client_ambiguous": 5,
+                               "ambiguous_committed": 3, "client_failed": 0, "failed_committed": 0})
+        p, problems = pipeline(rec=rec, keys_succeeded=KEYS - 5, ambiguous=5)
+        self.assertEqual(problems, [])
+        self.assertTrue(p["orders_equal_keys"])
+        # A refused key with an order is a problem of its own.
+        rec["intents"].update({"client_failed": 1, "failed_committed": 1})
+        _, problems = pipeline(rec=rec, keys_succeeded=KEYS - 5, ambiguous=5)
+        self.assertEqual(problems, ["500 pipeline: 1 keys the client was refused have an order"])
+
     def test_replay_mismatch_with_the_check_fails(self):
         self.assertEqual(orders_alone("check", mismatches=2)[1],
                          ["500 check: 2 replay mismatches with the check on"])

@@ -194,9 +194,10 @@ pub(crate) struct Config {
     pub(crate) retry_delay_ms: u64,
 
     /// Retry a send that got no definitive answer (connection refused or
-    /// broken, timeout, 5xx, gRPC UNAVAILABLE/INTERNAL/UNKNOWN) with the same key
-    /// and body, up to this many times, like a client that retries errors. 4xx
-    /// answers are definitive and never retried. 0 = off.
+    /// broken, timeout, 408, 5xx, gRPC CANCELLED/DEADLINE_EXCEEDED/UNAVAILABLE/
+    /// INTERNAL/UNKNOWN) with the same key and body, up to this many times,
+    /// like a client that retries errors. Other 4xx answers are definitive
+    /// and never retried. 0 = off.
     #[arg(long, env = "LOADGEN_RETRY_ON_ERROR", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=20))]
     pub(crate) retry_on_error: u32,
@@ -234,11 +235,20 @@ pub(crate) struct Config {
     #[arg(long, env = "LOADGEN_INTENTS")]
     pub(crate) intents: Option<PathBuf>,
 
-    /// Write the ambiguous keys (no success, but at least one send timed out
-    /// or broke after it may have reached the service), one per line, sorted.
+    /// Write the ambiguous keys, one per line, sorted: no success, but at
+    /// least one send that may have committed (timed out or broke after it
+    /// may have reached the service, or answered 408 or 5xx, which orders
+    /// may give for a request it commits). Each holds 0 or 1 order.
     /// Default when --intents is given: `{intents}.ambiguous`.
     #[arg(long, env = "LOADGEN_AMBIGUOUS")]
     pub(crate) ambiguous: Option<PathBuf>,
+
+    /// Write the refused keys, one per line, sorted: no success, and every
+    /// send refused before anything was written (a 4xx other than 408 and
+    /// 409) or never sent. Each must hold no order (`recon --intents`
+    /// checks). Default when --intents is given: `{intents}.failed`.
+    #[arg(long, env = "LOADGEN_FAILED")]
+    pub(crate) failed: Option<PathBuf>,
 
     /// Progress on stderr.
     #[arg(long, env = "LOADGEN_PROGRESS", value_enum, default_value_t = ProgressMode::Auto)]
@@ -298,6 +308,8 @@ pub(crate) struct Settings {
     pub(crate) intents: Option<PathBuf>,
     /// Ambiguous keys file (resolved default).
     pub(crate) ambiguous: Option<PathBuf>,
+    /// Refused keys file (resolved default).
+    pub(crate) failed: Option<PathBuf>,
     /// Progress display.
     pub(crate) progress: ProgressMode,
 }
@@ -377,13 +389,15 @@ impl Config {
         };
         let http_urls = urls("--http-url", &self.http_url)?;
         let grpc_urls = urls("--grpc-url", &self.grpc_url)?;
-        let ambiguous = self.ambiguous.or_else(|| {
+        let beside_intents = |suffix: &str| {
             self.intents.as_ref().map(|p| {
                 let mut name = p.clone().into_os_string();
-                name.push(".ambiguous");
+                name.push(suffix);
                 PathBuf::from(name)
             })
-        });
+        };
+        let ambiguous = self.ambiguous.or_else(|| beside_intents(".ambiguous"));
+        let failed = self.failed.or_else(|| beside_intents(".failed"));
         Ok(Settings {
             http_urls,
             grpc_urls,
@@ -410,6 +424,7 @@ impl Config {
             minute_csv: self.minute_csv,
             intents: self.intents,
             ambiguous,
+            failed,
             progress: self.progress,
         })
     }
@@ -505,6 +520,7 @@ mod tests {
         assert_eq!(s.timeout, Duration::from_millis(2000));
         assert_eq!(s.key_prefix.len(), 8);
         assert!(s.ambiguous.is_none());
+        assert!(s.failed.is_none());
         assert_eq!(s.hot_keys, 0, "no hot class by default");
         assert!((s.hot_share - 0.5).abs() < f64::EPSILON);
     }
@@ -524,11 +540,21 @@ mod tests {
     }
 
     #[test]
-    fn ambiguous_defaults_next_to_intents() {
+    fn ambiguous_and_failed_default_next_to_intents() {
         let s = parse(&["--intents", "/tmp/x.txt"]).expect("settings");
         assert_eq!(s.ambiguous, Some(PathBuf::from("/tmp/x.txt.ambiguous")));
-        let s = parse(&["--intents", "/tmp/x.txt", "--ambiguous", "/tmp/a"]).expect("settings");
+        assert_eq!(s.failed, Some(PathBuf::from("/tmp/x.txt.failed")));
+        let s = parse(&[
+            "--intents",
+            "/tmp/x.txt",
+            "--ambiguous",
+            "/tmp/a",
+            "--failed",
+            "/tmp/f",
+        ])
+        .expect("settings");
         assert_eq!(s.ambiguous, Some(PathBuf::from("/tmp/a")));
+        assert_eq!(s.failed, Some(PathBuf::from("/tmp/f")));
     }
 
     #[test]

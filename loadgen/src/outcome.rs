@@ -58,6 +58,31 @@ impl Answer {
     pub(crate) fn is_conflict(self) -> bool {
         matches!(self, Answer::Http(409) | Answer::Grpc(Code::AlreadyExists))
     }
+
+    /// Whether the service may have committed the request although it
+    /// answered this error, so the key holds 0 or 1 order and a retry with
+    /// the same key is what tells (README: "retry with the same key").
+    /// orders answers 408 (gRPC CANCELLED "Timeout expired", or
+    /// DEADLINE_EXCEEDED) when its route times out, and a create a writer
+    /// already took into a batch is still committed; 500 (INTERNAL) and 503
+    /// (UNAVAILABLE) when a batch's transaction failed, which includes the
+    /// connection lost after COMMIT was sent. 502 and 504 come from a proxy
+    /// in front, which cannot know either. Every other 4xx (and gRPC code of
+    /// that class) refuses the request before anything is written.
+    pub(crate) fn may_have_committed(self) -> bool {
+        match self {
+            Answer::Http(status) => status == 408 || (500..=599).contains(&status),
+            Answer::Grpc(code) => matches!(
+                code,
+                Code::Cancelled
+                    | Code::DeadlineExceeded
+                    | Code::Unknown
+                    | Code::Internal
+                    | Code::Unavailable
+                    | Code::DataLoss
+            ),
+        }
+    }
 }
 
 /// The canonical gRPC name of a code (as in the gRPC spec).
@@ -186,13 +211,14 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    /// Whether a client that retries errors sends again: no answer, or a
-    /// server-side failure (5xx class). A 4xx, a success, a malformed success
-    /// and the hard stop are final.
+    /// Whether a client that retries errors sends again: no answer, or an
+    /// answer that may hide a commit (408, 5xx: [`Answer::may_have_committed`]),
+    /// which orders documents as safe to retry with the same key. Any other
+    /// 4xx, a success, a malformed success and the hard stop are final.
     pub(crate) fn worth_retrying(&self) -> bool {
         match self {
             Outcome::ConnectError | Outcome::TransportError | Outcome::Timeout => true,
-            Outcome::Failed(answer) => answer.class() == "5xx",
+            Outcome::Failed(answer) => answer.may_have_committed(),
             Outcome::Ok(_) | Outcome::BadResponse(..) | Outcome::Abandoned | Outcome::NotSent => {
                 false
             }
@@ -211,12 +237,19 @@ impl Outcome {
         }
     }
 
-    /// Whether the service may have created the key without us seeing it.
+    /// Whether the service may have created the key without us seeing it:
+    /// no answer after the request may have reached it, an error answer that
+    /// may hide a commit ([`Answer::may_have_committed`]), or a success
+    /// whose body is not a created order (the service said it created one).
     pub(crate) fn is_ambiguous(&self) -> bool {
-        matches!(
-            self,
-            Outcome::TransportError | Outcome::Timeout | Outcome::Abandoned
-        )
+        match self {
+            Outcome::TransportError
+            | Outcome::Timeout
+            | Outcome::Abandoned
+            | Outcome::BadResponse(..) => true,
+            Outcome::Failed(answer) => answer.may_have_committed(),
+            Outcome::Ok(_) | Outcome::ConnectError | Outcome::NotSent => false,
+        }
     }
 }
 
@@ -297,8 +330,14 @@ mod tests {
         assert!(Outcome::Timeout.worth_retrying());
         assert!(Outcome::Failed(Answer::Http(503)).worth_retrying());
         assert!(Outcome::Failed(Answer::Grpc(Code::Unavailable)).worth_retrying());
+        assert!(Outcome::Failed(Answer::Http(408)).worth_retrying());
+        assert!(Outcome::Failed(Answer::Http(500)).worth_retrying());
+        assert!(Outcome::Failed(Answer::Grpc(Code::Cancelled)).worth_retrying());
+        assert!(Outcome::Failed(Answer::Grpc(Code::DeadlineExceeded)).worth_retrying());
+        assert!(!Outcome::Failed(Answer::Grpc(Code::Unimplemented)).worth_retrying());
         assert!(!Outcome::Failed(Answer::Http(409)).worth_retrying());
         assert!(!Outcome::Failed(Answer::Http(400)).worth_retrying());
+        assert!(!Outcome::Failed(Answer::Http(429)).worth_retrying());
         assert!(!Outcome::Failed(Answer::Grpc(Code::AlreadyExists)).worth_retrying());
         assert!(!Outcome::Abandoned.worth_retrying());
         assert!(!Outcome::NotSent.worth_retrying());
@@ -323,6 +362,46 @@ mod tests {
         assert!(Outcome::Abandoned.is_ambiguous());
         assert!(Outcome::TransportError.is_ambiguous());
         assert!(!Outcome::ConnectError.is_ambiguous());
-        assert!(!Outcome::Failed(Answer::Http(503)).is_ambiguous());
+        assert!(!Outcome::NotSent.is_ambiguous());
+        // Answers orders gives for a request it may still commit: the route's
+        // timeout (408) with the create already in a batch, a batch whose
+        // COMMIT's answer was lost (500, 503), and what a proxy says.
+        for status in [408, 500, 502, 503, 504] {
+            assert!(
+                Outcome::Failed(Answer::Http(status)).is_ambiguous(),
+                "{status}"
+            );
+        }
+        for code in [
+            Code::Cancelled,
+            Code::DeadlineExceeded,
+            Code::Unknown,
+            Code::Internal,
+            Code::Unavailable,
+        ] {
+            assert!(
+                Outcome::Failed(Answer::Grpc(code)).is_ambiguous(),
+                "{code:?}"
+            );
+        }
+        // Refused before anything is written.
+        for status in [400, 404, 409, 413, 415, 429] {
+            assert!(
+                !Outcome::Failed(Answer::Http(status)).is_ambiguous(),
+                "{status}"
+            );
+        }
+        for code in [
+            Code::InvalidArgument,
+            Code::AlreadyExists,
+            Code::Unimplemented,
+        ] {
+            assert!(
+                !Outcome::Failed(Answer::Grpc(code)).is_ambiguous(),
+                "{code:?}"
+            );
+        }
+        // A success status whose body is not a created order: it said created.
+        assert!(Outcome::BadResponse(Answer::Http(201), "garbage".into()).is_ambiguous());
     }
 }

@@ -448,8 +448,8 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "  keys        {} succeeded, {} ambiguous (no success, a send of unknown fate), {} failed",
-            k.succeeded, k.ambiguous, k.failed
+            "  keys        {} succeeded, {} ambiguous (no success, a send that may have committed: no answer, 408, 5xx), {} failed ({} of them 409)",
+            k.succeeded, k.ambiguous, k.failed, k.conflicted
         );
         let _ = writeln!(
             out,
@@ -596,21 +596,37 @@ pub(crate) fn write_minute_csv(path: &Path, seconds: &[Second]) -> anyhow::Resul
         .with_context(|| format!("write {}", path.display()))
 }
 
-/// The ground truth: `key\torder_id` for every key that got a success, and
-/// the ambiguous keys, each sorted by key (byte order, like `LC_ALL=C sort`).
-pub(crate) fn key_lines(collector: &Collector, keys: &KeySpace) -> (Vec<String>, Vec<String>) {
-    let mut intents = Vec::new();
-    let mut ambiguous = Vec::new();
+/// The ground-truth files' lines, each sorted by key (byte order, like
+/// `LC_ALL=C sort`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct KeyLines {
+    /// `key\torder_id` of every key that got a success: exactly that order.
+    pub(crate) intents: Vec<String>,
+    /// Keys without a success with a send that may have committed: 0 or 1 order.
+    pub(crate) ambiguous: Vec<String>,
+    /// Keys refused before anything was written, or never sent: no order.
+    pub(crate) failed: Vec<String>,
+}
+
+/// The ground truth of the run: every key in the file its fate puts it in
+/// (a key answered 409 in none: it belongs to another request).
+pub(crate) fn key_lines(collector: &Collector, keys: &KeySpace) -> KeyLines {
+    let mut lines = KeyLines::default();
     for (&index, state) in &collector.keys {
         if let Some(order_id) = state.order_id() {
-            intents.push(format!("{}\t{order_id}", keys.key(index)));
+            lines
+                .intents
+                .push(format!("{}\t{order_id}", keys.key(index)));
         } else if state.is_ambiguous() {
-            ambiguous.push(keys.key(index));
+            lines.ambiguous.push(keys.key(index));
+        } else if state.is_refused() {
+            lines.failed.push(keys.key(index));
         }
     }
-    intents.sort_unstable();
-    ambiguous.sort_unstable();
-    (intents, ambiguous)
+    lines.intents.sort_unstable();
+    lines.ambiguous.sort_unstable();
+    lines.failed.sort_unstable();
+    lines
 }
 
 /// Writes lines to `path`.
@@ -982,8 +998,68 @@ mod tests {
         c.record(9, "p-9", SendKind::First, 0, &ok(b), 1);
         c.record(3, "p-3", SendKind::First, 0, &Outcome::Timeout, 1);
         c.record(4, "p-4", SendKind::First, 0, &Outcome::ConnectError, 1);
-        let (intents, ambiguous) = key_lines(&c, &space);
-        assert_eq!(intents, vec![format!("p-10\t{a}"), format!("p-9\t{b}")]);
-        assert_eq!(ambiguous, vec!["p-3".to_owned()]);
+        // The route timed out with the create already in a batch: 408, and
+        // the key may hold its order.
+        let timed_out = Outcome::Failed(Answer::Http(408));
+        c.record(5, "p-5", SendKind::First, 0, &timed_out, 1);
+        // A 503 then a connection refused: the 503 may hide a commit.
+        c.record(
+            6,
+            "p-6",
+            SendKind::First,
+            0,
+            &Outcome::Failed(Answer::Http(503)),
+            1,
+        );
+        c.record(6, "p-6", SendKind::Retry, 0, &Outcome::ConnectError, 1);
+        // A 503 resolved by its retry's success.
+        c.record(
+            7,
+            "p-7",
+            SendKind::First,
+            0,
+            &Outcome::Failed(Answer::Http(500)),
+            1,
+        );
+        c.record(7, "p-7", SendKind::Retry, 0, &ok(a), 1);
+        // Refused for good: nothing written.
+        c.record(
+            8,
+            "p-8",
+            SendKind::First,
+            0,
+            &Outcome::Failed(Answer::Http(400)),
+            1,
+        );
+        // Bound to another request: in no file.
+        c.record(
+            11,
+            "p-11",
+            SendKind::First,
+            0,
+            &Outcome::Failed(Answer::Http(409)),
+            1,
+        );
+        let lines = key_lines(&c, &space);
+        assert_eq!(
+            lines.intents,
+            vec![
+                format!("p-10\t{a}"),
+                format!("p-7\t{a}"),
+                format!("p-9\t{b}")
+            ]
+        );
+        assert_eq!(lines.ambiguous, vec!["p-3", "p-5", "p-6"]);
+        assert_eq!(lines.failed, vec!["p-4", "p-8"]);
+        let counts = c.key_counts();
+        assert_eq!(
+            (
+                counts.succeeded,
+                counts.ambiguous,
+                counts.failed,
+                counts.conflicted
+            ),
+            (3, 3, 3, 1)
+        );
     }
 }

@@ -393,13 +393,16 @@ fn write_outputs(
     if let Some(path) = &settings.minute_csv {
         failure = failure.or(report::write_minute_csv(path, &collector.seconds).err());
     }
-    if settings.intents.is_some() || settings.ambiguous.is_some() {
-        let (intents, ambiguous) = report::key_lines(collector, keys);
-        if let Some(path) = &settings.intents {
-            failure = failure.or(report::write_lines(path, &intents).err());
-        }
-        if let Some(path) = &settings.ambiguous {
-            failure = failure.or(report::write_lines(path, &ambiguous).err());
+    if settings.intents.is_some() || settings.ambiguous.is_some() || settings.failed.is_some() {
+        let lines = report::key_lines(collector, keys);
+        for (path, lines) in [
+            (&settings.intents, &lines.intents),
+            (&settings.ambiguous, &lines.ambiguous),
+            (&settings.failed, &lines.failed),
+        ] {
+            if let Some(path) = path {
+                failure = failure.or(report::write_lines(path, lines).err());
+            }
         }
     }
     failure.map_or(Ok(()), Err)

@@ -113,10 +113,16 @@ pub(crate) struct Second {
 pub(crate) struct KeyCounts {
     /// Keys with at least one success (the --intents lines).
     pub(crate) succeeded: u64,
-    /// Keys without a success but with a send of unknown fate (the --ambiguous lines).
+    /// Keys without a success but with a send that may have committed: no
+    /// answer after it may have been received, or a 408/5xx (the
+    /// --ambiguous lines). Each holds 0 or 1 order.
     pub(crate) ambiguous: u64,
-    /// Keys whose every send definitely failed (nothing created).
+    /// Keys whose every send definitely failed: refused (a 4xx other than
+    /// 408) or never sent. Nothing of theirs was created.
     pub(crate) failed: u64,
+    /// ...of which answered 409 / ALREADY_EXISTS (bound to another request);
+    /// the others are the --failed lines and must hold no order.
+    pub(crate) conflicted: u64,
 }
 
 /// The sends of one key class (see [`KeyClass`]).
@@ -329,6 +335,7 @@ impl Collector {
             Outcome::Failed(answer) => {
                 if answer.is_conflict() {
                     c.conflicts += 1;
+                    state.mark_conflicted();
                 } else {
                     match answer.class() {
                         "4xx" => c.client_errors += 1,
@@ -403,6 +410,7 @@ impl Collector {
                 counts.ambiguous += 1;
             } else {
                 counts.failed += 1;
+                counts.conflicted += u64::from(!state.is_refused());
             }
         }
         counts
@@ -514,8 +522,11 @@ mod tests {
             c.key_counts(),
             KeyCounts {
                 succeeded: 1,
-                ambiguous: 2,
-                failed: 2
+                // p-2 timed out, p-3 got a 503 (which may hide a commit),
+                // p-5 was abandoned (its connect error later does not undo that).
+                ambiguous: 3,
+                failed: 1,
+                conflicted: 1
             }
         );
         assert_eq!(c.seconds.len(), 2);
@@ -600,6 +611,7 @@ mod tests {
         assert_eq!(c.counts.ok, 0);
         assert_eq!(c.counts.bad_responses, 1);
         assert_eq!(c.bad_examples, vec!["key p-1: HTTP 201: nope".to_owned()]);
-        assert_eq!(c.key_counts().failed, 1);
+        // The service said it created the order: the key may hold it.
+        assert_eq!(c.key_counts().ambiguous, 1);
     }
 }

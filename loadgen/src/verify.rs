@@ -44,8 +44,12 @@ pub(crate) struct KeyState {
     first: Option<First>,
     /// Digest of the first HTTP success (which may come after a gRPC first).
     http: Option<[u8; 16]>,
-    /// A send of this key timed out or broke after it may have been received.
+    /// A send of this key may have been committed without our seeing it
+    /// (no answer after it may have been received, or a 408/5xx).
     ambiguous: bool,
+    /// A send of this key was answered 409 / ALREADY_EXISTS: the key is
+    /// bound to another request.
+    conflicted: bool,
 }
 
 /// The result of checking one success.
@@ -86,14 +90,29 @@ impl KeyState {
         self.first.map(|f| f.order_id)
     }
 
-    /// No success, but a send whose fate is unknown.
+    /// No success, but a send whose fate is unknown: the key holds 0 or 1
+    /// order. Sticky, not only the last answer: a later refusal that does
+    /// not read the key (a 503 shed at once, a connection refused) says
+    /// nothing of what an earlier send committed.
     pub(crate) fn is_ambiguous(&self) -> bool {
         self.first.is_none() && self.ambiguous
+    }
+
+    /// No success, and every send was refused before anything was written
+    /// or never left: the key must hold no order. A key answered 409 is
+    /// not one of them (it is bound to another request's order).
+    pub(crate) fn is_refused(&self) -> bool {
+        self.first.is_none() && !self.ambiguous && !self.conflicted
     }
 
     /// Notes a send whose fate is unknown.
     pub(crate) fn mark_ambiguous(&mut self) {
         self.ambiguous = true;
+    }
+
+    /// Notes a 409 / ALREADY_EXISTS answer.
+    pub(crate) fn mark_conflicted(&mut self) {
+        self.conflicted = true;
     }
 
     /// Checks `success` against the reference (or makes it the reference).
@@ -244,9 +263,16 @@ mod tests {
     #[test]
     fn ambiguity_only_without_success() {
         let mut state = KeyState::default();
+        assert!(state.is_refused());
         state.mark_ambiguous();
         assert!(state.is_ambiguous());
+        assert!(!state.is_refused());
         state.check(&grpc(Uuid::now_v7(), "created"));
         assert!(!state.is_ambiguous());
+        assert!(!state.is_refused());
+
+        let mut conflict = KeyState::default();
+        conflict.mark_conflicted();
+        assert!(!conflict.is_refused() && !conflict.is_ambiguous());
     }
 }

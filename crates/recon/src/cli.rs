@@ -33,8 +33,9 @@ pub struct Config {
 
     /// Also check the client's ground truth: loadgen's `--intents` file
     /// (key<TAB>order_id of every key that got a success). Every such key must
-    /// have exactly its order. Keys in `<FILE>.ambiguous` (timeouts) are
-    /// reported separately: ambiguous by nature.
+    /// have exactly its order. Keys in `<FILE>.ambiguous` (no answer, or a
+    /// 408/5xx: they may have committed) may have 0 or 1 order and are
+    /// counted; keys in `<FILE>.failed` (refused) must have none.
     #[arg(long, value_name = "FILE")]
     pub intents: Option<PathBuf>,
 
@@ -155,14 +156,18 @@ pub async fn connect(database_url: &str, jobs: usize) -> anyhow::Result<PgPool> 
         .context("connect to postgres")
 }
 
-/// loadgen's intents file at `path` and, if there is one, its
-/// `<path>.ambiguous` beside it.
+/// loadgen's intents file at `path` and, if they are there, its
+/// `<path>.ambiguous` and `<path>.failed` beside it (an older loadgen wrote
+/// no `.failed`).
 pub fn read_intents(path: &Path) -> anyhow::Result<ClientIntents> {
     let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
-    let mut ambiguous_path = path.to_path_buf().into_os_string();
-    ambiguous_path.push(".ambiguous");
-    let ambiguous = std::fs::read_to_string(&ambiguous_path).ok();
-    ClientIntents::parse(&text, ambiguous.as_deref())
+    let beside = |suffix: &str| {
+        let mut name = path.to_path_buf().into_os_string();
+        name.push(suffix);
+        std::fs::read_to_string(&name).ok()
+    };
+    let (ambiguous, failed) = (beside(".ambiguous"), beside(".failed"));
+    ClientIntents::parse(&text, ambiguous.as_deref(), failed.as_deref())
         .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
@@ -295,6 +300,10 @@ mod tests {
         std::fs::write(dir.join("intents.txt.ambiguous"), "k-2\n").expect("write ambiguous");
         let both = read_intents(&path).expect("both");
         assert_eq!(both.ambiguous, vec!["k-2".to_owned()]);
+        assert!(both.failed.is_empty());
+        std::fs::write(dir.join("intents.txt.failed"), "k-3\n").expect("write failed");
+        let all = read_intents(&path).expect("all three");
+        assert_eq!(all.failed, vec!["k-3".to_owned()]);
         std::fs::write(&path, "no tab\n").expect("write garbage");
         let error = read_intents(&path).expect_err("garbage").to_string();
         assert!(error.starts_with(&path.display().to_string()), "{error}");

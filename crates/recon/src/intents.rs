@@ -1,26 +1,48 @@
-//! The client's side of the story (loadgen's `--intents` and `--ambiguous`
-//! files) against the database: every key the client saw succeed must
-//! have exactly the order it was given.
+//! The client's side of the story (loadgen's `--intents`, `--ambiguous` and
+//! `--failed` files) against the database: every key the client saw succeed
+//! must have exactly the order it was given, a key whose fate the client
+//! cannot know may have 0 or 1 order, and a key the service refused must
+//! have none.
 
 use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 /// The client's side of the story (loadgen `--intents`): keys that got a
-/// success, with the order id they were given, and keys whose fate the client
-/// cannot know (timed out, connection broke).
+/// success, with the order id they were given, keys whose fate the client
+/// cannot know (timed out, connection broke, answered 408 or 5xx), and keys
+/// the service refused.
 #[derive(Debug, Clone, Default)]
 pub struct ClientIntents {
     /// (key, order id the client received).
     pub succeeded: Vec<(String, Uuid)>,
-    /// Keys with no success and a send of unknown fate.
+    /// Keys with no success and a send that may have committed: 0 or 1 order.
     pub ambiguous: Vec<String>,
+    /// Keys whose every send was refused before anything was written (a 4xx
+    /// other than 408 and 409) or never sent: no order.
+    pub failed: Vec<String>,
+}
+
+/// One key per line, blank lines skipped.
+fn key_list(text: Option<&str>) -> Vec<String> {
+    text.map(|text| {
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    })
+    .unwrap_or_default()
 }
 
 impl ClientIntents {
     /// Parses loadgen's intents file (`key<TAB>order_id` per line) and,
-    /// optionally, its ambiguous file (one key per line).
-    pub fn parse(intents: &str, ambiguous: Option<&str>) -> Result<Self, String> {
+    /// optionally, its ambiguous and failed files (one key per line).
+    pub fn parse(
+        intents: &str,
+        ambiguous: Option<&str>,
+        failed: Option<&str>,
+    ) -> Result<Self, String> {
         let mut out = Self::default();
         for (n, line) in intents
             .lines()
@@ -34,14 +56,8 @@ impl ClientIntents {
                 .map_err(|e| format!("intents line {}: order id: {e}", n + 1))?;
             out.succeeded.push((key.to_owned(), id));
         }
-        if let Some(text) = ambiguous {
-            out.ambiguous = text
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(str::to_owned)
-                .collect();
-        }
+        out.ambiguous = key_list(ambiguous);
+        out.failed = key_list(failed);
         Ok(out)
     }
 }
@@ -62,17 +78,28 @@ pub struct IntentsReport {
     pub missing_in_db: i64,
     /// ... whose key maps to another order id, or whose order row is gone.
     pub wrong_order: i64,
-    /// Keys the client could not know the fate of.
+    /// Keys the client could not know the fate of (0 or 1 order each).
     pub client_ambiguous: i64,
     /// ... of which the database committed an order (a timeout after commit,
-    /// a crash before the response: the client should retry them).
+    /// a 408 or 503 for a create already in a batch, a crash before the
+    /// response: the client should retry them). Distinct orders of the run
+    /// = `matched` + this.
     pub ambiguous_committed: i64,
+    /// Keys the service refused (or that were never sent).
+    pub client_failed: i64,
+    /// ... that have an order all the same: a refusal that was not one
+    /// (must be 0).
+    pub failed_committed: i64,
 }
 
 impl IntentsReport {
-    /// Every success the client saw has exactly its order.
+    /// Every success the client saw has exactly its order, and no key the
+    /// service refused has one. Ambiguous keys may have either.
     pub fn is_clean(&self) -> bool {
-        self.missing_in_db == 0 && self.wrong_order == 0 && self.matched == self.client_succeeded
+        self.missing_in_db == 0
+            && self.wrong_order == 0
+            && self.matched == self.client_succeeded
+            && self.failed_committed == 0
     }
 
     /// The human table.
@@ -83,20 +110,36 @@ impl IntentsReport {
             ("    of which the key expired", self.key_expired),
             ("  missing in the database", self.missing_in_db),
             ("  mapped to another order", self.wrong_order),
-            ("client ambiguous keys (timeouts)", self.client_ambiguous),
+            (
+                "client ambiguous keys (0 or 1 order)",
+                self.client_ambiguous,
+            ),
             ("  of which committed", self.ambiguous_committed),
+            ("client refused keys (no order)", self.client_failed),
+            ("  of which committed all the same", self.failed_committed),
         ];
         let mut out = String::from("recon: client intents vs database\n");
         for (name, value) in rows {
             out.push_str(&format!("  {name:<36} {value:>14}\n"));
         }
         out.push_str(if self.is_clean() {
-            "intents: CLEAN — every key the client saw succeed has exactly its order\n"
+            "intents: CLEAN — every key the client saw succeed has exactly its order, none it saw refused has one\n"
         } else {
-            "intents: DRIFT — a success the client saw is missing or wrong\n"
+            "intents: DRIFT — a success the client saw is missing or wrong, or a refused key has an order\n"
         });
         out
     }
+}
+
+/// How many of `keys` the database holds (a key row is written with its
+/// order, in one transaction, so a key row is an order).
+async fn keys_with_an_order(pool: &PgPool, keys: &[String]) -> sqlx::Result<i64> {
+    sqlx::query_scalar!(
+        r#"SELECT count(*) AS "committed!" FROM orders.idempotency_keys WHERE idem_key = ANY($1)"#,
+        keys
+    )
+    .fetch_one(pool)
+    .await
 }
 
 /// Compares the client's ground truth with the database.
@@ -129,12 +172,8 @@ pub async fn check_intents(pool: &PgPool, client: &ClientIntents) -> sqlx::Resul
     )
     .fetch_one(pool)
     .await?;
-    let ambiguous_committed = sqlx::query_scalar!(
-        r#"SELECT count(*) AS "committed!" FROM orders.idempotency_keys WHERE idem_key = ANY($1)"#,
-        &client.ambiguous
-    )
-    .fetch_one(pool)
-    .await?;
+    let ambiguous_committed = keys_with_an_order(pool, &client.ambiguous).await?;
+    let failed_committed = keys_with_an_order(pool, &client.failed).await?;
     Ok(IntentsReport {
         client_succeeded: client.succeeded.len() as i64,
         matched: counts.matched + counts.expired,
@@ -143,6 +182,8 @@ pub async fn check_intents(pool: &PgPool, client: &ClientIntents) -> sqlx::Resul
         wrong_order: counts.wrong,
         client_ambiguous: client.ambiguous.len() as i64,
         ambiguous_committed,
+        client_failed: client.failed.len() as i64,
+        failed_committed,
     })
 }
 
@@ -153,11 +194,35 @@ mod tests {
     #[test]
     fn parses_loadgen_files_and_refuses_garbage() {
         let id = Uuid::now_v7();
-        let parsed =
-            ClientIntents::parse(&format!("p-1\t{id}\n\n"), Some("p-2\np-3\n")).expect("parse");
+        let parsed = ClientIntents::parse(
+            &format!("p-1\t{id}\n\n"),
+            Some("p-2\np-3\n"),
+            Some("\np-4\n"),
+        )
+        .expect("parse");
         assert_eq!(parsed.succeeded, vec![("p-1".to_owned(), id)]);
         assert_eq!(parsed.ambiguous, vec!["p-2".to_owned(), "p-3".to_owned()]);
-        assert!(ClientIntents::parse("no-tab-here", None).is_err());
-        assert!(ClientIntents::parse("k\tnot-a-uuid", None).is_err());
+        assert_eq!(parsed.failed, vec!["p-4".to_owned()]);
+        assert!(ClientIntents::parse("no-tab-here", None, None).is_err());
+        assert!(ClientIntents::parse("k\tnot-a-uuid", None, None).is_err());
+    }
+
+    #[test]
+    fn a_refused_key_with_an_order_is_drift_an_ambiguous_one_is_not() {
+        let clean = IntentsReport {
+            client_succeeded: 2,
+            matched: 2,
+            client_ambiguous: 3,
+            ambiguous_committed: 2,
+            client_failed: 1,
+            ..IntentsReport::default()
+        };
+        assert!(clean.is_clean(), "{}", clean.table());
+        let refused_committed = IntentsReport {
+            failed_committed: 1,
+            ..clean
+        };
+        assert!(!refused_committed.is_clean());
+        assert!(refused_committed.table().contains("DRIFT"));
     }
 }

@@ -157,6 +157,7 @@ async fn orders_with_retries_flow_to_exactly_one_charge_each() {
     let client = recon::ClientIntents {
         succeeded: seen.clone(),
         ambiguous: vec!["e2e-1".into(), "never-sent".into()],
+        failed: vec![],
     };
     let intents = recon::check_intents(&pool, &client).await.expect("intents");
     assert!(intents.is_clean(), "{}", intents.table());
@@ -170,6 +171,7 @@ async fn orders_with_retries_flow_to_exactly_one_charge_each() {
         &recon::ClientIntents {
             succeeded: tampered,
             ambiguous: vec![],
+            failed: vec![],
         },
     )
     .await

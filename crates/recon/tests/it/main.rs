@@ -3,3 +3,5 @@
 
 // The whole pipeline as processes, then recon's diff.
 mod e2e;
+// loadgen's ground-truth files against the database.
+mod intents;

@@ -755,6 +755,7 @@ async fn keys_that_outlive_the_key_floor_are_not_drift() {
     let client = recon::ClientIntents {
         succeeded: succeeded.clone(),
         ambiguous: vec![],
+        failed: vec![],
     };
     let intents = recon::check_intents(&pool, &client).await.expect("intents");
     assert!(intents.is_clean(), "{}", intents.table());
@@ -765,6 +766,7 @@ async fn keys_that_outlive_the_key_floor_are_not_drift() {
         &recon::ClientIntents {
             succeeded,
             ambiguous: vec![],
+            failed: vec![],
         },
     )
     .await

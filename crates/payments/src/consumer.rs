@@ -94,6 +94,7 @@ pub(crate) async fn consume(
             .consumer_errors_total
             .with_label_values(&[Stage::CommitCallback.as_str()]),
         metrics.consumer_lag.clone(),
+        metrics.consumer_lag_age_seconds.clone(),
         metrics.partitions_moved_total.clone(),
     );
     let consumer = Arc::new(
@@ -156,6 +157,7 @@ pub(crate) async fn consume(
         if batch.is_empty() {
             continue;
         }
+        consumer.context().record_taken(&batch);
         // Pipelined: the next batch is fetched while this one's transaction
         // runs. The fetch stops when the transaction ends (a receive is
         // cancel-safe, and what it received is in `next`); its messages'

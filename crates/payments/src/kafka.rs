@@ -6,11 +6,12 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use effectively::kafka::FatalState;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
@@ -24,34 +25,68 @@ pub struct RebalanceContext {
     /// member knows: read once from the broker after the assignment, then
     /// from its own commits.
     committed: Mutex<HashMap<(String, i32), i64>>,
+    /// Per owned partition, the oldest message this member has taken into a
+    /// batch at or past the committed offset: `(offset, timestamp in ms)`
+    /// ([`RebalanceContext::record_taken`]), for the lag's age.
+    taken: Mutex<HashMap<(String, i32), (i64, i64)>>,
     /// Fired by a fatal client error (e.g. this static member was fenced by
     /// another process with the same `group.instance.id`): see [`FatalState`].
     fatal: FatalState,
     commit_failures: prometheus::IntCounter,
     lag: prometheus::IntGaugeVec,
+    lag_age: prometheus::GaugeVec,
     moved: prometheus::IntCounterVec,
 }
 
 impl RebalanceContext {
     /// A context that fires `fatal` on a fatal client error, counts failed
     /// asynchronous offset commits in `commit_failures`, and holds `lag`
-    /// (labels `topic`, `partition`): set by the lag sampler for the
-    /// partitions this member owns, a revoked partition's series removed,
-    /// and counts the partitions each rebalance moves in `moved` (label
-    /// `event`: `assigned`, `revoked`).
+    /// (labels `topic`, `partition`) and `lag_age` (the same labels, see
+    /// [`lag_age_seconds`]): set by the lag sampler for the partitions this
+    /// member owns, a revoked partition's series removed, and counts the
+    /// partitions each rebalance moves in `moved` (label `event`:
+    /// `assigned`, `revoked`).
     pub fn new(
         fatal: FatalState,
         commit_failures: prometheus::IntCounter,
         lag: prometheus::IntGaugeVec,
+        lag_age: prometheus::GaugeVec,
         moved: prometheus::IntCounterVec,
     ) -> Self {
         Self {
             assigned: Mutex::default(),
             committed: Mutex::default(),
+            taken: Mutex::default(),
             fatal,
             commit_failures,
             lag,
+            lag_age,
             moved,
+        }
+    }
+
+    /// Records a batch taken for processing: for each partition, its oldest
+    /// message not yet covered by a commit, whose timestamp is the lag's
+    /// age ([`lag_age_seconds`]). One lock per batch, no broker request.
+    pub(crate) fn record_taken(&self, batch: &[OwnedMessage]) {
+        let committed = self.known_commits();
+        let Ok(mut taken) = self.taken.lock() else {
+            return;
+        };
+        for m in batch {
+            let Some(ts) = m.timestamp().to_millis() else {
+                continue;
+            };
+            let key = (m.topic().to_owned(), m.partition());
+            let covered = |offset: i64| committed.get(&key).is_some_and(|&c| offset < c);
+            match taken.get(&key) {
+                // An older message not yet committed stays the oldest, unless
+                // this one is older still (a seek back).
+                Some(&(offset, _)) if !covered(offset) && offset <= m.offset() => {}
+                _ => {
+                    taken.insert(key, (m.offset(), ts));
+                }
+            }
         }
     }
 
@@ -99,6 +134,36 @@ impl ClientContext for RebalanceContext {
     }
 }
 
+/// The age of a partition's lag, in seconds: how long its oldest message
+/// not covered by the committed offset has waited, the figure to hold
+/// against the topic's `retention.ms` (the broker deletes by time, consumed
+/// or not).
+///
+/// Zero without lag. With lag, `now_ms` minus the timestamp of `taken` (the
+/// oldest message this member took into a batch, `(offset, timestamp in
+/// ms)`) when it is at or past `committed`: that message is the one at the
+/// committed offset, or after it when this member skipped nothing it knows
+/// of. Otherwise this member has not taken the partition's next message yet
+/// (just assigned, or stuck on another batch): `waiting`, the seconds since
+/// the sampler first saw that, a lower bound that still grows with a stall.
+pub fn lag_age_seconds(
+    lag: i64,
+    committed: i64,
+    taken: Option<(i64, i64)>,
+    now_ms: i64,
+    waiting: f64,
+) -> f64 {
+    if lag <= 0 {
+        return 0.0;
+    }
+    match taken {
+        Some((offset, ts)) if offset >= committed => {
+            ((now_ms - ts).max(0) as f64 / 1e3).max(waiting)
+        }
+        _ => waiting,
+    }
+}
+
 /// Every `every`: the lag of each partition this member owns, as the
 /// partition's high watermark minus the group's committed offset. It runs
 /// beside the consumer loop, so a consumer stuck on its database still shows
@@ -115,6 +180,9 @@ pub(crate) async fn sample_lag(
     every: Duration,
     cancel: CancellationToken,
 ) {
+    // Partitions with lag whose next message this member has not taken, and
+    // since when.
+    let mut waiting: HashMap<(String, i32), Instant> = HashMap::new();
     loop {
         tokio::select! {
             () = tokio::time::sleep(every) => {}
@@ -124,15 +192,42 @@ pub(crate) async fn sample_lag(
         match tokio::task::spawn_blocking(move || read_lag(&c)).await {
             Ok(lags) => {
                 let context = consumer.context();
-                for ((topic, partition), value) in lags {
+                let committed = context.known_commits();
+                let taken = context.taken.lock().map(|t| t.clone()).unwrap_or_default();
+                let now_ms = chrono::Utc::now().timestamp_millis();
+                for (key, value) in lags {
                     // Re-checked: a revoke may have come meanwhile.
-                    if context.owns(&topic, partition) {
-                        context
-                            .lag
-                            .with_label_values(&[topic.as_str(), &partition.to_string()])
-                            .set(value);
+                    if !context.owns(&key.0, key.1) {
+                        continue;
                     }
+                    let (topic, partition) = (key.0.as_str(), key.1.to_string());
+                    context
+                        .lag
+                        .with_label_values(&[topic, &partition])
+                        .set(value);
+                    let from = committed.get(&key).copied().unwrap_or(-1);
+                    let next = taken.get(&key).copied().filter(|&(o, _)| o >= from);
+                    let since = if value > 0 && next.is_none() {
+                        waiting
+                            .entry(key.clone())
+                            .or_insert_with(Instant::now)
+                            .elapsed()
+                    } else {
+                        waiting.remove(&key);
+                        Duration::ZERO
+                    };
+                    context
+                        .lag_age
+                        .with_label_values(&[topic, &partition])
+                        .set(lag_age_seconds(
+                            value,
+                            from,
+                            next,
+                            now_ms,
+                            since.as_secs_f64(),
+                        ));
                 }
+                waiting.retain(|(t, p), _| context.owns(t, *p));
             }
             Err(error) => tracing::debug!(%error, "consumer lag task"),
         }
@@ -222,8 +317,14 @@ impl ConsumerContext for RebalanceContext {
                 if let Ok(mut committed) = self.committed.lock() {
                     committed.remove(&(e.topic().to_owned(), e.partition()));
                 }
+                if let Ok(mut taken) = self.taken.lock() {
+                    taken.remove(&(e.topic().to_owned(), e.partition()));
+                }
                 let _ = self
                     .lag
+                    .remove_label_values(&[e.topic(), &e.partition().to_string()]);
+                let _ = self
+                    .lag_age
                     .remove_label_values(&[e.topic(), &e.partition().to_string()]);
             }
             self.moved
@@ -265,6 +366,41 @@ mod tests {
     use rdkafka::types::RDKafkaErrorCode;
 
     #[test]
+    fn the_lags_age_is_its_oldest_uncommitted_messages_or_the_wait_for_it() {
+        let now = 1_000_000;
+        assert_eq!(
+            lag_age_seconds(0, 100, Some((100, 0)), now, 50.0),
+            0.0,
+            "no lag, no age"
+        );
+        assert_eq!(
+            lag_age_seconds(20, 100, Some((100, now - 90_000)), now, 0.0),
+            90.0,
+            "the message at the committed offset"
+        );
+        assert_eq!(
+            lag_age_seconds(20, 100, Some((99, now - 90_000)), now, 7.0),
+            7.0,
+            "a message the commit covers is not the lag's: the wait since"
+        );
+        assert_eq!(
+            lag_age_seconds(20, 100, None, now, 7.0),
+            7.0,
+            "nothing taken yet"
+        );
+        assert_eq!(
+            lag_age_seconds(20, 100, Some((100, now + 5_000)), now, 0.0),
+            0.0,
+            "a producer's clock ahead: never negative"
+        );
+        assert_eq!(
+            lag_age_seconds(20, -1, Some((0, now - 1_000)), now, 0.0),
+            1.0,
+            "nothing committed yet: the first message taken"
+        );
+    }
+
+    #[test]
     fn lag_is_the_watermark_minus_the_committed_offset_or_the_earliest() {
         assert_eq!(partition_lag(120, 100, 0), Some(20));
         assert_eq!(partition_lag(100, 100, 0), Some(0));
@@ -292,7 +428,10 @@ mod tests {
                 .expect("gauge");
         let moved = prometheus::IntCounterVec::new(prometheus::Opts::new("m", "m"), &["event"])
             .expect("counter");
-        let context = RebalanceContext::new(fatal.clone(), commits.clone(), lag, moved);
+        let age =
+            prometheus::GaugeVec::new(prometheus::Opts::new("a", "a"), &["topic", "partition"])
+                .expect("gauge");
+        let context = RebalanceContext::new(fatal.clone(), commits.clone(), lag, age, moved);
         context.error(
             KafkaError::Global(RDKafkaErrorCode::Fatal),
             "static consumer fenced by other consumer with same group.instance.id",

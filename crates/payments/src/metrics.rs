@@ -8,8 +8,8 @@ use effectively::contract::{
 };
 use effectively::metrics::LATENCY_BUCKETS;
 use prometheus::{
-    Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry,
 };
 
 /// Everything the consumer counts.
@@ -86,6 +86,12 @@ pub struct PaymentsMetrics {
     /// every `--lag-sample-ms`. Messages in the partition that no committed
     /// batch covers yet.
     pub consumer_lag: IntGaugeVec,
+    /// Per assigned partition, sampled with the lag: how long the oldest
+    /// message no committed batch covers has waited, in seconds (0 without
+    /// lag; see [`crate::kafka::lag_age_seconds`]). The broker deletes by
+    /// time, consumed or not: held against the topic's `retention.ms`
+    /// (alert `ConsumerLagAgeNearRetention`).
+    pub consumer_lag_age_seconds: GaugeVec,
     /// Partitions that moved to (`event="assigned"`) or away from
     /// (`event="revoked"`) this member in rebalances. With cooperative-sticky
     /// assignment a member joining or leaving moves only the partitions that
@@ -240,6 +246,13 @@ impl PaymentsMetrics {
                 ),
                 &["topic", "partition"],
             )?,
+            consumer_lag_age_seconds: GaugeVec::new(
+                Opts::new(
+                    "payments_consumer_lag_age_seconds",
+                    "Per assigned partition: seconds the oldest message no committed batch covers has waited (0 without lag)",
+                ),
+                &["topic", "partition"],
+            )?,
             partitions_moved_total: IntCounterVec::new(
                 Opts::new(
                     effectively::contract::PAYMENTS_PARTITIONS_MOVED_TOTAL,
@@ -286,6 +299,8 @@ impl PaymentsMetrics {
             m.webhook_requests_total.with_label_values(&[outcome]);
         }
         m.registry.register(Box::new(m.consumer_lag.clone()))?;
+        m.registry
+            .register(Box::new(m.consumer_lag_age_seconds.clone()))?;
         m.registry
             .register(Box::new(m.consumer_rejoins_total.clone()))?;
         m.registry

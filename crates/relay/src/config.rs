@@ -17,7 +17,7 @@ use crate::webhooks;
 #[command(
     name = "relay",
     version,
-    about = "Outbox relay: publishes committed outbox rows to Kafka at least once, in per-key order"
+    about = "Outbox relay: publishes committed outbox rows to Kafka at least once, each key's first publishes in order"
 )]
 pub struct Config {
     /// An operator's command instead of running the relay.
@@ -96,7 +96,9 @@ pub struct Config {
     /// so they are published again and the inbox absorbs them, as after a
     /// relay killed between its acks and its commit. A crash of the relay
     /// undoes nothing (its commits are the server's), and the server undoes
-    /// only the last commits, in order, so every key stays in order. Orders'
+    /// only the last commits, in order, so each key's first publishes stay
+    /// in order (the re-publishes land after a later event of their key,
+    /// and the inbox absorbs them). Orders'
     /// and payments' commits, and the operator commands', always wait.
     #[arg(long, env = "RELAY_SYNCHRONOUS_COMMIT", default_value_t = false, action = clap::ArgAction::Set)]
     pub synchronous_commit: bool,
@@ -136,7 +138,8 @@ pub struct Config {
     /// plugin pgoutput) in commit order; it needs `wal_level = logical` and
     /// the REPLICATION attribute for the relay's role (the migrations grant
     /// it when run as a superuser). Both mark rows published after the
-    /// broker's ack and keep each key in order (ARCHITECTURE.md §6).
+    /// broker's ack and keep each key's first publishes in order
+    /// (ARCHITECTURE.md §6).
     #[arg(long, env = "RELAY_MODE", value_enum, default_value_t = Mode::Poll)]
     pub mode: Mode,
 

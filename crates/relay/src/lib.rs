@@ -1,5 +1,7 @@
 //! The outbox relay: publishes committed outbox rows to Kafka, at least once,
-//! keeping each key's events in order, and marks them published.
+//! each key's first publishes in its events' order, and marks them
+//! published. A re-publish (a stale relay's produce, a restart's) may land
+//! after a later event of its key; the inbox absorbs it (ARCHITECTURE.md §6).
 //!
 //! At-least-once by design: a relay that dies after the broker acked a batch
 //! and before its commit re-publishes that batch (same msg_ids) on restart.

@@ -185,10 +185,27 @@ async fn consumer_lag(consumer: &Service) -> (usize, f64) {
         .fold((0, 0.0), |(n, sum), v| (n + 1, sum + v))
 }
 
+/// The largest `payments_consumer_lag_age_seconds` (one series per owned
+/// partition) and how many series there are.
+async fn consumer_lag_age(consumer: &Service) -> (usize, f64) {
+    let text = reqwest::get(consumer.metrics_url())
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .filter(|l| l.starts_with("payments_consumer_lag_age_seconds{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .fold((0, 0.0), |(n, max), v| (n + 1, f64::max(max, v)))
+}
+
 /// `payments_consumer_lag` is, per owned partition, the high watermark minus
 /// the group's committed offset: events the consumer cannot apply (its role
 /// lost INSERT on the inbox, a transient error it retries) are lag, and the
 /// lag goes back to 0 once they are applied and their offsets committed.
+/// `payments_consumer_lag_age_seconds` (the age to hold against the topic's
+/// retention) grows meanwhile, and is 0 again after.
 #[tokio::test]
 async fn consumer_lag_per_partition_is_what_no_commit_covers() {
     let db = TestDb::create().await;
@@ -224,6 +241,17 @@ async fn consumer_lag_per_partition_is_what_no_commit_covers() {
         consumer_lag(&consumer).await
     );
     assert_eq!(count(&pool, CHARGES).await, 6, "nothing applied meanwhile");
+    // The events waiting were produced before the assertion above: their age
+    // passes a few seconds while the consumer stays stuck.
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            let (n, age) = consumer_lag_age(&consumer).await;
+            n == 3 && age >= 3.0
+        })
+        .await,
+        "the lag's age grows while nothing is applied ({:?})",
+        consumer_lag_age(&consumer).await
+    );
 
     sqlx::query(&format!("GRANT INSERT ON payments.inbox TO {role}"))
         .execute(&pool)
@@ -236,6 +264,14 @@ async fn consumer_lag_per_partition_is_what_no_commit_covers() {
         .await,
         "applied once the grant is back, and the lag is 0 again ({:?})",
         consumer_lag(&consumer).await
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            consumer_lag_age(&consumer).await == (3, 0.0)
+        })
+        .await,
+        "no lag, no age ({:?})",
+        consumer_lag_age(&consumer).await
     );
     consumer.stop().await;
 }

@@ -2,8 +2,10 @@
 //! stream (the `pgoutput` plugin, publication [`PUBLICATION`]) instead of
 //! polled.
 //!
-//! The poll relay's contract stays: at least once, each key's events in
-//! order, a row marked published only after the broker acked it. How:
+//! The poll relay's contract stays: at least once, each key's first
+//! publishes in order, a row marked published only after the broker acked
+//! it (a restart's re-publishes may land after a later event of their key;
+//! the inbox absorbs them). How:
 //!
 //! 1. The slot is made first (when missing), so every row committed from
 //!    then on is in the stream.

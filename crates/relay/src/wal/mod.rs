@@ -16,7 +16,8 @@
 //! 4. Results are settled in stream order. Delivered rows are marked
 //!    published in batches, and only after that commit does the slot's
 //!    confirmed position move, to the end of the last transaction whose rows
-//!    are all settled. A crash before it re-reads the stream from the
+//!    are all settled, seen and marked (a row a mark could not see or did
+//!    not change ends the stream instead, confirming nothing past it). A crash before it re-reads the stream from the
 //!    confirmed position and re-publishes (the duplicates the inbox absorbs).
 //! 5. A broker failure is tried again in place (`publish_in_place`: 50 ms
 //!    doubling to 5 s) until the broker takes the row, refuses it, or the

@@ -1168,6 +1168,61 @@ async fn a_failed_publish_is_retried_in_place_without_a_stream_restart() {
     drop_slot(&pool, &db).await;
 }
 
+/// The WAL relay starts its stream only once the rows pending from before
+/// its slot are published, however long that takes: here the topic does
+/// not exist yet, so every send of the start-up drain fails. The drain used
+/// to end at a round that delivered nothing, and the stream, started with
+/// the older rows pending, published each key's later event (committed
+/// after the slot) before them.
+#[tokio::test]
+async fn wal_mode_streams_only_once_the_rows_from_before_its_slot_are_published() {
+    let db = TestDb::create().await;
+    let topic = missing_topic();
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let keys: Vec<Uuid> = (0..5).map(|_| Uuid::now_v7()).collect();
+    fill_outbox_seqs(&pool, &keys, 0..2).await;
+    let config = Config {
+        message_timeout_ms: 1_000,
+        ..wal_config(&db, &topic, 1, 10)
+    };
+    let relay = spawn_relay(config).await;
+    // The drain sends: the slot is made, the rows from before it known.
+    wait_for_a_failed_send(&relay).await;
+    // Committed after the slot: the stream's.
+    fill_outbox_seqs(&pool, &keys, 2..3).await;
+    // A round sends each key's first row: more failed sends than keys, a
+    // second round (or, before, the stream's sends).
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            relay.metric(r#"relay_errors_total{stage="produce"}"#).await > keys.len() as f64
+        })
+        .await,
+        "the sends failed again"
+    );
+    let active: Option<bool> =
+        sqlx::query_scalar("SELECT active FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(relay::wal::default_slot_name(&db.name))
+            .fetch_optional(&pool)
+            .await
+            .expect("slot");
+    assert_eq!(
+        active,
+        Some(false),
+        "the slot is made, and the stream waits for the rows from before it"
+    );
+    assert_eq!(pending(&pool).await, 15);
+    create_topic_and_drain(&pool, &topic).await;
+    // The drain may take rows committed after the slot too, and the stream
+    // sends them again: duplicates, never a key's later event first.
+    let messages = topic.read_all(usize::MAX, Duration::from_secs(10)).await;
+    let (seqs, msg_ids) = per_key_sequences(&messages);
+    assert_eq!(seqs.len(), keys.len());
+    assert_first_occurrences_in_order(&seqs, 3);
+    assert_eq!(msg_ids.iter().collect::<HashSet<_>>().len(), 15);
+    relay.stop().await;
+    drop_slot(&pool, &db).await;
+}
+
 /// The poll relay's claim marks the rows it takes; a row the broker did
 /// not ack is put back before the batch commits. Here every send fails
 /// (the topic does not exist yet, `--message-timeout-ms` 1 s): batches

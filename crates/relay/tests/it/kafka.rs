@@ -766,6 +766,9 @@ async fn wal_mode_publishes_from_before_and_after_its_slot_in_per_key_order() {
     // clean stop sends the last confirmation.
     tokio::time::sleep(Duration::from_secs(1)).await;
     relay.stop().await;
+    // The last confirmation is sent as the stream stops, unanswered: the
+    // slot shows it once its walsender has let go.
+    wait_for_slot(&pool, &db, false).await;
     let confirmed: bool = sqlx::query_scalar(
         "SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2",
     )

@@ -240,6 +240,32 @@ pub async fn count_settled(conn: &mut PgConnection, rows: &[(i64, Uuid)]) -> sql
     .await
 }
 
+/// Of `rows` (`(id, msg_id)`) that a mark meant to settle (mark published,
+/// or failed), the ids of those it did not: still pending, or not there and
+/// younger than the outbox retention (so not deleted by the expiry, but a
+/// commit this statement cannot see yet). Published or failed rows, and
+/// rows the expiry deleted, are settled. The WAL relay asks after a mark
+/// that changed fewer rows than it meant to: a row already published (read
+/// again after a restart, or taken by a poll relay meanwhile) is fine, a
+/// row left pending must not be confirmed past.
+pub async fn unsettled(conn: &mut PgConnection, rows: &[(i64, Uuid)]) -> sqlx::Result<Vec<i64>> {
+    let (ids, msg_ids): (Vec<i64>, Vec<Uuid>) = rows.iter().copied().unzip();
+    // `coalesce(published_at, 'infinity') = 'infinity'` for "pending", as in
+    // `mark_published`: each row by `outbox_pkey`.
+    sqlx::query_scalar(
+        "SELECT r.id FROM unnest($1::int8[], $2::uuid[]) AS r(id, msg_id) \
+         LEFT JOIN orders.outbox o ON o.id = r.id \
+         WHERE CASE WHEN o.id IS NULL \
+                    THEN r.msg_id >= effectively.v7_floor(now() - (SELECT p.retention FROM orders.outbox_policy p)) \
+                    ELSE coalesce(o.published_at, 'infinity') = 'infinity' AND o.failed_at IS NULL END \
+         ORDER BY r.id",
+    )
+    .bind(ids)
+    .bind(msg_ids)
+    .fetch_all(conn)
+    .await
+}
+
 /// Marks rows published. A row already published keeps its first time: the
 /// WAL relay reads rows again after a restart, and re-marking them made
 /// experiment 6's commit→publish show the restart, not the first publish

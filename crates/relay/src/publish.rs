@@ -156,6 +156,18 @@ pub enum Publish {
     Rejected(String),
 }
 
+/// What a batch's commit changed: the WAL relay compares it with what it
+/// meant to mark ([`crate::wal`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Marked {
+    /// Rows this commit marked published: for [`Marks::Rows`], those its
+    /// `UPDATE` changed (a row it could not see, or one already published,
+    /// is not among them); for [`Marks::Claimed`], the delivered ones.
+    pub(crate) published: u64,
+    /// Rows this commit marked failed.
+    pub(crate) failed: u64,
+}
+
 /// How a batch's delivered rows are marked published.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Marks<'a> {
@@ -184,16 +196,16 @@ impl Worker {
         marks: Marks<'_>,
         rejected: &[(i64, String)],
         max_attempts: i32,
-    ) -> Result<(), BatchError> {
+    ) -> Result<Marked, BatchError> {
         // The broker has acked; the marks are not committed. A crash here
         // re-publishes the rows on restart: the at-least-once window.
         self.crasher.point(CrashPoint::Publish);
-        let delivered = match marks {
+        let (delivered, published) = match marks {
             Marks::Rows(ids) => {
-                outbox::mark_published(&mut tx, ids)
+                let published = outbox::mark_published(&mut tx, ids)
                     .await
                     .map_err(BatchError::at(Stage::Mark, "mark published"))?;
-                ids.len()
+                (ids.len(), published)
             }
             Marks::Claimed {
                 delivered,
@@ -204,7 +216,7 @@ impl Worker {
                         .await
                         .map_err(BatchError::at(Stage::Mark, "put back undelivered rows"))?;
                 }
-                delivered
+                (delivered, delivered as u64)
             }
         };
         let failed = if rejected.is_empty() {
@@ -231,7 +243,7 @@ impl Worker {
         self.metrics.relay_rows_failed_total.inc_by(failed);
         self.metrics.relay_published_total.inc_by(delivered as u64);
         self.metrics.relay_batch_size.observe(delivered as f64);
-        Ok(())
+        Ok(Marked { published, failed })
     }
 
     /// Produces one row.

@@ -10,15 +10,18 @@
 //! 1. The slot is made first (when missing), so every row committed from
 //!    then on is in the stream.
 //! 2. Rows pending from before it (a first start, a slot dropped after it
-//!    was lost) are published by the poll path, shard by shard, until none is
-//!    claimable. Only then does the stream start, so those go first.
+//!    was lost) are published by the poll path, shard by shard, until none
+//!    of them is left (retried with a backoff while the broker fails or
+//!    another relay holds a shard). Only then does the stream start, so
+//!    those go first.
 //! 3. The stream's outbox inserts are produced as they arrive, in commit
 //!    order, up to `--workers` × `--batch-size` in flight. At most one event
 //!    of a key is in flight: the next one waits for that one's ack.
 //! 4. Results are settled in stream order. Delivered rows are marked
 //!    published in batches, and only after that commit does the slot's
 //!    confirmed position move, to the end of the last transaction whose rows
-//!    are all settled. A crash before it re-reads the stream from the
+//!    are all settled, seen and marked (a row a mark could not see or did
+//!    not change ends the stream instead, confirming nothing past it). A crash before it re-reads the stream from the
 //!    confirmed position and re-publishes (the duplicates the inbox absorbs).
 //! 5. A broker failure is tried again in place (`publish_in_place`: 50 ms
 //!    doubling to 5 s) until the broker takes the row, refuses it, or the
@@ -214,7 +217,17 @@ async fn stream_once(
         )));
     }
     // Rows committed before the slot: by the poll path, before the stream.
-    let drained = match drain(worker, cancel).await {
+    // Every one of them has an id at most this: a row this read cannot see
+    // commits after the slot, so the stream carries it.
+    let before_slot = match last_outbox_id(&worker.pool).await {
+        Ok(id) => id,
+        Err(error) => {
+            return Ok(End::Retry(
+                error.context("read the last outbox id before the stream"),
+            ));
+        }
+    };
+    let drained = match drain(worker, before_slot, cancel).await {
         Ok(n) => n,
         Err(error) => {
             return Ok(End::Retry(
@@ -272,9 +285,51 @@ async fn stream_once(
     end
 }
 
-/// Publishes every claimable pending row by the poll path: each shard's
-/// batches until it has none (or another relay holds it).
-async fn drain(worker: &Arc<Worker>, cancel: &CancellationToken) -> anyhow::Result<usize> {
+/// Publishes the rows pending from before the slot by the poll path, and
+/// returns only once none of them is left (or `cancel` fired): the stream
+/// must not send a key's later event before them. A round takes each
+/// shard's batches until one delivers nothing; that happens as well when
+/// the broker failed or refused every row, or another relay holds the
+/// shard, so then the rows pending up to `before_slot` (the last id before
+/// the slot, [`last_outbox_id`]) are counted, and another round follows a
+/// [`Backoff`] while any is. Rows above it are the stream's, so a steady
+/// write load cannot keep the drain going; rows held back by a failed row
+/// of their key are never claimable and do not count.
+async fn drain(
+    worker: &Arc<Worker>,
+    before_slot: i64,
+    cancel: &CancellationToken,
+) -> anyhow::Result<usize> {
+    let mut backoff = Backoff::new();
+    let mut total = 0;
+    loop {
+        let delivered = drain_round(worker, cancel).await?;
+        total += delivered;
+        if cancel.is_cancelled() {
+            return Ok(total);
+        }
+        let left = pending_before(&worker.pool, before_slot)
+            .await
+            .context("count the rows pending from before the slot")?;
+        if left == 0 {
+            return Ok(total);
+        }
+        if delivered > 0 {
+            backoff.reset();
+        }
+        tracing::info!(
+            rows = left,
+            retry_in_ms = backoff.next().as_millis() as u64,
+            "rows pending from before the slot are not published yet; the stream waits for them"
+        );
+        if !backoff.wait(cancel).await {
+            return Ok(total);
+        }
+    }
+}
+
+/// One round of [`drain`]: each shard's batches until one delivers nothing.
+async fn drain_round(worker: &Arc<Worker>, cancel: &CancellationToken) -> anyhow::Result<usize> {
     let shards = (0..SHARDS).map(|shard| {
         let worker = worker.clone();
         let cancel = cancel.clone();
@@ -297,6 +352,31 @@ async fn drain(worker: &Arc<Worker>, cancel: &CancellationToken) -> anyhow::Resu
         total += n?;
     }
     Ok(total)
+}
+
+/// The highest outbox id there is (0 when none): read after the slot is
+/// made, it bounds the rows committed before it.
+async fn last_outbox_id(pool: &PgPool) -> anyhow::Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT COALESCE(max(id), 0)::int8 FROM orders.outbox")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// Rows up to `last_id` still to publish: pending, not failed, and not held
+/// back by a failed row of their key (the claim never takes those).
+async fn pending_before(pool: &PgPool, last_id: i64) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM orders.outbox o \
+         WHERE o.published_at IS NULL AND o.failed_at IS NULL AND o.id <= $1 \
+           AND NOT EXISTS (SELECT 1 FROM orders.outbox f \
+                           WHERE f.aggregate_id = o.aggregate_id AND f.id < o.id \
+                             AND f.published_at IS NULL AND f.failed_at IS NOT NULL)",
+    )
+    .bind(last_id)
+    .fetch_one(pool)
+    .await?)
 }
 
 /// Aggregates with a failed row still pending: their later events are held

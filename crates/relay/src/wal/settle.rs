@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::decode::decode_row;
-use crate::outbox::PendingRow;
+use crate::outbox::{self, PendingRow};
 use crate::publish::{Marks, Publish, Worker};
 
 /// How often the table is compared with the stream ([`Probe`]).
@@ -36,6 +36,10 @@ const MARK_EVERY: Duration = Duration::from_millis(50);
 /// How long a mark waits for rows the stream delivered to become visible
 /// ([`wait_visible`]) before it ends the stream.
 const VISIBLE_WITHIN: Duration = Duration::from_secs(10);
+
+/// How long the last mark of a stream waits when a mark of it failed
+/// already: those rows were waited for; it looks once.
+const VISIBLE_AFTER_A_FAILED_MARK: Duration = Duration::ZERO;
 
 /// How a stream's life ended.
 pub(super) enum End {
@@ -82,8 +86,10 @@ pub(super) struct Settle {
     blocked: HashSet<Uuid>,
     /// Delivered, not yet marked.
     delivered: Vec<i64>,
-    /// `(id, msg_id)` of the delivered and rejected rows, for the mark's
-    /// [`wait_visible`].
+    /// `(id, msg_id)` of the delivered and rejected rows not yet marked,
+    /// for the mark's [`wait_visible`] and its check. Kept until a mark
+    /// verified and marked them all: a row dropped unverified would let the
+    /// next mark confirm past it.
     settled_rows: Vec<(i64, Uuid)>,
     /// The row's own failures, not yet recorded.
     rejected: Vec<(i64, String)>,
@@ -102,6 +108,8 @@ pub(super) struct Settle {
     gap_checked: std::time::Instant,
     /// A broker failure: nothing past it is confirmed; the stream restarts.
     broken: Option<String>,
+    /// A mark of this stream failed (its rows are still to mark).
+    mark_failed: bool,
     /// The relay's: cuts a row's retries in place short.
     cancel: CancellationToken,
     /// Most rows in flight to the broker.
@@ -158,6 +166,7 @@ impl Settle {
             reading: None,
             gap_checked: std::time::Instant::now(),
             broken: None,
+            mark_failed: false,
             cancel,
             max_in_flight,
             mark_batch,
@@ -205,9 +214,15 @@ impl Settle {
         while let Some(step) = self.queue.next().await {
             self.settle(step);
         }
-        // A mark that fails (the database) leaves its rows unconfirmed:
-        // the restart reads them again.
-        self.mark_or_break().await;
+        // A mark that fails (the database, a row still invisible, a row
+        // its UPDATE missed) leaves its rows unconfirmed: the restart reads
+        // them again.
+        let within = if self.mark_failed {
+            VISIBLE_AFTER_A_FAILED_MARK
+        } else {
+            VISIBLE_WITHIN
+        };
+        self.mark_or_break_within(within).await;
         Ok(match self.broken.take() {
             Some(why) => End::Retry(anyhow::anyhow!(why)),
             None => End::Cancelled,
@@ -337,40 +352,86 @@ impl Settle {
         }
     }
 
+    /// [`Settle::mark`], its rows waited for up to [`VISIBLE_WITHIN`].
+    async fn mark_or_break(&mut self) {
+        self.mark_or_break_within(VISIBLE_WITHIN).await;
+    }
+
     /// [`Settle::mark`]; a failure breaks the stream (nothing more is
     /// confirmed: the restart reads the unmarked rows again).
-    async fn mark_or_break(&mut self) {
-        if let Err(error) = self.mark().await
-            && self.broken.is_none()
-        {
-            self.broken = Some(format!("{error:#}"));
+    async fn mark_or_break_within(&mut self, within: Duration) {
+        if let Err(error) = self.mark(within).await {
+            self.mark_failed = true;
+            if self.broken.is_none() {
+                self.broken = Some(format!("{error:#}"));
+            }
         }
     }
 
     /// Marks the delivered rows, records the failed ones, then confirms the
-    /// settled position to the slot.
-    async fn mark(&mut self) -> anyhow::Result<()> {
+    /// settled position to the slot: only once every one of them was seen
+    /// ([`wait_visible`], up to `within`) and is marked. A failure confirms
+    /// nothing and keeps every row it did not settle, for the next mark.
+    async fn mark(&mut self, within: Duration) -> anyhow::Result<()> {
+        // Every row of the transactions up to here is in `delivered` or
+        // `rejected`, or was marked before, or is held back.
+        let confirm = self.settled_lsn;
         if !self.delivered.is_empty() || !self.rejected.is_empty() {
             let mut tx = self.worker.pool.begin().await.context("begin mark")?;
-            let rows = std::mem::take(&mut self.settled_rows);
-            let worker = self.worker.clone();
-            wait_visible(&mut tx, rows, VISIBLE_WITHIN, &worker.metrics).await?;
+            wait_visible(&mut tx, &self.settled_rows, within, &self.worker.metrics).await?;
             // The stream cannot come back to a row: its own failure is final
             // at its first attempt.
-            self.worker
+            let marked = self
+                .worker
                 .mark_batch(tx, Marks::Rows(&self.delivered), &self.rejected, 1)
                 .await?;
+            if marked.published < self.delivered.len() as u64
+                || marked.failed < self.rejected.len() as u64
+            {
+                self.check_marked().await?;
+            }
             self.delivered.clear();
             self.rejected.clear();
+            self.settled_rows.clear();
         }
         // Only now: every row up to this position is marked (or failed, or
         // held back), so a restart from it loses nothing.
-        if self.settled_lsn > self.marked_lsn {
-            tracing::trace!(confirm = %format_lsn(self.settled_lsn), "marked; confirming");
+        if confirm > self.marked_lsn {
+            tracing::trace!(confirm = %format_lsn(confirm), "marked; confirming");
         }
-        self.feedback.update_applied_lsn(self.settled_lsn);
-        self.marked_lsn = self.settled_lsn;
+        self.feedback.update_applied_lsn(confirm);
+        self.marked_lsn = confirm;
         Ok(())
+    }
+
+    /// After a mark that changed fewer rows than it meant to: fine when the
+    /// others were settled already (published before: read again after a
+    /// restart, or by a poll relay meanwhile; deleted by the expiry). A row
+    /// still pending, or still not there, is not: it stays to be marked
+    /// again, and the mark fails, so nothing past it is confirmed.
+    async fn check_marked(&mut self) -> anyhow::Result<()> {
+        let mut conn = self
+            .worker
+            .pool
+            .acquire()
+            .await
+            .context("connect to check a mark")?;
+        let left = outbox::unsettled(&mut conn, &self.settled_rows)
+            .await
+            .context("check the rows a mark changed")?;
+        if left.is_empty() {
+            return Ok(());
+        }
+        let keep: HashSet<i64> = left.iter().copied().collect();
+        self.delivered.retain(|id| keep.contains(id));
+        self.rejected.retain(|(id, _)| keep.contains(id));
+        self.settled_rows.retain(|(id, _)| keep.contains(id));
+        anyhow::bail!(
+            "a mark left {} of the rows read from the stream unmarked (outbox ids {:?}); \
+             nothing past them is confirmed",
+            left.len(),
+            &left[..left.len().min(10)]
+        )
     }
 
     /// Compares the table with the stream, in two steps (a [`Probe`]): a
@@ -411,10 +472,11 @@ impl Settle {
 /// again).
 async fn wait_visible(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    mut rows: Vec<(i64, Uuid)>,
+    rows: &[(i64, Uuid)],
     within: Duration,
     metrics: &crate::metrics::RelayMetrics,
 ) -> anyhow::Result<()> {
+    let mut rows = rows.to_vec();
     rows.sort_unstable();
     rows.dedup();
     let want = rows.len() as i64;
@@ -602,7 +664,7 @@ mod tests {
         let msg_id = Uuid::now_v7();
         wait_visible(
             &mut tx,
-            vec![(id, msg_id), (id, msg_id)],
+            &[(id, msg_id), (id, msg_id)],
             Duration::from_secs(10),
             &metrics,
         )
@@ -627,7 +689,7 @@ mod tests {
         let mut tx = pool.begin().await.expect("begin mark");
         let error = wait_visible(
             &mut tx,
-            vec![(id, Uuid::now_v7())],
+            &[(id, Uuid::now_v7())],
             Duration::from_millis(300),
             &metrics,
         )
@@ -638,6 +700,40 @@ mod tests {
             "unexpected error: {error}"
         );
         assert_eq!(metrics.relay_wal_unseen_marks_total.get(), 0);
+    }
+
+    /// After a mark that changed fewer rows than it meant to, the check
+    /// finds the rows it left: one still pending, one not there and young
+    /// (a commit it cannot see); not a published or failed row, nor one the
+    /// outbox expiry deleted.
+    #[tokio::test]
+    async fn a_marks_check_finds_the_rows_left_pending_or_unseen() {
+        let db = TestDb::create().await;
+        let pool = PgPool::connect(&db.url).await.expect("pool");
+        let mut ids = Vec::new();
+        for (published, failed) in [("now()", "NULL"), ("NULL", "now()"), ("NULL", "NULL")] {
+            let id: i64 = sqlx::query_scalar(&format!(
+                "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload, published_at, failed_at) \
+                 VALUES (gen_random_uuid(), gen_random_uuid(), 'order.created', '{{}}', {published}, {failed}) \
+                 RETURNING id"
+            ))
+            .fetch_one(&pool)
+            .await
+            .expect("insert");
+            ids.push(id);
+        }
+        let (_writer, unseen) = uncommitted_row(&db).await;
+        let old = effectively::v7::minted_ago(Duration::from_secs(8 * 86_400));
+        let rows = [
+            (ids[0], Uuid::now_v7()),
+            (ids[1], Uuid::now_v7()),
+            (ids[2], Uuid::now_v7()),
+            (unseen, Uuid::now_v7()),
+            (1_000_000_001, old),
+        ];
+        let mut conn = pool.acquire().await.expect("acquire");
+        let left = outbox::unsettled(&mut conn, &rows).await.expect("check");
+        assert_eq!(left, vec![ids[2], unseen], "the pending and the unseen row");
     }
 
     /// A row the stream reads again after a restart may be gone: the outbox
@@ -655,7 +751,7 @@ mod tests {
         // Ids no row has: deleted.
         wait_visible(
             &mut tx,
-            vec![(1_000_000_001, old)],
+            &[(1_000_000_001, old)],
             Duration::from_millis(300),
             &metrics,
         )
@@ -663,7 +759,7 @@ mod tests {
         .expect("an expired row is settled");
         let error = wait_visible(
             &mut tx,
-            vec![(1_000_000_001, old), (1_000_000_002, Uuid::now_v7())],
+            &[(1_000_000_001, old), (1_000_000_002, Uuid::now_v7())],
             Duration::from_millis(300),
             &metrics,
         )

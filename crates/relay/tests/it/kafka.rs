@@ -766,6 +766,9 @@ async fn wal_mode_publishes_from_before_and_after_its_slot_in_per_key_order() {
     // clean stop sends the last confirmation.
     tokio::time::sleep(Duration::from_secs(1)).await;
     relay.stop().await;
+    // The last confirmation is sent as the stream stops, unanswered: the
+    // slot shows it once its walsender has let go.
+    wait_for_slot(&pool, &db, false).await;
     let confirmed: bool = sqlx::query_scalar(
         "SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2",
     )
@@ -905,6 +908,177 @@ async fn a_long_transaction_is_not_taken_for_a_gap() {
     drop_slot(&pool, &db).await;
 }
 
+/// A row the stream delivered that the relay's marks cannot see (a commit
+/// decoded but not yet visible: a synchronous standby that does not answer
+/// holds a committing backend after its commit record is flushed, and a
+/// logical walsender does not wait for it) ends the stream after the
+/// visibility wait, and nothing past it is confirmed: the stream reads it
+/// again, and once it is visible marks it itself. The last mark of the
+/// stream whose wait failed used to confirm past it all the same (the rows
+/// waited for were dropped), so it was left pending behind the slot.
+///
+/// Row-level security stands in for the invisible commit: a policy on this
+/// test's database hides the row from the relay's role, and lifting it
+/// (a delete, no lock on the outbox) makes it visible. A synchronous
+/// standby name would hold every commit of the shared server's other
+/// databases, and only a server-wide setting makes one.
+#[tokio::test]
+async fn a_row_the_marks_cannot_see_is_never_confirmed_past() {
+    a_row_the_relay_cannot_mark_is_never_confirmed_past(Hidden::FromEveryStatement).await;
+}
+
+/// A mark whose `UPDATE` changed fewer rows than it meant to (here a row the
+/// relay's role sees but may not update) confirms nothing past them either:
+/// the relay checks what its mark left pending, and the stream reads it
+/// again. The mark's row count used to go unread, and the slot was
+/// confirmed past the row it left pending.
+#[tokio::test]
+async fn a_row_a_mark_did_not_change_is_never_confirmed_past() {
+    a_row_the_relay_cannot_mark_is_never_confirmed_past(Hidden::FromUpdates).await;
+}
+
+/// What the policy of [`a_row_the_relay_cannot_mark_is_never_confirmed_past`]
+/// hides a row from.
+enum Hidden {
+    /// Every statement of the relay: the row is not there for it.
+    FromEveryStatement,
+    /// The relay's `UPDATE`s: its marks leave the row pending.
+    FromUpdates,
+}
+
+/// A row of `public.invisible_to_the_relay` is hidden from the relay's role
+/// as `hidden` says until it is deleted from there: the slot is never
+/// confirmed past it meanwhile, and then the relay marks it.
+async fn a_row_the_relay_cannot_mark_is_never_confirmed_past(hidden: Hidden) {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(3).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    const NOT_HIDDEN: &str =
+        "NOT EXISTS (SELECT 1 FROM public.invisible_to_the_relay h WHERE h.id = outbox.id)";
+    let policies = match hidden {
+        Hidden::FromEveryStatement => vec![format!(
+            "CREATE POLICY the_relay_sees ON orders.outbox TO effectively_relay USING ({NOT_HIDDEN})"
+        )],
+        Hidden::FromUpdates => vec![
+            "CREATE POLICY the_relay_reads ON orders.outbox FOR SELECT TO effectively_relay \
+             USING (true)"
+                .to_owned(),
+            format!(
+                "CREATE POLICY the_relay_marks ON orders.outbox FOR UPDATE TO effectively_relay \
+                 USING ({NOT_HIDDEN})"
+            ),
+        ],
+    };
+    let setup = [
+        "CREATE TABLE public.invisible_to_the_relay (id int8 PRIMARY KEY)".to_owned(),
+        "GRANT SELECT ON public.invisible_to_the_relay TO effectively_relay".to_owned(),
+        "ALTER TABLE orders.outbox ENABLE ROW LEVEL SECURITY".to_owned(),
+    ];
+    for sql in setup.iter().chain(&policies) {
+        sqlx::query(sql).execute(&pool).await.expect(sql);
+    }
+    // No heartbeats: the stream's only commits are this test's, so the
+    // slot's position says which of them the relay confirmed.
+    let config = Config {
+        wal_heartbeat_ms: 3_600_000,
+        ..wal_config(&db, &topic, 1, 10)
+    };
+    let relay = spawn_relay(config).await;
+    wait_for_slot(&pool, &db, true).await;
+    let first_stream = walsender_pid(&pool, &db).await;
+    let (seen, unseen) = (Uuid::now_v7(), Uuid::now_v7());
+    insert_raw(&pool, seen, br#"{"seq":0}"#).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "a visible row is published and marked"
+    );
+
+    let before: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
+        .fetch_one(&pool)
+        .await
+        .expect("lsn");
+    let mut tx = pool.begin().await.expect("begin");
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload) \
+         VALUES ($1, $2, 'test.event', '{\"seq\":0}') RETURNING id",
+    )
+    .bind(unseen)
+    .bind(Uuid::now_v7())
+    .fetch_one(&mut *tx)
+    .await
+    .expect("insert");
+    sqlx::query("INSERT INTO public.invisible_to_the_relay (id) VALUES ($1)")
+        .bind(id)
+        .execute(&mut *tx)
+        .await
+        .expect("hide");
+    tx.commit().await.expect("commit");
+
+    // The mark fails (an invisible row after waiting 10 s for it), the
+    // stream ends, and its walsender lets go of the slot with the last
+    // confirmation.
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            relay.metric(r#"relay_errors_total{stage="wal"}"#).await >= 1.0
+        })
+        .await,
+        "the stream ended: its mark could not see the row"
+    );
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            walsender_pid(&pool, &db).await != first_stream
+        })
+        .await,
+        "the first stream let go of the slot"
+    );
+    let (confirmed, past): (String, bool) = sqlx::query_as(
+        "SELECT confirmed_flush_lsn::text, confirmed_flush_lsn > $1::pg_lsn \
+         FROM pg_replication_slots WHERE slot_name = $2",
+    )
+    .bind(&before)
+    .bind(relay::wal::default_slot_name(&db.name))
+    .fetch_one(&pool)
+    .await
+    .expect("slot");
+    assert!(
+        !past,
+        "the slot confirmed {confirmed}, past the commit of row {id} (after {before}), \
+         which the relay could not mark"
+    );
+    assert_eq!(pending(&pool).await, 1, "the row is pending");
+
+    sqlx::query("DELETE FROM public.invisible_to_the_relay")
+        .execute(&pool)
+        .await
+        .expect("show the row");
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "once visible, the row is marked"
+    );
+    assert_eq!(
+        relay.metric("relay_wal_stream_gaps_total").await,
+        0.0,
+        "the relay marked the row again (the stream read it again, or the drain of a \
+         restart took it): it was never left behind the slot"
+    );
+    let messages = topic.read_all(usize::MAX, Duration::from_secs(10)).await;
+    let (seqs, _) = per_key_sequences(&messages);
+    assert_eq!(seqs.get(&seen.to_string()), Some(&vec![0]));
+    assert!(
+        seqs.get(&unseen.to_string())
+            .is_some_and(|s| !s.is_empty() && s.iter().all(|&q| q == 0)),
+        "the row is published (once per stream that read it): {seqs:?}"
+    );
+    relay.stop().await;
+    drop_slot(&pool, &db).await;
+}
+
 /// A topic that does not exist yet: the relay's sends to it fail until
 /// [`create_topic_and_drain_without_a_restart`] creates it.
 fn missing_topic() -> TestTopic {
@@ -993,6 +1167,61 @@ async fn a_failed_publish_is_retried_in_place_without_a_stream_restart() {
             "key {key}"
         );
     }
+    relay.stop().await;
+    drop_slot(&pool, &db).await;
+}
+
+/// The WAL relay starts its stream only once the rows pending from before
+/// its slot are published, however long that takes: here the topic does
+/// not exist yet, so every send of the start-up drain fails. The drain used
+/// to end at a round that delivered nothing, and the stream, started with
+/// the older rows pending, published each key's later event (committed
+/// after the slot) before them.
+#[tokio::test]
+async fn wal_mode_streams_only_once_the_rows_from_before_its_slot_are_published() {
+    let db = TestDb::create().await;
+    let topic = missing_topic();
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let keys: Vec<Uuid> = (0..5).map(|_| Uuid::now_v7()).collect();
+    fill_outbox_seqs(&pool, &keys, 0..2).await;
+    let config = Config {
+        message_timeout_ms: 1_000,
+        ..wal_config(&db, &topic, 1, 10)
+    };
+    let relay = spawn_relay(config).await;
+    // The drain sends: the slot is made, the rows from before it known.
+    wait_for_a_failed_send(&relay).await;
+    // Committed after the slot: the stream's.
+    fill_outbox_seqs(&pool, &keys, 2..3).await;
+    // A round sends each key's first row: more failed sends than keys, a
+    // second round (or, before, the stream's sends).
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            relay.metric(r#"relay_errors_total{stage="produce"}"#).await > keys.len() as f64
+        })
+        .await,
+        "the sends failed again"
+    );
+    let active: Option<bool> =
+        sqlx::query_scalar("SELECT active FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(relay::wal::default_slot_name(&db.name))
+            .fetch_optional(&pool)
+            .await
+            .expect("slot");
+    assert_eq!(
+        active,
+        Some(false),
+        "the slot is made, and the stream waits for the rows from before it"
+    );
+    assert_eq!(pending(&pool).await, 15);
+    create_topic_and_drain(&pool, &topic).await;
+    // The drain may take rows committed after the slot too, and the stream
+    // sends them again: duplicates, never a key's later event first.
+    let messages = topic.read_all(usize::MAX, Duration::from_secs(10)).await;
+    let (seqs, msg_ids) = per_key_sequences(&messages);
+    assert_eq!(seqs.len(), keys.len());
+    assert_first_occurrences_in_order(&seqs, 3);
+    assert_eq!(msg_ids.iter().collect::<HashSet<_>>().len(), 15);
     relay.stop().await;
     drop_slot(&pool, &db).await;
 }

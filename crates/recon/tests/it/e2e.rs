@@ -787,6 +787,47 @@ async fn keys_that_outlive_the_key_floor_are_not_drift() {
     assert!(names.contains(&"intents_without_order"), "{names:?}");
 }
 
+/// Expiry drains in batches, one transaction each (`effectively::lifecycle`),
+/// and a recon may run between two of them: each batch's transaction moves
+/// its store's floor up to the cut before it deletes below it, so what recon
+/// checks (everything at and above the floors) is all there after any batch.
+/// (Before, the floor moved only when a call found fewer than a batch left:
+/// between two batches the deleted keys' and events' orders lay above the
+/// old floor, and recon called them drift.)
+#[tokio::test]
+async fn a_recon_between_two_expiry_batches_is_clean() {
+    let (_db, pool) = seeded(40).await;
+    for sql in [
+        "UPDATE orders.idempotency_keys SET created_at = now() - interval '2 hours'",
+        "UPDATE orders.key_policy SET retention = interval '1 hour'",
+        "UPDATE orders.outbox_policy SET retention = interval '1 hour'",
+    ] {
+        sqlx::query(sql).execute(&pool).await.expect(sql);
+    }
+    for (store, expire) in [
+        ("keys", "SELECT orders.keys_expire(10)"),
+        ("outbox", "SELECT orders.outbox_expire(10)"),
+    ] {
+        for batch in 1..=4 {
+            let n: i32 = sqlx::query_scalar(expire)
+                .fetch_one(&pool)
+                .await
+                .expect(expire);
+            assert_eq!(n, 10, "{store}: batch {batch} deletes a whole batch");
+            let report = recon::reconcile_in_parts(&pool, 2).await.expect("recon");
+            assert!(
+                report.is_clean(Policy::default()),
+                "{store}, after batch {batch}:\n{}",
+                report.table(Policy::default())
+            );
+        }
+    }
+    let mut conn = pool.acquire().await.expect("connect");
+    let after = recon::reconcile(&mut conn).await.expect("recon");
+    assert_eq!((after.intents, after.outbox_rows), (0, 0));
+    assert_eq!(after.distinct_charges, 40);
+}
+
 /// A dead letter refused after the dedup horizon whose msg_id is the one
 /// that charged the order it names is a late duplicate: reported, not drift.
 #[tokio::test]

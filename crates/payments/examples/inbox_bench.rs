@@ -31,7 +31,7 @@ use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use effectively::crash::{CrashArgs, Crasher};
 use hdrhistogram::Histogram;
-use payments::delivery::{AfterHorizon, Applied, ChargeIntent, Delivery, Source};
+use payments::delivery::{Applied, ChargeIntent, Delivery, Rules, Source};
 use payments::inbox::apply_batch;
 use serde::Serialize;
 use serde_json::json;
@@ -373,7 +373,7 @@ async fn consume(
         })
         .collect();
     let started = Instant::now();
-    let applied = apply_batch(pool, &deliveries, AfterHorizon::Refuse, crasher).await?;
+    let applied = apply_batch(pool, &deliveries, Rules::refusing(), crasher).await?;
     Ok((started.elapsed(), applied))
 }
 

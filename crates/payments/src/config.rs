@@ -11,7 +11,7 @@ use effectively::crash::CrashArgs;
 use effectively::retry::Backoff;
 use tokio_util::sync::CancellationToken;
 
-use crate::delivery::AfterHorizon;
+use crate::delivery::{AfterHorizon, Rules};
 use crate::horizon::{Retention, parse_duration};
 use crate::metrics::PaymentsMetrics;
 use crate::process::Apply;
@@ -106,12 +106,12 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub commit_interval_ms: u64,
 
-    /// How long a partition stays paused on a message the inbox cannot
-    /// record yet (a msg_id beyond the inbox's partitions: a producer's clock
-    /// ahead, or partitions not created for a while) before the message is
-    /// tried again, in milliseconds. Such a message is never dropped nor
-    /// acknowledged: its offset is not committed past it
-    /// (`payments_held_partitions`, `payments_future_msg_ids_total`).
+    /// How often events the inbox cannot record yet (a msg_id beyond the
+    /// inbox's partitions: partitions not created for a while) are tried
+    /// again, in milliseconds: a Kafka event's park (`payments.parked`,
+    /// `payments_parked_events`; its offset is committed, only its order
+    /// waits), and how long a partition a message was held on stays paused.
+    /// Such a message is never dropped (`payments_future_msg_ids_total`).
     #[arg(long, env = "PAYMENTS_HOLD_RETRY_MS", default_value_t = 5000,
           value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     pub hold_retry_ms: u64,
@@ -265,8 +265,14 @@ impl Config {
     pub(crate) fn apply(&self) -> Apply {
         match self.unsafe_split_txn {
             Some(mode) => Apply::Split(mode),
-            None if self.unsafe_apply_after_horizon => Apply::Inbox(AfterHorizon::UnsafeApply),
-            None => Apply::Inbox(AfterHorizon::Refuse),
+            None => Apply::Inbox(Rules {
+                after_horizon: if self.unsafe_apply_after_horizon {
+                    AfterHorizon::UnsafeApply
+                } else {
+                    AfterHorizon::Refuse
+                },
+                clock_skew: self.clock_skew,
+            }),
         }
     }
 

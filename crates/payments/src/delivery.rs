@@ -128,8 +128,14 @@ pub enum DeadLetterKind {
     AfterHorizon,
     /// At or after the end of the inbox partitions and not a UUIDv7: no
     /// mint time, so no partition will ever cover it. (A UUIDv7 there is
-    /// held back instead: [`Applied::held`].)
+    /// parked instead over Kafka, `crate::park`, and held back over HTTP:
+    /// [`Applied::held`].)
     FutureMsgId,
+    /// A UUIDv7 minted further ahead of the database's clock than the clock
+    /// skew payments accepts (`--clock-skew`): a producer's clock far ahead,
+    /// or a forged msg_id. Refused at once rather than parked until the
+    /// partitions reach it (it would hold its key back for that long).
+    AheadOfClock,
 }
 
 impl DeadLetterKind {
@@ -142,6 +148,7 @@ impl DeadLetterKind {
             Self::OrderConflict => "order_conflict",
             Self::AfterHorizon => "after_horizon",
             Self::FutureMsgId => "future_msg_id",
+            Self::AheadOfClock => "ahead_of_clock",
         }
     }
 }
@@ -160,6 +167,30 @@ pub enum AfterHorizon {
     /// the effect, as in the split counter-example) is written again: a
     /// redelivered duplicate doubles it, and recon counts a double charge.
     UnsafeApply,
+}
+
+/// How the consume transaction treats a msg_id outside the inbox's
+/// partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    /// Below the oldest partition kept.
+    pub after_horizon: AfterHorizon,
+    /// At or beyond the newest partition's end: a Kafka event minted further
+    /// ahead of the database's clock than this is a dead letter
+    /// ([`DeadLetterKind::AheadOfClock`]); one within it is parked
+    /// (`crate::park`) until the partitions reach it.
+    pub clock_skew: std::time::Duration,
+}
+
+impl Rules {
+    /// The rules of a consumer that refuses what arrives after the dedup
+    /// horizon, with payments' default `--clock-skew` (5 minutes).
+    pub fn refusing() -> Self {
+        Self {
+            after_horizon: AfterHorizon::Refuse,
+            clock_skew: std::time::Duration::from_secs(300),
+        }
+    }
 }
 
 /// A message that is not applied, kept with its raw bytes and the reason.
@@ -240,13 +271,23 @@ pub struct Applied {
     /// Of those, the ones whose charge row was inserted (first deliveries
     /// that came too late); the others only wrote a ledger entry.
     pub charged_after_horizon: u64,
-    /// Deliveries held back because their msg_id is at or beyond the end of
+    /// Webhooks held back because their msg_id is at or beyond the end of
     /// the inbox's partitions (a producer's clock ahead, or partitions not
     /// created for a while): valid events that cannot be recorded yet. They
-    /// are neither applied nor dead-lettered: a Kafka message's offset is
-    /// not committed past it, a webhook's claim stays unprocessed, and both
-    /// are tried again later ([`Held`]).
+    /// are neither applied nor dead-lettered: the claim stays unprocessed
+    /// and is tried again later ([`Held`]). (A Kafka event there is parked
+    /// instead: [`Applied::parked`].)
     pub held: Vec<Held>,
+    /// Kafka events parked by this batch (`payments.parked`, see
+    /// `crate::park`): those the inbox cannot record yet, and the later
+    /// events of their keys. Their offsets are committed: the park is
+    /// durable, and only their keys wait.
+    pub parked: u64,
+    /// Of those, the ones whose own msg_id lies beyond the partitions.
+    pub parked_future: u64,
+    /// Kafka events refused as minted too far ahead of the database's clock
+    /// (dead letters `ahead_of_clock`).
+    pub ahead_of_clock: u64,
     /// Deliveries refused because their msg_id is at or beyond the end of
     /// the partitions and is not a UUIDv7 (dead letters `future_msg_id`).
     pub never_recordable: u64,

@@ -5,9 +5,11 @@
 //!
 //! Expiry drops whole partitions: no delete storm, no bloat. A message older
 //! than the oldest partition kept is refused ("after the dedup horizon"), one
-//! minted beyond the newest is held back, neither applied nor dead-lettered,
-//! until the partitions reach it (its Kafka partition does not move past
-//! it; a webhook's claim stays unprocessed); see [`Window::judge`].
+//! minted beyond the newest is neither applied nor dropped until the
+//! partitions reach it: over Kafka it is parked (`crate::park`; only its
+//! order waits) unless minted further ahead than the clock skew (then a dead
+//! letter `ahead_of_clock`), a webhook's claim stays unprocessed; see
+//! [`Window::judge`].
 
 use std::time::Duration;
 

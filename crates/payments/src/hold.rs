@@ -6,6 +6,11 @@
 //! is never committed past it, and after a while the partition is resumed
 //! and the message tried again. The messages after it that were applied
 //! meanwhile come again too, as inbox hits.
+//!
+//! Since `crate::park`, the consume transaction returns no Kafka message as
+//! held (it parks it, or dead-letters it as `ahead_of_clock`), so no
+//! partition is paused on one: the pause stays only as the consumer's answer
+//! to a held message should an apply path return one again.
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -23,9 +23,11 @@ use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::delivery::{
-    AfterHorizon, Applied, ChargeIntent, DeadLetter, DeadLetterKind, Delivery, Held, Origin, Source,
+    AfterHorizon, Applied, ChargeIntent, DeadLetter, DeadLetterKind, Delivery, Held, Origin, Rules,
+    Source,
 };
 use crate::expiry::{Outside, Window};
+use crate::park;
 
 /// The intents of `deliveries` and the dead letters of those that did not
 /// decode.
@@ -49,12 +51,15 @@ pub fn split<'d, 'a>(
     (intents, dead)
 }
 
-/// Applies a batch in one transaction; see the module docs. `after_horizon`
-/// is [`AfterHorizon::Refuse`] but in experiment 5's unsafe run.
+/// Applies a batch in one transaction; see the module docs. `rules` say
+/// what becomes of a msg_id outside the inbox's partitions: its
+/// `after_horizon` is [`AfterHorizon::Refuse`] but in experiment 5's unsafe
+/// run; a Kafka event beyond the partitions is parked (`crate::park`), or a
+/// dead letter when minted further ahead than `clock_skew`.
 pub async fn apply_batch(
     pool: &PgPool,
     deliveries: &[Delivery<'_>],
-    after_horizon: AfterHorizon,
+    rules: Rules,
     crasher: &Crasher,
 ) -> sqlx::Result<Applied> {
     let (mut intents, mut dead) = split(deliveries);
@@ -79,39 +84,113 @@ pub async fn apply_batch(
         mine
     };
     let mut late = Vec::new();
+    let mut parking = Vec::new();
     if !intents.is_empty() {
         // Only msg_ids inside the inbox's partitions can be claimed; the
         // window cannot shrink until this transaction ends.
         let window = Window::read(&mut tx).await?;
-        intents.retain(|(intent, source)| match window.judge(intent.msg_id) {
-            None => true,
-            Some((Outside::AfterHorizon, _)) if after_horizon == AfterHorizon::UnsafeApply => {
-                late.push((*intent, *source));
-                false
+        let judged: Vec<_> = intents
+            .iter()
+            .map(|(intent, _)| window.judge(intent.msg_id))
+            .collect();
+        let is_kafka = |s: &Source<'_>| s.webhook_id().is_none();
+        // Read only when a Kafka event lies beyond the partitions: the
+        // database's clock plus the skew payments accepts.
+        let ahead = if judged
+            .iter()
+            .zip(&intents)
+            .any(|(j, (_, s))| matches!(j, Some((Outside::Future, _))) && is_kafka(s))
+        {
+            Some(park::ahead_bound(&mut tx, rules.clock_skew).await?)
+        } else {
+            None
+        };
+        // A Kafka event of an order with parked events waits behind them
+        // (per-key order), checked in this transaction.
+        let orders: Vec<Uuid> = intents
+            .iter()
+            .filter(|(_, s)| is_kafka(s))
+            .map(|(i, _)| i.order_id)
+            .collect();
+        let mut parked_keys = if orders.is_empty() {
+            HashSet::new()
+        } else {
+            park::parked_keys(&mut tx, &orders).await?
+        };
+        let mut claimable = Vec::with_capacity(intents.len());
+        for ((intent, source), judged) in intents.into_iter().zip(judged) {
+            match judged {
+                None if is_kafka(&source) && parked_keys.contains(&intent.order_id) => {
+                    parking.push(park::ToPark {
+                        intent,
+                        source,
+                        reason: format!(
+                            "order {} has an earlier event parked: applied after it",
+                            intent.order_id
+                        ),
+                    });
+                }
+                None => claimable.push((intent, source)),
+                Some((Outside::AfterHorizon, _))
+                    if rules.after_horizon == AfterHorizon::UnsafeApply =>
+                {
+                    late.push((intent, source));
+                }
+                Some((Outside::Future, reason)) if is_kafka(&source) => {
+                    if ahead.is_some_and(|bound| intent.msg_id >= bound) {
+                        applied.ahead_of_clock += 1;
+                        let reason = format!(
+                            "msg_id {} was minted at {}, more than the clock skew payments accepts \
+                             (--clock-skew {}s) ahead of the database's clock: a producer's clock far \
+                             ahead, or a forged msg_id. Not applied, and not parked until the inbox \
+                             partitions reach it (its order would wait that long); apply it by hand \
+                             once checked, as any dead letter",
+                            intent.msg_id,
+                            effectively::v7::mint_time(intent.msg_id).to_rfc3339(),
+                            rules.clock_skew.as_secs()
+                        );
+                        tracing::warn!(source = %source.origin, %reason, "dead-lettering an event minted ahead of every accepted clock");
+                        dead.push(DeadLetter {
+                            source,
+                            kind: DeadLetterKind::AheadOfClock,
+                            msg_id: Some(intent.msg_id),
+                            order_id: Some(intent.order_id),
+                            reason,
+                        });
+                    } else {
+                        tracing::warn!(source = %source.origin, %reason, "parking an event the inbox cannot record yet; its order waits, the partition moves on");
+                        applied.parked_future += 1;
+                        parked_keys.insert(intent.order_id);
+                        parking.push(park::ToPark {
+                            intent,
+                            source,
+                            reason,
+                        });
+                    }
+                }
+                Some((Outside::Future, reason)) => {
+                    tracing::warn!(source = %source.origin, %reason, "holding back a delivery the inbox cannot record yet");
+                    applied.held.push(source.origin.into());
+                }
+                Some((outside, reason)) => {
+                    let kind = if outside == Outside::AfterHorizon {
+                        applied.after_horizon += 1;
+                        DeadLetterKind::AfterHorizon
+                    } else {
+                        applied.never_recordable += 1;
+                        DeadLetterKind::FutureMsgId
+                    };
+                    dead.push(DeadLetter {
+                        source,
+                        kind,
+                        msg_id: Some(intent.msg_id),
+                        order_id: Some(intent.order_id),
+                        reason,
+                    });
+                }
             }
-            Some((Outside::Future, reason)) => {
-                tracing::warn!(source = %source.origin, %reason, "holding back a delivery the inbox cannot record yet");
-                applied.held.push(source.origin.into());
-                false
-            }
-            Some((outside, reason)) => {
-                let kind = if outside == Outside::AfterHorizon {
-                    applied.after_horizon += 1;
-                    DeadLetterKind::AfterHorizon
-                } else {
-                    applied.never_recordable += 1;
-                    DeadLetterKind::FutureMsgId
-                };
-                dead.push(DeadLetter {
-                    source: *source,
-                    kind,
-                    msg_id: Some(intent.msg_id),
-                    order_id: Some(intent.order_id),
-                    reason,
-                });
-                false
-            }
-        });
+        }
+        intents = claimable;
         // A held webhook's claim stays unprocessed.
         for held in &applied.held {
             if let Held::Webhook { msg_id } = held {
@@ -119,12 +198,18 @@ pub async fn apply_batch(
             }
         }
     }
+    if !parking.is_empty() {
+        let (new, conflicts) = park::park(&mut tx, &parking).await?;
+        applied.parked = new;
+        applied.msg_id_conflicts += conflicts.len() as u64;
+        dead.extend(conflicts);
+    }
     if !intents.is_empty() {
         let claim = claim_and_charge(&mut tx, &intents, crasher).await?;
         applied.charged = claim.new.len() as u64;
         applied.duplicates = claim.duplicates;
         applied.charge_conflicts = claim.order_conflicts.len() as u64;
-        applied.msg_id_conflicts = claim.msg_id_conflicts.len() as u64;
+        applied.msg_id_conflicts += claim.msg_id_conflicts.len() as u64;
         applied.new_msg_ids = claim.new;
         dead.extend(claim.msg_id_conflicts);
         dead.extend(claim.order_conflicts);

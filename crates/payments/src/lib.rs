@@ -10,7 +10,8 @@
 //! The walk of a message to its charge: [`run`] → [`consumer::consume`]
 //! (batches, offset commits; the client in [`kafka`]) or the webhook
 //! receiver ([`receiver`]) → [`process`] (decode, retry, bisect) →
-//! [`inbox::apply_batch`] (the one transaction).
+//! [`inbox::apply_batch`] (the one transaction); events it cannot record
+//! yet wait in [`park`].
 
 pub mod config;
 pub mod consumer;
@@ -23,6 +24,7 @@ pub mod horizon;
 pub mod inbox;
 pub mod kafka;
 pub mod metrics;
+pub mod park;
 pub mod process;
 pub mod receiver;
 pub mod unsafe_split;
@@ -112,14 +114,29 @@ pub async fn run_on(
             ?mode,
             "UNSAFE: inbox and effect in two transactions (--unsafe-split-txn); crashes WILL lose or double effects"
         ),
-        Apply::Inbox(delivery::AfterHorizon::UnsafeApply) => tracing::warn!(
-            "UNSAFE: messages after the dedup horizon are applied (--unsafe-apply-after-horizon); a late duplicate WILL be applied twice"
-        ),
-        Apply::Inbox(delivery::AfterHorizon::Refuse) => {}
+        Apply::Inbox(rules) if rules.after_horizon == delivery::AfterHorizon::UnsafeApply => {
+            tracing::warn!(
+                "UNSAFE: messages after the dedup horizon are applied (--unsafe-apply-after-horizon); a late duplicate WILL be applied twice"
+            )
+        }
+        Apply::Inbox(_) => {}
     }
     let outcome = match config.source {
         Transport::Kafka => {
-            consume_rejoining(&config, &pool, apply, &crasher, &metrics, &cancel).await
+            // Parked events (the inbox could not record them yet) are
+            // applied in per-key order once it can.
+            let parked = tokio::spawn(park::drain(
+                pool.clone(),
+                Duration::from_millis(config.hold_retry_ms),
+                crasher.clone(),
+                metrics.clone(),
+                cancel.child_token(),
+            ));
+            let outcome =
+                consume_rejoining(&config, &pool, apply, &crasher, &metrics, &cancel).await;
+            parked.abort();
+            let _ = parked.await;
+            outcome
         }
         Transport::Http => {
             receive(&config, webhooks, &pool, apply, &crasher, &metrics, &cancel).await

@@ -62,6 +62,17 @@ pub struct PaymentsMetrics {
     /// Deliveries refused because their msg_id lies beyond the inbox
     /// partitions created so far (dead-lettered).
     pub future_msg_ids_total: IntCounter,
+    /// Kafka events parked (`payments.parked`): beyond the inbox's
+    /// partitions, or behind an earlier parked event of their order.
+    pub parked_total: IntCounter,
+    /// Parked events applied (charged, or found already applied) once the
+    /// inbox could record them.
+    pub parked_applied_total: IntCounter,
+    /// Events parked now (sampled by the drain every `--hold-retry-ms`).
+    pub parked_events: IntGauge,
+    /// Kafka events dead-lettered as minted further ahead of the database's
+    /// clock than `--clock-skew` (kind `ahead_of_clock`).
+    pub ahead_of_clock_total: IntCounter,
     /// Inbox partitions kept.
     pub inbox_partitions: IntGauge,
     /// Inbox partitions dropped by expiry.
@@ -210,6 +221,22 @@ impl PaymentsMetrics {
                 "payments_future_msg_ids_total",
                 "Deliveries held back (not applied, not acknowledged, tried again): msg_id at or beyond the end of the inbox partitions created so far",
             )?,
+            parked_total: counter(
+                "payments_parked_total",
+                "Kafka events parked (payments.parked): the inbox cannot record them yet, or an earlier event of their order is parked; their offsets move on, their order waits",
+            )?,
+            parked_applied_total: counter(
+                "payments_parked_applied_total",
+                "Parked events applied (or found applied) once the inbox could record them",
+            )?,
+            parked_events: IntGauge::new(
+                "payments_parked_events",
+                "Events parked now, waiting for the inbox's partitions to reach them",
+            )?,
+            ahead_of_clock_total: counter(
+                "payments_ahead_of_clock_total",
+                "Kafka events dead-lettered (kind ahead_of_clock): msg_id minted further ahead of the database's clock than --clock-skew",
+            )?,
             inbox_partitions: IntGauge::new("payments_inbox_partitions", "Inbox partitions kept")?,
             inbox_partitions_dropped_total: counter(
                 "payments_inbox_partitions_dropped_total",
@@ -320,6 +347,9 @@ impl PaymentsMetrics {
             &m.after_horizon_total,
             &m.applied_after_horizon_total,
             &m.future_msg_ids_total,
+            &m.parked_total,
+            &m.parked_applied_total,
+            &m.ahead_of_clock_total,
             &m.inbox_partitions_dropped_total,
             &m.inbox_extend_failures_total,
         ] {
@@ -327,6 +357,7 @@ impl PaymentsMetrics {
         }
         m.registry.register(Box::new(m.inbox_partitions.clone()))?;
         m.registry.register(Box::new(m.held_partitions.clone()))?;
+        m.registry.register(Box::new(m.parked_events.clone()))?;
         m.registry.register(Box::new(m.consumed_total.clone()))?;
         m.registry.register(Box::new(m.dedup_hits_total.clone()))?;
         m.registry

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::delivery::{AfterHorizon, Applied, ChargeIntent, Delivery, Held, Source};
+use crate::delivery::{Applied, ChargeIntent, Delivery, Held, Rules, Source};
 use crate::inbox;
 use crate::metrics::{PaymentsMetrics, Stage};
 use crate::{decode, unsafe_split};
@@ -25,8 +25,9 @@ use crate::{decode, unsafe_split};
 /// counter-examples.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Apply {
-    /// [`inbox::apply_batch`], with what it does after the dedup horizon.
-    Inbox(AfterHorizon),
+    /// [`inbox::apply_batch`], with what it does with a msg_id outside the
+    /// inbox's partitions.
+    Inbox(Rules),
     /// [`unsafe_split::apply_batch`].
     Split(SplitTxn),
 }
@@ -187,9 +188,7 @@ async fn apply_with_retry(
     loop {
         let start = Instant::now();
         let result = match apply {
-            Apply::Inbox(after_horizon) => {
-                inbox::apply_batch(pool, slice, after_horizon, crasher).await
-            }
+            Apply::Inbox(rules) => inbox::apply_batch(pool, slice, rules, crasher).await,
             Apply::Split(mode) => unsafe_split::apply_batch(pool, mode, slice, crasher).await,
         };
         match result {
@@ -257,8 +256,8 @@ async fn reject_with_retry(
     }
 }
 
-/// Counts what a committed slice did.
-fn record(
+/// Counts what a committed slice (or a drain of parked events) did.
+pub(crate) fn record(
     metrics: &PaymentsMetrics,
     applied: &Applied,
     committed_at: &HashMap<Uuid, DateTime<Utc>>,
@@ -287,7 +286,9 @@ fn record(
     }
     metrics
         .future_msg_ids_total
-        .inc_by(applied.held.len() as u64);
+        .inc_by(applied.held.len() as u64 + applied.parked_future);
+    metrics.parked_total.inc_by(applied.parked);
+    metrics.ahead_of_clock_total.inc_by(applied.ahead_of_clock);
     if applied.after_horizon + applied.never_recordable > 0 {
         tracing::warn!(
             after_horizon = applied.after_horizon,

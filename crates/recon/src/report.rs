@@ -314,6 +314,8 @@ pub struct Report {
     pub open_deliveries: i64,
     /// Webhooks the receiver claimed and has not applied yet.
     pub unprocessed_webhooks: i64,
+    /// Kafka events payments parked and has not applied yet.
+    pub parked_events: i64,
     /// Sum of order amounts.
     pub order_amount_cents: i64,
     /// Sum of charge amounts.
@@ -336,6 +338,9 @@ pub struct DeadLetters {
     pub open_deliveries: i64,
     /// The webhook hop: claimed by the receiver, not applied yet.
     pub unprocessed_webhooks: i64,
+    /// Kafka events payments parked (the inbox could not record them yet),
+    /// not applied yet.
+    pub parked_events: i64,
 }
 
 impl DeadLetters {
@@ -416,6 +421,7 @@ impl Report {
             failed_deliveries: dead.failed_deliveries,
             open_deliveries: dead.open_deliveries,
             unprocessed_webhooks: dead.unprocessed_webhooks,
+            parked_events: dead.parked_events,
             order_amount_cents: p.order_amount,
             charge_amount_cents: p.charge_amount,
             effect_amount_cents: p.effect_amount,
@@ -457,6 +463,7 @@ impl Report {
             d("pending_rows", self.pending_rows - self.failed_rows),
             d("open_deliveries", self.open_deliveries),
             d("unprocessed_webhooks", self.unprocessed_webhooks),
+            d("parked_events", self.parked_events),
             d("events_not_consumed", self.events_not_consumed),
             d("inbox_without_event", self.inbox_without_event),
             d(
@@ -516,7 +523,7 @@ impl Report {
 
     /// The human table.
     pub fn table(&self, policy: Policy) -> String {
-        let rows: [(&str, i64); 38] = [
+        let rows: [(&str, i64); 39] = [
             ("intents (idempotency keys)", self.intents),
             ("distinct orders", self.distinct_orders),
             ("intents without order", self.intents_without_order),
@@ -561,6 +568,7 @@ impl Report {
             ("failed webhook deliveries", self.failed_deliveries),
             ("open webhook deliveries", self.open_deliveries),
             ("webhooks claimed, not applied", self.unprocessed_webhooks),
+            ("events parked, not applied", self.parked_events),
             ("order amount (cents)", self.order_amount_cents),
             ("charge amount (cents)", self.charge_amount_cents),
             ("effect amount (cents)", self.effect_amount_cents),

@@ -255,6 +255,16 @@ async fn payments_writes_only_the_payments_schema() {
                (topic, partition, \"offset\", msg_key, payload, reason, kind, msg_id) \
              VALUES ('t', 0, 1, NULL, NULL, 'r', 'rejected', gen_random_uuid()) \
              ON CONFLICT (topic, partition, \"offset\") DO NOTHING",
+            // crates/payments/src/park.rs: parked, checked, applied
+            "INSERT INTO payments.parked (msg_id, order_id, account_id, amount_cents, payload_hash, \
+               topic, partition, \"offset\", msg_key, payload, reason) \
+             VALUES (gen_random_uuid(), gen_random_uuid(), 1, 1, 0, 't', 0, 2, NULL, NULL, 'r') \
+             ON CONFLICT (msg_id) DO NOTHING RETURNING payload_hash",
+            "SELECT DISTINCT order_id FROM payments.parked WHERE order_id = ANY(ARRAY[gen_random_uuid()])",
+            "SELECT p.msg_id FROM payments.parked p WHERE NOT EXISTS \
+               (SELECT 1 FROM payments.parked q WHERE q.order_id = p.order_id AND q.seq < p.seq) \
+             ORDER BY p.seq LIMIT 10 FOR UPDATE OF p SKIP LOCKED",
+            "DELETE FROM payments.parked WHERE msg_id = ANY(ARRAY[gen_random_uuid()])",
         ],
     )
     .await;
@@ -282,6 +292,8 @@ async fn payments_writes_only_the_payments_schema() {
             "DROP TABLE payments.inbox_legacy",
             "SELECT count(*) FROM payments.inbox_legacy",
             "DELETE FROM payments.inbox_partitions",
+            // a parked event is applied or stays as it came
+            "UPDATE payments.parked SET amount_cents = 1",
             "UPDATE orders.outbox_policy SET retention = interval '1 day'",
         ],
     )
@@ -303,6 +315,7 @@ async fn recon_only_reads() {
         ("payments.charges", "amount_cents"),
         ("payments.ledger", "amount_cents"),
         ("payments.dead_letters", "reason"),
+        ("payments.parked", "reason"),
     ];
     let reads: Vec<String> = tables
         .iter()

@@ -21,7 +21,7 @@ use effectively::envelope::Envelope;
 use effectively::testing::{TestDb, cases_from_env as cases};
 use effectively::text::{MAX_STORED_TEXT, storable};
 use payments::decode::decode;
-use payments::delivery::{AfterHorizon, DeadLetterKind, Origin, Source};
+use payments::delivery::{DeadLetterKind, Origin, Rules, Source};
 use payments::inbox::{apply_batch, reject, split};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -467,7 +467,7 @@ fn every_dead_letter_is_written_and_read_back_storable() {
         check_decoded(&messages, &db_error, &mut tally)?;
         let (deliveries, _) = payments::classify(&messages);
         rt.block_on(async {
-            let applied = apply_batch(&pool, &deliveries, AfterHorizon::Refuse, &crasher)
+            let applied = apply_batch(&pool, &deliveries, Rules::refusing(), &crasher)
                 .await
                 .map_err(|e| TestCaseError::fail(format!("apply_batch: {e}")))?;
             let undecodable = deliveries.iter().filter(|d| d.content.is_err()).count();

@@ -19,6 +19,9 @@ SELECT
                     -- over HTTP: a delivery the sender gave up never arrives
                     AND NOT EXISTS (SELECT 1 FROM orders.webhook_deliveries w
                                     WHERE w.msg_id = x.msg_id AND w.failed_at IS NOT NULL))
+  -- over Kafka: nothing parked by payments and not yet applied (an event
+  -- sent by no outbox, or older than the outbox's floor, is parked too)
+  AND NOT EXISTS (SELECT 1 FROM payments.parked)
   -- over HTTP: nothing claimed by the receiver and not yet applied
   AND NOT EXISTS (SELECT 1 FROM payments.webhook_inbox i WHERE i.processed_at IS NULL)
   -- over HTTP: no delivery the sender still has open. The receiver may have

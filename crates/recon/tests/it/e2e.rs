@@ -238,6 +238,44 @@ async fn drained_waits_for_an_open_webhook_delivery() {
     assert!(wait().await.expect("drain query"), "delivered: drained");
 }
 
+/// Drained waits for payments' parked events too (an event the inbox could
+/// not record yet, applied later): even one that no outbox row accounts
+/// for. While one waits, recon reports it and calls it drift.
+#[tokio::test]
+async fn drained_waits_for_a_parked_event_and_recon_reports_it() {
+    let (_db, pool) = seeded(5).await;
+    let wait = || recon::wait_drained(&pool, Duration::from_millis(300));
+    assert!(wait().await.expect("drain query"), "the seed is drained");
+    let park = "INSERT INTO payments.parked (msg_id, order_id, account_id, amount_cents, payload_hash, \
+                topic, partition, \"offset\", reason) \
+                VALUES (gen_random_uuid(), gen_random_uuid(), 1, 1, 0, 't', 0, 0, 'parked')";
+    sqlx::query(park).execute(&pool).await.expect(park);
+    assert!(
+        !wait().await.expect("drain query"),
+        "a parked event is not drained"
+    );
+    let mut tx = pool.begin().await.expect("begin");
+    let report = recon::reconcile(&mut tx).await.expect("recon");
+    assert_eq!(report.parked_events, 1);
+    assert!(
+        report.drift(Policy::default()).contains(&"parked_events"),
+        "{}",
+        report.table(Policy::default())
+    );
+    assert!(
+        report
+            .table(Policy::default())
+            .contains("events parked, not applied"),
+        "the table names it"
+    );
+    tx.rollback().await.expect("rollback");
+    sqlx::query("DELETE FROM payments.parked")
+        .execute(&pool)
+        .await
+        .expect("apply it");
+    assert!(wait().await.expect("drain query"), "applied: drained");
+}
+
 /// Each corruption, applied alone to a clean database, is drift and is named.
 #[tokio::test]
 async fn every_per_order_check_catches_its_corruption() {

@@ -240,6 +240,9 @@ pub struct OrderCreated {
 /// clap flag reads its variable by this name (`env = env::…`), and chaos sets
 /// it for the children it supervises. Renaming one renames both sides.
 pub mod env {
+    /// Relay and payments: run on a topic whose replication factor or
+    /// `min.insync.replicas` is under 2 (the single-node stack writes it).
+    pub const KAFKA_ALLOW_UNDER_REPLICATED_TOPIC: &str = "KAFKA_ALLOW_UNDER_REPLICATED_TOPIC";
     /// The database URL of every binary (its role's own URL under chaos).
     pub const DATABASE_URL: &str = "DATABASE_URL";
     /// The session limit `idle_in_transaction_session_timeout`, in ms.

@@ -931,7 +931,9 @@ async fn create_topic_and_drain(pool: &PgPool, topic: &TestTopic) {
         &topic.bootstrap_servers,
         &topic.name,
         3,
-        1,
+        // The brokers' default replication (3): the relay checks the topic
+        // again once it exists, and refuses one replica.
+        -1,
         &effectively::contract::order_events_topic_configs(),
     )
     .await
@@ -1626,5 +1628,112 @@ async fn published_rows_expire_after_the_retention_and_unpublished_ones_stay() {
     assert!(
         floor > newest,
         "the floor moved past every row minted before the cut"
+    );
+}
+
+/// The relay binary on `db` and `topic` (one worker, batches of 10, its
+/// metrics on `metrics_port`, its log on a pipe, killed when dropped), with
+/// `extra` settings.
+fn relay_process(
+    db: &TestDb,
+    topic: &TestTopic,
+    metrics_port: u16,
+    extra: &[(&str, &str)],
+) -> tokio::process::Command {
+    let mut relay = tokio::process::Command::new(env!("CARGO_BIN_EXE_relay"));
+    relay
+        .env("DATABASE_URL", db.url_as(ServiceRole::Relay))
+        .env("KAFKA_BOOTSTRAP_SERVERS", &topic.bootstrap_servers)
+        .env("KAFKA_TOPIC", &topic.name)
+        .env("RELAY_METRICS_ADDR", format!("127.0.0.1:{metrics_port}"))
+        .env("RELAY_BATCH_SIZE", "10")
+        .env("RELAY_WORKERS", "1")
+        .env("RUST_LOG", "info")
+        .envs(extra.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    relay
+}
+
+/// Issue item 11, reproduced: a topic made by hand with one replica. The
+/// relay ran on it without a word, though `acks=all` is then one copy and
+/// a lost node loses events the outbox already marked published. It now
+/// refuses at start-up (status 2) naming the replication factor, publishes
+/// nothing, and runs with `--allow-under-replicated-topic`.
+#[tokio::test]
+async fn a_topic_with_one_replica_is_refused_at_start_naming_the_replication_factor() {
+    let db = TestDb::create().await;
+    // As a single-node stack's brokers would have it: one replica, one in
+    // sync (the stack's default of 2 would refuse every acks=all produce).
+    let topic = TestTopic::create_with(2, 1, &[("min.insync.replicas", "1")]).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    fill_outbox(&pool, &[Uuid::now_v7()], 1).await;
+
+    let refused = relay_process(
+        &db,
+        &topic,
+        effectively::testing::free_port(),
+        &[("KAFKA_ALLOW_UNDER_REPLICATED_TOPIC", "false")],
+    )
+    .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), refused)
+        .await
+        .expect("the relay still runs on a topic with one replica after 60 s")
+        .expect("run relay");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("topic {}: replication factor is 1", topic.name)),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("--allow-under-replicated-topic"),
+        "{stderr}"
+    );
+    assert_eq!(pending(&pool).await, 1, "nothing was published to it");
+
+    let _relay = relay_process(
+        &db,
+        &topic,
+        effectively::testing::free_port(),
+        &[("KAFKA_ALLOW_UNDER_REPLICATED_TOPIC", "true")],
+    )
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("spawn relay");
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "with --allow-under-replicated-topic it publishes"
+    );
+}
+
+/// Three replicas, but `min.insync.replicas` 1 on the topic: an `acks=all`
+/// ack may be the leader's alone once its followers fall behind. Refused,
+/// naming the setting, its value and where it comes from.
+#[tokio::test]
+async fn a_topic_whose_min_insync_replicas_is_one_is_refused_naming_it() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create_with(2, 3, &[("min.insync.replicas", "1")]).await;
+    let mut cfg = config(&db, &topic, 1, 10);
+    cfg.kafka.allow_under_replicated_topic = false;
+    let error = spawn_relay(cfg)
+        .await
+        .ended(Duration::from_secs(60))
+        .await
+        .expect_err("refused");
+    assert!(
+        error
+            .downcast_ref::<effectively::kafka::TopicRefusal>()
+            .is_some(),
+        "{error:#}"
+    );
+    let text = format!("{error:#}");
+    assert!(
+        text.contains("min.insync.replicas is 1 (set on the topic), with replication factor 3"),
+        "{text}"
     );
 }

@@ -403,8 +403,9 @@ kafka_up() {
   tool=$(kafka_tool_bin) || exit 1
   # Replication -1 takes the brokers' default.replication.factor (every
   # node), min.insync.replicas the brokers' (2 of 3): what the relay and
-  # payments require of it. Retried: a node that just started may not be
-  # unfenced everywhere yet.
+  # payments require of it. kafka-tool's default configs make the brokers
+  # stamp its records (LogAppendTime). Retried: a node that just started may
+  # not be unfenced everywhere yet.
   local tries=0
   until KAFKA_BOOTSTRAP_SERVERS=$(bootstrap_servers) "$tool" create --topic "$TOPIC" --partitions "$PARTITIONS"; do
     tries=$((tries + 1))

@@ -276,6 +276,15 @@ impl TopicSettings {
         }
         None
     }
+
+    /// Whether the producer's clock stamps the records (`CreateTime`, Kafka's
+    /// default): the broker then refuses a record stamped further ahead of
+    /// its own clock than `message.timestamp.after.max.ms` (1 h in Kafka 4)
+    /// with `INVALID_TIMESTAMP`, and expires a record stamped behind it
+    /// early. `LogAppendTime` makes the broker stamp them.
+    pub fn producer_stamps(&self) -> bool {
+        self.timestamp_type.as_deref() != Some("LogAppendTime")
+    }
 }
 
 /// What is wrong with a topic for `acks=all`.
@@ -455,6 +464,13 @@ mod tests {
         let over = refusal(2, 3, true).expect("refused whatever the flag");
         assert!(over.contains("NOT_ENOUGH_REPLICAS"), "{over}");
         assert!(over.contains("min.insync.replicas is 3"), "{over}");
+    }
+
+    #[test]
+    fn only_log_append_time_keeps_the_producers_clock_out() {
+        assert!(settings(3, 2, Some("CreateTime")).producer_stamps());
+        assert!(settings(3, 2, None).producer_stamps(), "Kafka's default");
+        assert!(!settings(3, 2, Some("LogAppendTime")).producer_stamps());
     }
 
     #[test]

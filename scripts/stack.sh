@@ -402,8 +402,10 @@ kafka_up() {
   local tool
   tool=$(kafka_tool_bin) || exit 1
   # Replication -1 takes the brokers' default.replication.factor (every
-  # node), min.insync.replicas the brokers' (2 of 3). Retried: a node that
-  # just started may not be unfenced everywhere yet.
+  # node), min.insync.replicas the brokers' (2 of 3): what the relay and
+  # payments require of it. kafka-tool's default configs make the brokers
+  # stamp its records (LogAppendTime). Retried: a node that just started may
+  # not be unfenced everywhere yet.
   local tries=0
   until KAFKA_BOOTSTRAP_SERVERS=$(bootstrap_servers) "$tool" create --topic "$TOPIC" --partitions "$PARTITIONS"; do
     tries=$((tries + 1))
@@ -487,6 +489,11 @@ ENV
 export KAFKA_BOOTSTRAP_SERVERS=$(bootstrap_servers)
 export KAFKA_TOPIC=$TOPIC
 ENV
+    # One node: every topic has one replica, which the relay and payments
+    # refuse unless told this is a single-node stack.
+    if [ "$KAFKA_NODES" = 1 ]; then
+      echo "export KAFKA_ALLOW_UNDER_REPLICATED_TOPIC=true" >>"$ENV_FILE"
+    fi
   fi
   cat "$ENV_FILE"
 }

@@ -152,6 +152,18 @@ pub struct KafkaArgs {
     /// The topic order events are published to.
     #[arg(long, env = "KAFKA_TOPIC", default_value = "order.events")]
     pub kafka_topic: String,
+
+    /// Run on a topic that cannot keep what `acks=all` acknowledges: a
+    /// replication factor under 2, or `min.insync.replicas` under 2 (an ack
+    /// is then one copy, and losing its broker loses events the outbox
+    /// already marked published). At start-up the relay and payments read
+    /// both from the brokers and refuse such a topic, naming the setting,
+    /// unless this is set: for a single-node stack or a test. A
+    /// `min.insync.replicas` over the replication factor is refused
+    /// whatever this says (every produce would fail with
+    /// NOT_ENOUGH_REPLICAS).
+    #[arg(long, env = crate::contract::env::KAFKA_ALLOW_UNDER_REPLICATED_TOPIC)]
+    pub allow_under_replicated_topic: bool,
 }
 
 #[cfg(test)]

@@ -240,6 +240,9 @@ pub struct OrderCreated {
 /// clap flag reads its variable by this name (`env = env::…`), and chaos sets
 /// it for the children it supervises. Renaming one renames both sides.
 pub mod env {
+    /// Relay and payments: run on a topic whose replication factor or
+    /// `min.insync.replicas` is under 2 (the single-node stack writes it).
+    pub const KAFKA_ALLOW_UNDER_REPLICATED_TOPIC: &str = "KAFKA_ALLOW_UNDER_REPLICATED_TOPIC";
     /// The database URL of every binary (its role's own URL under chaos).
     pub const DATABASE_URL: &str = "DATABASE_URL";
     /// The session limit `idle_in_transaction_session_timeout`, in ms.
@@ -309,11 +312,23 @@ pub const ORDER_EVENTS_RETENTION_MS: u64 = 7 * 24 * 3600 * 1000;
 /// the horizon).
 pub const ORDER_EVENTS_SEGMENT_MS: u64 = 24 * 3600 * 1000;
 
+/// `message.timestamp.type` of `order.events` when this project creates it:
+/// the broker stamps each record as it appends it. With Kafka's default
+/// (`CreateTime`) the relay host's clock stamps them, and a clock over an
+/// hour ahead of the brokers' (`message.timestamp.after.max.ms`) gets every
+/// record refused with INVALID_TIMESTAMP, one behind expires them early.
+/// Nothing in the pipeline reads a record's timestamp.
+pub const ORDER_EVENTS_TIMESTAMP_TYPE: &str = "LogAppendTime";
+
 /// The topic configs this project sets when it creates `order.events`.
-pub fn order_events_topic_configs() -> [(&'static str, String); 2] {
+pub fn order_events_topic_configs() -> [(&'static str, String); 3] {
     [
         ("retention.ms", ORDER_EVENTS_RETENTION_MS.to_string()),
         ("segment.ms", ORDER_EVENTS_SEGMENT_MS.to_string()),
+        (
+            "message.timestamp.type",
+            ORDER_EVENTS_TIMESTAMP_TYPE.to_owned(),
+        ),
     ]
 }
 

@@ -165,18 +165,27 @@ impl TestTopic {
     /// # Panics
     /// When the broker is down.
     pub async fn create(partitions: i32) -> Self {
+        // The brokers' default.replication.factor: 3 on the 3-node stack.
+        Self::create_with(partitions, -1, &[]).await
+    }
+
+    /// [`Self::create`] with `replication` replicas (-1: the brokers'
+    /// default) and `configs` added to the contract's topic configs (a key
+    /// given replaces the contract's).
+    ///
+    /// # Panics
+    /// When the broker is down.
+    pub async fn create_with(partitions: i32, replication: i32, configs: &[(&str, &str)]) -> Self {
         let bootstrap_servers = stack_var("KAFKA_BOOTSTRAP_SERVERS");
         let name = format!("test-{}", Uuid::new_v4().simple());
-        crate::kafka::ensure_topic(
-            &bootstrap_servers,
-            &name,
-            partitions,
-            // The brokers' default.replication.factor: 3 on the 3-node stack.
-            -1,
-            &crate::contract::order_events_topic_configs(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("create topic {name}: {e:#} (is the stack up? `make up`)"));
+        let mut all: Vec<(&str, String)> = crate::contract::order_events_topic_configs()
+            .into_iter()
+            .filter(|(k, _)| !configs.iter().any(|(given, _)| given == k))
+            .collect();
+        all.extend(configs.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        crate::kafka::ensure_topic(&bootstrap_servers, &name, partitions, replication, &all)
+            .await
+            .unwrap_or_else(|e| panic!("create topic {name}: {e:#} (is the stack up? `make up`)"));
         Self {
             name,
             bootstrap_servers,
@@ -188,6 +197,12 @@ impl TestTopic {
         crate::config::KafkaArgs {
             kafka_bootstrap_servers: self.bootstrap_servers.clone(),
             kafka_topic: self.name.clone(),
+            // A single-node stack's topics have one replica; it says so in
+            // its env file.
+            allow_under_replicated_topic: stack_var_opt(
+                crate::contract::env::KAFKA_ALLOW_UNDER_REPLICATED_TOPIC,
+            )
+            .is_some_and(|v| v == "true"),
         }
     }
 

@@ -8,6 +8,7 @@ use clap::Parser;
 use effectively::config::{DbArgs, KafkaArgs, RuntimeArgs};
 use effectively::contract::{SplitTxn, UNSAFE_SPLIT_TXN_ENV};
 use effectively::crash::CrashArgs;
+use effectively::kafka::TopicCheck;
 use effectively::retry::Backoff;
 use tokio_util::sync::CancellationToken;
 
@@ -377,6 +378,27 @@ pub async fn check_horizon(
         return Ok(horizon);
     }
     Err(HorizonRefusal(message).into())
+}
+
+/// Checks that the topic keeps what the relay's `acks=all` acknowledges
+/// ([`effectively::kafka::check_topic`]): an event lost with an
+/// under-replicated partition was already marked published, so no one would
+/// ever send it again and its charge would be missing for good. While the
+/// topic cannot be read it waits with backoff, as [`check_horizon`] does,
+/// until `cancel` fires; `Err(TopicRefusal)` when refused.
+pub async fn check_topic(config: &Config, cancel: &CancellationToken) -> anyhow::Result<()> {
+    let mut backoff = Backoff::new();
+    loop {
+        match effectively::kafka::check_topic("payments", &config.kafka).await? {
+            TopicCheck::Passed(_) => return Ok(()),
+            TopicCheck::Unreadable(error) => {
+                tracing::warn!(error = %format!("{error:#}"), "reading the topic's replication failed; retrying");
+                if !backoff.wait(cancel).await {
+                    return Err(error.context("check the topic's replication"));
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::config::{
     Config, DEFAULT_FETCH_WAIT_MAX_MS, GroupProtocol, HorizonRefusal, Transport, check_horizon,
+    check_topic,
 };
 pub use crate::kafka::{PaymentsConsumer, RebalanceContext, partition_lag};
 use crate::metrics::PaymentsMetrics;
@@ -84,6 +85,9 @@ pub async fn run_on(
     let pool = effectively::db::connect(&config.db, limits).await?;
     let metrics = Arc::new(PaymentsMetrics::new().context("register metrics")?);
     let horizon = check_horizon(&pool, &config, &metrics, &cancel).await?;
+    if config.source == Transport::Kafka {
+        check_topic(&config, &cancel).await?;
+    }
     // Partitions ahead exist before the first claim; then the maintenance
     // keeps them (and expires the old ones) while payments runs.
     let lifecycle = config.lifecycle();

@@ -18,7 +18,12 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("bind metrics {}", config.metrics_addr))?;
     match payments::run(config, metrics, effectively::shutdown::on_signal()).await {
-        Err(error) if error.downcast_ref::<payments::HorizonRefusal>().is_some() => {
+        Err(error)
+            if error.downcast_ref::<payments::HorizonRefusal>().is_some()
+                || error
+                    .downcast_ref::<effectively::kafka::TopicRefusal>()
+                    .is_some() =>
+        {
             eprintln!("payments: refusing to start: {error}");
             std::process::exit(2);
         }

@@ -35,6 +35,7 @@ pub mod metrics;
 pub mod outbox;
 mod poll;
 pub mod publish;
+mod topic;
 mod upkeep;
 mod wake;
 pub mod wal;
@@ -81,7 +82,21 @@ pub async fn run(
     if config.sink == Sink::Http {
         return run_webhooks(config, pool, metrics, metrics_listener, cancel).await;
     }
-    let max_message_bytes = topic_max_message_bytes(&config.kafka).await;
+    // A topic that cannot keep what acks=all acknowledges is refused before
+    // a row is published to it.
+    // Both read the brokers, each up to its timeout while they do not answer.
+    let (checked, max_message_bytes) = tokio::join!(
+        topic::check(&config.kafka),
+        topic_max_message_bytes(&config.kafka)
+    );
+    let unreadable = checked?;
+    if let Some(error) = &unreadable {
+        tracing::warn!(
+            topic = %config.kafka.kafka_topic,
+            error = %format!("{error:#}"),
+            "could not read the topic's replication at start-up; checking it again while running"
+        );
+    }
     let cfg = config.clone();
     let context = RelayContext::default();
     let fatal = context.fatal.clone();
@@ -113,6 +128,17 @@ pub async fn run(
         Err(error) => tracing::warn!(%error, "reading the outbox retention failed"),
     }
     tasks.push(spawn_outbox_expiry(&pool, &metrics, &cancel));
+    // The topic unreadable at start-up: checked again until it can be read;
+    // a refusal then ends the relay as it would have at start-up.
+    let (refused_tx, mut refused) = tokio::sync::oneshot::channel();
+    if unreadable.is_some() {
+        let (kafka, cancel) = (config.kafka.clone(), cancel.clone());
+        tasks.push(tokio::spawn(async move {
+            if let Some(refusal) = topic::recheck(kafka, cancel).await {
+                let _ = refused_tx.send(refusal);
+            }
+        }));
+    }
     // A fatal error the producer's error callback does not see as one.
     tasks.push(fatal.watch_producer(producer.clone(), Duration::from_millis(500), cancel.clone()));
 
@@ -179,10 +205,15 @@ pub async fn run(
     tracing::info!(mode = ?config.mode, workers, shard_groups = config.shard_groups, shard_depth = config.shard_depth, batch_size = config.batch_size, topic = %config.kafka.kafka_topic, "relay running");
 
     let mut wal_result = Ok(());
+    let mut topic_refusal = None;
     tokio::select! {
         () = outer.cancelled() => {}
         () = fatal.fired() => {}
         Ok(result) = &mut wal_end => wal_result = result,
+        Ok(refusal) = &mut refused => {
+            tracing::error!(%refusal, "stopping: the topic cannot keep what it acknowledges");
+            topic_refusal = Some(refusal);
+        }
     }
     cancel.cancel();
     for t in worker_tasks {
@@ -199,6 +230,9 @@ pub async fn run(
         tokio::task::spawn_blocking(move || producer.flush(Timeout::After(Duration::from_secs(5))))
             .await;
     pool.close().await;
+    if let Some(refusal) = topic_refusal {
+        return Err(refusal.into());
+    }
     match fatal_reason {
         // The rows in flight stay pending (unmarked) and are published by
         // the next life.

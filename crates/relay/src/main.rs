@@ -23,5 +23,17 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let metrics = TcpListener::bind(config.metrics_addr)
         .await
         .with_context(|| format!("bind metrics {}", config.metrics_addr))?;
-    relay::run(config, metrics, effectively::shutdown::on_signal()).await
+    match relay::run(config, metrics, effectively::shutdown::on_signal()).await {
+        // The topic cannot keep what acks=all acknowledges: as payments'
+        // refusals, status 2.
+        Err(error)
+            if error
+                .downcast_ref::<effectively::kafka::TopicRefusal>()
+                .is_some() =>
+        {
+            eprintln!("relay: refusing to run: {error}");
+            std::process::exit(2);
+        }
+        other => other,
+    }
 }

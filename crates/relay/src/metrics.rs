@@ -159,7 +159,8 @@ impl RelayMetrics {
                 Opts::new(
                     "relay_errors_total",
                     "Relay errors by stage: claim, mark, commit (a batch), produce, rejected, \
-                     encode (a row), listen, wal; destinations, fan_out, claim, record (webhooks)",
+                     encode, invalid_timestamp (a row: the broker refused this host's clock), \
+                     listen, wal; destinations, fan_out, claim, record (webhooks)",
                 ),
                 &["stage"],
             )?,
@@ -301,6 +302,7 @@ impl RelayMetrics {
             "produce",
             "rejected",
             "encode",
+            "invalid_timestamp",
             "listen",
             "wal",
             "destinations",

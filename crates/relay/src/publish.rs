@@ -304,6 +304,31 @@ impl Worker {
                 tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, bytes = value.len(), %error, "refused with a batch over the topic's limit; the row itself is under it and stays pending");
                 Publish::Retry
             }
+            Err((error, _))
+                if error.rdkafka_error_code() == Some(RDKafkaErrorCode::InvalidTimestamp) =>
+            {
+                // The broker refused the timestamp this host's clock put on
+                // the record (a CreateTime topic, a clock past the topic's
+                // message.timestamp.after/before.max.ms). Not the row's
+                // fault, so not counted against --max-attempts: the row stays
+                // pending and goes once the clock is right, but every row
+                // would be refused meanwhile, so it is an error of its own.
+                self.metrics
+                    .relay_errors_total
+                    .with_label_values(&["invalid_timestamp"])
+                    .inc();
+                tracing::error!(
+                    outbox_id = row.id,
+                    msg_id = %row.msg_id,
+                    %error,
+                    "the broker refused the record's timestamp (INVALID_TIMESTAMP): this host's clock \
+                     is off from the brokers' by more than the topic allows \
+                     (message.timestamp.after.max.ms, 1 h by default). Publishing is stopped until \
+                     the host's time synchronisation is fixed or the topic lets the brokers stamp \
+                     records (message.timestamp.type=LogAppendTime); the row stays pending"
+                );
+                Publish::Retry
+            }
             Err((error, _)) if rejects_the_row(&error) => {
                 self.metrics
                     .relay_errors_total

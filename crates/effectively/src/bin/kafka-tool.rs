@@ -75,14 +75,18 @@ struct CreateArgs {
     partitions: i32,
 
     /// Replicas of each partition; -1 takes the brokers'
-    /// `default.replication.factor` (3 on the embedded 3-node cluster).
+    /// `default.replication.factor` (3 on the embedded 3-node cluster). The
+    /// relay and payments refuse a topic with fewer than 2 (or with
+    /// `min.insync.replicas` under 2) unless --allow-under-replicated-topic.
     #[arg(long, env = "KAFKA_TOPIC_REPLICATION", default_value_t = -1, allow_negative_numbers = true)]
     replication: i32,
 
     /// A topic config of the new topic, `KEY=VALUE`, repeatable. By default
     /// the pipeline's own: retention.ms 7 days and segment.ms 1 day, which
-    /// payments reads back to derive its redelivery horizon; a key given here
-    /// replaces the default of that key.
+    /// payments reads back to derive its redelivery horizon, and
+    /// message.timestamp.type LogAppendTime (the brokers stamp the records,
+    /// so no producer's clock gets them refused or expired early); a key
+    /// given here replaces the default of that key.
     #[arg(long = "config", value_name = "KEY=VALUE", value_parser = parse_config)]
     configs: Vec<(String, String)>,
 }

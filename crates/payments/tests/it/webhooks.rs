@@ -48,6 +48,7 @@ fn config(db: &TestDb, secret: &Secret) -> Config {
         kafka: KafkaArgs {
             kafka_bootstrap_servers: "127.0.0.1:9".into(),
             kafka_topic: "unused".into(),
+            allow_under_replicated_topic: false,
         },
         crash: CrashArgs::default(),
         dup: DupArgs::default(),

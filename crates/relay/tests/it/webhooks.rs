@@ -174,6 +174,7 @@ fn config(db: &TestDb, destinations: Vec<Destination>, scale: f64) -> Config {
         kafka: KafkaArgs {
             kafka_bootstrap_servers: "127.0.0.1:9".into(),
             kafka_topic: "unused".into(),
+            allow_under_replicated_topic: false,
         },
         crash: CrashArgs::default(),
         batch_size: 100,

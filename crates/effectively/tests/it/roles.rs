@@ -467,6 +467,12 @@ async fn the_grant_matrix_is_exactly_this() {
         "effectively_payments payments.webhook_inbox DELETE",
         "effectively_payments payments.webhook_inbox UPDATE(processed_at)",
         "effectively_payments payments.inbox_partitions SELECT",
+        // Parked events (ahead of the inbox's partitions): parked, applied
+        // and deleted; UPDATE only for FOR UPDATE SKIP LOCKED.
+        "effectively_payments payments.parked SELECT",
+        "effectively_payments payments.parked INSERT",
+        "effectively_payments payments.parked DELETE",
+        "effectively_payments payments.parked UPDATE(parked_at)",
         "effectively_payments payments.inbox_extend EXECUTE",
         "effectively_payments payments.inbox_expire EXECUTE",
         "effectively_payments orders USAGE",
@@ -497,6 +503,7 @@ async fn the_grant_matrix_is_exactly_this() {
         "payments.dead_letters",
         "payments.inbox_partitions",
         "payments.webhook_inbox",
+        "payments.parked",
         "orders.webhook_deliveries",
         "orders.webhook_attempts",
         "orders.outbox_policy",

@@ -173,20 +173,13 @@ pub async fn apply_batch(
                     applied.held.push(source.origin.into());
                 }
                 Some((outside, reason)) => {
-                    let kind = if outside == Outside::AfterHorizon {
-                        applied.after_horizon += 1;
-                        DeadLetterKind::AfterHorizon
-                    } else {
-                        applied.never_recordable += 1;
-                        DeadLetterKind::FutureMsgId
-                    };
-                    dead.push(DeadLetter {
+                    dead.push(refuse_outside(
+                        &mut applied,
+                        intent,
                         source,
-                        kind,
-                        msg_id: Some(intent.msg_id),
-                        order_id: Some(intent.order_id),
+                        outside,
                         reason,
-                    });
+                    ));
                 }
             }
         }
@@ -246,6 +239,33 @@ pub(crate) struct Claim<'a> {
     pub(crate) msg_id_conflicts: Vec<DeadLetter<'a>>,
     /// New msg_ids whose order was already charged.
     pub(crate) order_conflicts: Vec<DeadLetter<'a>>,
+}
+
+/// The dead letter of an event the inbox's window refuses for good
+/// (`outside` is not [`Outside::Future`]: past the dedup horizon, or a
+/// msg_id that can never have a partition), counted in `applied`. Shared by
+/// the consume path and the parked events' drain.
+pub(crate) fn refuse_outside<'a>(
+    applied: &mut Applied,
+    intent: &ChargeIntent,
+    source: Source<'a>,
+    outside: Outside,
+    reason: String,
+) -> DeadLetter<'a> {
+    let kind = if outside == Outside::AfterHorizon {
+        applied.after_horizon += 1;
+        DeadLetterKind::AfterHorizon
+    } else {
+        applied.never_recordable += 1;
+        DeadLetterKind::FutureMsgId
+    };
+    DeadLetter {
+        source,
+        kind,
+        msg_id: Some(intent.msg_id),
+        order_id: Some(intent.order_id),
+        reason,
+    }
 }
 
 /// Inbox claim, then charges and ledger entries for the msg_ids that were

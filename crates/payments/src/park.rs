@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::delivery::{Applied, ChargeIntent, DeadLetter, DeadLetterKind, Origin, Source};
-use crate::expiry::{Outside, Window};
+use crate::expiry::Window;
 use crate::inbox;
 use crate::metrics::PaymentsMetrics;
 
@@ -206,20 +206,13 @@ pub async fn drain_once(pool: &PgPool, crasher: &Crasher) -> sqlx::Result<Option
             // Parked so long that the dedup horizon passed it: refused as
             // any delivery that late.
             Some((outside, reason)) => {
-                let kind = if outside == Outside::AfterHorizon {
-                    applied.after_horizon += 1;
-                    DeadLetterKind::AfterHorizon
-                } else {
-                    applied.never_recordable += 1;
-                    DeadLetterKind::FutureMsgId
-                };
-                dead.push(DeadLetter {
+                dead.push(inbox::refuse_outside(
+                    &mut applied,
+                    intent,
                     source,
-                    kind,
-                    msg_id: Some(intent.msg_id),
-                    order_id: Some(intent.order_id),
+                    outside,
                     reason,
-                });
+                ));
             }
         }
     }

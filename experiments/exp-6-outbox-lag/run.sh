@@ -181,6 +181,14 @@ done
 printf '{"steady_share": %s, "steady_rate": %s, "rows_per_tx": %s, "configs": "%s"}\n' \
   "$SHARE" "$RATE" "$ROWS_PER_TX" "$CONFIGS" >"$RES/meta.json"
 python3 "$ROOT/experiments/lib/exp6.py" "$RES" "$MODE" && status=0 || status=$?
+if [ "$status" != 0 ]; then
+  # What a failed run needs first, printed where CI shows it: each relay's
+  # warnings and errors (a WAL stream's restart names its reason).
+  for log in "$RES"/*/relay.log; do
+    echo "exp-6: $(basename "$(dirname "$log")")'s relay: $(grep -c -E ' (WARN|ERROR) ' "$log") warnings and errors; the last 20:"
+    grep -E ' (WARN|ERROR) ' "$log" | tail -20 | cut -c1-600
+  done
+fi
 
 if [ -x "$ROOT/.tools/venv/bin/python" ] || "$ROOT/scripts/tools.sh" venv >/dev/null 2>&1; then
   py=$ROOT/.tools/venv/bin/python

@@ -3,6 +3,9 @@
 //! There is no exactly-once *delivery*; this crate gives the pieces that make
 //! *processing* effectively-once on top of at-least-once delivery:
 //!
+//! * [`store`]: the library on a schema of the user's choosing (its own
+//!   migration ledger): [`store::Outbox`], [`store::Inbox`] and
+//!   [`store::Keys`] for a service that is not this project's pipeline;
 //! * [`idempotency`]: client-supplied idempotency keys with a request
 //!   fingerprint and a stored response that is replayed verbatim;
 //! * [`outbox`]: the transactional outbox writer (the caller's business row and
@@ -45,6 +48,7 @@ pub mod retry;
 #[cfg(feature = "http")]
 pub mod serve;
 pub mod shutdown;
+pub mod store;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -83,11 +83,30 @@ pub struct TestDb {
 }
 
 impl TestDb {
-    /// Creates `test_<uuid>` on the stack's server and migrates it.
+    /// Creates `test_<uuid>` on the stack's server and applies the
+    /// pipeline's migrations.
     ///
     /// # Panics
     /// When the stack is down or the database cannot be created.
     pub async fn create() -> Self {
+        let db = Self::empty().await;
+        let pool = sqlx::PgPool::connect(&db.url)
+            .await
+            .expect("connect test db");
+        crate::db::MIGRATOR
+            .run(&pool)
+            .await
+            .expect("migrate test db");
+        pool.close().await;
+        db
+    }
+
+    /// Creates `test_<uuid>` on the stack's server, empty: a database of a
+    /// service that is not this project's (the library's own tests).
+    ///
+    /// # Panics
+    /// When the stack is down or the database cannot be created.
+    pub async fn empty() -> Self {
         let admin = stack_var("STACK_ADMIN_DATABASE_URL");
         let name = format!("test_{}", Uuid::new_v4().simple());
         let mut conn = PgConnection::connect(&admin)
@@ -100,12 +119,6 @@ impl TestDb {
         let _ = conn.close().await;
         let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
         let url = format!("{base}/{name}");
-        let pool = sqlx::PgPool::connect(&url).await.expect("connect test db");
-        crate::db::MIGRATOR
-            .run(&pool)
-            .await
-            .expect("migrate test db");
-        pool.close().await;
         Self { name, url }
     }
 

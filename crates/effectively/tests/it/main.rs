@@ -5,3 +5,5 @@
 mod kafka_tool;
 // Each service role's rights in PostgreSQL, and nothing more.
 mod roles;
+// The library on a schema of the user's choosing, in a database of its own.
+mod store;

@@ -1,0 +1,351 @@
+//! The inbox: a consumer's claim of a message, in the transaction of the
+//! message's effect.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use sqlx::{Acquire, PgConnection, PgPool};
+use uuid::Uuid;
+
+use super::SchemaName;
+
+/// How long an inbox keeps a message's row by default: eight days, a day
+/// more than Kafka's default retention (seven days), so no copy the log
+/// still holds can outlive its row.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(8 * 24 * 3600);
+
+/// Longest message id accepted, in bytes.
+const MAX_ID: usize = 255;
+
+/// A message's id as its sender gave it: a UUID (a UUIDv7 carries its send
+/// time) or any text.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum MessageId {
+    /// A UUID, stored in its hyphenated lowercase form.
+    Uuid(Uuid),
+    /// Text: 1 to 255 bytes, no NUL.
+    Text(String),
+}
+
+impl MessageId {
+    fn to_text(&self) -> String {
+        match self {
+            Self::Uuid(u) => u.hyphenated().to_string(),
+            Self::Text(t) => t.clone(),
+        }
+    }
+}
+
+impl From<Uuid> for MessageId {
+    fn from(id: Uuid) -> Self {
+        Self::Uuid(id)
+    }
+}
+
+impl From<&str> for MessageId {
+    fn from(id: &str) -> Self {
+        Self::Text(id.to_owned())
+    }
+}
+
+impl From<String> for MessageId {
+    fn from(id: String) -> Self {
+        Self::Text(id)
+    }
+}
+
+/// Why a [`Message`] could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("message id {id:?} is not accepted: {why}")]
+pub struct MessageError {
+    /// The id given (its first 300 characters).
+    pub id: String,
+    /// What is wrong.
+    pub why: &'static str,
+}
+
+/// A message as the inbox sees it: its id, when it was sent (the inbox
+/// keeps its row for the retention after that) and a hash of its payload (a
+/// second message with the same id and another payload is a conflict, not a
+/// duplicate).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    id: String,
+    sent_at: DateTime<Utc>,
+    payload_hash: [u8; 32],
+}
+
+impl Message {
+    /// A message with id `id`, sent at `sent_at` (for a Kafka record, its
+    /// timestamp; for a webhook, its `webhook-timestamp`), carrying
+    /// `payload`.
+    pub fn new(
+        id: impl Into<MessageId>,
+        sent_at: DateTime<Utc>,
+        payload: &[u8],
+    ) -> Result<Self, MessageError> {
+        let id = id.into().to_text();
+        let refuse = |why| {
+            Err(MessageError {
+                id: id.chars().take(300).collect(),
+                why,
+            })
+        };
+        if id.is_empty() {
+            return refuse("it is empty");
+        }
+        if id.len() > MAX_ID {
+            return refuse("it is longer than 255 bytes");
+        }
+        if id.contains('\0') {
+            return refuse("it holds a NUL character");
+        }
+        Ok(Self {
+            payload_hash: *blake3::hash(payload).as_bytes(),
+            id,
+            sent_at,
+        })
+    }
+
+    /// A message whose id is a UUIDv7 (an [`super::Event`]'s msg_id): sent
+    /// at the time the id carries.
+    pub fn v7(id: Uuid, payload: &[u8]) -> Self {
+        Self {
+            id: id.hyphenated().to_string(),
+            sent_at: crate::v7::mint_time(id),
+            payload_hash: *blake3::hash(payload).as_bytes(),
+        }
+    }
+
+    /// Its id as stored.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// When it was sent.
+    pub fn sent_at(&self) -> DateTime<Utc> {
+        self.sent_at
+    }
+}
+
+/// What a claim found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InboxClaim {
+    /// First delivery: the row is the caller's until its transaction ends.
+    /// Apply the effect and commit (a rollback frees the claim again).
+    New,
+    /// Applied before, with the same payload: do nothing.
+    Duplicate,
+    /// Applied before with another payload under the same id: the sender
+    /// reused an id. Nothing was written; dead-letter it.
+    Conflict,
+    /// Sent longer ago than the inbox keeps rows (less its margin): whether
+    /// it was applied cannot be told any more. Nothing was written;
+    /// dead-letter it.
+    TooOld,
+}
+
+/// What [`Inbox::apply`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied<T> {
+    /// The effect ran and committed with the claim; its result.
+    New(T),
+    /// [`InboxClaim::Duplicate`]: the effect did not run.
+    Duplicate,
+    /// [`InboxClaim::Conflict`]: the effect did not run.
+    Conflict,
+    /// [`InboxClaim::TooOld`]: the effect did not run.
+    TooOld,
+}
+
+/// A consumer's inbox in a schema ([`super::Effectively::inbox`]).
+///
+/// A message's row is kept for the retention ([`Inbox::retention`], at
+/// least the sender's horizon: how long it may deliver a copy) after it was
+/// sent; [`Inbox::expire`] deletes older rows. A claim takes a message only
+/// while it is younger than the retention less a margin (an eighth of it, at
+/// most an hour): a claim and the delete of the same message's row then
+/// never meet, so no copy is applied twice.
+#[derive(Debug, Clone)]
+pub struct Inbox {
+    consumer: String,
+    retention: Duration,
+    insert: String,
+    read: String,
+    expire: String,
+}
+
+impl Inbox {
+    pub(super) fn new(schema: &SchemaName, consumer: &str) -> Self {
+        let q = schema.quoted();
+        Self {
+            consumer: consumer.to_owned(),
+            retention: DEFAULT_RETENTION,
+            insert: format!(
+                "INSERT INTO {q}.inbox (consumer, msg_id, payload_hash, sent_at) \
+                 SELECT $1, $2, $3, $4 WHERE $4 >= clock_timestamp() - make_interval(secs => $5) \
+                 ON CONFLICT (consumer, msg_id) DO NOTHING RETURNING true"
+            ),
+            read: format!("SELECT payload_hash FROM {q}.inbox WHERE consumer = $1 AND msg_id = $2"),
+            expire: format!(
+                "DELETE FROM {q}.inbox WHERE ctid = ANY(ARRAY( \
+                   SELECT ctid FROM {q}.inbox \
+                   WHERE consumer = $1 AND sent_at < clock_timestamp() - make_interval(secs => $2) \
+                   LIMIT $3))"
+            ),
+        }
+    }
+
+    /// The same inbox keeping rows for `retention` after their message was
+    /// sent (default [`DEFAULT_RETENTION`]). It must be at least the sender's
+    /// horizon: for Kafka the topic's `retention.ms` (by `LogAppendTime`),
+    /// for webhooks the sender's retry span.
+    pub fn retention(self, retention: Duration) -> Self {
+        Self { retention, ..self }
+    }
+
+    /// The consumer.
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// How much younger than the retention a message must be to be taken.
+    fn margin(&self) -> Duration {
+        (self.retention / 8).min(Duration::from_secs(3600))
+    }
+
+    /// Claims `message` in the caller's transaction. On [`InboxClaim::New`]
+    /// the caller applies the effect in the same transaction and commits; a
+    /// copy claimed meanwhile by another transaction waits for that commit
+    /// and is then a [`InboxClaim::Duplicate`].
+    pub async fn claim(
+        &self,
+        conn: &mut PgConnection,
+        message: &Message,
+    ) -> Result<InboxClaim, sqlx::Error> {
+        let window = self.retention.saturating_sub(self.margin()).as_secs_f64();
+        let new: Option<bool> = sqlx::query_scalar(&self.insert)
+            .bind(&self.consumer)
+            .bind(&message.id)
+            .bind(message.payload_hash.as_slice())
+            .bind(message.sent_at)
+            .bind(window)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if new.is_some() {
+            return Ok(InboxClaim::New);
+        }
+        // A statement of its own: its snapshot sees a row committed while
+        // the insert waited on it.
+        let found: Option<Vec<u8>> = sqlx::query_scalar(&self.read)
+            .bind(&self.consumer)
+            .bind(&message.id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(match found {
+            Some(hash) if hash == message.payload_hash => InboxClaim::Duplicate,
+            Some(_) => InboxClaim::Conflict,
+            None => InboxClaim::TooOld,
+        })
+    }
+
+    /// Claims `message` and, when it is new, runs `effect` in the claim's
+    /// transaction, then commits both; otherwise rolls back and says why the
+    /// effect did not run. An error from `effect` rolls everything back (the
+    /// message can be delivered again).
+    ///
+    /// ```no_run
+    /// # use effectively::store::{Effectively, Message};
+    /// # async fn run(fx: Effectively, msg: Message) -> Result<(), sqlx::Error> {
+    /// let applied = fx
+    ///     .inbox("billing")
+    ///     .apply(fx.pool(), &msg, |tx| {
+    ///         Box::pin(async move {
+    ///             sqlx::query("INSERT INTO invoices (cart) VALUES (1)")
+    ///                 .execute(&mut *tx)
+    ///                 .await?;
+    ///             Ok::<_, sqlx::Error>(())
+    ///         })
+    ///     })
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn apply<T, E, F>(
+        &self,
+        pool: &PgPool,
+        message: &Message,
+        effect: F,
+    ) -> Result<Applied<T>, E>
+    where
+        F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, E>>,
+        E: From<sqlx::Error>,
+    {
+        let mut conn = pool.acquire().await?;
+        let mut tx = conn.begin().await?;
+        let claim = self.claim(&mut tx, message).await?;
+        let applied = match claim {
+            InboxClaim::New => Applied::New(effect(&mut tx).await?),
+            InboxClaim::Duplicate => Applied::Duplicate,
+            InboxClaim::Conflict => Applied::Conflict,
+            InboxClaim::TooOld => Applied::TooOld,
+        };
+        match applied {
+            Applied::New(_) => tx.commit().await?,
+            _ => tx.rollback().await?,
+        }
+        Ok(applied)
+    }
+
+    /// Deletes this consumer's rows of messages sent longer ago than the
+    /// retention, `batch` rows per transaction, until none is left. Returns
+    /// how many it deleted.
+    pub async fn expire(&self, pool: &PgPool, batch: u32) -> Result<u64, sqlx::Error> {
+        let batch = i64::from(batch.max(1));
+        let mut deleted = 0;
+        loop {
+            let n = sqlx::query(&self.expire)
+                .bind(&self.consumer)
+                .bind(self.retention.as_secs_f64())
+                .bind(batch)
+                .execute(pool)
+                .await?
+                .rows_affected();
+            deleted += n;
+            if n < batch as u64 {
+                return Ok(deleted);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_ids_are_bounded_text() {
+        let now = Utc::now();
+        assert!(Message::new("a", now, b"").is_ok());
+        assert!(Message::new("x".repeat(255), now, b"").is_ok());
+        assert!(Message::new("", now, b"").is_err());
+        assert!(Message::new("x".repeat(256), now, b"").is_err());
+        assert!(Message::new("a\0b", now, b"").is_err());
+        let id = Uuid::now_v7();
+        assert_eq!(
+            Message::new(id, now, b"").expect("valid").id(),
+            id.to_string()
+        );
+        assert_eq!(Message::v7(id, b"p").sent_at(), crate::v7::mint_time(id));
+    }
+
+    #[test]
+    fn the_margin_is_an_eighth_of_the_retention_at_most_an_hour() {
+        let schema = SchemaName::new("s").expect("valid");
+        let inbox = Inbox::new(&schema, "c");
+        assert_eq!(inbox.margin(), Duration::from_secs(3600));
+        let short = inbox.retention(Duration::from_secs(80));
+        assert_eq!(short.margin(), Duration::from_secs(10));
+    }
+}

@@ -351,7 +351,10 @@ async fn every_row_is_delivered_signed_to_every_destination_in_per_key_order() {
 
 /// A key's first event fails its first attempt: its later events wait
 /// until it is delivered, another key's do not, and the retry comes after
-/// the scheduled wait (5 s scaled by 0.01, with jitter: 40 to 60 ms).
+/// the scheduled wait (5 s scaled by 0.1, with jitter: 400 to 600 ms). The
+/// scale leaves the other key's four deliveries 3 s and more before the
+/// held one's third try, so a busy machine does not make them look held
+/// (at 0.01 they had 290 ms, and a CI run under load missed it).
 #[tokio::test]
 async fn a_failing_first_attempt_holds_back_its_key_only_and_is_retried_on_schedule() {
     let db = TestDb::create().await;
@@ -372,7 +375,7 @@ async fn a_failing_first_attempt_holds_back_its_key_only_and_is_retried_on_sched
         }
     })
     .await;
-    let relay = spawn_relay(config(&db, vec![r.destination("r", &url, "")], 0.01)).await;
+    let relay = spawn_relay(config(&db, vec![r.destination("r", &url, "")], 0.1)).await;
     assert!(
         eventually(Duration::from_secs(30), || async {
             count(&pool, OPEN).await == 0 && r.hits().len() == 10
@@ -400,10 +403,10 @@ async fn a_failing_first_attempt_holds_back_its_key_only_and_is_retried_on_sched
             .all(|h| h.at < delivered_at),
         "the other key did not wait"
     );
-    // 5 s and 30 s, scaled by 0.01, with jitter x[0.8, 1.2].
+    // 5 s and 30 s, scaled by 0.1, with jitter x[0.8, 1.2].
     let (w1, w2) = (tries[1].at - tries[0].at, tries[2].at - tries[1].at);
-    assert!(w1 >= Duration::from_millis(40), "first wait {w1:?}");
-    assert!(w2 >= Duration::from_millis(240), "second wait {w2:?}");
+    assert!(w1 >= Duration::from_millis(400), "first wait {w1:?}");
+    assert!(w2 >= Duration::from_millis(2400), "second wait {w2:?}");
     let attempts: Vec<(i32, Option<i32>, String)> = sqlx::query_as(
         "SELECT a.attempt, a.status, a.outcome FROM orders.webhook_attempts a \
          JOIN orders.webhook_deliveries d USING (destination, outbox_id) \

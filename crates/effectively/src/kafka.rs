@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 /// API rust-rdkafka uses, a fatal error reaches `ClientContext::error` with
 /// its underlying code (e.g. `FencedInstanceId`), not `Fatal`. So the owner
 /// of the client also asks the client itself ([`FatalState::check`]), after
-/// every receive error and on a timer ([`FatalState::watch`]).
+/// every receive error and on a timer ([`FatalState::watch_producer`]).
 #[derive(Debug, Clone, Default)]
 pub struct FatalState {
     fired: CancellationToken,
@@ -421,6 +421,22 @@ pub fn judge_topic(
             Err(TopicRefusal(format!("{service} refuses {message}")))
         }
     }
+}
+
+/// Whether a produce error is about the record itself (the same record
+/// fails again, whatever the brokers' health: over the size limit, or not a
+/// valid record) rather than the brokers. `UNKNOWN_TOPIC_OR_PART` is not
+/// one: a topic may be created later.
+pub fn rejects_the_record(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::InvalidMessage
+                | RDKafkaErrorCode::InvalidRecord
+        )
+    )
 }
 
 #[cfg(test)]

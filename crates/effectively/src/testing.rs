@@ -159,6 +159,8 @@ pub struct TopicMessage {
     pub key: Option<Vec<u8>>,
     /// Value bytes.
     pub value: Option<Vec<u8>>,
+    /// Headers, in order (a header without a value has an empty one).
+    pub headers: Vec<(String, Vec<u8>)>,
 }
 
 /// A topic created for one test on the stack's broker (feature `kafka`).
@@ -224,7 +226,7 @@ impl TestTopic {
     pub async fn read_all(&self, count: usize, timeout: std::time::Duration) -> Vec<TopicMessage> {
         use rdkafka::ClientConfig;
         use rdkafka::consumer::{Consumer, StreamConsumer};
-        use rdkafka::message::Message;
+        use rdkafka::message::{Headers, Message};
         let consumer: StreamConsumer = ClientConfig::new()
             .set("bootstrap.servers", &self.bootstrap_servers)
             .set("group.id", format!("reader-{}", Uuid::new_v4().simple()))
@@ -241,6 +243,14 @@ impl TestTopic {
                     partition: m.partition(),
                     key: m.key().map(<[u8]>::to_vec),
                     value: m.payload().map(<[u8]>::to_vec),
+                    headers: m
+                        .headers()
+                        .map(|h| {
+                            h.iter()
+                                .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
                 }),
                 Ok(Err(e)) => panic!("read {}: {e}", self.name),
                 Err(_) => break,

@@ -329,7 +329,7 @@ impl Worker {
                 );
                 Publish::Retry
             }
-            Err((error, _)) if rejects_the_row(&error) => {
+            Err((error, _)) if effectively::kafka::rejects_the_record(&error) => {
                 self.metrics
                     .relay_errors_total
                     .with_label_values(&["rejected"])
@@ -390,18 +390,4 @@ pub(crate) async fn topic_max_message_bytes(kafka: &effectively::config::KafkaAr
             KAFKA_DEFAULT_MAX_MESSAGE_BYTES
         }
     }
-}
-
-/// Whether a produce error is about the message itself (the same message
-/// fails again, whatever the broker's health) rather than the broker.
-fn rejects_the_row(error: &KafkaError) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::MessageSizeTooLarge
-                | RDKafkaErrorCode::InvalidMessageSize
-                | RDKafkaErrorCode::InvalidMessage
-                | RDKafkaErrorCode::InvalidRecord
-        )
-    )
 }

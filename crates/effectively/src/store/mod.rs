@@ -34,8 +34,13 @@
 //! ```
 
 mod inbox;
+#[cfg(feature = "kafka")]
+mod kafka;
 mod keys;
 mod outbox;
+mod relay;
+#[cfg(feature = "webhooks")]
+mod webhook;
 
 use std::fmt;
 use std::sync::Arc;
@@ -44,8 +49,13 @@ use sqlx::{Connection, PgPool};
 
 pub use crate::idempotency::{Fingerprint, IdempotencyKey};
 pub use inbox::{Applied, DEFAULT_RETENTION, Inbox, InboxClaim, Message, MessageError, MessageId};
+#[cfg(feature = "kafka")]
+pub use kafka::{HEADER_CONTENT_TYPE, KafkaSink};
 pub use keys::{KeyClaim, Keys, StoredResponse};
 pub use outbox::{Event, EventError, Outbox, Payload, SHARDS, shard_of};
+pub use relay::{Outgoing, Pass, Relay, RelayStats, SendError, Sink};
+#[cfg(feature = "webhooks")]
+pub use webhook::{DestinationError, WebhookSink};
 
 /// The default schema: `effectively`.
 pub const DEFAULT_SCHEMA: &str = "effectively";

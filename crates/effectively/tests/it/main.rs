@@ -7,3 +7,5 @@ mod kafka_tool;
 mod roles;
 // The library on a schema of the user's choosing, in a database of its own.
 mod store;
+// The library's relay: a scripted sink and Kafka.
+mod store_relay;

@@ -1,0 +1,452 @@
+//! The relay as a library value: the outbox's pending rows published to a
+//! [`Sink`] (Kafka, signed webhooks, or the user's own), at least once, each
+//! key's events in order, with any number of relays at once.
+//!
+//! How a pass over one shard goes ([`Relay::relay_shard`]), in one
+//! transaction:
+//!
+//! 1. the shard's transaction-level advisory lock is tried: another relay
+//!    holding it means the shard is skipped (that one publishes it);
+//! 2. the shard's oldest pending rows are read (a batch), leaving out the
+//!    rows of a key whose earlier row failed for good;
+//! 3. each key's rows are sent one after the other, in id order, the keys
+//!    side by side; a row whose send must be tried again
+//!    ([`SendError::Retry`]) stops its key for this pass; one the sink
+//!    refuses for itself ([`SendError::Reject`]) is marked failed, and its
+//!    key's later rows wait (a person looks at it);
+//! 4. the rows sent are marked published, the refused ones failed, and the
+//!    transaction commits, which frees the shard.
+//!
+//! A crash (or a lost connection) before the commit leaves the rows pending
+//! and the lock free: the next pass sends them again, so a consumer sees a
+//! row at least once and must deduplicate (the [`super::Inbox`]). The lock
+//! is the fence: while one relay's pass is open no other relay can send the
+//! shard's rows, and a relay whose session the server ended cannot mark.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::stream::{self, StreamExt};
+use sqlx::postgres::PgListener;
+use sqlx::{Connection, PgPool};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::{Effectively, SHARDS};
+use crate::retry::Backoff;
+
+/// An outbox row as a [`Sink`] gets it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Outgoing {
+    /// The row's id (its place in the publish order).
+    pub id: i64,
+    /// The id every consumer deduplicates it by.
+    pub msg_id: Uuid,
+    /// Where it goes: a topic, a webhook destination's name.
+    pub destination: String,
+    /// Its key (a Kafka message key).
+    pub key: String,
+    /// Its type.
+    pub event_type: String,
+    /// Its payload.
+    pub payload: Vec<u8>,
+    /// The payload's media type.
+    pub content_type: String,
+    /// Its headers, in order.
+    #[sqlx(json)]
+    pub headers: Vec<(String, String)>,
+    /// When its transaction wrote it.
+    pub created_at: DateTime<Utc>,
+}
+
+/// Why a send did not deliver.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// Not now (the broker or the receiver is away, a timeout): the row
+    /// stays pending and is sent again.
+    #[error("try again: {0}")]
+    Retry(String),
+    /// Never: the row itself is refused (too large, a destination that does
+    /// not exist, a receiver's 4xx). It is marked failed with the reason,
+    /// and its key's later rows are held back.
+    #[error("refused: {0}")]
+    Reject(String),
+}
+
+/// Where a relay sends rows. A send returns once the destination has the
+/// row durably (a Kafka ack with `acks=all`, a webhook's 2xx); the relay
+/// then marks it published.
+pub trait Sink: Send + Sync + 'static {
+    /// Sends one row.
+    fn send(&self, row: &Outgoing) -> impl Future<Output = Result<(), SendError>> + Send;
+}
+
+/// A relay's counts since it was made (export them as you export metrics).
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    /// Rows sent and marked published.
+    pub published: AtomicU64,
+    /// Rows refused and marked failed.
+    pub failed: AtomicU64,
+    /// Sends to be tried again (the rows stayed pending).
+    pub retried: AtomicU64,
+    /// Shard passes skipped because another relay held the shard.
+    pub busy: AtomicU64,
+    /// Passes whose transaction failed (the database): their rows stay
+    /// pending.
+    pub errors: AtomicU64,
+}
+
+/// What one pass over a shard did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pass {
+    /// Rows marked published.
+    pub published: u64,
+    /// Rows marked failed.
+    pub failed: u64,
+    /// Rows left pending to be tried again (their sends failed, or an
+    /// earlier row of their key's did).
+    pub retried: u64,
+    /// Another relay held the shard: nothing was read.
+    pub busy: bool,
+    /// The batch was full: more may be pending.
+    pub full: bool,
+}
+
+/// The relay over an [`Effectively`] schema's outbox and a [`Sink`]. Cheap
+/// to share (`Arc` it); run it with [`Relay::run`], or drive passes
+/// yourself with [`Relay::relay_shard`] / [`Relay::relay_all`].
+pub struct Relay<S> {
+    pool: PgPool,
+    sink: S,
+    channel: String,
+    claim: String,
+    mark_published: String,
+    mark_failed: String,
+    lock_class: i32,
+    batch_size: i64,
+    keys_at_once: usize,
+    shards_at_once: usize,
+    poll_every: Duration,
+    stats: Arc<RelayStats>,
+}
+
+impl<S> std::fmt::Debug for Relay<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("channel", &self.channel)
+            .field("batch_size", &self.batch_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Sink> Relay<S> {
+    /// A relay of `fx`'s outbox into `sink`: batches of 500 rows, 4 shards
+    /// and 64 keys at once, a pass every second when no `NOTIFY` came.
+    pub fn new(fx: &Effectively, sink: S) -> Self {
+        let q = fx.schema_name().quoted();
+        // The advisory lock of shard s is (class, s); the class is the
+        // schema's, so two schemas' relays never meet.
+        let h = blake3::hash(format!("effectively.relay:{}", fx.schema_name()).as_bytes());
+        let b = h.as_bytes();
+        Self {
+            pool: fx.pool().clone(),
+            sink,
+            channel: format!("{}.outbox", fx.schema_name()),
+            claim: format!(
+                "SELECT o.id, o.msg_id, o.destination, o.key, o.event_type, o.payload, \
+                        o.content_type, o.headers, o.created_at \
+                 FROM {q}.outbox o \
+                 WHERE o.shard = $1 AND o.published_at IS NULL AND o.failed_at IS NULL \
+                   AND NOT EXISTS (SELECT 1 FROM {q}.outbox f \
+                                   WHERE f.key = o.key AND f.id < o.id \
+                                     AND f.published_at IS NULL AND f.failed_at IS NOT NULL) \
+                 ORDER BY o.id LIMIT $2"
+            ),
+            mark_published: format!(
+                "UPDATE {q}.outbox SET published_at = now() \
+                 WHERE id = ANY($1) AND published_at IS NULL"
+            ),
+            mark_failed: format!(
+                "UPDATE {q}.outbox o SET failed_at = now(), error = r.error \
+                 FROM unnest($1::int8[], $2::text[]) AS r(id, error) \
+                 WHERE o.id = r.id AND o.published_at IS NULL"
+            ),
+            lock_class: i32::from_be_bytes([b[0], b[1], b[2], b[3]]),
+            batch_size: 500,
+            keys_at_once: 64,
+            shards_at_once: 4,
+            poll_every: Duration::from_secs(1),
+            stats: Arc::default(),
+        }
+    }
+
+    /// Rows read per pass over a shard (at least 1).
+    pub fn batch_size(self, rows: u32) -> Self {
+        Self {
+            batch_size: i64::from(rows.max(1)),
+            ..self
+        }
+    }
+
+    /// Keys of a batch sent side by side (at least 1); each key's rows go
+    /// one after the other.
+    pub fn keys_at_once(self, keys: usize) -> Self {
+        Self {
+            keys_at_once: keys.max(1),
+            ..self
+        }
+    }
+
+    /// Shards passed over side by side by [`Relay::relay_all`] (1 to 16);
+    /// each holds a connection for its pass.
+    pub fn shards_at_once(self, shards: usize) -> Self {
+        Self {
+            shards_at_once: shards.clamp(1, usize::from(SHARDS)),
+            ..self
+        }
+    }
+
+    /// How long [`Relay::run`] waits for a `NOTIFY` before it looks anyway.
+    pub fn poll_every(self, every: Duration) -> Self {
+        Self {
+            poll_every: every,
+            ..self
+        }
+    }
+
+    /// Its counts.
+    pub fn stats(&self) -> Arc<RelayStats> {
+        self.stats.clone()
+    }
+
+    /// Its sink.
+    pub fn sink(&self) -> &S {
+        &self.sink
+    }
+
+    /// One pass over shard `shard` (0..16): one batch read, sent, marked
+    /// and committed (the module's doc says how).
+    pub async fn relay_shard(&self, shard: i16) -> Result<Pass, sqlx::Error> {
+        let result = self.pass(shard).await;
+        match &result {
+            Ok(pass) => {
+                self.stats
+                    .published
+                    .fetch_add(pass.published, Ordering::Relaxed);
+                self.stats.failed.fetch_add(pass.failed, Ordering::Relaxed);
+                self.stats
+                    .retried
+                    .fetch_add(pass.retried, Ordering::Relaxed);
+                if pass.busy {
+                    self.stats.busy.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Err(_) => {
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
+    async fn pass(&self, shard: i16) -> Result<Pass, sqlx::Error> {
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = conn.begin().await?;
+        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1, $2)")
+            .bind(self.lock_class)
+            .bind(i32::from(shard))
+            .fetch_one(&mut *tx)
+            .await?;
+        if !locked {
+            return Ok(Pass {
+                busy: true,
+                ..Pass::default()
+            });
+        }
+        let rows: Vec<Outgoing> = sqlx::query_as(&self.claim)
+            .bind(shard)
+            .bind(self.batch_size)
+            .fetch_all(&mut *tx)
+            .await?;
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(Pass::default());
+        }
+        let full = rows.len() as i64 == self.batch_size;
+        // Each key's rows in id order (the claim's order).
+        let mut by_key: Vec<Vec<&Outgoing>> = Vec::new();
+        let mut slot: HashMap<&str, usize> = HashMap::new();
+        for row in &rows {
+            let i = *slot.entry(row.key.as_str()).or_insert_with(|| {
+                by_key.push(Vec::new());
+                by_key.len() - 1
+            });
+            by_key[i].push(row);
+        }
+        let outcomes: Vec<KeyOutcome> = stream::iter(by_key)
+            .map(|rows| self.send_key(rows))
+            .buffer_unordered(self.keys_at_once)
+            .collect()
+            .await;
+        let mut published = Vec::new();
+        let mut failed_ids = Vec::new();
+        let mut failed_why = Vec::new();
+        let mut retried = 0;
+        for o in outcomes {
+            published.extend(o.published);
+            if let Some((id, why)) = o.failed {
+                failed_ids.push(id);
+                failed_why.push(why);
+            }
+            retried += o.left;
+        }
+        let marked = sqlx::query(&self.mark_published)
+            .bind(&published)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let failed = if failed_ids.is_empty() {
+            0
+        } else {
+            sqlx::query(&self.mark_failed)
+                .bind(&failed_ids)
+                .bind(&failed_why)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+        };
+        tx.commit().await?;
+        Ok(Pass {
+            published: marked,
+            failed,
+            retried,
+            busy: false,
+            full,
+        })
+    }
+
+    /// Sends one key's rows in order until one is not delivered.
+    async fn send_key(&self, rows: Vec<&Outgoing>) -> KeyOutcome {
+        let mut outcome = KeyOutcome::default();
+        let total = rows.len() as u64;
+        for row in rows {
+            match self.sink.send(row).await {
+                Ok(()) => outcome.published.push(row.id),
+                Err(SendError::Reject(why)) => {
+                    tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, destination = %row.destination, %why, "the sink refused the row; it is marked failed and its key's later rows wait");
+                    outcome.failed = Some((row.id, why));
+                    break;
+                }
+                Err(SendError::Retry(why)) => {
+                    tracing::debug!(outbox_id = row.id, msg_id = %row.msg_id, %why, "send failed; the row stays pending");
+                    break;
+                }
+            }
+        }
+        outcome.left = total - outcome.published.len() as u64 - u64::from(outcome.failed.is_some());
+        outcome
+    }
+
+    /// Passes over every shard, `shards_at_once` side by side, each shard
+    /// again while its batches come full and all went, until none has more.
+    /// Returns the sum of the passes.
+    pub async fn relay_all(&self) -> Result<Pass, sqlx::Error> {
+        let passes: Vec<Result<Pass, sqlx::Error>> = stream::iter(0..SHARDS as i16)
+            .map(|shard| async move {
+                let mut sum = Pass::default();
+                loop {
+                    let pass = self.relay_shard(shard).await?;
+                    sum.published += pass.published;
+                    sum.failed += pass.failed;
+                    sum.retried += pass.retried;
+                    sum.busy |= pass.busy;
+                    if !pass.full || pass.retried > 0 || pass.busy {
+                        return Ok(sum);
+                    }
+                }
+            })
+            .buffer_unordered(self.shards_at_once)
+            .collect()
+            .await;
+        let mut sum = Pass::default();
+        for pass in passes {
+            let pass = pass?;
+            sum.published += pass.published;
+            sum.failed += pass.failed;
+            sum.retried += pass.retried;
+            sum.busy |= pass.busy;
+        }
+        Ok(sum)
+    }
+
+    /// Relays until `cancel` fires: a pass over every shard on each
+    /// `NOTIFY` of the outbox's channel (a commit that wrote rows), and every
+    /// [`Relay::poll_every`] anyway (a `NOTIFY` is lost with a connection).
+    /// A pass whose sends must be tried again, or whose transaction failed,
+    /// is followed by a backoff (50 ms doubling to 5 s) instead. Returns
+    /// once the pass in progress has committed.
+    pub async fn run(&self, cancel: CancellationToken) {
+        let mut backoff = Backoff::new();
+        let mut listener: Option<PgListener> = None;
+        while !cancel.is_cancelled() {
+            if listener.is_none() {
+                listener = match PgListener::connect_with(&self.pool).await {
+                    Ok(mut l) => match l.listen(&self.channel).await {
+                        Ok(()) => Some(l),
+                        Err(error) => {
+                            tracing::warn!(%error, "listen for the outbox's NOTIFY; polling");
+                            None
+                        }
+                    },
+                    Err(error) => {
+                        tracing::warn!(%error, "connect to listen for the outbox's NOTIFY; polling");
+                        None
+                    }
+                };
+            }
+            let trouble = match self.relay_all().await {
+                Ok(pass) => pass.retried > 0,
+                Err(error) => {
+                    tracing::warn!(%error, "relay pass failed; its rows stay pending");
+                    true
+                }
+            };
+            if trouble {
+                if !backoff.wait(&cancel).await {
+                    return;
+                }
+                continue;
+            }
+            backoff.reset();
+            let wake = async {
+                match listener.as_mut() {
+                    Some(l) => {
+                        if l.recv().await.is_err() {
+                            // Reconnect on the next round.
+                            return false;
+                        }
+                        true
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(self.poll_every) => {}
+                ok = wake => if !ok { listener = None; },
+            }
+        }
+    }
+}
+
+/// What sending one key's rows did.
+#[derive(Default)]
+struct KeyOutcome {
+    published: Vec<i64>,
+    failed: Option<(i64, String)>,
+    left: u64,
+}

@@ -1,0 +1,523 @@
+//! The library's relay (`effectively::store::Relay`) against the real
+//! PostgreSQL, through a sink the test scripts (which rows fail, and how;
+//! a send that never ends), and through `KafkaSink` to the real broker.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use effectively::store::{Effectively, Event, KafkaSink, Outgoing, Relay, SendError, Sink};
+use effectively::testing::{TestDb, TestTopic};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+async fn store() -> (TestDb, PgPool, Effectively) {
+    let db = TestDb::empty().await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let fx = Effectively::postgres(pool.clone())
+        .schema("shop_fx")
+        .expect("a valid schema name");
+    fx.migrate().await.expect("migrate");
+    (db, pool, fx)
+}
+
+/// What a scripted sink does with a row, by its payload (a JSON number).
+#[derive(Clone, Copy)]
+enum Script {
+    Retry,
+    Reject,
+    Hang,
+}
+
+/// Records every send in order; fails or hangs the rows its script names.
+#[derive(Default, Clone)]
+struct Recorder {
+    sent: Arc<Mutex<Vec<(String, i64)>>>,
+    script: Arc<Mutex<HashMap<i64, Script>>>,
+}
+
+impl Recorder {
+    fn sent(&self) -> Vec<(String, i64)> {
+        self.sent.lock().expect("lock").clone()
+    }
+    fn set(&self, n: i64, script: Option<Script>) {
+        let mut s = self.script.lock().expect("lock");
+        match script {
+            Some(x) => s.insert(n, x),
+            None => s.remove(&n),
+        };
+    }
+    /// Each key's payloads in the order they were sent.
+    fn by_key(&self) -> HashMap<String, Vec<i64>> {
+        let mut m: HashMap<String, Vec<i64>> = HashMap::new();
+        for (k, n) in self.sent() {
+            m.entry(k).or_default().push(n);
+        }
+        m
+    }
+}
+
+impl Sink for Recorder {
+    async fn send(&self, row: &Outgoing) -> Result<(), SendError> {
+        let n: i64 = serde_json::from_slice(&row.payload).expect("a number");
+        let script = self.script.lock().expect("lock").get(&n).copied();
+        match script {
+            Some(Script::Retry) => return Err(SendError::Retry("scripted".into())),
+            Some(Script::Reject) => return Err(SendError::Reject("scripted refusal".into())),
+            Some(Script::Hang) => std::future::pending::<()>().await,
+            None => {}
+        }
+        self.sent.lock().expect("lock").push((row.key.clone(), n));
+        Ok(())
+    }
+}
+
+/// Enqueues payloads `ns` for keys `k0..k{keys}` in turn, in one transaction.
+async fn enqueue(fx: &Effectively, keys: i64, ns: std::ops::Range<i64>) {
+    let events: Vec<Event> = ns
+        .map(|n| {
+            Event::json("carts", &format!("k{}", n % keys), "cart.updated", &n)
+                .expect("a valid event")
+        })
+        .collect();
+    fx.outbox()
+        .enqueue_batch(fx.pool(), &events)
+        .await
+        .expect("enqueue");
+}
+
+async fn pending(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM shop_fx.outbox WHERE published_at IS NULL AND failed_at IS NULL",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("count")
+}
+
+fn ascending(v: &[i64]) -> bool {
+    v.windows(2).all(|w| w[0] < w[1])
+}
+
+#[tokio::test]
+async fn every_row_is_sent_once_each_key_in_order_and_marked() {
+    let (_db, pool, fx) = store().await;
+    enqueue(&fx, 7, 0..300).await;
+    let sink = Recorder::default();
+    let relay = Relay::new(&fx, sink.clone()).batch_size(20);
+    let pass = relay.relay_all().await.expect("relay");
+    assert_eq!(pass.published, 300);
+    assert_eq!(pending(&pool).await, 0);
+    let by_key = sink.by_key();
+    assert_eq!(by_key.len(), 7);
+    for (key, ns) in &by_key {
+        assert!(ascending(ns), "{key}: {ns:?}");
+    }
+    assert_eq!(sink.sent().len(), 300);
+    // Nothing left: a second pass sends nothing.
+    assert_eq!(relay.relay_all().await.expect("relay").published, 0);
+    assert_eq!(sink.sent().len(), 300);
+}
+
+#[tokio::test]
+async fn a_retried_row_holds_only_its_key_and_goes_first_next_time() {
+    let (_db, pool, fx) = store().await;
+    enqueue(&fx, 3, 0..30).await; // k0: 0, 3, 6, ...
+    let sink = Recorder::default();
+    sink.set(6, Some(Script::Retry));
+    let relay = Relay::new(&fx, sink.clone());
+    let pass = relay.relay_all().await.expect("relay");
+    assert_eq!(pass.retried, 8, "6 and k0's 7 later rows stay");
+    assert_eq!(sink.by_key()["k0"], [0, 3]);
+    assert_eq!(sink.by_key()["k1"].len(), 10);
+    assert_eq!(pending(&pool).await, 8);
+    sink.set(6, None);
+    relay.relay_all().await.expect("relay");
+    assert_eq!(pending(&pool).await, 0);
+    assert_eq!(sink.by_key()["k0"], (0..30).step_by(3).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn a_refused_row_is_marked_failed_and_holds_its_key_back() {
+    let (_db, pool, fx) = store().await;
+    enqueue(&fx, 2, 0..10).await; // k0: 0 2 4 6 8
+    let sink = Recorder::default();
+    sink.set(4, Some(Script::Reject));
+    let relay = Relay::new(&fx, sink.clone());
+    let pass = relay.relay_all().await.expect("relay");
+    assert_eq!((pass.published, pass.failed), (7, 1));
+    let (error,): (String,) = sqlx::query_as(
+        "SELECT error FROM shop_fx.outbox WHERE failed_at IS NOT NULL AND payload = '4'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("the failed row");
+    assert_eq!(error, "scripted refusal");
+    // k0's 6 and 8 wait behind it, pass after pass; k1 is done.
+    relay.relay_all().await.expect("relay");
+    assert_eq!(sink.by_key()["k0"], [0, 2]);
+    assert_eq!(sink.by_key()["k1"], [1, 3, 5, 7, 9]);
+    assert_eq!(pending(&pool).await, 2);
+}
+
+#[tokio::test]
+async fn a_pass_cut_off_mid_send_publishes_nothing_and_blocks_no_other_relay_after() {
+    let (_db, pool, fx) = store().await;
+    enqueue(&fx, 1, 0..5).await; // one key, one shard
+    let shard = effectively::store::shard_of("k0");
+    let stuck = Recorder::default();
+    stuck.set(2, Some(Script::Hang));
+    let first = Relay::new(&fx, stuck.clone());
+    let other_sink = Recorder::default();
+    let other = Relay::new(&fx, other_sink.clone());
+    // While the first pass hangs on row 2 it holds the shard: the other
+    // relay's pass is turned away.
+    let cut = tokio::time::timeout(Duration::from_millis(1500), async {
+        tokio::join!(first.relay_shard(shard), async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let pass = other.relay_shard(shard).await.expect("pass");
+            assert!(pass.busy, "the shard is held by the hung pass");
+        })
+    })
+    .await;
+    assert!(cut.is_err(), "the hung pass was cut off");
+    assert_eq!(stuck.sent(), [("k0".into(), 0), ("k0".into(), 1)]);
+    // Nothing was marked; once the cut-off pass's session is gone the
+    // other relay sends them all again, in order (at least once).
+    assert_eq!(pending(&pool).await, 5);
+    let mut published = 0;
+    for _ in 0..50 {
+        published += other.relay_shard(shard).await.expect("pass").published;
+        if published == 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(published, 5);
+    assert_eq!(other_sink.by_key()["k0"], [0, 1, 2, 3, 4]);
+}
+
+#[tokio::test]
+async fn two_relays_at_once_keep_each_key_in_order() {
+    let (_db, pool, fx) = store().await;
+    let sink = Recorder::default();
+    let a = Relay::new(&fx, sink.clone())
+        .batch_size(7)
+        .poll_every(Duration::from_millis(20));
+    let b = Relay::new(&fx, sink.clone())
+        .batch_size(5)
+        .poll_every(Duration::from_millis(20));
+    let cancel = CancellationToken::new();
+    let writer = async {
+        for chunk in 0..20 {
+            enqueue(&fx, 11, chunk * 50..(chunk + 1) * 50).await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for _ in 0..200 {
+            if pending(&pool).await == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        cancel.cancel();
+    };
+    tokio::join!(a.run(cancel.clone()), b.run(cancel.clone()), writer);
+    assert_eq!(pending(&pool).await, 0);
+    let by_key = sink.by_key();
+    let total: usize = by_key.values().map(Vec::len).sum();
+    assert_eq!(total, 1000, "each row sent once (no pass was cut off)");
+    for (key, ns) in &by_key {
+        assert!(ascending(ns), "{key}: {ns:?}");
+    }
+    assert!(
+        a.stats()
+            .published
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
+    assert!(
+        b.stats()
+            .published
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
+}
+
+#[tokio::test]
+async fn a_commit_wakes_the_relay_without_waiting_for_its_poll() {
+    let (_db, pool, fx) = store().await;
+    let sink = Recorder::default();
+    let relay = Relay::new(&fx, sink.clone()).poll_every(Duration::from_secs(3600));
+    let cancel = CancellationToken::new();
+    let run = relay.run(cancel.clone());
+    let check = async {
+        // Its first pass finds nothing; then it waits on the NOTIFY.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        enqueue(&fx, 1, 0..3).await;
+        let mut woke = false;
+        for _ in 0..100 {
+            if pending(&pool).await == 0 {
+                woke = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        cancel.cancel();
+        woke
+    };
+    let ((), woke) = tokio::join!(run, check);
+    assert!(
+        woke,
+        "the rows were published within 5 s, with the poll an hour away"
+    );
+}
+
+#[tokio::test]
+async fn kafka_sink_produces_each_row_to_its_topic_with_its_key_and_headers() {
+    let (_db, pool, fx) = store().await;
+    let topic = TestTopic::create(3).await;
+    let mut events = Vec::new();
+    for n in 0..30i64 {
+        events.push(
+            Event::json(&topic.name, &format!("cart-{}", n % 4), "cart.updated", &n)
+                .expect("a valid event")
+                .with_header("traceparent", &format!("00-{n:032x}-{n:016x}-01"))
+                .expect("a valid header"),
+        );
+    }
+    // One row too large for the producer's limit: refused for itself.
+    let big = Event::bytes(
+        &topic.name,
+        "cart-big",
+        "cart.updated",
+        "application/octet-stream",
+        vec![7; 200_000],
+    )
+    .expect("a valid event");
+    fx.outbox()
+        .enqueue_batch(&pool, &events)
+        .await
+        .expect("enqueue");
+    fx.outbox().enqueue(&pool, &big).await.expect("enqueue");
+
+    let mut config = rdkafka::ClientConfig::new();
+    config
+        .set("bootstrap.servers", &topic.bootstrap_servers)
+        .set("message.max.bytes", "100000");
+    let sink = KafkaSink::new(&config).expect("a producer");
+    let relay = Relay::new(&fx, sink);
+    let pass = relay.relay_all().await.expect("relay");
+    assert_eq!((pass.published, pass.failed), (30, 1));
+
+    let got = topic.read_all(30, Duration::from_secs(30)).await;
+    assert_eq!(got.len(), 30);
+    let mut by_key: HashMap<Vec<u8>, Vec<i64>> = HashMap::new();
+    let sent: HashMap<String, &Event> =
+        events.iter().map(|e| (e.msg_id().to_string(), e)).collect();
+    for m in &got {
+        let header = |name: &str| {
+            m.headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| String::from_utf8(v.clone()).expect("utf-8"))
+        };
+        let msg_id = header("msg_id").expect("msg_id header");
+        let event = sent[&msg_id];
+        let n: i64 = serde_json::from_slice(m.value.as_deref().expect("a value")).expect("json");
+        assert_eq!(m.key.as_deref(), Some(event.key().as_bytes()));
+        assert_eq!(header("event_type").as_deref(), Some("cart.updated"));
+        assert_eq!(header("content-type").as_deref(), Some("application/json"));
+        assert_eq!(
+            header("traceparent"),
+            Some(format!("00-{n:032x}-{n:016x}-01"))
+        );
+        by_key
+            .entry(m.key.clone().expect("a key"))
+            .or_default()
+            .push(n);
+    }
+    for (key, ns) in &by_key {
+        assert!(ascending(ns), "{}: {ns:?}", String::from_utf8_lossy(key));
+    }
+    let error: String =
+        sqlx::query_scalar("SELECT error FROM shop_fx.outbox WHERE key = 'cart-big'")
+            .fetch_one(&pool)
+            .await
+            .expect("the refused row");
+    assert!(error.contains("200000 bytes"), "{error}");
+}
+
+#[tokio::test]
+async fn kafka_sink_leaves_a_row_for_a_missing_topic_pending() {
+    let (_db, pool, fx) = store().await;
+    let topic = TestTopic::create(1).await;
+    let missing = format!("{}-not-made", topic.name);
+    let event = Event::json(&missing, "k", "t", &1).expect("a valid event");
+    fx.outbox().enqueue(&pool, &event).await.expect("enqueue");
+    let mut config = rdkafka::ClientConfig::new();
+    config
+        .set("bootstrap.servers", &topic.bootstrap_servers)
+        .set("message.timeout.ms", "3000");
+    let relay = Relay::new(&fx, KafkaSink::new(&config).expect("a producer"));
+    let pass = relay.relay_all().await.expect("relay");
+    assert_eq!((pass.published, pass.failed, pass.retried), (0, 0, 1));
+    assert_eq!(pending(&pool).await, 1);
+}
+
+/// A receiver on 127.0.0.1 that verifies each request's signature and
+/// answers the status its script gives the payload (200 by default),
+/// recording what it took.
+/// A request taken: its `webhook-id`, body and `traceparent`.
+type Took = (String, Vec<u8>, Option<String>);
+
+#[derive(Clone, Default)]
+struct Receiver {
+    took: Arc<Mutex<Vec<Took>>>,
+    answer: Arc<Mutex<HashMap<Vec<u8>, u16>>>,
+}
+
+async fn receive(
+    secret: effectively::webhook::Secret,
+    receiver: Receiver,
+) -> (String, CancellationToken) {
+    use axum::body::Bytes;
+    use axum::http::{HeaderMap, StatusCode};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/hooks", listener.local_addr().expect("addr"));
+    let router = axum::Router::new().route(
+        "/hooks",
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let (secret, receiver) = (secret.clone(), receiver.clone());
+            async move {
+                let h = |n: &str| {
+                    headers
+                        .get(n)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned()
+                };
+                let verified = effectively::webhook::verify(
+                    &[secret],
+                    &h("webhook-id"),
+                    &h("webhook-timestamp"),
+                    &h("webhook-signature"),
+                    &body,
+                    chrono::Utc::now().timestamp(),
+                    effectively::webhook::DEFAULT_TOLERANCE,
+                );
+                if verified.is_err() {
+                    return StatusCode::UNAUTHORIZED;
+                }
+                let status = receiver
+                    .answer
+                    .lock()
+                    .expect("lock")
+                    .get(body.as_ref())
+                    .copied()
+                    .unwrap_or(200);
+                if status == 200 {
+                    let trace = headers
+                        .get("traceparent")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
+                    receiver.took.lock().expect("lock").push((
+                        h("webhook-id"),
+                        body.to_vec(),
+                        trace,
+                    ));
+                }
+                StatusCode::from_u16(status).expect("a status")
+            }
+        }),
+    );
+    let cancel = CancellationToken::new();
+    effectively::metrics::spawn_router("receiver", listener, router, cancel.clone());
+    (url, cancel)
+}
+
+#[tokio::test]
+async fn webhook_sink_delivers_signed_requests_and_judges_the_answers() {
+    use effectively::store::WebhookSink;
+    use effectively::webhook::Secret;
+    let (_db, pool, fx) = store().await;
+    let secret = Secret::generate();
+    let receiver = Receiver::default();
+    let (url, stop) = receive(secret.clone(), receiver.clone()).await;
+    // Payload 5 is answered 503 (tried again), 6 is answered 410 (refused).
+    receiver
+        .answer
+        .lock()
+        .expect("lock")
+        .insert(b"5".to_vec(), 503);
+    receiver
+        .answer
+        .lock()
+        .expect("lock")
+        .insert(b"6".to_vec(), 410);
+    let mut events: Vec<Event> = (0..8i64)
+        .map(|n| {
+            Event::json("billing", &format!("cart-{n}"), "cart.updated", &n)
+                .expect("a valid event")
+                .with_header("traceparent", &format!("00-{n:032x}-{n:016x}-01"))
+                .expect("a valid header")
+        })
+        .collect();
+    events.push(Event::json("nowhere", "cart-x", "cart.updated", &9).expect("a valid event"));
+    fx.outbox()
+        .enqueue_batch(&pool, &events)
+        .await
+        .expect("enqueue");
+
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("a client");
+    let sink = WebhookSink::new(client)
+        .destination("billing", &url, vec![Secret::generate(), secret])
+        .expect("a destination");
+    assert!(
+        WebhookSink::new(reqwest::Client::new())
+            .destination("x", "ftp://host/", vec![Secret::generate()])
+            .is_err()
+    );
+    let relay = Relay::new(&fx, sink);
+    let pass = relay.relay_all().await.expect("relay");
+    assert_eq!((pass.published, pass.failed, pass.retried), (6, 2, 1));
+    let took = receiver.took.lock().expect("lock").clone();
+    assert_eq!(took.len(), 6);
+    for (id, body, trace) in &took {
+        let n: i64 = serde_json::from_slice(body).expect("json");
+        let event = &events[usize::try_from(n).expect("small")];
+        assert_eq!(id, &event.msg_id().to_string());
+        assert_eq!(
+            trace.as_deref(),
+            Some(format!("00-{n:032x}-{n:016x}-01").as_str())
+        );
+    }
+    let errors: Vec<(String, String)> = sqlx::query_as(
+        "SELECT convert_from(payload, 'UTF8'), error FROM shop_fx.outbox WHERE failed_at IS NOT NULL ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("the refused rows");
+    assert_eq!(errors[0].0, "6");
+    assert!(errors[0].1.starts_with("HTTP 410"), "{errors:?}");
+    assert_eq!(errors[1].0, "9");
+    assert!(
+        errors[1]
+            .1
+            .contains("no webhook destination named \"nowhere\""),
+        "{errors:?}"
+    );
+    // The receiver is back: the 503'd row goes.
+    receiver
+        .answer
+        .lock()
+        .expect("lock")
+        .remove(b"5".as_slice());
+    assert_eq!(relay.relay_all().await.expect("relay").published, 1);
+    assert_eq!(pending(&pool).await, 0);
+    stop.cancel();
+}

@@ -33,6 +33,10 @@
 //! # }
 //! ```
 
+#[cfg(feature = "kafka")]
+mod consume;
+#[cfg(feature = "http")]
+mod http;
 mod inbox;
 #[cfg(feature = "kafka")]
 mod kafka;
@@ -48,6 +52,10 @@ use std::sync::Arc;
 use sqlx::{Connection, PgPool};
 
 pub use crate::idempotency::{Fingerprint, IdempotencyKey};
+#[cfg(feature = "kafka")]
+pub use consume::{Handled, Handler, HandlerError, Record, consume, handle, record_of};
+#[cfg(feature = "http")]
+pub use http::{IDEMPOTENCY_KEY_HEADER, Idempotent, Principal};
 pub use inbox::{Applied, DEFAULT_RETENTION, Inbox, InboxClaim, Message, MessageError, MessageId};
 #[cfg(feature = "kafka")]
 pub use kafka::{HEADER_CONTENT_TYPE, KafkaSink};
@@ -70,11 +78,18 @@ struct Migration {
 
 /// Every version, in order. A released version is never edited: a change is
 /// a new version.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "outbox_inbox_keys",
-    sql: include_str!("sql/0001_outbox_inbox_keys.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "outbox_inbox_keys",
+        sql: include_str!("sql/0001_outbox_inbox_keys.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "dead_letters",
+        sql: include_str!("sql/0002_dead_letters.sql"),
+    },
+];
 
 /// A schema name the library accepts: 1 to 48 characters of `a-z`, `0-9`
 /// and `_`, not starting with a digit and not `pg_…` (PostgreSQL's own).
@@ -375,7 +390,8 @@ impl Effectively {
     /// - `writer` (the service that enqueues events and claims keys):
     ///   inserts into the outbox; reads, inserts, updates and deletes keys.
     /// - `relay`: reads the outbox and marks its rows.
-    /// - `consumer`: claims, reads and expires its inbox rows.
+    /// - `consumer`: claims, reads and expires its inbox rows; writes and
+    ///   reads dead letters.
     pub fn grants(
         &self,
         writer: Option<&str>,
@@ -404,7 +420,8 @@ impl Effectively {
         if let Some(r) = consumer {
             let r = role(r);
             sql.push_str(&format!(
-                "GRANT SELECT, INSERT, DELETE ON {q}.inbox TO {r};\n"
+                "GRANT SELECT, INSERT, DELETE ON {q}.inbox TO {r};\n\
+                 GRANT SELECT, INSERT ON {q}.dead_letters TO {r};\n"
             ));
         }
         sql

@@ -9,3 +9,7 @@ mod roles;
 mod store;
 // The library's relay: a scripted sink and Kafka.
 mod store_relay;
+// The library's consumer loop over the real broker.
+mod store_consume;
+// Idempotency keys on an axum route.
+mod store_http;

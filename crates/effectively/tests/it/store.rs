@@ -39,10 +39,10 @@ async fn migrate_installs_into_the_named_schema_with_its_own_ledger_and_nothing_
         .schema("shop_fx")
         .expect("a valid schema name");
     let first = fx.migrate().await.expect("migrate");
-    assert_eq!(first.applied, vec![1]);
+    assert_eq!(first.applied, vec![1, 2]);
     let again = fx.migrate().await.expect("migrate again");
     assert!(again.applied.is_empty(), "{again:?}");
-    assert_eq!(again.version, 1);
+    assert_eq!(again.version, 2);
 
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT table_name::text FROM information_schema.tables WHERE table_schema = 'shop_fx' ORDER BY 1",
@@ -52,7 +52,13 @@ async fn migrate_installs_into_the_named_schema_with_its_own_ledger_and_nothing_
     .expect("test step");
     assert_eq!(
         tables,
-        ["idempotency_keys", "inbox", "migrations", "outbox"]
+        [
+            "dead_letters",
+            "idempotency_keys",
+            "inbox",
+            "migrations",
+            "outbox"
+        ]
     );
     // Nothing outside the schema: no sqlx ledger, no role, no publication.
     assert_eq!(
@@ -70,17 +76,23 @@ async fn migrate_installs_into_the_named_schema_with_its_own_ledger_and_nothing_
             .fetch_all(&pool)
             .await
             .expect("test step");
-    assert_eq!(ledger, [(1, "outbox_inbox_keys".to_owned())]);
+    assert_eq!(
+        ledger,
+        [
+            (1, "outbox_inbox_keys".to_owned()),
+            (2, "dead_letters".to_owned())
+        ]
+    );
 
     // A second schema in the same database is another install.
     let other = Effectively::postgres(pool.clone())
         .schema("other_fx")
         .expect("a valid schema name");
-    assert_eq!(other.migrate().await.expect("migrate").applied, vec![1]);
+    assert_eq!(other.migrate().await.expect("migrate").applied, vec![1, 2]);
 
     // The SQL as text names the schema it is for.
     let text = other.migrations();
-    assert_eq!(text.len(), 1);
+    assert_eq!(text.len(), 2);
     assert!(text[0].2.contains("CREATE TABLE \"other_fx\".outbox"));
 }
 
@@ -112,13 +124,40 @@ async fn migrate_refuses_a_ledger_from_another_build() {
             err,
             MigrateError::Newer {
                 found: 99,
-                known: 1,
+                known: 2,
                 ..
             }
         ),
         "{err}"
     );
     assert!(err.to_string().contains("newer than this build"), "{err}");
+}
+
+#[tokio::test]
+async fn a_schema_at_an_older_version_is_upgraded_with_only_what_it_lacks() {
+    let (_db, pool, fx) = store("shop_fx").await;
+    // As a schema installed by the first release (version 1) is.
+    sqlx::raw_sql(
+        "DROP TABLE shop_fx.dead_letters; DELETE FROM shop_fx.migrations WHERE version = 2",
+    )
+    .execute(&pool)
+    .await
+    .expect("roll the schema back to version 1");
+    sqlx::query("INSERT INTO shop_fx.inbox (consumer, msg_id, payload_hash, sent_at) VALUES ('c', 'm', '\\x00', now())")
+        .execute(&pool)
+        .await
+        .expect("a row of version 1's");
+    let upgraded = fx.migrate().await.expect("upgrade");
+    assert_eq!(upgraded.applied, vec![2]);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM shop_fx.dead_letters").await,
+        0
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM shop_fx.inbox").await,
+        1,
+        "its data kept"
+    );
 }
 
 #[tokio::test]
@@ -131,7 +170,7 @@ async fn two_processes_migrating_at_once_take_turns() {
     let (a, b) = tokio::join!(fx.migrate(), fx.migrate());
     let mut applied = [a.expect("a").applied, b.expect("b").applied];
     applied.sort();
-    assert_eq!(applied, [vec![], vec![1]]);
+    assert_eq!(applied, [vec![], vec![1, 2]]);
 }
 
 #[tokio::test]

@@ -302,21 +302,14 @@ impl Inbox {
     /// retention, `batch` rows per transaction, until none is left. Returns
     /// how many it deleted.
     pub async fn expire(&self, pool: &PgPool, batch: u32) -> Result<u64, sqlx::Error> {
-        let batch = i64::from(batch.max(1));
-        let mut deleted = 0;
-        loop {
-            let n = sqlx::query(&self.expire)
+        let age = self.retention.as_secs_f64();
+        super::delete_in_batches(pool, batch, |limit| {
+            sqlx::query(&self.expire)
                 .bind(&self.consumer)
-                .bind(self.retention.as_secs_f64())
-                .bind(batch)
-                .execute(pool)
-                .await?
-                .rows_affected();
-            deleted += n;
-            if n < batch as u64 {
-                return Ok(deleted);
-            }
-        }
+                .bind(age)
+                .bind(limit)
+        })
+        .await
     }
 }
 

@@ -159,19 +159,10 @@ impl Keys {
         retention: Duration,
         batch: u32,
     ) -> Result<u64, sqlx::Error> {
-        let batch = i64::from(batch.max(1));
-        let mut deleted = 0;
-        loop {
-            let n = sqlx::query(&self.expire)
-                .bind(retention.as_secs_f64())
-                .bind(batch)
-                .execute(pool)
-                .await?
-                .rows_affected();
-            deleted += n;
-            if n < batch as u64 {
-                return Ok(deleted);
-            }
-        }
+        let age = retention.as_secs_f64();
+        super::delete_in_batches(pool, batch, |limit| {
+            sqlx::query(&self.expire).bind(age).bind(limit)
+        })
+        .await
     }
 }

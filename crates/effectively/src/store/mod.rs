@@ -428,6 +428,25 @@ impl Effectively {
     }
 }
 
+/// Runs `delete` (a statement that deletes at most its last parameter's
+/// rows, given by `delete(limit)`) until it deletes fewer than `batch` (at
+/// least 1), each run its own transaction; returns how many it deleted.
+async fn delete_in_batches<'q>(
+    pool: &PgPool,
+    batch: u32,
+    delete: impl Fn(i64) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> Result<u64, sqlx::Error> {
+    let limit = i64::from(batch.max(1));
+    let mut deleted = 0;
+    loop {
+        let n = delete(limit).execute(pool).await?.rows_affected();
+        deleted += n;
+        if n < limit as u64 {
+            return Ok(deleted);
+        }
+    }
+}
+
 /// A version's checksum: SHA-256 of its SQL as the library holds it (with
 /// `@schema@`, so the same version has one checksum in every schema).
 fn checksum_of(sql: &str) -> [u8; 32] {

@@ -16,7 +16,9 @@ use sqlx::postgres::PgListener;
 use sqlx::{Connection, PgPool};
 use uuid::Uuid;
 
-async fn store(schema: &str) -> (TestDb, PgPool, Effectively) {
+/// A database of its own with the library migrated into `schema` (the
+/// other `store_*` test files' set-up too).
+pub(crate) async fn store(schema: &str) -> (TestDb, PgPool, Effectively) {
     let db = TestDb::empty().await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let fx = Effectively::postgres(pool.clone())

@@ -5,10 +5,8 @@
 
 use std::time::Duration;
 
-use effectively::store::{
-    Effectively, Event, Handler, HandlerError, KafkaSink, Record, Relay, consume,
-};
-use effectively::testing::{TestDb, TestTopic};
+use effectively::store::{Event, Handler, HandlerError, KafkaSink, Record, Relay, consume};
+use effectively::testing::TestTopic;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -21,12 +19,7 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
 
 #[tokio::test]
 async fn each_record_is_applied_once_and_what_cannot_be_is_dead_lettered() {
-    let db = TestDb::empty().await;
-    let pool = PgPool::connect(&db.url).await.expect("connect");
-    let fx = Effectively::postgres(pool.clone())
-        .schema("billing_fx")
-        .expect("a valid schema name");
-    fx.migrate().await.expect("migrate");
+    let (_db, pool, fx) = super::store::store("billing_fx").await;
     sqlx::query("CREATE TABLE invoices (cart int PRIMARY KEY, total int NOT NULL)")
         .execute(&pool)
         .await

@@ -8,7 +8,7 @@ use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::Response;
 use axum::routing::post;
-use effectively::store::{Effectively, Idempotent, Principal, StoredResponse};
+use effectively::store::{Idempotent, Principal, StoredResponse};
 use effectively::testing::TestDb;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -58,12 +58,7 @@ async fn checkout(request: Idempotent) -> Response {
 }
 
 async fn serve() -> (TestDb, PgPool, String, CancellationToken) {
-    let db = TestDb::empty().await;
-    let pool = PgPool::connect(&db.url).await.expect("connect");
-    let fx = Effectively::postgres(pool.clone())
-        .schema("shop_fx")
-        .expect("a valid schema name");
-    fx.migrate().await.expect("migrate");
+    let (db, pool, fx) = super::store::store("shop_fx").await;
     sqlx::query("CREATE TABLE checkouts (id bigserial PRIMARY KEY, total int NOT NULL)")
         .execute(&pool)
         .await

@@ -12,13 +12,7 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 async fn store() -> (TestDb, PgPool, Effectively) {
-    let db = TestDb::empty().await;
-    let pool = PgPool::connect(&db.url).await.expect("connect");
-    let fx = Effectively::postgres(pool.clone())
-        .schema("shop_fx")
-        .expect("a valid schema name");
-    fx.migrate().await.expect("migrate");
-    (db, pool, fx)
+    super::store::store("shop_fx").await
 }
 
 /// What a scripted sink does with a row, by its payload (a JSON number).

@@ -107,13 +107,12 @@ pub async fn handle(
     record: &Record,
 ) -> Result<Handled, HandlerError> {
     let mut conn = fx.pool().acquire().await?;
-    let refuse = |why: String| async move { Ok::<_, HandlerError>(Handled::DeadLettered(why)) };
     let message = match Message::new(record.msg_id.as_str(), record.sent_at, &record.payload) {
         Ok(m) => m,
         Err(error) => {
             let why = error.to_string();
             dead_letter(fx, &mut conn, inbox, record, None, &why).await?;
-            return refuse(why).await;
+            return Ok(Handled::DeadLettered(why));
         }
     };
     let mut tx = conn.begin().await?;
@@ -147,13 +146,13 @@ pub async fn handle(
                 }
                 dead_letter(fx, &mut tx, inbox, record, Some(&message), &why).await?;
                 tx.commit().await?;
-                return refuse(why).await;
+                return Ok(Handled::DeadLettered(why));
             }
         },
     };
     tx.rollback().await?;
     dead_letter(fx, &mut conn, inbox, record, Some(&message), &why).await?;
-    refuse(why).await
+    Ok(Handled::DeadLettered(why))
 }
 
 async fn dead_letter(

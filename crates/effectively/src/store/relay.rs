@@ -117,6 +117,17 @@ pub struct Pass {
     pub full: bool,
 }
 
+impl Pass {
+    /// Counts `other` into this sum of passes (`full` is left as it is: a
+    /// sum is not a batch).
+    fn add(&mut self, other: &Pass) {
+        self.published += other.published;
+        self.failed += other.failed;
+        self.retried += other.retried;
+        self.busy |= other.busy;
+    }
+}
+
 /// The relay over an [`Effectively`] schema's outbox and a [`Sink`]. Cheap
 /// to share (`Arc` it); run it with [`Relay::run`], or drive passes
 /// yourself with [`Relay::relay_shard`] / [`Relay::relay_all`].
@@ -360,10 +371,7 @@ impl<S: Sink> Relay<S> {
                 let mut sum = Pass::default();
                 loop {
                     let pass = self.relay_shard(shard).await?;
-                    sum.published += pass.published;
-                    sum.failed += pass.failed;
-                    sum.retried += pass.retried;
-                    sum.busy |= pass.busy;
+                    sum.add(&pass);
                     if !pass.full || pass.retried > 0 || pass.busy {
                         return Ok(sum);
                     }
@@ -375,10 +383,7 @@ impl<S: Sink> Relay<S> {
         let mut sum = Pass::default();
         for pass in passes {
             let pass = pass?;
-            sum.published += pass.published;
-            sum.failed += pass.failed;
-            sum.retried += pass.retried;
-            sum.busy |= pass.busy;
+            sum.add(&pass);
         }
         Ok(sum)
     }

@@ -41,10 +41,10 @@ build: ## build every binary (release)
 fmt: ## format the code
 	$(CARGO) fmt --all
 
-lint: ## fmt check + clippy -D warnings + the library's docs without a warning
+lint: ## fmt check + clippy -D warnings + the library's and the pipeline crate's docs without a warning
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -q -p effectively --no-deps --all-features
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -q -p effectively -p pipeline --no-deps --all-features
 
 test: ## the test command (installs cargo-nextest and sqlx-cli when missing, starts the stack): lint, the compile-time SQL data fresh (.sqlx), the experiments' verdict tests and the benchmarks' helpers' tests, every test against the real stack (starts it), then two short demos (over Kafka, over webhooks) that fail on drift
 	@scripts/tools.sh cargo-tools
@@ -55,6 +55,9 @@ test: ## the test command (installs cargo-nextest and sqlx-cli when missing, sta
 	python3 -m unittest discover -s scripts/lib
 	$(CARGO) nextest run --workspace --no-fail-fast
 	$(CARGO) test -q --doc -p effectively --all-features
+	@# The library as it would be published: from its packaged sources alone,
+	@# with its default features (no pipeline crate, no database at build time).
+	$(CARGO) package -q -p effectively --allow-dirty
 	@# Each test made a topic (test-<uuid>) and a database (test_<uuid>); left
 	@# there, a thousand-odd topics make a broker killed -9 (experiment 8) recover
 	@# for a minute before it serves, and every message cost the brokers more.

@@ -10,7 +10,7 @@
 #
 # (`make kafka ARGS="topics --list"` runs the same.) The tools are the ones
 # the Kafka distribution's bin/kafka-*.sh scripts start; kafka-tool
-# (`cargo run -p effectively --features kafka --bin kafka-tool -- --help`)
+# (`cargo run -p pipeline --features kafka --bin kafka-tool -- --help`)
 # adds what they lack.
 set -euo pipefail
 

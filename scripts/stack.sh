@@ -426,8 +426,8 @@ kafka_tool_bin() {
   local dir=${CARGO_TARGET_DIR:-target}
   case $dir in /*) ;; *) dir=$ROOT/$dir ;; esac # cargo runs in ROOT below
   local bin=$dir/debug/kafka-tool
-  if [ ! -x "$bin" ] || [ -n "$(find "$ROOT/crates/effectively/src" -newer "$bin" -print -quit)" ]; then
-    (cd "$ROOT" && cargo build -q -p effectively --features kafka --bin kafka-tool) >&2 || die "building kafka-tool failed"
+  if [ ! -x "$bin" ] || [ -n "$(find "$ROOT/crates/effectively/src" "$ROOT/crates/pipeline/src" -newer "$bin" -print -quit)" ]; then
+    (cd "$ROOT" && cargo build -q -p pipeline --features kafka --bin kafka-tool) >&2 || die "building kafka-tool failed"
   fi
   echo "$bin"
 }

@@ -23,7 +23,7 @@ if [ "$MODE" = quick ]; then
 else
   RATE=${EXP_RATE:-1000} DURATION=${EXP_DURATION:-300} RETENTION=${EXP_RETENTION:-60} EVERY=${EXP_EVERY:-15}
 fi
-# orders expires keys once a minute (effectively::lifecycle::INTERVAL).
+# orders expires keys once a minute (pipeline::lifecycle::INTERVAL).
 EXPIRE_EVERY=60
 
 # One snapshot (PHASE: load|drained): recon's diff as it is, then the keys

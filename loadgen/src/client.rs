@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
-use effectively::contract::IDEMPOTENCY_KEY;
 use http::header::{CONTENT_TYPE, ETAG, LOCATION};
 use http::{HeaderValue, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use pipeline::contract::IDEMPOTENCY_KEY;
 use tonic::Code;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};

@@ -17,7 +17,7 @@ pipeline_build() {
   local flags=()
   [ "$1" = release ] && flags=(--release)
   cargo build -q --manifest-path "$ROOT/Cargo.toml" "${flags[@]}" \
-    -p orders -p relay -p payments -p recon -p loadgen -p chaos -p effectively
+    -p orders -p relay -p payments -p recon -p loadgen -p chaos -p pipeline
   BIN=${CARGO_TARGET_DIR:-$ROOT/target}/$1
 }
 

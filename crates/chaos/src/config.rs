@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
-use effectively::contract::{CrashPoint, ServiceName, SplitTxn};
+use pipeline::contract::{CrashPoint, ServiceName, SplitTxn};
 
 /// An infrastructure fault (`--fault`). Chaos injects it and does not
 /// restart the services for it: they must recover by themselves.

@@ -17,9 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use effectively::contract::ServiceName;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use pipeline::contract::ServiceName;
 use rand::Rng;
 use serde::Serialize;
 use tokio::process::Command;

@@ -5,8 +5,8 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = chaos::Config::parse();
-    effectively::telemetry::init();
-    match chaos::run(config, effectively::shutdown::on_signal()).await {
+    pipeline::telemetry::init();
+    match chaos::run(config, pipeline::shutdown::on_signal()).await {
         Ok(code) => ExitCode::from(code),
         Err(error) => {
             eprintln!("chaos: error: {error:#}");

@@ -19,8 +19,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use effectively::contract::{IDEMPOTENCY_KEY, WEBHOOK_PATH};
 use effectively::webhook;
+use pipeline::contract::{IDEMPOTENCY_KEY, WEBHOOK_PATH};
 use tokio_util::sync::CancellationToken;
 
 /// What the proxy does with a request.
@@ -91,7 +91,7 @@ impl Proxy {
         let app = Router::new()
             .route(WEBHOOK_PATH, post(forward))
             .with_state(self.clone());
-        effectively::metrics::spawn_router("webhook proxy", listener, app, cancel)
+        pipeline::metrics::spawn_router("webhook proxy", listener, app, cancel)
     }
 }
 

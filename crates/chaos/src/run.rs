@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use effectively::db::ServiceRole;
+use pipeline::db::ServiceRole;
 use rand::Rng;
 use serde_json::Value;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
-use effectively::contract::ServiceName;
+use pipeline::contract::ServiceName;
 
 use crate::cgroup::Groups;
 use crate::config::Config;
@@ -35,7 +35,7 @@ pub async fn run(mut config: Config, interrupt: CancellationToken) -> anyhow::Re
     if config.transport == crate::config::Transport::Http && config.webhook_secret.is_none() {
         config.webhook_secret = Some(effectively::webhook::Secret::generate());
     }
-    if std::env::var_os(effectively::contract::env::DATABASE_URL).is_none() {
+    if std::env::var_os(pipeline::contract::env::DATABASE_URL).is_none() {
         bail!(
             "DATABASE_URL is not set (the services and recon need it; `. .stack/env` after `make up`)"
         );

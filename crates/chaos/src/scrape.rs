@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use effectively::contract::{
+use pipeline::contract::{
     INJECTED_DUPLICATE_LABEL, InjectedDuplicate, ORDERS_WRITE_BATCH_SIZE, ORDERS_WRITE_ERROR_LABEL,
     ORDERS_WRITE_ERRORS_TOTAL, PAYMENTS_AFTER_HORIZON_TOTAL, PAYMENTS_APPLIED_AFTER_HORIZON_TOTAL,
     PAYMENTS_CHARGES_TOTAL, PAYMENTS_CONSUMED_TOTAL, PAYMENTS_DEAD_LETTERS_TOTAL,
@@ -21,7 +21,7 @@ use effectively::contract::{
 };
 
 /// The counters chaos reports: (series as exposed, summary name). The names
-/// are the services' contract ([`effectively::contract`]), so a renamed metric
+/// are the services' contract ([`pipeline::contract`]), so a renamed metric
 /// fails to compile here rather than reading as zero.
 pub static COUNTERS: LazyLock<Vec<(String, &'static str)>> = LazyLock::new(|| {
     let injected = |kind: InjectedDuplicate| {

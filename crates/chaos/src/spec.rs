@@ -4,9 +4,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use effectively::db::ServiceRole;
+use pipeline::db::ServiceRole;
 
-use effectively::contract::{ServiceName, UNSAFE_SPLIT_TXN_ENV, WEBHOOK_PATH, env};
+use pipeline::contract::{ServiceName, UNSAFE_SPLIT_TXN_ENV, WEBHOOK_PATH, env};
 
 use crate::config::{Config, Fault, Instance, Transport};
 use crate::supervisor::Spec;

@@ -13,7 +13,7 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::Value;
 
-use effectively::contract::{CrashPoint, ServiceName, SplitTxn};
+use pipeline::contract::{CrashPoint, ServiceName, SplitTxn};
 
 use crate::config::{Config, Fault, Transport};
 use crate::faults::FaultRecord;

@@ -15,9 +15,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use effectively::contract::ServiceName;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use pipeline::contract::ServiceName;
 use serde::Serialize;
 use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
@@ -357,7 +357,7 @@ impl Supervisor {
             cmd.envs(self.spec.armed_env.iter().map(|(k, v)| (k, v)));
             let _ = std::fs::remove_file(&self.spec.crash_marker);
             cmd.env(
-                effectively::contract::env::CRASH_MARKER_FILE,
+                pipeline::contract::env::CRASH_MARKER_FILE,
                 &self.spec.crash_marker,
             );
         }

@@ -1,25 +1,14 @@
-//! Idempotency keys for the synchronous edge.
+//! Idempotency keys for the synchronous edge, as values: a validated key, a
+//! request's fingerprint and the response stored with the key.
 //!
 //! A client sends a key with each request; the first request with that key
-//! claims it: an `INSERT … ON CONFLICT DO NOTHING` of the key's row, with the
-//! response it will get, in the same statement or transaction as the work
-//! (Orders' write statement, `crates/orders/src/store.rs`). Every later
-//! request with the same key and the same request gets that stored response
-//! back, verbatim ([`StoredKey::into_claim`]); the same key with a different
-//! request is a [`Claim::Mismatch`].
+//! claims it and stores the response it got; every later request with the
+//! same key and the same fingerprint gets that response back, verbatim; the
+//! same key with another fingerprint is refused. [`store::Keys`] claims
+//! them in the caller's transaction, [`store::Idempotent`] on an axum route.
 //!
-//! Concurrent requests with one key serialize in the database: the second
-//! `INSERT` waits on the first transaction's row lock, then sees the committed
-//! row (or, if the first rolled back, takes the key itself). No application
-//! lock, no deadlock, no "in progress" state to expire.
-//!
-//! That is [`ClaimStrategy::OnConflict`], the default. Experiment 7 compares
-//! it with [`ClaimStrategy::AdvisoryLock`]: a transaction-scoped advisory lock
-//! on each key's hash first ([`lock_keys`]), then the same claim.
-
-use sqlx::PgConnection;
-use sqlx::types::Json;
-use uuid::Uuid;
+//! [`store::Keys`]: crate::store::Keys
+//! [`store::Idempotent`]: crate::store::Idempotent
 
 /// Longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 255;
@@ -112,97 +101,6 @@ impl StoredResponse {
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
-    }
-}
-
-/// What claiming a key found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
-    /// The key was free and is now held by the caller's transaction: go on
-    /// with the work and commit (or roll back, which frees the key again).
-    New,
-    /// The key was used before with the same request: replay this response.
-    /// The caller's transaction wrote nothing.
-    Replay {
-        /// The resource the first request created.
-        order_id: Uuid,
-        /// The first request's response.
-        response: StoredResponse,
-    },
-    /// The key was used before with a different request. Nothing was written.
-    Mismatch,
-}
-
-/// How a batch's keys are claimed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum ClaimStrategy {
-    /// `INSERT … ON CONFLICT DO NOTHING`; the keys it did not insert are
-    /// read. A key whose first request is still in flight makes the insert
-    /// wait on that transaction's row lock; a committed key is a read.
-    #[default]
-    OnConflict,
-    /// `pg_advisory_xact_lock` on each key's hash first (in hash order, so
-    /// two batches cannot deadlock), then the same claim, which then never
-    /// waits on a row. Every request of a key waits for the lock, replays
-    /// included.
-    AdvisoryLock,
-}
-
-/// The advisory-lock class of idempotency keys: the first half of the
-/// two-int4 lock id `(class, hashtext(key))` that
-/// [`ClaimStrategy::AdvisoryLock`] takes. (The two-int4 ids never collide
-/// with the single-bigint ids the relay and payments take.) Two keys whose
-/// hashes collide share a lock: they serialize, nothing else.
-pub const ADVISORY_LOCK_CLASS: i32 = 0x0e11;
-
-/// Takes the advisory locks of `keys` ([`ClaimStrategy::AdvisoryLock`]) for
-/// the rest of the caller's transaction, in hash order (the aggregate takes its
-/// input sorted), so two batches sharing keys wait for each other in one order.
-/// In READ COMMITTED, the caller's next statement takes its snapshot after the
-/// locks are held, so it sees every key committed under them.
-pub async fn lock_keys(conn: &mut PgConnection, keys: &[&str]) -> Result<(), sqlx::Error> {
-    sqlx::query!(
-        "SELECT count(pg_advisory_xact_lock($1::int4, h)) FROM \
-           (SELECT DISTINCT hashtext(k) AS h FROM unnest($2::text[]) AS k ORDER BY h) AS s",
-        ADVISORY_LOCK_CLASS,
-        keys as &[&str],
-    )
-    .fetch_one(conn)
-    .await?;
-    Ok(())
-}
-
-/// A key's row in `orders.idempotency_keys` (columns in
-/// `migrations/*_orders.sql`), as a later request with that key finds it.
-#[derive(Debug, Clone)]
-pub struct StoredKey {
-    /// The first request's fingerprint.
-    pub request_hash: Vec<u8>,
-    /// The resource the first request created.
-    pub order_id: Uuid,
-    /// The first request's response status.
-    pub response_code: i32,
-    /// Its headers, in order.
-    pub response_headers: Json<Vec<(String, String)>>,
-    /// Its body.
-    pub response_body: Vec<u8>,
-}
-
-impl StoredKey {
-    /// What a request with `fingerprint` gets: the stored response if it is
-    /// the first request again, [`Claim::Mismatch`] if it is another one.
-    pub fn into_claim(self, fingerprint: &Fingerprint) -> Claim {
-        if self.request_hash.as_slice() != fingerprint.as_bytes().as_slice() {
-            return Claim::Mismatch;
-        }
-        Claim::Replay {
-            order_id: self.order_id,
-            response: StoredResponse {
-                status: u16::try_from(self.response_code).unwrap_or(500),
-                headers: self.response_headers.0,
-                body: self.response_body,
-            },
-        }
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use effectively::idempotency::{Claim, IdempotencyKey, StoredResponse};
+use pipeline::idempotency::{Claim, IdempotencyKey, StoredResponse};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -26,10 +26,10 @@ pub struct CreatedBody {
 /// The response a first create gets, and every retry after it: status 201,
 /// `Location`, an `ETag` over the body, and the body. Stored in the HTTP form
 /// whatever protocol carried the request. Built by the contract's
-/// [`effectively::contract::created_response`], which recon checks the
+/// [`pipeline::contract::created_response`], which recon checks the
 /// stored responses against.
 pub fn created_response(order_id: Uuid) -> StoredResponse {
-    effectively::contract::created_response(order_id)
+    pipeline::contract::created_response(order_id)
 }
 
 /// The operations both front ends call.

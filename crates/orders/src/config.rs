@@ -5,21 +5,21 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use effectively::config::{DbArgs, RuntimeArgs};
-use effectively::crash::CrashArgs;
-use effectively::idempotency::ClaimStrategy;
+use pipeline::config::{DbArgs, RuntimeArgs};
+use pipeline::crash::CrashArgs;
+use pipeline::idempotency::ClaimStrategy;
 
 use crate::store::InjectFault;
 
 /// The Orders service's database session limits (flags override them): its
 /// statements are single-round-trip writes and key lookups, and its write
 /// transactions run back to back, so a few seconds is already a fault.
-pub const SESSION_LIMITS: effectively::config::SessionLimits = effectively::config::SessionLimits {
+pub const SESSION_LIMITS: pipeline::config::SessionLimits = pipeline::config::SessionLimits {
     statement_timeout: Duration::from_secs(10),
     idle_in_transaction_timeout: Duration::from_secs(10),
     custom_plans: false,
     // Four writers commit outbox rows back to back; a NOTIFY in each commit
-    // would make them commit one at a time (effectively::outbox).
+    // would make them commit one at a time (pipeline::outbox).
     defer_outbox_notify: true,
     asynchronous_commit: false,
 };
@@ -49,11 +49,11 @@ pub struct Config {
     pub crash: CrashArgs,
 
     /// Address of the HTTP API (POST /orders, GET /orders/{id}, GET /metrics).
-    #[arg(long, env = effectively::contract::env::ORDERS_HTTP_ADDR, default_value = "127.0.0.1:8080")]
+    #[arg(long, env = pipeline::contract::env::ORDERS_HTTP_ADDR, default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
 
     /// Address of the gRPC API (orders.v1.Orders).
-    #[arg(long, env = effectively::contract::env::ORDERS_GRPC_ADDR, default_value = "127.0.0.1:50051")]
+    #[arg(long, env = pipeline::contract::env::ORDERS_GRPC_ADDR, default_value = "127.0.0.1:50051")]
     pub grpc_addr: SocketAddr,
 
     /// Largest accepted request body in bytes; larger ones get 413.

@@ -5,7 +5,7 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use effectively::idempotency::KeyError;
+use pipeline::idempotency::KeyError;
 use serde_json::json;
 
 use crate::order::InvalidOrder;

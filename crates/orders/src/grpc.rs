@@ -2,8 +2,8 @@
 
 use std::time::Instant;
 
-use effectively::contract::IDEMPOTENCY_KEY;
-use effectively::idempotency::{IdempotencyKey, KeyError};
+use pipeline::contract::IDEMPOTENCY_KEY;
+use pipeline::idempotency::{IdempotencyKey, KeyError};
 use tonic::{Request, Response, Status};
 use uuid::Uuid;
 

@@ -1,7 +1,7 @@
 //! HTTP front end (axum): `POST /orders`, `GET /orders/{id}`, `GET /metrics`.
 //! Every error, an unknown route or a method a route does not take included,
 //! is JSON with a code (see [`ApiError`]). The connections are served by
-//! `effectively::serve` (a header read timeout, a cap on connections); the
+//! `pipeline::serve` (a header read timeout, a cap on connections); the
 //! router bounds a request's body and handling (a request timeout).
 
 use std::sync::Arc;
@@ -16,8 +16,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
-use effectively::contract::IDEMPOTENCY_KEY;
-use effectively::idempotency::{IdempotencyKey, KeyError, StoredResponse};
+use pipeline::contract::IDEMPOTENCY_KEY;
+use pipeline::idempotency::{IdempotencyKey, KeyError, StoredResponse};
 use uuid::Uuid;
 
 use crate::api::OrdersApi;
@@ -50,7 +50,7 @@ pub fn router(api: OrdersApi, max_body_bytes: usize, request_timeout: Duration) 
             api,
             max_body_bytes,
         })
-        .merge(effectively::metrics::router(registry))
+        .merge(pipeline::metrics::router(registry))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         // After the merge, so that /metrics gets it too; axum adds `Allow`.
         .method_not_allowed_fallback(|method: Method| async move {

@@ -44,7 +44,7 @@ pub fn bounded(
         let accepted = match incoming.next().await? {
             Ok(stream) => Ok(Bounded::new(stream, permit, preface_timeout)),
             Err(error) => {
-                effectively::serve::after_accept_error(&error).await;
+                pipeline::serve::after_accept_error(&error).await;
                 Err(error)
             }
         };

@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use effectively::crash::Crasher;
-use effectively::outbox::Notifier;
+use pipeline::crash::Crasher;
+use pipeline::outbox::Notifier;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -46,13 +46,13 @@ pub async fn run(
              order (measurement baseline only, never for real orders)"
         );
     }
-    let pool = effectively::db::connect(&config.db, SESSION_LIMITS).await?;
+    let pool = pipeline::db::connect(&config.db, SESSION_LIMITS).await?;
     let metrics = Arc::new(OrdersMetrics::new().context("register metrics")?);
-    let clock_bounds = effectively::clock::Bounds {
+    let clock_bounds = pipeline::clock::Bounds {
         refuse: Duration::from_secs(config.max_clock_skew_secs),
         ..Default::default()
     };
-    effectively::clock::check_at_start(
+    pipeline::clock::check_at_start(
         "orders",
         &pool,
         clock_bounds,
@@ -60,7 +60,7 @@ pub async fn run(
         std::time::SystemTime::now,
     )
     .await?;
-    let clock_watch = tokio::spawn(effectively::clock::watch(
+    let clock_watch = tokio::spawn(pipeline::clock::watch(
         clock_bounds,
         pool.clone(),
         metrics.clock_skew_seconds.clone(),
@@ -96,10 +96,10 @@ pub async fn run(
     }
     let expiry = {
         let store = store.clone();
-        tokio::spawn(effectively::lifecycle::every(
+        tokio::spawn(pipeline::lifecycle::every(
             "idempotency keys",
-            effectively::lifecycle::INTERVAL,
-            effectively::lifecycle::BATCH,
+            pipeline::lifecycle::INTERVAL,
+            pipeline::lifecycle::BATCH,
             metrics.keys_expired_total.clone(),
             cancel.child_token(),
             move |batch| {
@@ -114,13 +114,13 @@ pub async fn run(
     let request_timeout = Duration::from_millis(config.request_timeout_ms);
     let header_read_timeout = Duration::from_millis(config.header_read_timeout_ms);
     let app = http::router(api.clone(), config.max_body_bytes, request_timeout);
-    let limits = effectively::serve::Limits {
+    let limits = pipeline::serve::Limits {
         header_read_timeout,
         max_connections: config.max_connections,
     };
     let http_cancel = cancel.clone();
     let http_task = tokio::spawn(async move {
-        effectively::serve::serve(http, app, limits, http_cancel).await;
+        pipeline::serve::serve(http, app, limits, http_cancel).await;
         anyhow::Ok(())
     });
 

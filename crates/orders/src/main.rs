@@ -19,12 +19,12 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    effectively::telemetry::init();
+    pipeline::telemetry::init();
     if config.migrate_only {
         // Whatever DB_MIGRATE says: migrating is the whole point here.
         let mut db = config.db.clone();
         db.db_migrate = true;
-        effectively::db::connect(&db, orders::config::SESSION_LIMITS).await?;
+        pipeline::db::connect(&db, orders::config::SESSION_LIMITS).await?;
         tracing::info!("migrations applied");
         return Ok(());
     }
@@ -35,5 +35,5 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("bind grpc {}", config.grpc_addr))?;
     tracing::info!(http = %config.http_addr, grpc = %config.grpc_addr, "orders listening");
-    orders::run(config, http, grpc, effectively::shutdown::on_signal()).await
+    orders::run(config, http, grpc, pipeline::shutdown::on_signal()).await
 }

@@ -1,9 +1,9 @@
 //! The Orders service's Prometheus metrics.
 
-use effectively::contract::{
+use pipeline::contract::{
     ORDERS_WRITE_BATCH_SIZE, ORDERS_WRITE_ERROR_LABEL, ORDERS_WRITE_ERRORS_TOTAL,
 };
-use effectively::metrics::LATENCY_BUCKETS;
+use pipeline::metrics::LATENCY_BUCKETS;
 use prometheus::{
     Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
     Registry,
@@ -43,7 +43,7 @@ pub struct OrdersMetrics {
     /// (`orders.key_policy`): a retry of one of them is a new request.
     pub keys_expired_total: IntCounter,
     /// The database's clock minus this host's, in seconds, measured at
-    /// start-up and every minute (`effectively::clock`): the order ids and
+    /// start-up and every minute (`pipeline::clock`): the order ids and
     /// msg_ids minted here carry this host's time.
     pub clock_skew_seconds: Gauge,
 }
@@ -51,7 +51,7 @@ pub struct OrdersMetrics {
 impl OrdersMetrics {
     /// Creates and registers the metrics in a fresh registry.
     pub fn new() -> Result<Self, prometheus::Error> {
-        let registry = effectively::metrics::registry();
+        let registry = pipeline::metrics::registry();
         let http_requests_total = IntCounterVec::new(
             Opts::new("http_requests_total", "HTTP requests finished"),
             &["route", "method", "status"],

@@ -3,9 +3,9 @@
 //! protocol and no SQL here: the front ends parse requests into
 //! [`CreateOrder`], the store writes [`NewOrder`]s and their events.
 
-use effectively::contract::{ORDER_CREATED, OrderCreated, OrderStatus};
-use effectively::idempotency::Fingerprint;
-use effectively::outbox::OutboxMessage;
+use pipeline::contract::{ORDER_CREATED, OrderCreated, OrderStatus};
+use pipeline::idempotency::Fingerprint;
+use pipeline::outbox::OutboxMessage;
 use serde::Deserialize;
 use uuid::Uuid;
 

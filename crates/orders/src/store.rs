@@ -13,12 +13,12 @@
 //! concurrent requests into batches is the writer's job (`writer.rs`).
 
 use chrono::{DateTime, Utc};
-use effectively::contract::CrashPoint;
-use effectively::crash::Crasher;
-use effectively::idempotency::{
+use pipeline::contract::CrashPoint;
+use pipeline::crash::Crasher;
+use pipeline::idempotency::{
     self, Claim, ClaimStrategy, Fingerprint, IdempotencyKey, StoredKey, StoredResponse,
 };
-use effectively::outbox::Notifier;
+use pipeline::outbox::Notifier;
 use serde::Serialize;
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
@@ -136,10 +136,10 @@ impl StoreError {
     }
 
     /// Whether the database went away or is refusing work for now
-    /// ([`effectively::db::is_unavailable`]): retrying later is the answer.
+    /// ([`pipeline::db::is_unavailable`]): retrying later is the answer.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            Self::Db(error) => effectively::db::is_unavailable(error),
+            Self::Db(error) => pipeline::db::is_unavailable(error),
             _ => false,
         }
     }

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use effectively::idempotency::{Claim, Fingerprint, IdempotencyKey, StoredResponse};
+use pipeline::idempotency::{Claim, Fingerprint, IdempotencyKey, StoredResponse};
 use prometheus::IntGauge;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;

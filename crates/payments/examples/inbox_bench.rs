@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
-use effectively::crash::{CrashArgs, Crasher};
 use hdrhistogram::Histogram;
 use payments::delivery::{Applied, ChargeIntent, Delivery, Rules, Source};
 use payments::inbox::apply_batch;
+use pipeline::crash::{CrashArgs, Crasher};
 use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;

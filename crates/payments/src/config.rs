@@ -5,11 +5,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use effectively::config::{DbArgs, KafkaArgs, RuntimeArgs};
-use effectively::contract::{SplitTxn, UNSAFE_SPLIT_TXN_ENV};
-use effectively::crash::CrashArgs;
-use effectively::kafka::TopicCheck;
 use effectively::retry::Backoff;
+use pipeline::config::{DbArgs, KafkaArgs, RuntimeArgs};
+use pipeline::contract::{SplitTxn, UNSAFE_SPLIT_TXN_ENV};
+use pipeline::crash::CrashArgs;
+use pipeline::kafka::TopicCheck;
 use tokio_util::sync::CancellationToken;
 
 use crate::delivery::{AfterHorizon, Rules};
@@ -44,7 +44,7 @@ pub struct Config {
     /// Where the events come from: `kafka` (consume `order.events`) or
     /// `http` (receive them as signed webhooks, POST /webhooks/orders on
     /// --webhook-addr, from `relay --sink http`).
-    #[arg(long, env = effectively::contract::env::PAYMENTS_SOURCE, value_enum, default_value_t = Transport::Kafka)]
+    #[arg(long, env = pipeline::contract::env::PAYMENTS_SOURCE, value_enum, default_value_t = Transport::Kafka)]
     pub source: Transport,
 
     #[command(flatten)]
@@ -120,7 +120,7 @@ pub struct Config {
     /// Static group membership (Kafka `group.instance.id`): a restarted
     /// process with the same id gets its partitions back without waiting for
     /// its dead predecessor's session to time out. Unique per process.
-    #[arg(long, env = effectively::contract::env::PAYMENTS_GROUP_INSTANCE_ID)]
+    #[arg(long, env = pipeline::contract::env::PAYMENTS_GROUP_INSTANCE_ID)]
     pub group_instance_id: Option<String>,
 
     /// How often the consumer lag per partition (`payments_consumer_lag`:
@@ -131,7 +131,7 @@ pub struct Config {
     pub lag_sample_ms: u64,
 
     /// Address serving GET /metrics.
-    #[arg(long, env = effectively::contract::env::PAYMENTS_METRICS_ADDR, default_value = "127.0.0.1:9102")]
+    #[arg(long, env = pipeline::contract::env::PAYMENTS_METRICS_ADDR, default_value = "127.0.0.1:9102")]
     pub metrics_addr: SocketAddr,
 
     /// UNSAFE, for the split-transaction counter-example only: write the inbox
@@ -381,7 +381,7 @@ pub async fn check_horizon(
 }
 
 /// Checks that the topic keeps what the relay's `acks=all` acknowledges
-/// ([`effectively::kafka::check_topic`]): an event lost with an
+/// ([`pipeline::kafka::check_topic`]): an event lost with an
 /// under-replicated partition was already marked published, so no one would
 /// ever send it again and its charge would be missing for good. While the
 /// topic cannot be read it waits with backoff, as [`check_horizon`] does,
@@ -389,7 +389,7 @@ pub async fn check_horizon(
 pub async fn check_topic(config: &Config, cancel: &CancellationToken) -> anyhow::Result<()> {
     let mut backoff = Backoff::new();
     loop {
-        match effectively::kafka::check_topic("payments", &config.kafka).await? {
+        match pipeline::kafka::check_topic("payments", &config.kafka).await? {
             TopicCheck::Passed(_) => return Ok(()),
             TopicCheck::Unreadable(error) => {
                 tracing::warn!(error = %format!("{error:#}"), "reading the topic's replication failed; retrying");

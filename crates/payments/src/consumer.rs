@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use effectively::contract::InjectedDuplicate;
-use effectively::crash::Crasher;
-use effectively::kafka::FatalState;
+use pipeline::contract::InjectedDuplicate;
+use pipeline::crash::Crasher;
+use pipeline::kafka::FatalState;
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};

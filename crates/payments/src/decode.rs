@@ -1,7 +1,7 @@
 //! Kafka message → charge intent, or a dead letter with the reason.
 
-use effectively::contract::{ORDER_CREATED, OrderCreated};
-use effectively::envelope::Envelope;
+use pipeline::contract::{ORDER_CREATED, OrderCreated};
+use pipeline::envelope::Envelope;
 
 use crate::delivery::ChargeIntent;
 

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use effectively::contract::InjectedDuplicate;
+use pipeline::contract::InjectedDuplicate;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rdkafka::Offset;
@@ -48,12 +48,12 @@ pub struct DupArgs {
     /// Chaos testing: the probability that a consumed batch's messages of one
     /// partition are delivered a second time after they were committed, so
     /// about this fraction of all messages arrives twice. 0 = off.
-    #[arg(long, env = effectively::contract::env::PAYMENTS_DUP_RATE, default_value_t = 0.0, value_parser = fraction)]
+    #[arg(long, env = pipeline::contract::env::PAYMENTS_DUP_RATE, default_value_t = 0.0, value_parser = fraction)]
     pub dup_rate: f64,
 
     /// How the duplicates arrive: re-processed in a second transaction, really
     /// redelivered by the broker after a seek back, or both (half each).
-    #[arg(long, env = effectively::contract::env::PAYMENTS_DUP_KIND, value_enum, default_value_t = DupKind::Both)]
+    #[arg(long, env = pipeline::contract::env::PAYMENTS_DUP_KIND, value_enum, default_value_t = DupKind::Both)]
     pub dup_kind: DupKind,
 }
 

@@ -14,8 +14,8 @@
 use std::time::Duration;
 
 use chrono::Utc;
-use effectively::config::KafkaArgs;
 use effectively::v7::mint_time;
+use pipeline::config::KafkaArgs;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -211,14 +211,14 @@ pub async fn read_sources(
     clock_skew: Duration,
 ) -> anyhow::Result<Sources> {
     use anyhow::Context;
-    let outbox = effectively::lifecycle::outbox_retention(pool)
+    let outbox = pipeline::lifecycle::outbox_retention(pool)
         .await
         .context("read the outbox retention (orders.outbox_policy)")?;
     let kafka = match hop {
         HopSource::Kafka(kafka) => kafka,
         HopSource::Webhook => return Ok(Sources::webhook(outbox, clock_skew)),
     };
-    let configs = effectively::kafka::topic_configs(
+    let configs = pipeline::kafka::topic_configs(
         &kafka.kafka_bootstrap_servers,
         &kafka.kafka_topic,
         &["retention.ms", "segment.ms"],

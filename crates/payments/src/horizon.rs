@@ -48,8 +48,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use effectively::contract::RELAY_MAX_MESSAGE_TIMEOUT;
 use effectively::webhook::max_retry_span;
+use pipeline::contract::RELAY_MAX_MESSAGE_TIMEOUT;
 
 /// Kafka's default `retention.ms` and `segment.ms` (7 days each), assumed for
 /// a key the broker does not report.

@@ -16,9 +16,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use effectively::contract::CrashPoint;
-use effectively::crash::Crasher;
 use effectively::text::storable;
+use pipeline::contract::CrashPoint;
+use pipeline::crash::Crasher;
 use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use effectively::kafka::FatalState;
+use pipeline::kafka::FatalState;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{Message, OwnedMessage};
@@ -417,7 +417,7 @@ mod tests {
     // The broker side of fencing (a second process with the same
     // group.instance.id) is tested against the stack's Kafka in
     // tests/it/kafka.rs. The mapping of a fatal error to
-    // the end of the process is `effectively::kafka::FatalState`'s, tested
+    // the end of the process is `pipeline::kafka::FatalState`'s, tested
     // there; this checks the consumer's own callbacks.
     #[test]
     fn a_fatal_error_fires_the_state_and_failed_commits_are_counted() {

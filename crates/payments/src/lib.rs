@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use effectively::crash::Crasher;
+use pipeline::crash::Crasher;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -75,14 +75,14 @@ pub async fn run_on(
     config.check().map_err(anyhow::Error::msg)?;
     // A batch's transaction runs its statements back to back: seconds are
     // plenty; a consumer hung mid-transaction releases its rows in 30 s.
-    let limits = effectively::config::SessionLimits {
+    let limits = pipeline::config::SessionLimits {
         statement_timeout: Duration::from_secs(30),
         idle_in_transaction_timeout: Duration::from_secs(30),
         custom_plans: false,
         defer_outbox_notify: false,
         asynchronous_commit: false,
     };
-    let pool = effectively::db::connect(&config.db, limits).await?;
+    let pool = pipeline::db::connect(&config.db, limits).await?;
     let metrics = Arc::new(PaymentsMetrics::new().context("register metrics")?);
     let horizon = check_horizon(&pool, &config, &metrics, &cancel).await?;
     if config.source == Transport::Kafka {
@@ -107,7 +107,7 @@ pub async fn run_on(
     // The metrics server stops when the work has ended, for whatever reason
     // (a shutdown, or a fatal client error).
     let serving = cancel.child_token();
-    let metrics_task = effectively::metrics::spawn_server(
+    let metrics_task = pipeline::metrics::spawn_server(
         metrics_listener,
         metrics.registry.clone(),
         serving.clone(),
@@ -233,9 +233,9 @@ async fn receive(
     let router = receiver::router(pool.clone(), args, crasher.clone(), metrics.clone(), wake);
     let (limits, cancel) = (args.limits(), cancel.child_token());
     let server = tokio::spawn(async move {
-        effectively::serve::serve(listener, router, limits, cancel).await;
+        pipeline::serve::serve(listener, router, limits, cancel).await;
     });
-    tracing::info!(%addr, path = effectively::contract::WEBHOOK_PATH, secrets = args.webhook_secret.len(),
+    tracing::info!(%addr, path = pipeline::contract::WEBHOOK_PATH, secrets = args.webhook_secret.len(),
         "payments receiving webhooks");
     let _ = server.await;
     let _ = processor.await;

@@ -13,15 +13,15 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    effectively::telemetry::init();
+    pipeline::telemetry::init();
     let metrics = TcpListener::bind(config.metrics_addr)
         .await
         .with_context(|| format!("bind metrics {}", config.metrics_addr))?;
-    match payments::run(config, metrics, effectively::shutdown::on_signal()).await {
+    match payments::run(config, metrics, pipeline::shutdown::on_signal()).await {
         Err(error)
             if error.downcast_ref::<payments::HorizonRefusal>().is_some()
                 || error
-                    .downcast_ref::<effectively::kafka::TopicRefusal>()
+                    .downcast_ref::<pipeline::kafka::TopicRefusal>()
                     .is_some() =>
         {
             eprintln!("payments: refusing to start: {error}");

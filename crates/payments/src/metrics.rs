@@ -1,12 +1,12 @@
 //! The Payments consumer's Prometheus metrics.
 
-use effectively::contract::{
+use pipeline::contract::{
     INJECTED_DUPLICATE_LABEL, InjectedDuplicate, PAYMENTS_AFTER_HORIZON_TOTAL,
     PAYMENTS_APPLIED_AFTER_HORIZON_TOTAL, PAYMENTS_CHARGES_TOTAL, PAYMENTS_CONSUMED_TOTAL,
     PAYMENTS_DEAD_LETTERS_TOTAL, PAYMENTS_DEDUP_HITS_TOTAL, PAYMENTS_DEDUP_MISSES_TOTAL,
     PAYMENTS_INJECTED_DUPLICATES_TOTAL, PAYMENTS_WEBHOOK_REQUESTS_TOTAL, WEBHOOK_OUTCOME_LABEL,
 };
-use effectively::metrics::LATENCY_BUCKETS;
+use pipeline::metrics::LATENCY_BUCKETS;
 use prometheus::{
     Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry,
@@ -148,7 +148,7 @@ pub const WEBHOOK_OUTCOMES: [&str; 9] = [
 impl PaymentsMetrics {
     /// Creates and registers the metrics in a fresh registry.
     pub fn new() -> Result<Self, prometheus::Error> {
-        let registry = effectively::metrics::registry();
+        let registry = pipeline::metrics::registry();
         let counter = |name: &str, help: &str| IntCounter::new(name, help);
         let m = Self {
             consumed_total: counter(
@@ -282,7 +282,7 @@ impl PaymentsMetrics {
             )?,
             partitions_moved_total: IntCounterVec::new(
                 Opts::new(
-                    effectively::contract::PAYMENTS_PARTITIONS_MOVED_TOTAL,
+                    pipeline::contract::PAYMENTS_PARTITIONS_MOVED_TOTAL,
                     "Partitions assigned to or revoked from this member in rebalances",
                 ),
                 &["event"],

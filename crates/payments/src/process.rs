@@ -7,10 +7,10 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use effectively::contract::SplitTxn;
-use effectively::crash::Crasher;
-use effectively::db::{ErrorClass, classify as classify_db_error};
 use effectively::retry::Backoff;
+use pipeline::contract::SplitTxn;
+use pipeline::crash::Crasher;
+use pipeline::db::{ErrorClass, classify as classify_db_error};
 use rdkafka::message::{Message, OwnedMessage};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;

@@ -20,7 +20,7 @@
 //! What one client can hold is bounded (the sender retries every non-2xx,
 //! so a refusal here is a delay, never a loss): a request's head must
 //! arrive within `--webhook-header-read-timeout`, and connections are capped
-//! (`effectively::serve`); a request, its body's reading included, is
+//! (`pipeline::serve`); a request, its body's reading included, is
 //! answered within `--webhook-request-timeout` (408 past it: a body sent a
 //! byte a second holds its connection that long and no longer); and at most
 //! `--webhook-concurrency` requests whose body has arrived are handled at
@@ -54,11 +54,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use chrono::{DateTime, Utc};
 use clap::Args;
-use effectively::contract::{CrashPoint, WEBHOOK_PATH};
-use effectively::crash::Crasher;
-use effectively::db::{ErrorClass, classify as classify_db_error};
 use effectively::retry::Backoff;
 use effectively::webhook::{self, Secret};
+use pipeline::contract::{CrashPoint, WEBHOOK_PATH};
+use pipeline::crash::Crasher;
+use pipeline::db::{ErrorClass, classify as classify_db_error};
 use serde_json::json;
 use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore};
@@ -83,7 +83,7 @@ pub const HELD_BACKOFF_MIN: Duration = Duration::from_millis(5);
 #[derive(Debug, Clone, Args)]
 pub struct WebhookArgs {
     /// Address serving POST /webhooks/orders (with --source http).
-    #[arg(long, env = effectively::contract::env::PAYMENTS_WEBHOOK_ADDR, default_value = "127.0.0.1:9103")]
+    #[arg(long, env = pipeline::contract::env::PAYMENTS_WEBHOOK_ADDR, default_value = "127.0.0.1:9103")]
     pub webhook_addr: SocketAddr,
 
     /// The signing secrets (`whsec_<base64>`, comma-separated): a request
@@ -91,7 +91,7 @@ pub struct WebhookArgs {
     /// without downtime. Required with --source http.
     #[arg(
         long,
-        env = effectively::contract::env::PAYMENTS_WEBHOOK_SECRET,
+        env = pipeline::contract::env::PAYMENTS_WEBHOOK_SECRET,
         value_delimiter = ',',
         hide_env_values = true
     )]
@@ -149,8 +149,8 @@ pub struct WebhookArgs {
 
 impl WebhookArgs {
     /// The HTTP server's bounds.
-    pub fn limits(&self) -> effectively::serve::Limits {
-        effectively::serve::Limits {
+    pub fn limits(&self) -> pipeline::serve::Limits {
+        pipeline::serve::Limits {
             header_read_timeout: self.webhook_header_read_timeout,
             max_connections: usize::try_from(self.webhook_max_connections).unwrap_or(usize::MAX),
         }

@@ -11,8 +11,8 @@
 //!   non-idempotent effect, like a balance update) is written twice: a DOUBLE
 //!   effect, which recon counts.
 
-use effectively::contract::{CrashPoint, SplitTxn};
-use effectively::crash::Crasher;
+use pipeline::contract::{CrashPoint, SplitTxn};
+use pipeline::crash::Crasher;
 use sqlx::PgPool;
 use uuid::Uuid;
 

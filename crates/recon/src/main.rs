@@ -6,7 +6,7 @@ use recon::cli::{self, Config};
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
-    effectively::telemetry::init();
+    pipeline::telemetry::init();
     match cli::run(config).await {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(cli::EXIT_DRIFT),

@@ -109,7 +109,7 @@ impl Responses {
 
     /// Counts one key's stored response against orders' for `order_id`.
     fn check(&mut self, order_id: Uuid, status: i32, location: Option<&str>, etag: Option<&str>) {
-        let expected = effectively::contract::created_response(order_id);
+        let expected = pipeline::contract::created_response(order_id);
         self.wrong_status += i64::from(status != i32::from(expected.status));
         self.wrong_location += i64::from(location != expected.header("location"));
         self.wrong_etag += i64::from(etag != expected.header("etag"));

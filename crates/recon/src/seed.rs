@@ -1,12 +1,12 @@
 //! A consistent pipeline of `n` orders, for recon's tests and its benchmark
 //! (`make bench-recon`, through `examples/seed.rs`): [`SEED_SQL`], then each
 //! order's idempotency key with the response orders stores for it
-//! ([`effectively::contract::created_response`]: its `ETag` is a BLAKE3 hash,
+//! ([`pipeline::contract::created_response`]: its `ETag` is a BLAKE3 hash,
 //! which PostgreSQL cannot compute). It writes, as the database's owner; the
 //! recon command never calls it (and its role and read-only sessions could
 //! not).
 
-use effectively::contract::created_response;
+use pipeline::contract::created_response;
 use sqlx::PgPool;
 use uuid::Uuid;
 

@@ -9,7 +9,7 @@
 -- Replace :n before running (psql: -v n=1000000). The idempotency keys are
 -- not here: recon::seed (recon's tests, and `make bench-recon` through
 -- crates/recon/examples/seed.rs) runs this, then writes each order's key
--- with the response orders stores for it (effectively::contract::
+-- with the response orders stores for it (pipeline::contract::
 -- created_response), whose ETag is a BLAKE3 hash PostgreSQL cannot compute.
 INSERT INTO orders.orders (order_id, account_id, amount_cents, status)
 SELECT lpad(to_hex(i), 32, '0')::uuid, 1 + i % 1000, 100 + i % 10000, 'created'

@@ -20,7 +20,7 @@ pub const PART_SQL: &str = include_str!("sql/part.sql");
 /// The stored responses of one range of order ids, `$1` to `$2`: each key's
 /// order id, status, `Location` and `ETag`, which recon compares with the
 /// response orders stores for that order
-/// ([`effectively::contract::created_response`]) row by row, in Rust (the
+/// ([`pipeline::contract::created_response`]) row by row, in Rust (the
 /// `ETag` is a BLAKE3 hash PostgreSQL cannot compute; [`Responses`](crate::Responses)). Run
 /// after [`PART_SQL`] on the same connection, in the same snapshot when
 /// in parts. Checked at run time only (`src/sql/responses.sql`, covered by

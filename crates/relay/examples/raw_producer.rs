@@ -22,9 +22,9 @@
 
 use std::time::{Duration, Instant};
 
-use effectively::contract::ORDER_CREATED;
-use effectively::envelope::{Envelope, HEADER_EVENT_TYPE, HEADER_MSG_ID};
 use futures::StreamExt;
+use pipeline::contract::ORDER_CREATED;
+use pipeline::envelope::{Envelope, HEADER_EVENT_TYPE, HEADER_MSG_ID};
 use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};

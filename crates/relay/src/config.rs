@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use effectively::config::{DbArgs, KafkaArgs, RuntimeArgs};
-use effectively::contract::RELAY_MAX_MESSAGE_TIMEOUT;
-use effectively::crash::CrashArgs;
+use pipeline::config::{DbArgs, KafkaArgs, RuntimeArgs};
+use pipeline::contract::RELAY_MAX_MESSAGE_TIMEOUT;
+use pipeline::crash::CrashArgs;
 
 use crate::outbox::{self, SHARDS};
 use crate::webhooks;
@@ -104,7 +104,7 @@ pub struct Config {
     pub synchronous_commit: bool,
 
     /// Address serving GET /metrics.
-    #[arg(long, env = effectively::contract::env::RELAY_METRICS_ADDR, default_value = "127.0.0.1:9101")]
+    #[arg(long, env = pipeline::contract::env::RELAY_METRICS_ADDR, default_value = "127.0.0.1:9101")]
     pub metrics_addr: SocketAddr,
 
     /// Producer linger in milliseconds (batching on the wire). Each produce
@@ -128,7 +128,7 @@ pub struct Config {
     /// stays pending and is retried. At most 300000 (5 min): payments adds
     /// that maximum to its redelivery horizon (a send still being retried can
     /// land that late).
-    #[arg(long, env = effectively::contract::env::RELAY_MESSAGE_TIMEOUT_MS, default_value_t = 30_000,
+    #[arg(long, env = pipeline::contract::env::RELAY_MESSAGE_TIMEOUT_MS, default_value_t = 30_000,
           value_parser = clap::value_parser!(u64).range(1..=RELAY_MAX_MESSAGE_TIMEOUT.as_millis() as u64))]
     pub message_timeout_ms: u64,
 
@@ -163,7 +163,7 @@ pub struct Config {
     /// or --webhook-destination), each at least once, in per-key order per
     /// destination, retried on a schedule of 5s, 30s, 5m, 30m, then 4h, with
     /// jitter, up to 8 attempts (then `failed`). Needs --mode poll.
-    #[arg(long, env = effectively::contract::env::RELAY_SINK, value_enum, default_value_t = Sink::Kafka)]
+    #[arg(long, env = pipeline::contract::env::RELAY_SINK, value_enum, default_value_t = Sink::Kafka)]
     pub sink: Sink,
 
     /// `--sink http`: a destination, `NAME=URL,secret=whsec_...` with
@@ -177,7 +177,7 @@ pub struct Config {
     /// has it, with a warning: `relay webhooks add|remove` change them.
     #[arg(
         long,
-        env = effectively::contract::env::RELAY_WEBHOOK_DESTINATIONS,
+        env = pipeline::contract::env::RELAY_WEBHOOK_DESTINATIONS,
         value_delimiter = ';',
         hide_env_values = true
     )]
@@ -186,7 +186,7 @@ pub struct Config {
     /// `--sink http`, for tests and experiments: every scheduled retry wait
     /// is multiplied by this (0.001 turns 4 h into 14 s). 1 for real: the
     /// receivers' dedup horizon assumes the real schedule.
-    #[arg(long, env = effectively::contract::env::RELAY_WEBHOOK_SCHEDULE_SCALE, default_value_t = 1.0,
+    #[arg(long, env = pipeline::contract::env::RELAY_WEBHOOK_SCHEDULE_SCALE, default_value_t = 1.0,
           value_parser = parse_scale)]
     pub webhook_schedule_scale: f64,
 }
@@ -240,8 +240,8 @@ pub enum Mode {
 ///
 /// Polling for Kafka, its commits do not wait for their WAL's flush unless
 /// `--synchronous-commit` says so (why that loses nothing: the flag's help).
-pub fn session_limits(config: &Config) -> effectively::config::SessionLimits {
-    effectively::config::SessionLimits {
+pub fn session_limits(config: &Config) -> pipeline::config::SessionLimits {
+    pipeline::config::SessionLimits {
         statement_timeout: Duration::from_secs(30),
         idle_in_transaction_timeout: Duration::from_millis(config.message_timeout_ms)
             + Duration::from_secs(10),

@@ -45,7 +45,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use effectively::crash::Crasher;
+use pipeline::crash::Crasher;
 use rdkafka::producer::Producer;
 use rdkafka::util::Timeout;
 use sqlx::PgPool;
@@ -77,7 +77,7 @@ pub async fn run(
         Sink::Http => 64,
     };
     db.db_max_connections = db.db_max_connections.max(connections + 3);
-    let pool = effectively::db::connect(&db, session_limits(&config)).await?;
+    let pool = pipeline::db::connect(&db, session_limits(&config)).await?;
     let metrics = Arc::new(RelayMetrics::new().context("register metrics")?);
     if config.sink == Sink::Http {
         return run_webhooks(config, pool, metrics, metrics_listener, cancel).await;
@@ -108,7 +108,7 @@ pub async fn run(
     let cancel = outer.child_token();
     let crasher = Arc::new(Crasher::new(config.crash.clone()));
 
-    let mut tasks = vec![effectively::metrics::spawn_server(
+    let mut tasks = vec![pipeline::metrics::spawn_server(
         metrics_listener,
         metrics.registry.clone(),
         cancel.clone(),
@@ -120,7 +120,7 @@ pub async fn run(
         cancel.clone(),
     )));
     // Published rows older than the outbox retention go, a batch at a time.
-    match effectively::lifecycle::outbox_retention(&pool).await {
+    match pipeline::lifecycle::outbox_retention(&pool).await {
         Ok(retention) => tracing::info!(
             retention = %humantime::format_duration(retention),
             "published outbox rows expire after the outbox retention (orders.outbox_policy)"
@@ -253,11 +253,7 @@ async fn run_webhooks(
 ) -> anyhow::Result<()> {
     let work = cancel.child_token();
     let mut tasks = vec![
-        effectively::metrics::spawn_server(
-            metrics_listener,
-            metrics.registry.clone(),
-            work.clone(),
-        ),
+        pipeline::metrics::spawn_server(metrics_listener, metrics.registry.clone(), work.clone()),
         tokio::spawn(sample_lag(
             pool.clone(),
             metrics.clone(),
@@ -268,10 +264,10 @@ async fn run_webhooks(
     tasks.push(spawn_outbox_expiry(&pool, &metrics, &work));
     {
         let pool = pool.clone();
-        tasks.push(tokio::spawn(effectively::lifecycle::every(
+        tasks.push(tokio::spawn(pipeline::lifecycle::every(
             "webhook deliveries",
-            effectively::lifecycle::INTERVAL,
-            effectively::lifecycle::BATCH,
+            pipeline::lifecycle::INTERVAL,
+            pipeline::lifecycle::BATCH,
             metrics.relay_webhook_expired_total.clone(),
             work.clone(),
             move |batch| {

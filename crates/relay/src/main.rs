@@ -13,9 +13,9 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    effectively::telemetry::init();
+    pipeline::telemetry::init();
     if let Some(relay::Command::Webhooks(admin)) = &config.command {
-        let pool = effectively::db::connect(&config.db, relay::session_limits(&config)).await?;
+        let pool = pipeline::db::connect(&config.db, relay::session_limits(&config)).await?;
         let result = admin.run(&pool).await;
         pool.close().await;
         return result.map(|text| print!("{text}"));
@@ -23,12 +23,12 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let metrics = TcpListener::bind(config.metrics_addr)
         .await
         .with_context(|| format!("bind metrics {}", config.metrics_addr))?;
-    match relay::run(config, metrics, effectively::shutdown::on_signal()).await {
+    match relay::run(config, metrics, pipeline::shutdown::on_signal()).await {
         // The topic cannot keep what acks=all acknowledges: as payments'
         // refusals, status 2.
         Err(error)
             if error
-                .downcast_ref::<effectively::kafka::TopicRefusal>()
+                .downcast_ref::<pipeline::kafka::TopicRefusal>()
                 .is_some() =>
         {
             eprintln!("relay: refusing to run: {error}");

@@ -1,9 +1,9 @@
 //! The relay's Prometheus metrics.
 
-use effectively::contract::{
+use pipeline::contract::{
     RELAY_PUBLISHED_TOTAL, RELAY_WEBHOOK_ATTEMPTS_TOTAL, WEBHOOK_OUTCOME_LABEL,
 };
-use effectively::metrics::LATENCY_BUCKETS;
+use pipeline::metrics::LATENCY_BUCKETS;
 use prometheus::{
     Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
@@ -106,7 +106,7 @@ pub const WEBHOOK_ATTEMPT_OUTCOMES: [&str; 4] = ["delivered", "retry", "failed",
 impl RelayMetrics {
     /// Creates and registers the metrics in a fresh registry.
     pub fn new() -> Result<Self, prometheus::Error> {
-        let registry = effectively::metrics::registry();
+        let registry = pipeline::metrics::registry();
         let m = Self {
             outbox_pending_rows: IntGauge::new(
                 "outbox_pending_rows",

@@ -40,8 +40,8 @@ impl PendingRow {
     /// The row as it goes on the wire (a Kafka message's value, a webhook's
     /// body): its envelope, encoded. `Err` when its payload is not JSON,
     /// which no retry changes.
-    pub fn encode(&self) -> Result<Vec<u8>, effectively::envelope::EnvelopeError> {
-        effectively::envelope::Envelope::new(
+    pub fn encode(&self) -> Result<Vec<u8>, pipeline::envelope::EnvelopeError> {
+        pipeline::envelope::Envelope::new(
             self.msg_id,
             self.event_type.clone(),
             self.aggregate_id,

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use chrono::Utc;
-use effectively::contract::CrashPoint;
-use effectively::crash::Crasher;
-use effectively::envelope::{HEADER_EVENT_TYPE, HEADER_MSG_ID};
-use effectively::kafka::FatalState;
+use pipeline::contract::CrashPoint;
+use pipeline::crash::Crasher;
+use pipeline::envelope::{HEADER_EVENT_TYPE, HEADER_MSG_ID};
+use pipeline::kafka::FatalState;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -329,7 +329,7 @@ impl Worker {
                 );
                 Publish::Retry
             }
-            Err((error, _)) if effectively::kafka::rejects_the_record(&error) => {
+            Err((error, _)) if pipeline::kafka::rejects_the_record(&error) => {
                 self.metrics
                     .relay_errors_total
                     .with_label_values(&["rejected"])
@@ -370,15 +370,11 @@ fn record_bytes(key: &str, value: &[u8], msg_id: &str, event_type: &str) -> usiz
 /// The topic's `max.message.bytes`, read from the broker at start-up;
 /// Kafka's default when it cannot be read (a topic not created yet: its
 /// sends fail until it is, see [`producer`]).
-pub(crate) async fn topic_max_message_bytes(kafka: &effectively::config::KafkaArgs) -> usize {
+pub(crate) async fn topic_max_message_bytes(kafka: &pipeline::config::KafkaArgs) -> usize {
     const KEY: &str = "max.message.bytes";
-    match effectively::kafka::topic_configs(
-        &kafka.kafka_bootstrap_servers,
-        &kafka.kafka_topic,
-        &[KEY],
-    )
-    .await
-    .map(|configs| configs.get(KEY).and_then(|v| v.parse::<usize>().ok()))
+    match pipeline::kafka::topic_configs(&kafka.kafka_bootstrap_servers, &kafka.kafka_topic, &[KEY])
+        .await
+        .map(|configs| configs.get(KEY).and_then(|v| v.parse::<usize>().ok()))
     {
         Ok(Some(bytes)) => {
             tracing::info!(bytes, topic = %kafka.kafka_topic, "the topic's max.message.bytes");

@@ -1,14 +1,14 @@
 //! The start-up check of the relay's topic: it must keep what `acks=all`
-//! acknowledges (`effectively::kafka::check_topic`; the relay marks a row
+//! acknowledges (`pipeline::kafka::check_topic`; the relay marks a row
 //! published on that ack and the outbox then forgets it), and its records
 //! are best stamped by the broker (`message.timestamp.type=LogAppendTime`),
 //! so that no clock of the relay's host can get them refused or expired
 //! early. A topic that cannot be read at start-up (not created yet, brokers
 //! down) is checked again while the relay runs.
 
-use effectively::config::KafkaArgs;
-use effectively::kafka::{TopicCheck, TopicRefusal, TopicSettings, check_topic};
 use effectively::retry::Backoff;
+use pipeline::config::KafkaArgs;
+use pipeline::kafka::{TopicCheck, TopicRefusal, TopicSettings, check_topic};
 use tokio_util::sync::CancellationToken;
 
 /// Checks the topic once: `Ok(None)` when it passed (or is allowed by the

@@ -11,17 +11,17 @@ use crate::metrics::RelayMetrics;
 use crate::{outbox, wal};
 
 /// Deletes published outbox rows older than the outbox retention, a batch
-/// at a time, every [`effectively::lifecycle::INTERVAL`], until `cancel`.
+/// at a time, every [`pipeline::lifecycle::INTERVAL`], until `cancel`.
 pub(crate) fn spawn_outbox_expiry(
     pool: &PgPool,
     metrics: &RelayMetrics,
     cancel: &CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let pool = pool.clone();
-    tokio::spawn(effectively::lifecycle::every(
+    tokio::spawn(pipeline::lifecycle::every(
         "outbox",
-        effectively::lifecycle::INTERVAL,
-        effectively::lifecycle::BATCH,
+        pipeline::lifecycle::INTERVAL,
+        pipeline::lifecycle::BATCH,
         metrics.relay_outbox_expired_total.clone(),
         cancel.clone(),
         move |batch| {

@@ -1,14 +1,14 @@
 //! The NOTIFY that wakes the poll loops and the webhook fan-out when orders
 //! commits an outbox row; a lost LISTEN connection comes back with backoff,
 //! and the loops poll meanwhile. A NOTIFY that names its rows' shards
-//! (orders' [`effectively::outbox::Notifier`]) wakes only those shards'
+//! (orders' [`pipeline::outbox::Notifier`]) wakes only those shards'
 //! loops: the others would claim nothing, a transaction each.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use effectively::outbox::{ALL_SHARDS, shards_of_payload};
 use effectively::retry::Backoff;
+use pipeline::outbox::{ALL_SHARDS, shards_of_payload};
 use sqlx::PgPool;
 use sqlx::postgres::PgListener;
 use tokio::sync::watch;
@@ -125,7 +125,7 @@ async fn listen_once(
         .map_err(|e| (e, false))?;
     listener.eager_reconnect(false);
     listener
-        .listen(effectively::outbox::NOTIFY_CHANNEL)
+        .listen(pipeline::outbox::NOTIFY_CHANNEL)
         .await
         .map_err(|e| (e, false))?;
     // Rows committed while no one listened are found by the next pass.

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use effectively::testing::{TestDb, TestTopic, free_port};
 use futures::StreamExt;
+use pipeline::testing::{TestDb, TestTopic, free_port};
 use sqlx::PgPool;
 
 const CARTS: i32 = 300;

@@ -8,8 +8,8 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use effectively::db::ServiceRole;
-use effectively::testing::{TestDb, eventually, free_port, workspace_bin};
+use pipeline::db::ServiceRole;
+use pipeline::testing::{TestDb, eventually, free_port, workspace_bin};
 use tokio::process::{Child, Command};
 
 fn free_addr() -> String {

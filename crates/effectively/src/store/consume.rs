@@ -11,9 +11,9 @@ use sqlx::types::Json;
 use sqlx::{Acquire, PgConnection};
 use tokio_util::sync::CancellationToken;
 
+use super::HEADER_MSG_ID;
 use super::inbox::{Inbox, InboxClaim, Message};
 use super::{Effectively, SchemaName};
-use crate::envelope::HEADER_MSG_ID;
 use crate::retry::Backoff;
 
 /// A record as a handler gets it.

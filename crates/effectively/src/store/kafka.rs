@@ -3,13 +3,14 @@
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 
 use super::relay::{Outgoing, SendError, Sink};
-use crate::envelope::{HEADER_EVENT_TYPE, HEADER_MSG_ID};
+use super::{HEADER_EVENT_TYPE, HEADER_MSG_ID};
 
 /// The header that carries a row's content type.
 pub const HEADER_CONTENT_TYPE: &str = "content-type";
@@ -90,10 +91,27 @@ impl Sink for KafkaSink {
             .await
         {
             Ok(_) => Ok(()),
-            Err((error, _)) if crate::kafka::rejects_the_record(&error) => Err(SendError::Reject(
-                format!("{error} ({} bytes)", row.payload.len()),
-            )),
+            Err((error, _)) if rejects_the_record(&error) => Err(SendError::Reject(format!(
+                "{error} ({} bytes)",
+                row.payload.len()
+            ))),
             Err((error, _)) => Err(SendError::Retry(error.to_string())),
         }
     }
+}
+
+/// Whether a produce error is about the record itself (the same record
+/// fails again, whatever the brokers' health: over the size limit, or not a
+/// valid record) rather than the brokers. `UNKNOWN_TOPIC_OR_PART` is not
+/// one: a topic may be created later.
+pub fn rejects_the_record(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::InvalidMessage
+                | RDKafkaErrorCode::InvalidRecord
+        )
+    )
 }

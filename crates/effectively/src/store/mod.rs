@@ -58,12 +58,18 @@ pub use consume::{Handled, Handler, HandlerError, Record, consume, handle, recor
 pub use http::{IDEMPOTENCY_KEY_HEADER, Idempotent, Principal};
 pub use inbox::{Applied, DEFAULT_RETENTION, Inbox, InboxClaim, Message, MessageError, MessageId};
 #[cfg(feature = "kafka")]
-pub use kafka::{HEADER_CONTENT_TYPE, KafkaSink};
+pub use kafka::{HEADER_CONTENT_TYPE, KafkaSink, rejects_the_record};
 pub use keys::{KeyClaim, Keys, StoredResponse};
 pub use outbox::{Event, EventError, Outbox, Payload, SHARDS, shard_of};
 pub use relay::{Outgoing, Pass, Relay, RelayStats, SendError, Sink};
 #[cfg(feature = "webhooks")]
 pub use webhook::{DestinationError, WebhookSink};
+
+/// The header that carries an event's message id on every Kafka record the
+/// library's relay publishes, and that its consumer reads the id from.
+pub const HEADER_MSG_ID: &str = "msg_id";
+/// The header that carries an event's type.
+pub const HEADER_EVENT_TYPE: &str = "event_type";
 
 /// The default schema: `effectively`.
 pub const DEFAULT_SCHEMA: &str = "effectively";

@@ -11,7 +11,7 @@ use effectively::idempotency::{Fingerprint, IdempotencyKey, StoredResponse};
 use effectively::store::{
     Applied, Effectively, Event, InboxClaim, KeyClaim, Message, MigrateError,
 };
-use effectively::testing::TestDb;
+use pipeline::testing::TestDb;
 use sqlx::postgres::PgListener;
 use sqlx::{Connection, PgPool};
 use uuid::Uuid;

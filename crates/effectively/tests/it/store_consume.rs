@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use effectively::store::{Event, Handler, HandlerError, KafkaSink, Record, Relay, consume};
-use effectively::testing::TestTopic;
+use pipeline::testing::TestTopic;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};

@@ -9,7 +9,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use axum::routing::post;
 use effectively::store::{Idempotent, Principal, StoredResponse};
-use effectively::testing::TestDb;
+use pipeline::testing::TestDb;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -72,7 +72,7 @@ async fn serve() -> (TestDb, PgPool, String, CancellationToken) {
         .expect("bind");
     let base = format!("http://{}", listener.local_addr().expect("addr"));
     let cancel = CancellationToken::new();
-    effectively::metrics::spawn_router("shop", listener, app, cancel.clone());
+    pipeline::metrics::spawn_router("shop", listener, app, cancel.clone());
     (db, pool, base, cancel)
 }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use effectively::store::{Effectively, Event, KafkaSink, Outgoing, Relay, SendError, Sink};
-use effectively::testing::{TestDb, TestTopic};
+use pipeline::testing::{TestDb, TestTopic};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -427,7 +427,7 @@ async fn receive(
         }),
     );
     let cancel = CancellationToken::new();
-    effectively::metrics::spawn_router("receiver", listener, router, cancel.clone());
+    pipeline::metrics::spawn_router("receiver", listener, router, cancel.clone());
     (url, cancel)
 }
 

@@ -4,16 +4,16 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use effectively::config::DbArgs;
-use effectively::db::ServiceRole;
-use effectively::idempotency::ClaimStrategy;
-use effectively::testing::slow::{all_closed, slow_clients};
-use effectively::testing::{TestDb, eventually, free_port};
 use orders::config::Config;
 use orders::proto::orders_client::OrdersClient;
 use orders::proto::{CreateOrderRequest, GetOrderRequest};
 use orders::run;
 use orders::store::InjectFault;
+use pipeline::config::DbArgs;
+use pipeline::db::ServiceRole;
+use pipeline::idempotency::ClaimStrategy;
+use pipeline::testing::slow::{all_closed, slow_clients};
+use pipeline::testing::{TestDb, eventually, free_port};
 use reqwest::StatusCode;
 use serde_json::Value;
 use sqlx::PgPool;
@@ -61,8 +61,8 @@ impl TestApp {
         let db_args = DbArgs::for_url(db.url_as(ServiceRole::Orders));
         let mut config = Config {
             db: db_args,
-            runtime: effectively::config::RuntimeArgs { worker_threads: 0 },
-            crash: effectively::crash::CrashArgs::default(),
+            runtime: pipeline::config::RuntimeArgs { worker_threads: 0 },
+            crash: pipeline::crash::CrashArgs::default(),
             http_addr,
             grpc_addr,
             max_body_bytes: 1024,
@@ -284,7 +284,7 @@ async fn outbox_listener(db: &TestDb) -> sqlx::postgres::PgListener {
         .await
         .expect("listener");
     listener
-        .listen(effectively::outbox::NOTIFY_CHANNEL)
+        .listen(pipeline::outbox::NOTIFY_CHANNEL)
         .await
         .expect("listen");
     listener
@@ -315,7 +315,7 @@ async fn a_new_order_notifies_the_relay_and_a_replay_does_not() {
         .expect("shard");
     assert_eq!(
         notification.payload(),
-        effectively::outbox::shards_payload(1 << shard),
+        pipeline::outbox::shards_payload(1 << shard),
         "the NOTIFY names shard {shard}"
     );
     for _ in 0..3 {
@@ -348,7 +348,7 @@ async fn the_outbox_trigger_notifies_unless_the_session_turned_it_off() {
 
     let mut quiet = options
         .clone()
-        .options([(effectively::outbox::NOTIFY_SETTING, "off")])
+        .options([(pipeline::outbox::NOTIFY_SETTING, "off")])
         .connect()
         .await
         .expect("connect with the NOTIFY off");
@@ -780,7 +780,7 @@ async fn the_advisory_lock_strategy_waits_for_the_keys_lock() {
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let mut holder = pool.acquire().await.expect("holder");
     sqlx::query("SELECT pg_advisory_lock($1, hashtext('held-key'))")
-        .bind(effectively::idempotency::ADVISORY_LOCK_CLASS)
+        .bind(pipeline::idempotency::ADVISORY_LOCK_CLASS)
         .execute(&mut *holder)
         .await
         .expect("hold the key's lock");
@@ -811,7 +811,7 @@ async fn the_advisory_lock_strategy_waits_for_the_keys_lock() {
         "the create waits for the key's lock"
     );
     sqlx::query("SELECT pg_advisory_unlock($1, hashtext('held-key'))")
-        .bind(effectively::idempotency::ADVISORY_LOCK_CLASS)
+        .bind(pipeline::idempotency::ADVISORY_LOCK_CLASS)
         .execute(&mut *holder)
         .await
         .expect("release");
@@ -962,7 +962,7 @@ async fn a_crash_between_commit_and_response_is_healed_by_the_retry() {
         .expect("spawn orders");
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{port}");
-    let up = effectively::testing::eventually(Duration::from_secs(20), || async {
+    let up = pipeline::testing::eventually(Duration::from_secs(20), || async {
         client.get(format!("{url}/metrics")).send().await.is_ok()
     })
     .await;
@@ -1015,7 +1015,7 @@ impl Writers {
             pool.clone(),
             InjectFault::None,
             false,
-            effectively::crash::Crasher::default(),
+            pipeline::crash::Crasher::default(),
         ));
         let (writes, _writers) = orders::writer::WriteQueue::start(
             store.clone(),
@@ -1083,7 +1083,7 @@ async fn a_flood_on_one_key_is_bounded_and_settled_at_once() {
     const FLOOD: usize = 5_000;
     let db = TestDb::create().await;
     let writers = Writers::start(&db, QUEUE).await;
-    let key = effectively::idempotency::IdempotencyKey::parse(b"flooded").expect("key");
+    let key = pipeline::idempotency::IdempotencyKey::parse(b"flooded").expect("key");
     let first = orders::order::CreateOrder {
         account_id: 1,
         amount_cents: 100,
@@ -1160,7 +1160,7 @@ async fn a_request_whose_client_left_is_not_written() {
     let lock = writers.hold_keys().await;
     let stays = {
         let api = writers.api.clone();
-        let key = effectively::idempotency::IdempotencyKey::parse(b"stays").expect("key");
+        let key = pipeline::idempotency::IdempotencyKey::parse(b"stays").expect("key");
         tokio::spawn(async move { api.create(&key, &body).await })
     };
     writers.wait_for_blocked_writer().await;
@@ -1168,7 +1168,7 @@ async fn a_request_whose_client_left_is_not_written() {
         .map(|i| {
             let api = writers.api.clone();
             let key =
-                effectively::idempotency::IdempotencyKey::parse(format!("leaves-{i}").as_bytes())
+                pipeline::idempotency::IdempotencyKey::parse(format!("leaves-{i}").as_bytes())
                     .expect("key");
             tokio::spawn(async move { api.create(&key, &body).await })
         })
@@ -1194,7 +1194,7 @@ async fn a_request_whose_client_left_is_not_written() {
 /// than 500: the real server's errors, not made-up ones.
 #[tokio::test]
 async fn a_database_going_away_is_unavailable_and_a_bad_statement_is_not() {
-    use effectively::db::is_unavailable;
+    use pipeline::db::is_unavailable;
     use sqlx::Connection;
     let db = TestDb::create().await;
     let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
@@ -1312,15 +1312,15 @@ async fn a_key_minted_by_a_slow_clock_lives_its_full_retention() {
 
 /// Orders measures its clock against the database's at start-up and refuses
 /// to run past `--max-clock-skew-secs` (the measurement, with a shifted local
-/// clock, is `effectively::clock`'s; the service's refusal is checked here).
+/// clock, is `pipeline::clock`'s; the service's refusal is checked here).
 #[tokio::test]
 async fn a_clock_past_the_bound_is_refused_and_a_small_skew_is_measured() {
     let db = TestDb::create().await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let gauge = prometheus::Gauge::new("skew", "skew").expect("gauge");
-    let bounds = effectively::clock::Bounds::default();
+    let bounds = pipeline::clock::Bounds::default();
     let slow = || std::time::SystemTime::now() - Duration::from_secs(11 * 60);
-    let refused = effectively::clock::check_at_start("orders", &pool, bounds, &gauge, slow)
+    let refused = pipeline::clock::check_at_start("orders", &pool, bounds, &gauge, slow)
         .await
         .expect_err("11 minutes slow is refused");
     assert!(
@@ -1332,7 +1332,7 @@ async fn a_clock_past_the_bound_is_refused_and_a_small_skew_is_measured() {
         "the gauge shows it: {}",
         gauge.get()
     );
-    let skew = effectively::clock::check_at_start(
+    let skew = pipeline::clock::check_at_start(
         "orders",
         &pool,
         bounds,

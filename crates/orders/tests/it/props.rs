@@ -17,14 +17,14 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, Method, Request, StatusCode, header};
-use effectively::config::DbArgs;
-use effectively::crash::{CrashArgs, Crasher};
-use effectively::testing::{TestDb, cases_from_env as cases};
 use orders::api::{CreatedBody, OrdersApi};
 use orders::metrics::OrdersMetrics;
 use orders::order::{CreateOrder, MAX_AMOUNT_CENTS};
 use orders::store::{InjectFault, Store};
 use orders::writer::{WriteQueue, WriterSettings};
+use pipeline::config::DbArgs;
+use pipeline::crash::{CrashArgs, Crasher};
+use pipeline::testing::{TestDb, cases_from_env as cases};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -615,7 +615,7 @@ fn service(rt: &tokio::runtime::Runtime) -> (Router, TestDb) {
         let db = TestDb::create().await;
         let mut args = DbArgs::for_url(&db.url);
         args.db_migrate = false; // TestDb::create migrated it
-        let pool = effectively::db::connect(&args, orders::config::SESSION_LIMITS)
+        let pool = pipeline::db::connect(&args, orders::config::SESSION_LIMITS)
             .await
             .expect("connect");
         let metrics = Arc::new(OrdersMetrics::new().expect("metrics"));

@@ -4,16 +4,16 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use effectively::config::DbArgs;
-use effectively::crash::CrashArgs;
-use effectively::db::ServiceRole;
-use effectively::envelope::Envelope;
-use effectively::testing::{Service, TestDb, TestTopic, eventually};
 use effectively::v7::{minted_ago, minted_ahead};
 use payments::dup::{DupArgs, DupKind};
 use payments::horizon::Retention;
 use payments::receiver::WebhookArgs;
 use payments::{Config, GroupProtocol, Transport, run};
+use pipeline::config::DbArgs;
+use pipeline::crash::CrashArgs;
+use pipeline::db::ServiceRole;
+use pipeline::envelope::Envelope;
+use pipeline::testing::{Service, TestDb, TestTopic, eventually};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -82,7 +82,7 @@ fn config(db: &TestDb, topic: &TestTopic, group: &str) -> Config {
     let db_args = DbArgs::for_url(db.url_as(ServiceRole::Payments));
     Config {
         db: db_args,
-        runtime: effectively::config::RuntimeArgs { worker_threads: 0 },
+        runtime: pipeline::config::RuntimeArgs { worker_threads: 0 },
         kafka: topic.kafka_args(),
         crash: CrashArgs::default(),
         group_id: group.to_owned(),

@@ -15,14 +15,14 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use effectively::contract::ORDER_CREATED;
-use effectively::crash::{CrashArgs, Crasher};
-use effectively::envelope::Envelope;
-use effectively::testing::{TestDb, cases_from_env as cases};
 use effectively::text::{MAX_STORED_TEXT, storable};
 use payments::decode::decode;
 use payments::delivery::{DeadLetterKind, Origin, Rules, Source};
 use payments::inbox::{apply_batch, reject, split};
+use pipeline::contract::ORDER_CREATED;
+use pipeline::crash::{CrashArgs, Crasher};
+use pipeline::envelope::Envelope;
+use pipeline::testing::{TestDb, cases_from_env as cases};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use rdkafka::Timestamp;

@@ -6,17 +6,17 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use effectively::config::{DbArgs, KafkaArgs};
-use effectively::contract::WEBHOOK_PATH;
-use effectively::crash::CrashArgs;
-use effectively::db::ServiceRole;
-use effectively::envelope::Envelope;
-use effectively::testing::{Service, TestDb, eventually, free_port};
 use effectively::webhook::{self, Secret};
 use payments::dup::DupArgs;
 use payments::horizon::Retention;
 use payments::receiver::WebhookArgs;
 use payments::{Config, GroupProtocol, Transport, run_on};
+use pipeline::config::{DbArgs, KafkaArgs};
+use pipeline::contract::WEBHOOK_PATH;
+use pipeline::crash::CrashArgs;
+use pipeline::db::ServiceRole;
+use pipeline::envelope::Envelope;
+use pipeline::testing::{Service, TestDb, eventually, free_port};
 use reqwest::StatusCode;
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -43,7 +43,7 @@ fn event(msg_id: Uuid, order_id: Uuid, amount_cents: i64) -> Vec<u8> {
 fn config(db: &TestDb, secret: &Secret) -> Config {
     Config {
         db: DbArgs::for_url(db.url_as(ServiceRole::Payments)),
-        runtime: effectively::config::RuntimeArgs { worker_threads: 0 },
+        runtime: pipeline::config::RuntimeArgs { worker_threads: 0 },
         // Nothing listens there: over HTTP payments never asks a broker.
         kafka: KafkaArgs {
             kafka_bootstrap_servers: "127.0.0.1:9".into(),
@@ -738,7 +738,7 @@ const SLOW_BODY: &[u8] = b"{\"msg_id\": \"slow\"}";
 /// handling slots are answered 503 `overloaded` with `Retry-After: 1`.
 #[tokio::test]
 async fn slow_webhook_clients_are_closed_after_the_timeouts_and_valid_webhooks_go_on() {
-    use effectively::testing::slow::{all_closed, slow_clients};
+    use pipeline::testing::slow::{all_closed, slow_clients};
     const SLOW_HEADS: usize = 800;
     const SLOW_BODIES: usize = 100;
     const VALID: usize = 30;

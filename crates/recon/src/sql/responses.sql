@@ -1,7 +1,7 @@
 -- The stored responses of the idempotency keys of the order ids $1 to $2:
 -- per key, its order id, its status, and its Location and ETag (each NULL
 -- unless the headers hold exactly one). Recon compares each key's with the
--- response orders stores for that order (effectively::contract::
+-- response orders stores for that order (pipeline::contract::
 -- created_response: 201, `/orders/{order_id}`, and the ETag, a BLAKE3 hash
 -- of the body that PostgreSQL cannot compute), so this statement only
 -- reads and the comparison is recon's own, row by row. Orders stores its

@@ -6,8 +6,8 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use effectively::db::ServiceRole;
-use effectively::testing::{
+use pipeline::db::ServiceRole;
+use pipeline::testing::{
     TestDb, TestTopic, eventually, free_port, series_value, workspace_bin as bin,
 };
 use recon::Policy;
@@ -825,7 +825,7 @@ async fn keys_that_outlive_the_key_floor_are_not_drift() {
     assert!(names.contains(&"intents_without_order"), "{names:?}");
 }
 
-/// Expiry drains in batches, one transaction each (`effectively::lifecycle`),
+/// Expiry drains in batches, one transaction each (`pipeline::lifecycle`),
 /// and a recon may run between two of them: each batch's transaction moves
 /// its store's floor up to the cut before it deletes below it, so what recon
 /// checks (everything at and above the floors) is all there after any batch.

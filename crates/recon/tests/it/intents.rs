@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use effectively::db::ServiceRole;
-use effectively::testing::{TestDb, eventually, free_port, workspace_bin};
+use pipeline::db::ServiceRole;
+use pipeline::testing::{TestDb, eventually, free_port, workspace_bin};
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
 

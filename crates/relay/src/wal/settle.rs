@@ -578,7 +578,7 @@ impl Probe {
 
 #[cfg(test)]
 mod tests {
-    use effectively::testing::TestDb;
+    use pipeline::testing::TestDb;
     use sqlx::{Connection, PgConnection};
 
     use super::*;

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
-use effectively::contract::CrashPoint;
-use effectively::crash::Crasher;
 use effectively::retry::Backoff;
 use effectively::webhook::{self};
+use pipeline::contract::CrashPoint;
+use pipeline::crash::Crasher;
 use rand::Rng;
 use reqwest::header::CONTENT_TYPE;
 use sqlx::PgPool;
@@ -407,7 +407,7 @@ impl Sender {
             .header(webhook::HEADER_ID, &id)
             .header(webhook::HEADER_TIMESTAMP, timestamp.to_string())
             .header(webhook::HEADER_SIGNATURE, signature)
-            .header(effectively::contract::IDEMPOTENCY_KEY, &id)
+            .header(pipeline::contract::IDEMPOTENCY_KEY, &id)
             .header(CONTENT_TYPE, "application/json")
             .body(row.body.clone())
             .send()
@@ -702,8 +702,8 @@ mod tests {
     /// runs' attempt 1.
     #[tokio::test]
     async fn a_stale_result_from_before_a_replay_is_not_recorded_over_it() {
-        use effectively::db::ServiceRole;
-        let db = effectively::testing::TestDb::create().await;
+        use pipeline::db::ServiceRole;
+        let db = pipeline::testing::TestDb::create().await;
         let pool = PgPool::connect(&db.url_as(ServiceRole::Relay))
             .await
             .expect("connect");

@@ -5,12 +5,12 @@ use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
 use std::time::Duration;
 
-use effectively::config::DbArgs;
-use effectively::crash::CrashArgs;
-use effectively::db::ServiceRole;
-use effectively::envelope::Envelope;
-use effectively::outbox::{NOTIFY_CHANNEL, NOTIFY_SETTING, Outbox, OutboxMessage, shards_payload};
-use effectively::testing::{Service, TestDb, TestTopic, TopicMessage, eventually};
+use pipeline::config::DbArgs;
+use pipeline::crash::CrashArgs;
+use pipeline::db::ServiceRole;
+use pipeline::envelope::Envelope;
+use pipeline::outbox::{NOTIFY_CHANNEL, NOTIFY_SETTING, Outbox, OutboxMessage, shards_payload};
+use pipeline::testing::{Service, TestDb, TestTopic, TopicMessage, eventually};
 use relay::{Config, Mode, Sink, run};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -21,7 +21,7 @@ fn config(db: &TestDb, topic: &TestTopic, workers: u16, batch_size: i64) -> Conf
     Config {
         command: None,
         db: db_args,
-        runtime: effectively::config::RuntimeArgs { worker_threads: 0 },
+        runtime: pipeline::config::RuntimeArgs { worker_threads: 0 },
         kafka: topic.kafka_args(),
         crash: CrashArgs::default(),
         batch_size,
@@ -625,11 +625,11 @@ async fn a_row_that_cannot_be_published_fails_alone_and_holds_back_only_its_key(
 #[tokio::test]
 async fn wal_mode_never_publishes_an_event_after_its_keys_predecessor_failed() {
     let db = TestDb::create().await;
-    let bootstrap_servers = effectively::testing::stack_var("KAFKA_BOOTSTRAP_SERVERS");
+    let bootstrap_servers = pipeline::testing::stack_var("KAFKA_BOOTSTRAP_SERVERS");
     let name = format!("test-{}", Uuid::new_v4().simple());
-    let mut configs = effectively::contract::order_events_topic_configs().to_vec();
+    let mut configs = pipeline::contract::order_events_topic_configs().to_vec();
     configs.push(("max.message.bytes", "4096".into()));
-    effectively::kafka::ensure_topic(&bootstrap_servers, &name, 3, -1, &configs)
+    pipeline::kafka::ensure_topic(&bootstrap_servers, &name, 3, -1, &configs)
         .await
         .expect("create the topic");
     let topic = TestTopic {
@@ -1084,7 +1084,7 @@ async fn a_row_the_relay_cannot_mark_is_never_confirmed_past(hidden: Hidden) {
 fn missing_topic() -> TestTopic {
     TestTopic {
         name: format!("test-{}", Uuid::new_v4().simple()),
-        bootstrap_servers: effectively::testing::stack_var("KAFKA_BOOTSTRAP_SERVERS"),
+        bootstrap_servers: pipeline::testing::stack_var("KAFKA_BOOTSTRAP_SERVERS"),
     }
 }
 
@@ -1101,14 +1101,14 @@ async fn wait_for_a_failed_send(relay: &Service) {
 
 /// Creates the [`missing_topic`] and waits until every row is published.
 async fn create_topic_and_drain(pool: &PgPool, topic: &TestTopic) {
-    effectively::kafka::ensure_topic(
+    pipeline::kafka::ensure_topic(
         &topic.bootstrap_servers,
         &topic.name,
         3,
         // The brokers' default replication (3): the relay checks the topic
         // again once it exists, and refuses one replica.
         -1,
-        &effectively::contract::order_events_topic_configs(),
+        &pipeline::contract::order_events_topic_configs(),
     )
     .await
     .expect("create the topic");
@@ -1576,7 +1576,7 @@ async fn database_sessions_set_their_own_limits() {
     let topic = TestTopic::create(1).await;
     let mut cfg = config(&db, &topic, 1, 10);
     cfg.db.db_idle_in_transaction_timeout_ms = Some(4_000);
-    let pool = effectively::db::connect(&cfg.db, relay::session_limits(&cfg))
+    let pool = pipeline::db::connect(&cfg.db, relay::session_limits(&cfg))
         .await
         .expect("connect");
     for (setting, want) in [
@@ -1900,7 +1900,7 @@ async fn child_metric(port: u16, series: &str) -> f64 {
         return 0.0;
     };
     let text = response.text().await.unwrap_or_default();
-    effectively::testing::series_value(&text, series).unwrap_or(0.0)
+    pipeline::testing::series_value(&text, series).unwrap_or(0.0)
 }
 
 /// Issue item 11, reproduced: a topic made by hand with one replica. The
@@ -1920,7 +1920,7 @@ async fn a_topic_with_one_replica_is_refused_at_start_naming_the_replication_fac
     let refused = relay_process(
         &db,
         &topic,
-        effectively::testing::free_port(),
+        pipeline::testing::free_port(),
         &[("KAFKA_ALLOW_UNDER_REPLICATED_TOPIC", "false")],
     )
     .output();
@@ -1943,7 +1943,7 @@ async fn a_topic_with_one_replica_is_refused_at_start_naming_the_replication_fac
     let _relay = relay_process(
         &db,
         &topic,
-        effectively::testing::free_port(),
+        pipeline::testing::free_port(),
         &[("KAFKA_ALLOW_UNDER_REPLICATED_TOPIC", "true")],
     )
     .stderr(Stdio::null())
@@ -1974,7 +1974,7 @@ async fn a_topic_whose_min_insync_replicas_is_one_is_refused_naming_it() {
         .expect_err("refused");
     assert!(
         error
-            .downcast_ref::<effectively::kafka::TopicRefusal>()
+            .downcast_ref::<pipeline::kafka::TopicRefusal>()
             .is_some(),
         "{error:#}"
     );
@@ -2021,7 +2021,7 @@ async fn a_record_refused_for_its_timestamp_is_a_loud_error_and_stays_pending() 
     let topic = narrow_timestamp_window_topic("CreateTime").await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
     fill_outbox(&pool, &[Uuid::now_v7()], 1).await;
-    let port = effectively::testing::free_port();
+    let port = pipeline::testing::free_port();
     let mut relay = relay_process(&db, &topic, port, &[("RELAY_MAX_ATTEMPTS", "1")])
         .spawn()
         .expect("spawn relay");

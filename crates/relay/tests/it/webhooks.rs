@@ -13,13 +13,13 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use effectively::config::{DbArgs, KafkaArgs};
-use effectively::crash::CrashArgs;
-use effectively::db::ServiceRole;
-use effectively::envelope::Envelope;
-use effectively::outbox::{Outbox, OutboxMessage};
-use effectively::testing::{Service, TestDb, eventually};
 use effectively::webhook::{self, Secret};
+use pipeline::config::{DbArgs, KafkaArgs};
+use pipeline::crash::CrashArgs;
+use pipeline::db::ServiceRole;
+use pipeline::envelope::Envelope;
+use pipeline::outbox::{Outbox, OutboxMessage};
+use pipeline::testing::{Service, TestDb, eventually};
 use relay::webhooks::{Admin, Destination, ReceiverHorizon};
 use relay::{Config, Mode, Sink, run};
 use sqlx::PgPool;
@@ -169,7 +169,7 @@ fn config(db: &TestDb, destinations: Vec<Destination>, scale: f64) -> Config {
     Config {
         command: None,
         db: DbArgs::for_url(db.url_as(ServiceRole::Relay)),
-        runtime: effectively::config::RuntimeArgs { worker_threads: 0 },
+        runtime: pipeline::config::RuntimeArgs { worker_threads: 0 },
         // Nothing listens there: the http sink never asks a broker.
         kafka: KafkaArgs {
             kafka_bootstrap_servers: "127.0.0.1:9".into(),

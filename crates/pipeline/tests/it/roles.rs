@@ -6,8 +6,8 @@
 
 use std::collections::BTreeSet;
 
-use effectively::db::{MIGRATOR, ServiceRole};
-use effectively::testing::TestDb;
+use pipeline::db::{MIGRATOR, ServiceRole};
+use pipeline::testing::TestDb;
 use sqlx::{Connection, PgConnection};
 
 const INSUFFICIENT_PRIVILEGE: &str = "42501";

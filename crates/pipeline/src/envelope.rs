@@ -10,10 +10,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
-/// Kafka header carrying the msg_id (also in the value; headers help tools).
-pub const HEADER_MSG_ID: &str = "msg_id";
-/// Kafka header carrying the event type.
-pub const HEADER_EVENT_TYPE: &str = "event_type";
+/// The Kafka headers carrying the msg_id (also in the value; headers help
+/// tools) and the event type: the library's, which its relay and consumer
+/// use too.
+pub use effectively::store::{HEADER_EVENT_TYPE, HEADER_MSG_ID};
 
 /// One event as published.
 #[derive(Debug, Serialize, Deserialize)]

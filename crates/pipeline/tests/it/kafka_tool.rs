@@ -5,7 +5,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-use effectively::testing::TestTopic;
+use pipeline::testing::TestTopic;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use tokio::io::AsyncWriteExt;
@@ -225,7 +225,7 @@ async fn create_sets_the_pipeline_topic_configs() {
     )
     .await;
     assert_ok(&output, "create");
-    let configs = effectively::kafka::topic_configs(
+    let configs = pipeline::kafka::topic_configs(
         &topic.bootstrap_servers,
         &name,
         &["retention.ms", "segment.ms"],
@@ -238,10 +238,10 @@ async fn create_sets_the_pipeline_topic_configs() {
     );
     assert_eq!(
         configs.get("segment.ms"),
-        Some(&effectively::contract::ORDER_EVENTS_SEGMENT_MS.to_string())
+        Some(&pipeline::contract::ORDER_EVENTS_SEGMENT_MS.to_string())
     );
     // TestTopic creates its topics with the contract's configs too.
-    let configs = effectively::kafka::topic_configs(
+    let configs = pipeline::kafka::topic_configs(
         &topic.bootstrap_servers,
         &topic.name,
         &["retention.ms", "segment.ms"],
@@ -250,6 +250,6 @@ async fn create_sets_the_pipeline_topic_configs() {
     .expect("describe");
     assert_eq!(
         configs.get("retention.ms"),
-        Some(&effectively::contract::ORDER_EVENTS_RETENTION_MS.to_string())
+        Some(&pipeline::contract::ORDER_EVENTS_RETENTION_MS.to_string())
     );
 }

@@ -147,7 +147,7 @@ pub fn created_response(order_id: Uuid) -> crate::idempotency::StoredResponse {
 // --- webhooks ----------------------------------------------------------------
 
 /// The path at which payments (`--source http`) receives the `order.events`
-/// webhooks: `POST`, signed per Standard Webhooks (`crate::webhook`), the body
+/// webhooks: `POST`, signed per Standard Webhooks (`effectively::webhook`), the body
 /// the same envelope as a Kafka message's value. Shared by payments (its
 /// route) and whoever builds a destination URL for it (chaos, the demos).
 pub const WEBHOOK_PATH: &str = "/webhooks/orders";

@@ -423,21 +423,7 @@ pub fn judge_topic(
     }
 }
 
-/// Whether a produce error is about the record itself (the same record
-/// fails again, whatever the brokers' health: over the size limit, or not a
-/// valid record) rather than the brokers. `UNKNOWN_TOPIC_OR_PART` is not
-/// one: a topic may be created later.
-pub fn rejects_the_record(error: &KafkaError) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::MessageSizeTooLarge
-                | RDKafkaErrorCode::InvalidMessageSize
-                | RDKafkaErrorCode::InvalidMessage
-                | RDKafkaErrorCode::InvalidRecord
-        )
-    )
-}
+pub use effectively::store::rejects_the_record;
 
 #[cfg(test)]
 mod tests {

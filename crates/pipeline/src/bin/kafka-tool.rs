@@ -1,5 +1,5 @@
 //! `kafka-tool`: create a topic, tail it, produce to it, show and reset a
-//! consumer group's offsets (the operations live in `effectively::inspect`).
+//! consumer group's offsets (the operations live in `pipeline::inspect`).
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use effectively::inspect::{self, Outgoing, ResetTo, Sender, Start, TailOptions, parse_duration};
-use effectively::kafka::{TopicState, ensure_topic};
+use pipeline::inspect::{self, Outgoing, ResetTo, Sender, Start, TailOptions, parse_duration};
+use pipeline::kafka::{TopicState, ensure_topic};
 
 /// The project's Kafka command-line tool, on the same client as the services
 /// (rdkafka), for what Kafka's own tools (`scripts/kafka.sh`) do not do:
@@ -244,7 +244,7 @@ fn create(bootstrap: &str, args: &CreateArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("start the runtime")?;
-    let mut configs: Vec<(&str, String)> = effectively::contract::order_events_topic_configs()
+    let mut configs: Vec<(&str, String)> = pipeline::contract::order_events_topic_configs()
         .into_iter()
         .filter(|(k, _)| !args.configs.iter().any(|(given, _)| given == k))
         .collect();

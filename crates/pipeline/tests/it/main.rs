@@ -1,0 +1,7 @@
+//! The pipeline crate's integration tests, in one binary
+//! (`cargo nextest run -p pipeline`), against the stack of `make up`.
+
+// `kafka-tool` as a user runs it, against the broker.
+mod kafka_tool;
+// Each service role's rights in PostgreSQL, and nothing more.
+mod roles;

@@ -29,6 +29,8 @@
 //! pipeline (orders, relay, payments, recon) shares its plumbing through a
 //! crate of its own, `pipeline`, which builds on this one.
 
+#![warn(missing_docs)]
+
 pub mod idempotency;
 pub mod retry;
 pub mod store;

@@ -10,7 +10,8 @@
 //!   it at least once through a sink ([`store::Relay`], [`store::Sink`]; a
 //!   Kafka sink with feature `kafka`, signed webhooks with `webhooks`), the
 //!   inbox guard that makes a redelivered message a no-op ([`store::Inbox`];
-//!   a Kafka consumer loop with `kafka`), and idempotency keys claimed in the
+//!   a Kafka consumer loop with `kafka`, a receiver of signed webhooks with
+//!   `http`), and idempotency keys claimed in the
 //!   caller's transaction ([`store::Keys`]; an axum extractor with `http`);
 //! * [`idempotency`]: a client's key, a request's fingerprint and the stored
 //!   response, as values;

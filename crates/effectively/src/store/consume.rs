@@ -3,186 +3,16 @@
 //! committed only after that transaction.
 
 use chrono::{DateTime, Utc};
-use futures::future::BoxFuture;
 use rdkafka::Message as _;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Headers};
-use sqlx::types::Json;
-use sqlx::{Acquire, PgConnection};
 use tokio_util::sync::CancellationToken;
 
+use super::Effectively;
 use super::HEADER_MSG_ID;
-use super::inbox::{Inbox, InboxClaim, Message};
-use super::{Effectively, SchemaName};
+use super::handle::{Handler, Record, handle};
+use super::inbox::Inbox;
 use crate::retry::Backoff;
-
-/// A record as a handler gets it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    /// Its topic.
-    pub topic: String,
-    /// Its partition.
-    pub partition: i32,
-    /// Its offset.
-    pub offset: i64,
-    /// Its key, if any.
-    pub key: Option<Vec<u8>>,
-    /// Its payload (empty when it had none).
-    pub payload: Vec<u8>,
-    /// Its headers, in order (a header without a value has an empty one).
-    pub headers: Vec<(String, Vec<u8>)>,
-    /// Its `msg_id` header: the id the inbox deduplicates it by.
-    pub msg_id: String,
-    /// Its timestamp (the broker's with `LogAppendTime`): when it was sent.
-    pub sent_at: DateTime<Utc>,
-}
-
-impl Record {
-    /// The value of header `name`, if there.
-    pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_slice())
-    }
-}
-
-/// Why a handler did not apply a record.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HandlerError {
-    /// Not now (the database, a service it calls): the transaction rolls
-    /// back and the record is handled again after a backoff. The partition
-    /// waits for it, so its order holds.
-    #[error("try again: {0}")]
-    Retry(String),
-    /// Never (a payload it cannot read, a rule it breaks): the record is
-    /// dead-lettered with the reason, and its claim is kept, so a copy of it
-    /// is a duplicate.
-    #[error("dead letter: {0}")]
-    Reject(String),
-}
-
-impl From<sqlx::Error> for HandlerError {
-    /// A database error is tried again.
-    fn from(error: sqlx::Error) -> Self {
-        Self::Retry(error.to_string())
-    }
-}
-
-/// A handler: applies a record's effect on the connection of the claim's
-/// transaction.
-pub type Handler = dyn for<'c> Fn(&'c mut PgConnection, &'c Record) -> BoxFuture<'c, Result<(), HandlerError>>
-    + Send
-    + Sync;
-
-/// What one record came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Handled {
-    /// The effect was applied and committed with its claim.
-    Applied,
-    /// A copy of a record applied before: nothing done.
-    Duplicate,
-    /// Dead-lettered with this reason (the handler refused it, it had no
-    /// usable msg_id, its id was reused with another payload, or it was
-    /// older than the inbox keeps rows).
-    DeadLettered(String),
-}
-
-/// The dead-letter statement of a schema.
-fn dead_letter_sql(schema: &SchemaName) -> String {
-    let q = schema.quoted();
-    format!(
-        "INSERT INTO {q}.dead_letters (consumer, msg_id, source, reason, payload, headers) \
-         VALUES ($1, $2, $3, $4, $5, $6)"
-    )
-}
-
-/// Handles one record: claim, effect, commit; a refusal is dead-lettered.
-/// `Err` only when it must be tried again (the database, the handler's
-/// [`HandlerError::Retry`]); nothing of it was committed then.
-pub async fn handle(
-    fx: &Effectively,
-    inbox: &Inbox,
-    handler: &Handler,
-    record: &Record,
-) -> Result<Handled, HandlerError> {
-    let mut conn = fx.pool().acquire().await?;
-    let message = match Message::new(record.msg_id.as_str(), record.sent_at, &record.payload) {
-        Ok(m) => m,
-        Err(error) => {
-            let why = error.to_string();
-            dead_letter(fx, &mut conn, inbox, record, None, &why).await?;
-            return Ok(Handled::DeadLettered(why));
-        }
-    };
-    let mut tx = conn.begin().await?;
-    let why = match inbox.claim(&mut tx, &message).await? {
-        InboxClaim::Duplicate => {
-            tx.rollback().await?;
-            return Ok(Handled::Duplicate);
-        }
-        InboxClaim::Conflict => format!(
-            "msg_id {} was applied before with another payload",
-            record.msg_id
-        ),
-        InboxClaim::TooOld => format!(
-            "sent at {}, longer ago than the inbox keeps rows: whether it was applied cannot be told",
-            record.sent_at
-        ),
-        InboxClaim::New => match handler(&mut tx, record).await {
-            Ok(()) => {
-                tx.commit().await?;
-                return Ok(Handled::Applied);
-            }
-            Err(HandlerError::Retry(why)) => return Err(HandlerError::Retry(why)),
-            Err(HandlerError::Reject(why)) => {
-                // The effect's statements go; the claim stays, with the
-                // dead letter, so a copy is a duplicate.
-                tx.rollback().await?;
-                let mut tx = conn.begin().await?;
-                if inbox.claim(&mut tx, &message).await? != InboxClaim::New {
-                    // Applied meanwhile by another consumer of the group.
-                    return Ok(Handled::Duplicate);
-                }
-                dead_letter(fx, &mut tx, inbox, record, Some(&message), &why).await?;
-                tx.commit().await?;
-                return Ok(Handled::DeadLettered(why));
-            }
-        },
-    };
-    tx.rollback().await?;
-    dead_letter(fx, &mut conn, inbox, record, Some(&message), &why).await?;
-    Ok(Handled::DeadLettered(why))
-}
-
-async fn dead_letter(
-    fx: &Effectively,
-    conn: &mut PgConnection,
-    inbox: &Inbox,
-    record: &Record,
-    message: Option<&Message>,
-    why: &str,
-) -> Result<(), HandlerError> {
-    tracing::warn!(consumer = inbox.consumer(), topic = %record.topic, partition = record.partition, offset = record.offset, msg_id = %record.msg_id, %why, "dead letter");
-    let headers: Vec<(String, String)> = record
-        .headers
-        .iter()
-        .map(|(n, v)| (crate::text::storable(n), crate::text::storable_bytes(v)))
-        .collect();
-    sqlx::query(&dead_letter_sql(fx.schema_name()))
-        .bind(inbox.consumer())
-        .bind(message.map(Message::id))
-        .bind(format!(
-            "{}/{}/{}",
-            record.topic, record.partition, record.offset
-        ))
-        .bind(crate::text::storable(why))
-        .bind(&record.payload)
-        .bind(Json(headers))
-        .execute(conn)
-        .await?;
-    Ok(())
-}
 
 /// A record read from Kafka as the handler gets it: its `msg_id` header
 /// (UTF-8; empty when missing, which dead-letters it) and its timestamp
@@ -208,9 +38,12 @@ pub fn record_of(message: &BorrowedMessage<'_>) -> Record {
         .and_then(DateTime::from_timestamp_millis)
         .unwrap_or_else(Utc::now);
     Record {
-        topic: message.topic().to_owned(),
-        partition: message.partition(),
-        offset: message.offset(),
+        source: format!(
+            "{}/{}/{}",
+            message.topic(),
+            message.partition(),
+            message.offset()
+        ),
         key: message.key().map(<[u8]>::to_vec),
         payload: message.payload().unwrap_or_default().to_vec(),
         headers,
@@ -256,7 +89,7 @@ pub async fn consume(
             match handle(fx, inbox, handler, &record).await {
                 Ok(_) => break,
                 Err(error) => {
-                    tracing::warn!(topic = %record.topic, partition = record.partition, offset = record.offset, %error, "record not applied; trying again");
+                    tracing::warn!(source = %record.source, %error, "record not applied; trying again");
                     if !backoff.wait(cancel).await {
                         return Ok(());
                     }

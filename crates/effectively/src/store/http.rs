@@ -69,7 +69,7 @@ pub struct Idempotent {
 }
 
 /// A JSON error answer: `{"error": {"code": …, "message": …}}`.
-fn error_response(status: u16, code: &str, message: &str) -> Response {
+pub(super) fn error_response(status: u16, code: &str, message: &str) -> Response {
     let body = serde_json::json!({ "error": { "code": code, "message": message } });
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (status, axum::Json(body)).into_response()

@@ -35,6 +35,7 @@
 
 #[cfg(feature = "kafka")]
 mod consume;
+mod handle;
 #[cfg(feature = "http")]
 mod http;
 mod inbox;
@@ -42,6 +43,8 @@ mod inbox;
 mod kafka;
 mod keys;
 mod outbox;
+#[cfg(feature = "http")]
+mod receive;
 mod relay;
 #[cfg(feature = "webhooks")]
 mod webhook;
@@ -53,7 +56,8 @@ use sqlx::{Connection, PgPool};
 
 pub use crate::idempotency::{Fingerprint, IdempotencyKey};
 #[cfg(feature = "kafka")]
-pub use consume::{Handled, Handler, HandlerError, Record, consume, handle, record_of};
+pub use consume::{consume, record_of};
+pub use handle::{Handled, Handler, HandlerError, Record, handle};
 #[cfg(feature = "http")]
 pub use http::{IDEMPOTENCY_KEY_HEADER, Idempotent, Principal};
 pub use inbox::{Applied, DEFAULT_RETENTION, Inbox, InboxClaim, Message, MessageError, MessageId};
@@ -61,6 +65,8 @@ pub use inbox::{Applied, DEFAULT_RETENTION, Inbox, InboxClaim, Message, MessageE
 pub use kafka::{HEADER_CONTENT_TYPE, KafkaSink, rejects_the_record};
 pub use keys::{KeyClaim, Keys, StoredResponse};
 pub use outbox::{Event, EventError, Outbox, Payload, SHARDS, shard_of};
+#[cfg(feature = "http")]
+pub use receive::WebhookReceiver;
 pub use relay::{Outgoing, Pass, Relay, RelayStats, SendError, Sink};
 #[cfg(feature = "webhooks")]
 pub use webhook::{DestinationError, WebhookSink};

@@ -9,3 +9,5 @@ mod store_relay;
 mod store_consume;
 // Idempotency keys on an axum route.
 mod store_http;
+// Signed webhooks received into an inbox.
+mod store_receive;

@@ -64,10 +64,10 @@ pub use inbox::{Applied, DEFAULT_RETENTION, Inbox, InboxClaim, Message, MessageE
 #[cfg(feature = "kafka")]
 pub use kafka::{HEADER_CONTENT_TYPE, KafkaSink, rejects_the_record};
 pub use keys::{KeyClaim, Keys, StoredResponse};
-pub use outbox::{Event, EventError, Outbox, Payload, SHARDS, shard_of};
+pub use outbox::{Backlog, Event, EventError, Failed, Outbox, Payload, SHARDS, shard_of};
 #[cfg(feature = "http")]
 pub use receive::WebhookReceiver;
-pub use relay::{Outgoing, Pass, Relay, RelayStats, SendError, Sink};
+pub use relay::{DEFAULT_KEEP_PUBLISHED, Outgoing, Pass, Relay, RelayStats, SendError, Sink};
 #[cfg(feature = "webhooks")]
 pub use webhook::{DestinationError, WebhookSink};
 
@@ -100,6 +100,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 2,
         name: "dead_letters",
         sql: include_str!("sql/0002_dead_letters.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "outbox_expiry",
+        sql: include_str!("sql/0003_outbox_expiry.sql"),
     },
 ];
 
@@ -426,7 +431,7 @@ impl Effectively {
         if let Some(r) = relay {
             let r = role(r);
             sql.push_str(&format!(
-                "GRANT SELECT, UPDATE (published_at, failed_at, error) ON {q}.outbox TO {r};\n"
+                "GRANT SELECT, UPDATE (published_at, failed_at, error), DELETE ON {q}.outbox TO {r};\n"
             ));
         }
         if let Some(r) = consumer {

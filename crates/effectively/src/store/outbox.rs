@@ -1,8 +1,12 @@
-//! The outbox, write side: [`Event`]s enqueued in the caller's transaction.
+//! The outbox, write side: [`Event`]s enqueued in the caller's transaction;
+//! and its upkeep: what waits ([`Outbox::backlog`]), what failed and its
+//! release, the expiry of published rows.
+
+use std::time::Duration;
 
 use serde::Serialize;
-use sqlx::PgExecutor;
 use sqlx::types::Json;
+use sqlx::{PgExecutor, PgPool};
 use uuid::Uuid;
 
 use super::SchemaName;
@@ -223,6 +227,40 @@ impl Event {
 #[derive(Debug, Clone)]
 pub struct Outbox {
     insert: String,
+    expire: String,
+    backlog: String,
+    failed: String,
+    release: String,
+}
+
+/// What is waiting in an outbox ([`Outbox::backlog`]): what a dashboard or
+/// an alert watches.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backlog {
+    /// Rows not yet published (failed ones excluded).
+    pub pending: i64,
+    /// Rows a sink refused for good: each holds its key's later rows back
+    /// until it is released ([`Outbox::release`]).
+    pub failed: i64,
+    /// How long the oldest pending row has waited, if any is pending.
+    pub oldest_pending: Option<Duration>,
+}
+
+/// A row a sink refused for good ([`Outbox::failed`]).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Failed {
+    /// Its row id (what [`Outbox::release`] takes).
+    pub id: i64,
+    /// Its event's msg_id.
+    pub msg_id: Uuid,
+    /// Its destination.
+    pub destination: String,
+    /// Its key (held back behind it).
+    pub key: String,
+    /// Why the sink refused it.
+    pub error: Option<String>,
+    /// When it was refused.
+    pub failed_at: chrono::DateTime<chrono::Utc>,
 }
 
 impl Outbox {
@@ -236,7 +274,94 @@ impl Outbox {
                  SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bytea[], \
                                       $6::text[], $7::jsonb[], $8::int2[])"
             ),
+            // Oldest first, by the index of published rows only.
+            expire: format!(
+                "DELETE FROM {q}.outbox WHERE id IN \
+                   (SELECT id FROM {q}.outbox \
+                    WHERE published_at IS NOT NULL \
+                      AND created_at < now() - make_interval(secs => $1) \
+                    ORDER BY created_at LIMIT $2)"
+            ),
+            backlog: format!(
+                "SELECT count(*) FILTER (WHERE failed_at IS NULL), \
+                        count(*) FILTER (WHERE failed_at IS NOT NULL), \
+                        extract(epoch FROM now() - min(created_at) FILTER (WHERE failed_at IS NULL))::float8 \
+                 FROM {q}.outbox WHERE published_at IS NULL"
+            ),
+            failed: format!(
+                "SELECT id, msg_id, destination, key, error, failed_at FROM {q}.outbox \
+                 WHERE published_at IS NULL AND failed_at IS NOT NULL ORDER BY id LIMIT $1"
+            ),
+            release: format!(
+                "UPDATE {q}.outbox SET failed_at = NULL, error = NULL \
+                 WHERE id = ANY($1) AND published_at IS NULL AND failed_at IS NOT NULL"
+            ),
         }
+    }
+
+    /// Deletes the published rows written longer than `keep` ago, `batch`
+    /// rows per statement (each its own transaction, so the expiry holds no
+    /// lock for long); how many. Pending and failed rows are never deleted.
+    /// [`Relay::run`](super::Relay::run) calls it once a minute with
+    /// [`Relay::keep_published`](super::Relay::keep_published)'s duration.
+    ///
+    /// A published row is not needed for correctness (a copy a sink
+    /// receives again is its consumer's inbox's business); it is kept for
+    /// whoever looks into what was sent.
+    pub async fn expire(
+        &self,
+        pool: &PgPool,
+        keep: Duration,
+        batch: u32,
+    ) -> Result<u64, sqlx::Error> {
+        let keep = keep.as_secs_f64();
+        super::delete_in_batches(pool, batch, |limit| {
+            sqlx::query(&self.expire).bind(keep).bind(limit)
+        })
+        .await
+    }
+
+    /// What is waiting: pending rows, failed rows, the oldest pending row's
+    /// wait. Reads the pending and failed rows only (a partial index's worth).
+    pub async fn backlog<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+    ) -> Result<Backlog, sqlx::Error> {
+        let (pending, failed, oldest): (i64, i64, Option<f64>) =
+            sqlx::query_as(&self.backlog).fetch_one(executor).await?;
+        Ok(Backlog {
+            pending,
+            failed,
+            oldest_pending: oldest.map(|secs| Duration::from_secs_f64(secs.max(0.0))),
+        })
+    }
+
+    /// The first `limit` rows a sink refused for good, oldest first.
+    pub async fn failed<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+        limit: u32,
+    ) -> Result<Vec<Failed>, sqlx::Error> {
+        sqlx::query_as(&self.failed)
+            .bind(i64::from(limit))
+            .fetch_all(executor)
+            .await
+    }
+
+    /// Makes failed rows `ids` pending again (the destination was fixed, the
+    /// topic created): the relay publishes them, then their keys' later
+    /// rows, in order. Rows that are not failed are left alone; how many were
+    /// released.
+    pub async fn release<'e, E: PgExecutor<'e>>(
+        &self,
+        executor: E,
+        ids: &[i64],
+    ) -> Result<u64, sqlx::Error> {
+        Ok(sqlx::query(&self.release)
+            .bind(ids)
+            .execute(executor)
+            .await?
+            .rows_affected())
     }
 
     /// Appends `event` in the caller's transaction (or, given a pool, in a

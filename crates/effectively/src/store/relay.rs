@@ -99,7 +99,15 @@ pub struct RelayStats {
     /// Passes whose transaction failed (the database): their rows stay
     /// pending.
     pub errors: AtomicU64,
+    /// Published rows expired ([`Relay::keep_published`]).
+    pub expired: AtomicU64,
 }
+
+/// How long [`Relay::run`] keeps published rows by default: a week.
+pub const DEFAULT_KEEP_PUBLISHED: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How often [`Relay::run`] expires published rows.
+const EXPIRE_EVERY: Duration = Duration::from_secs(60);
 
 /// What one pass over a shard did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -143,6 +151,8 @@ pub struct Relay<S> {
     keys_at_once: usize,
     shards_at_once: usize,
     poll_every: Duration,
+    keep_published: Option<Duration>,
+    outbox: super::Outbox,
     stats: Arc<RelayStats>,
 }
 
@@ -192,6 +202,8 @@ impl<S: Sink> Relay<S> {
             keys_at_once: 64,
             shards_at_once: 4,
             poll_every: Duration::from_secs(1),
+            keep_published: Some(DEFAULT_KEEP_PUBLISHED),
+            outbox: fx.outbox(),
             stats: Arc::default(),
         }
     }
@@ -226,6 +238,17 @@ impl<S: Sink> Relay<S> {
     pub fn poll_every(self, every: Duration) -> Self {
         Self {
             poll_every: every,
+            ..self
+        }
+    }
+
+    /// How long [`Relay::run`] keeps a published row (counted from when it
+    /// was written) before it deletes it, once a minute, in batches
+    /// ([`Outbox::expire`](super::Outbox::expire)); `None` keeps every row
+    /// (the user expires them). Default: [`DEFAULT_KEEP_PUBLISHED`].
+    pub fn keep_published(self, keep: Option<Duration>) -> Self {
+        Self {
+            keep_published: keep,
             ..self
         }
     }
@@ -288,18 +311,21 @@ impl<S: Sink> Relay<S> {
             return Ok(Pass::default());
         }
         let full = rows.len() as i64 == self.batch_size;
-        // Each key's rows in id order (the claim's order).
-        let mut by_key: Vec<Vec<&Outgoing>> = Vec::new();
+        // Each key's rows in id order (the claim's order), as indices into
+        // `rows`: the stream's items hold no borrow, so the pass's future
+        // is `Send` and a caller can spawn `run`.
+        let mut by_key: Vec<Vec<usize>> = Vec::new();
         let mut slot: HashMap<&str, usize> = HashMap::new();
-        for row in &rows {
+        for (at, row) in rows.iter().enumerate() {
             let i = *slot.entry(row.key.as_str()).or_insert_with(|| {
                 by_key.push(Vec::new());
                 by_key.len() - 1
             });
-            by_key[i].push(row);
+            by_key[i].push(at);
         }
+        let rows = &rows;
         let outcomes: Vec<KeyOutcome> = stream::iter(by_key)
-            .map(|rows| self.send_key(rows))
+            .map(|key_rows| self.send_key(rows, key_rows))
             .buffer_unordered(self.keys_at_once)
             .collect()
             .await;
@@ -341,10 +367,10 @@ impl<S: Sink> Relay<S> {
     }
 
     /// Sends one key's rows in order until one is not delivered.
-    async fn send_key(&self, rows: Vec<&Outgoing>) -> KeyOutcome {
+    async fn send_key(&self, rows: &[Outgoing], key_rows: Vec<usize>) -> KeyOutcome {
         let mut outcome = KeyOutcome::default();
-        let total = rows.len() as u64;
-        for row in rows {
+        let total = key_rows.len() as u64;
+        for row in key_rows.into_iter().map(|at| &rows[at]) {
             match self.sink.send(row).await {
                 Ok(()) => outcome.published.push(row.id),
                 Err(SendError::Reject(why)) => {
@@ -397,7 +423,21 @@ impl<S: Sink> Relay<S> {
     pub async fn run(&self, cancel: CancellationToken) {
         let mut backoff = Backoff::new();
         let mut listener: Option<PgListener> = None;
+        let mut expired_at: Option<tokio::time::Instant> = None;
         while !cancel.is_cancelled() {
+            if let Some(keep) = self.keep_published
+                && expired_at.is_none_or(|at| at.elapsed() >= EXPIRE_EVERY)
+            {
+                expired_at = Some(tokio::time::Instant::now());
+                match self.outbox.expire(&self.pool, keep, 5_000).await {
+                    Ok(n) => {
+                        self.stats.expired.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "expire published rows; next minute again")
+                    }
+                }
+            }
             if listener.is_none() {
                 listener = match PgListener::connect_with(&self.pool).await {
                     Ok(mut l) => match l.listen(&self.channel).await {

@@ -41,10 +41,10 @@ async fn migrate_installs_into_the_named_schema_with_its_own_ledger_and_nothing_
         .schema("shop_fx")
         .expect("a valid schema name");
     let first = fx.migrate().await.expect("migrate");
-    assert_eq!(first.applied, vec![1, 2]);
+    assert_eq!(first.applied, vec![1, 2, 3]);
     let again = fx.migrate().await.expect("migrate again");
     assert!(again.applied.is_empty(), "{again:?}");
-    assert_eq!(again.version, 2);
+    assert_eq!(again.version, 3);
 
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT table_name::text FROM information_schema.tables WHERE table_schema = 'shop_fx' ORDER BY 1",
@@ -82,7 +82,8 @@ async fn migrate_installs_into_the_named_schema_with_its_own_ledger_and_nothing_
         ledger,
         [
             (1, "outbox_inbox_keys".to_owned()),
-            (2, "dead_letters".to_owned())
+            (2, "dead_letters".to_owned()),
+            (3, "outbox_expiry".to_owned())
         ]
     );
 
@@ -90,11 +91,14 @@ async fn migrate_installs_into_the_named_schema_with_its_own_ledger_and_nothing_
     let other = Effectively::postgres(pool.clone())
         .schema("other_fx")
         .expect("a valid schema name");
-    assert_eq!(other.migrate().await.expect("migrate").applied, vec![1, 2]);
+    assert_eq!(
+        other.migrate().await.expect("migrate").applied,
+        vec![1, 2, 3]
+    );
 
     // The SQL as text names the schema it is for.
     let text = other.migrations();
-    assert_eq!(text.len(), 2);
+    assert_eq!(text.len(), 3);
     assert!(text[0].2.contains("CREATE TABLE \"other_fx\".outbox"));
 }
 
@@ -126,7 +130,7 @@ async fn migrate_refuses_a_ledger_from_another_build() {
             err,
             MigrateError::Newer {
                 found: 99,
-                known: 2,
+                known: 3,
                 ..
             }
         ),
@@ -140,7 +144,8 @@ async fn a_schema_at_an_older_version_is_upgraded_with_only_what_it_lacks() {
     let (_db, pool, fx) = store("shop_fx").await;
     // As a schema installed by the first release (version 1) is.
     sqlx::raw_sql(
-        "DROP TABLE shop_fx.dead_letters; DELETE FROM shop_fx.migrations WHERE version = 2",
+        "DROP TABLE shop_fx.dead_letters; DROP INDEX shop_fx.outbox_published_by_created_at; \
+         DELETE FROM shop_fx.migrations WHERE version IN (2, 3)",
     )
     .execute(&pool)
     .await
@@ -150,7 +155,7 @@ async fn a_schema_at_an_older_version_is_upgraded_with_only_what_it_lacks() {
         .await
         .expect("a row of version 1's");
     let upgraded = fx.migrate().await.expect("upgrade");
-    assert_eq!(upgraded.applied, vec![2]);
+    assert_eq!(upgraded.applied, vec![2, 3]);
     assert_eq!(
         count(&pool, "SELECT count(*) FROM shop_fx.dead_letters").await,
         0
@@ -172,7 +177,7 @@ async fn two_processes_migrating_at_once_take_turns() {
     let (a, b) = tokio::join!(fx.migrate(), fx.migrate());
     let mut applied = [a.expect("a").applied, b.expect("b").applied];
     applied.sort();
-    assert_eq!(applied, [vec![], vec![1, 2]]);
+    assert_eq!(applied, [vec![], vec![1, 2, 3]]);
 }
 
 #[tokio::test]
@@ -613,11 +618,23 @@ async fn the_grants_give_each_role_its_part_and_nothing_more() {
             .await
             .is_err()
     );
+    // The relay expires the published rows (Relay::run does, as it).
+    let rfx = Effectively::postgres(r.clone())
+        .schema("shop_fx")
+        .expect("a valid schema name");
+    assert_eq!(
+        rfx.outbox()
+            .expire(&r, Duration::ZERO, 10)
+            .await
+            .expect("the relay expires"),
+        1
+    );
     assert!(
-        sqlx::query("DELETE FROM shop_fx.outbox")
+        sqlx::query("INSERT INTO shop_fx.inbox (consumer, msg_id, payload_hash, sent_at) VALUES ('c', 'm', '\\x00', now())")
             .execute(&r)
             .await
-            .is_err()
+            .is_err(),
+        "the relay has no inbox"
     );
 
     let c = PgPool::connect(&as_role(&consumer)).await.expect("connect");

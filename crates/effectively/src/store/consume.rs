@@ -3,6 +3,7 @@
 //! committed only after that transaction.
 
 use chrono::{DateTime, Utc};
+use futures::FutureExt;
 use rdkafka::Message as _;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Headers};
@@ -10,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Effectively;
 use super::HEADER_MSG_ID;
-use super::handle::{Handler, Record, handle};
+use super::handle::{Handler, Record, handle_batch};
 use super::inbox::Inbox;
 use crate::retry::Backoff;
 
@@ -52,15 +53,11 @@ pub fn record_of(message: &BorrowedMessage<'_>) -> Record {
     }
 }
 
-/// Consumes `consumer`'s subscription until `cancel` fires: each record
-/// [`handle`]d (its effect and claim in one transaction, or a dead letter),
-/// then its offset committed; a record to try again is tried again after a
-/// backoff (50 ms doubling to 5 s) before anything after it. The offset of
-/// a record is committed only after its transaction: a crash in between
-/// hands it over again, and the inbox makes it a duplicate.
-///
-/// `consumer` is the user's (its group, its security settings); it must be
-/// made with `enable.auto.commit=false`, and is subscribed already.
+/// The most records [`consume`] handles in one transaction.
+pub const DEFAULT_BATCH: usize = 256;
+
+/// Consumes `consumer`'s subscription until `cancel` fires, in batches of up
+/// to [`DEFAULT_BATCH`] records: [`consume_batches`] with that bound.
 pub async fn consume(
     fx: &Effectively,
     inbox: &Inbox,
@@ -68,13 +65,37 @@ pub async fn consume(
     handler: &Handler,
     cancel: &CancellationToken,
 ) -> Result<(), rdkafka::error::KafkaError> {
+    consume_batches(fx, inbox, consumer, handler, DEFAULT_BATCH, cancel).await
+}
+
+/// Consumes `consumer`'s subscription until `cancel` fires: the records
+/// that have arrived (the first waited for, then up to `batch` in all of
+/// those already received, never waiting for more) are handled in one
+/// transaction ([`handle_batch`]: each effect with its claim, or a dead
+/// letter), then each partition's offset is committed past them; a batch
+/// to try again is tried again after a backoff (50 ms doubling to 5 s)
+/// before anything after it. Offsets are committed only after the
+/// transaction: a crash in between hands the records over again, and the
+/// inbox makes them duplicates. `batch` 1 is a transaction per record.
+///
+/// `consumer` is the user's (its group, its security settings); it must be
+/// made with `enable.auto.commit=false`, and is subscribed already.
+pub async fn consume_batches(
+    fx: &Effectively,
+    inbox: &Inbox,
+    consumer: &StreamConsumer,
+    handler: &Handler,
+    batch: usize,
+    cancel: &CancellationToken,
+) -> Result<(), rdkafka::error::KafkaError> {
+    let batch = batch.max(1);
     let mut backoff = Backoff::new();
     loop {
-        let message = tokio::select! {
+        let first = tokio::select! {
             () = cancel.cancelled() => return Ok(()),
             m = consumer.recv() => m,
         };
-        let message = match message {
+        let first = match first {
             Ok(m) => m,
             Err(error) => {
                 tracing::warn!(%error, "receive");
@@ -84,12 +105,24 @@ pub async fn consume(
                 continue;
             }
         };
-        let record = record_of(&message);
+        let mut messages = vec![first];
+        while messages.len() < batch {
+            // What has arrived already, without waiting.
+            match consumer.recv().now_or_never() {
+                Some(Ok(m)) => messages.push(m),
+                Some(Err(error)) => {
+                    tracing::debug!(%error, "receive");
+                    break;
+                }
+                None => break,
+            }
+        }
+        let records: Vec<Record> = messages.iter().map(record_of).collect();
         loop {
-            match handle(fx, inbox, handler, &record).await {
+            match handle_batch(fx, inbox, handler, &records).await {
                 Ok(_) => break,
                 Err(error) => {
-                    tracing::warn!(source = %record.source, %error, "record not applied; trying again");
+                    tracing::warn!(records = records.len(), first = %records[0].source, %error, "batch not applied; trying again");
                     if !backoff.wait(cancel).await {
                         return Ok(());
                     }
@@ -97,9 +130,22 @@ pub async fn consume(
             }
         }
         backoff.reset();
-        if let Err(error) = consumer.commit_message(&message, CommitMode::Async) {
-            // The next commit covers it; a crash meanwhile hands it over again.
-            tracing::debug!(%error, "commit offset");
+        // Each partition's last record: committing it commits the ones
+        // before it.
+        let mut last: Vec<&BorrowedMessage<'_>> = Vec::new();
+        for m in messages.iter().rev() {
+            if !last
+                .iter()
+                .any(|l| l.topic() == m.topic() && l.partition() == m.partition())
+            {
+                last.push(m);
+            }
+        }
+        for m in last {
+            if let Err(error) = consumer.commit_message(m, CommitMode::Async) {
+                // The next commit covers it; a crash meanwhile hands it over again.
+                tracing::debug!(%error, "commit offset");
+            }
         }
     }
 }

@@ -56,8 +56,8 @@ use sqlx::{Connection, PgPool};
 
 pub use crate::idempotency::{Fingerprint, IdempotencyKey};
 #[cfg(feature = "kafka")]
-pub use consume::{consume, record_of};
-pub use handle::{Handled, Handler, HandlerError, Record, handle};
+pub use consume::{DEFAULT_BATCH, consume, consume_batches, record_of};
+pub use handle::{Handled, Handler, HandlerError, Record, handle, handle_batch};
 #[cfg(feature = "http")]
 pub use http::{IDEMPOTENCY_KEY_HEADER, Idempotent, Principal};
 pub use inbox::{Applied, DEFAULT_RETENTION, Inbox, InboxClaim, Message, MessageError, MessageId};

@@ -147,3 +147,101 @@ async fn each_record_is_applied_once_and_what_cannot_be_is_dead_lettered() {
         "{letters:?}"
     );
 }
+
+/// A record for `handle_batch`, as the consumer loop would make it.
+fn record(msg_id: &str, payload: &str) -> Record {
+    Record {
+        source: format!("t/0/{msg_id}"),
+        key: None,
+        payload: payload.as_bytes().to_vec(),
+        headers: vec![],
+        msg_id: msg_id.to_owned(),
+        sent_at: chrono::Utc::now(),
+    }
+}
+
+#[tokio::test]
+async fn a_batch_is_one_transaction_and_a_refused_record_leaves_the_others_applied() {
+    use effectively::store::{Handled, handle_batch};
+    let (_db, pool, fx) = super::store::store("billing_fx").await;
+    sqlx::query("CREATE TABLE effects (n int NOT NULL)")
+        .execute(&pool)
+        .await
+        .expect("the consumer's own table");
+    // Applies n; refuses negatives; "not now" for 99.
+    let handler: &Handler = &|tx, record: &Record| {
+        Box::pin(async move {
+            let n: i32 = std::str::from_utf8(&record.payload)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| HandlerError::Reject("not a number".into()))?;
+            if n < 0 {
+                return Err(HandlerError::Reject(format!("{n} is negative")));
+            }
+            if n == 99 {
+                return Err(HandlerError::Retry("not now".into()));
+            }
+            sqlx::query("INSERT INTO effects (n) VALUES ($1)")
+                .bind(n)
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        })
+    };
+    let inbox = fx.inbox("billing");
+    let batch = [
+        record("a", "1"),
+        record("b", "-2"),
+        record("c", "3"),
+        record("a", "1"),  // a copy of the first, in the same batch
+        record("", "4"),   // no id
+        record("d", "-5"), // a second refusal
+        record("e", "6"),
+    ];
+    let handled = handle_batch(&fx, &inbox, handler, &batch)
+        .await
+        .expect("the batch");
+    assert_eq!(
+        handled,
+        [
+            Handled::Applied,
+            Handled::DeadLettered("-2 is negative".into()),
+            Handled::Applied,
+            Handled::Duplicate,
+            handled[4].clone(),
+            Handled::DeadLettered("-5 is negative".into()),
+            Handled::Applied,
+        ]
+    );
+    assert!(matches!(handled[4], Handled::DeadLettered(_)));
+    let applied: Vec<i32> = sqlx::query_scalar("SELECT n FROM effects ORDER BY n")
+        .fetch_all(&pool)
+        .await
+        .expect("effects");
+    assert_eq!(applied, [1, 3, 6], "each once, the refused ones not at all");
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM billing_fx.dead_letters").await,
+        3
+    );
+
+    // The same batch again: every claimed id a duplicate, nothing new.
+    let again = handle_batch(&fx, &inbox, handler, &batch[..4])
+        .await
+        .expect("the batch again");
+    assert_eq!(again, vec![Handled::Duplicate; 4]);
+    // "Not now" anywhere in a batch: nothing of it commits.
+    let retry = [record("f", "7"), record("g", "99")];
+    assert!(handle_batch(&fx, &inbox, handler, &retry).await.is_err());
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM effects WHERE n = 7").await,
+        0
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM billing_fx.inbox WHERE msg_id = 'f'"
+        )
+        .await,
+        0
+    );
+}

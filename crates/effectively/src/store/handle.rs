@@ -133,9 +133,10 @@ async fn dead_letter(
     Ok(())
 }
 
-/// Handles `records` in ONE transaction, in order: each one's claim and its
-/// effect, or its dead letter, and one commit for all of them (one flush of
-/// the WAL instead of one per record: what a consumer at volume needs).
+/// Handles `records` in ONE transaction, in order: their claims in two
+/// statements ([`Inbox::claim_batch`]), then each new one's effect, or its
+/// dead letter, and one commit for all of them (one flush of the WAL
+/// instead of one per record: what a consumer at volume needs).
 /// Answers what each record came to, in order.
 ///
 /// A record the handler refuses ([`HandlerError::Reject`]) is taken out: the
@@ -152,22 +153,31 @@ pub async fn handle_batch(
     records: &[Record],
 ) -> Result<Vec<Handled>, HandlerError> {
     let mut refused: Vec<Option<String>> = vec![None; records.len()];
+    // The records that carry a usable id, as inbox messages.
+    let messages: Vec<Result<Message, String>> = records
+        .iter()
+        .map(|r| Message::new(r.msg_id.as_str(), r.sent_at, &r.payload).map_err(|e| e.to_string()))
+        .collect();
+    let usable: Vec<Message> = messages
+        .iter()
+        .filter_map(|m| m.as_ref().ok().cloned())
+        .collect();
     let mut conn = fx.pool().acquire().await?;
     'attempt: loop {
         let mut tx = conn.begin().await?;
+        let mut claims = inbox.claim_batch(&mut tx, &usable).await?.into_iter();
         let mut handled = Vec::with_capacity(records.len());
-        for (at, record) in records.iter().enumerate() {
-            let message =
-                match Message::new(record.msg_id.as_str(), record.sent_at, &record.payload) {
-                    Ok(m) => m,
-                    Err(error) => {
-                        let why = error.to_string();
-                        dead_letter(fx, &mut tx, inbox, record, None, &why).await?;
-                        handled.push(Handled::DeadLettered(why));
-                        continue;
-                    }
-                };
-            let why = match inbox.claim(&mut tx, &message).await? {
+        for (at, (record, message)) in records.iter().zip(&messages).enumerate() {
+            let message = match message {
+                Ok(m) => m,
+                Err(why) => {
+                    dead_letter(fx, &mut tx, inbox, record, None, why).await?;
+                    handled.push(Handled::DeadLettered(why.clone()));
+                    continue;
+                }
+            };
+            let claim = claims.next().expect("claim_batch answers once per message");
+            let why = match claim {
                 InboxClaim::Duplicate => {
                     handled.push(Handled::Duplicate);
                     continue;
@@ -200,7 +210,7 @@ pub async fn handle_batch(
             };
             // A conflict's or a stale record's claim did not change the
             // inbox; a refused record's claim stays with its dead letter.
-            dead_letter(fx, &mut tx, inbox, record, Some(&message), &why).await?;
+            dead_letter(fx, &mut tx, inbox, record, Some(message), &why).await?;
             handled.push(Handled::DeadLettered(why));
         }
         tx.commit().await?;

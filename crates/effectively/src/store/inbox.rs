@@ -173,6 +173,8 @@ pub struct Inbox {
     retention: Duration,
     insert: String,
     read: String,
+    insert_many: String,
+    read_many: String,
     expire: String,
 }
 
@@ -188,6 +190,17 @@ impl Inbox {
                  ON CONFLICT (consumer, msg_id) DO NOTHING RETURNING true"
             ),
             read: format!("SELECT payload_hash FROM {q}.inbox WHERE consumer = $1 AND msg_id = $2"),
+            insert_many: format!(
+                "INSERT INTO {q}.inbox (consumer, msg_id, payload_hash, sent_at) \
+                 SELECT $1, m.id, m.hash, m.sent_at \
+                 FROM unnest($2::text[], $3::bytea[], $4::timestamptz[]) AS m(id, hash, sent_at) \
+                 WHERE m.sent_at >= clock_timestamp() - make_interval(secs => $5) \
+                 ORDER BY m.id \
+                 ON CONFLICT (consumer, msg_id) DO NOTHING RETURNING msg_id"
+            ),
+            read_many: format!(
+                "SELECT msg_id, payload_hash FROM {q}.inbox WHERE consumer = $1 AND msg_id = ANY($2)"
+            ),
             expire: format!(
                 "DELETE FROM {q}.inbox WHERE ctid = ANY(ARRAY( \
                    SELECT ctid FROM {q}.inbox \
@@ -248,6 +261,94 @@ impl Inbox {
             Some(_) => InboxClaim::Conflict,
             None => InboxClaim::TooOld,
         })
+    }
+
+    /// Claims `messages` in the caller's transaction in two statements
+    /// (however many there are): what [`Inbox::claim`] answers for each, in
+    /// order. A message whose id came earlier in the same slice is a
+    /// [`InboxClaim::Duplicate`] of it (or a [`InboxClaim::Conflict`], with
+    /// another payload), as if claimed one after the other.
+    ///
+    /// Rows are inserted in id order (the database's), so two batches
+    /// claiming some of the same ids at once wait for each other in one
+    /// order, never in a cycle.
+    pub async fn claim_batch(
+        &self,
+        conn: &mut PgConnection,
+        messages: &[Message],
+    ) -> Result<Vec<InboxClaim>, sqlx::Error> {
+        use std::collections::{HashMap, HashSet};
+        // The first message of each id, in id order.
+        let mut first: HashMap<&str, usize> = HashMap::with_capacity(messages.len());
+        for (at, m) in messages.iter().enumerate() {
+            first.entry(m.id.as_str()).or_insert(at);
+        }
+        let unique: Vec<usize> = first.values().copied().collect();
+        let window = self.retention.saturating_sub(self.margin()).as_secs_f64();
+        let inserted: Vec<String> = sqlx::query_scalar(&self.insert_many)
+            .bind(&self.consumer)
+            .bind(
+                unique
+                    .iter()
+                    .map(|at| messages[*at].id.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                unique
+                    .iter()
+                    .map(|at| messages[*at].payload_hash.as_slice())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                unique
+                    .iter()
+                    .map(|at| messages[*at].sent_at)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(window)
+            .fetch_all(&mut *conn)
+            .await?;
+        let inserted: HashSet<String> = inserted.into_iter().collect();
+        let others: Vec<&str> = unique
+            .iter()
+            .map(|at| messages[*at].id.as_str())
+            .filter(|id| !inserted.contains(*id))
+            .collect();
+        // A statement of its own: its snapshot sees rows committed while
+        // the insert waited on them.
+        let found: HashMap<String, Vec<u8>> = if others.is_empty() {
+            HashMap::new()
+        } else {
+            sqlx::query_as::<_, (String, Vec<u8>)>(&self.read_many)
+                .bind(&self.consumer)
+                .bind(&others)
+                .fetch_all(&mut *conn)
+                .await?
+                .into_iter()
+                .collect()
+        };
+        Ok(messages
+            .iter()
+            .enumerate()
+            .map(|(at, m)| {
+                let head = first[m.id.as_str()];
+                let stored = if at == head {
+                    if inserted.contains(&m.id) {
+                        return InboxClaim::New;
+                    }
+                    found.get(&m.id).map(Vec::as_slice)
+                } else if inserted.contains(&m.id) {
+                    Some(messages[head].payload_hash.as_slice())
+                } else {
+                    found.get(&m.id).map(Vec::as_slice)
+                };
+                match stored {
+                    Some(hash) if hash == m.payload_hash.as_slice() => InboxClaim::Duplicate,
+                    Some(_) => InboxClaim::Conflict,
+                    None => InboxClaim::TooOld,
+                }
+            })
+            .collect())
     }
 
     /// Claims `message` and, when it is new, runs `effect` in the claim's

@@ -348,6 +348,60 @@ async fn a_message_is_applied_once_per_consumer_and_a_reused_id_is_a_conflict() 
 }
 
 #[tokio::test]
+async fn a_batch_claim_answers_as_claims_one_after_the_other_would() {
+    let (_db, pool, fx) = store("shop_fx").await;
+    let billing = fx.inbox("billing");
+    let m = |id: &str, body: &[u8]| Message::new(id, Utc::now(), body).expect("a valid message");
+    let mut tx = pool.begin().await.expect("begin");
+    assert_eq!(
+        billing
+            .claim(&mut tx, &m("seen", b"1"))
+            .await
+            .expect("claim"),
+        InboxClaim::New
+    );
+    tx.commit().await.expect("commit");
+    let old = Message::new("old", Utc::now() - chrono::TimeDelta::days(8), b"0")
+        .expect("a valid message");
+    let batch = [
+        m("b", b"2"),
+        m("seen", b"1"), // committed before, same payload
+        m("a", b"3"),
+        m("seen", b"other"), // committed before, another payload
+        m("b", b"2"),        // a copy of the first, in the batch
+        m("a", b"x"),        // the batch's own id, another payload
+        old,
+    ];
+    let mut tx = pool.begin().await.expect("begin");
+    let claims = billing.claim_batch(&mut tx, &batch).await.expect("claim");
+    assert_eq!(
+        claims,
+        [
+            InboxClaim::New,
+            InboxClaim::Duplicate,
+            InboxClaim::New,
+            InboxClaim::Conflict,
+            InboxClaim::Duplicate,
+            InboxClaim::Conflict,
+            InboxClaim::TooOld,
+        ]
+    );
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM shop_fx.inbox WHERE consumer = 'billing'"
+        )
+        .await,
+        3
+    );
+    let empty = billing
+        .claim_batch(&mut pool.acquire().await.expect("conn"), &[])
+        .await;
+    assert_eq!(empty.expect("an empty batch"), []);
+}
+
+#[tokio::test]
 async fn an_effect_that_fails_rolls_its_claim_back() {
     let (_db, pool, fx) = store("shop_fx").await;
     let inbox = fx.inbox("billing");

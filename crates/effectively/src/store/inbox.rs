@@ -171,8 +171,6 @@ pub enum Applied<T> {
 pub struct Inbox {
     consumer: String,
     retention: Duration,
-    insert: String,
-    read: String,
     insert_many: String,
     read_many: String,
     expire: String,
@@ -184,12 +182,6 @@ impl Inbox {
         Self {
             consumer: consumer.to_owned(),
             retention: DEFAULT_RETENTION,
-            insert: format!(
-                "INSERT INTO {q}.inbox (consumer, msg_id, payload_hash, sent_at) \
-                 SELECT $1, $2, $3, $4 WHERE $4 >= clock_timestamp() - make_interval(secs => $5) \
-                 ON CONFLICT (consumer, msg_id) DO NOTHING RETURNING true"
-            ),
-            read: format!("SELECT payload_hash FROM {q}.inbox WHERE consumer = $1 AND msg_id = $2"),
             insert_many: format!(
                 "INSERT INTO {q}.inbox (consumer, msg_id, payload_hash, sent_at) \
                  SELECT $1, m.id, m.hash, m.sent_at \
@@ -237,30 +229,10 @@ impl Inbox {
         conn: &mut PgConnection,
         message: &Message,
     ) -> Result<InboxClaim, sqlx::Error> {
-        let window = self.retention.saturating_sub(self.margin()).as_secs_f64();
-        let new: Option<bool> = sqlx::query_scalar(&self.insert)
-            .bind(&self.consumer)
-            .bind(&message.id)
-            .bind(message.payload_hash.as_slice())
-            .bind(message.sent_at)
-            .bind(window)
-            .fetch_optional(&mut *conn)
+        let mut claims = self
+            .claim_batch(conn, std::slice::from_ref(message))
             .await?;
-        if new.is_some() {
-            return Ok(InboxClaim::New);
-        }
-        // A statement of its own: its snapshot sees a row committed while
-        // the insert waited on it.
-        let found: Option<Vec<u8>> = sqlx::query_scalar(&self.read)
-            .bind(&self.consumer)
-            .bind(&message.id)
-            .fetch_optional(&mut *conn)
-            .await?;
-        Ok(match found {
-            Some(hash) if hash == message.payload_hash => InboxClaim::Duplicate,
-            Some(_) => InboxClaim::Conflict,
-            None => InboxClaim::TooOld,
-        })
+        Ok(claims.pop().expect("a batch of one has one claim"))
     }
 
     /// Claims `messages` in the caller's transaction in two statements
@@ -332,12 +304,12 @@ impl Inbox {
             .enumerate()
             .map(|(at, m)| {
                 let head = first[m.id.as_str()];
-                let stored = if at == head {
-                    if inserted.contains(&m.id) {
+                // An id this batch inserted is its first message's; a later
+                // copy compares with that one.
+                let stored = if inserted.contains(&m.id) {
+                    if at == head {
                         return InboxClaim::New;
                     }
-                    found.get(&m.id).map(Vec::as_slice)
-                } else if inserted.contains(&m.id) {
                     Some(messages[head].payload_hash.as_slice())
                 } else {
                     found.get(&m.id).map(Vec::as_slice)

@@ -52,7 +52,7 @@ mod webhook;
 use std::fmt;
 use std::sync::Arc;
 
-use sqlx::{Connection, PgPool};
+use sqlx::{Connection, Executor, PgPool};
 
 pub use crate::idempotency::{Fingerprint, IdempotencyKey};
 #[cfg(feature = "kafka")]
@@ -63,7 +63,7 @@ pub use http::{IDEMPOTENCY_KEY_HEADER, Idempotent, Principal};
 pub use inbox::{Applied, DEFAULT_RETENTION, Inbox, InboxClaim, Message, MessageError, MessageId};
 #[cfg(feature = "kafka")]
 pub use kafka::{HEADER_CONTENT_TYPE, KafkaSink, rejects_the_record};
-pub use keys::{KeyClaim, Keys, StoredResponse};
+pub use keys::{ClaimRow, KeyClaim, KeyRequest, Keys, StoredResponse};
 pub use outbox::{Backlog, Event, EventError, Failed, Outbox, Payload, SHARDS, shard_of};
 #[cfg(feature = "http")]
 pub use receive::WebhookReceiver;
@@ -105,6 +105,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 3,
         name: "outbox_expiry",
         sql: include_str!("sql/0003_outbox_expiry.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "keys_batch_claim",
+        sql: include_str!("sql/0004_keys_batch_claim.sql"),
     },
 ];
 
@@ -334,17 +339,19 @@ impl Effectively {
         .await
         .map_err(db)?;
         let q = self.schema.quoted();
-        sqlx::raw_sql(&format!(
+        // Several statements: sent as one simple query (no parameters).
+        // Through `Executor::execute`, not `sqlx::raw_sql(..).execute(..)`,
+        // whose `async fn` made this future fail rustc's `Send` proof inside
+        // a spawned service's future.
+        let ledger = format!(
             "CREATE SCHEMA IF NOT EXISTS {q}; \
              CREATE TABLE IF NOT EXISTS {q}.migrations ( \
                  version    integer     PRIMARY KEY, \
                  name       text        NOT NULL, \
                  checksum   bytea       NOT NULL, \
                  applied_at timestamptz NOT NULL DEFAULT now())"
-        ))
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
+        );
+        (&mut *tx).execute(ledger.as_str()).await.map_err(db)?;
         let done: Vec<(i32, String, Vec<u8>)> = sqlx::query_as(&format!(
             "SELECT version, name, checksum FROM {q}.migrations ORDER BY version"
         ))
@@ -374,10 +381,8 @@ impl Effectively {
             .iter()
             .filter(|m| !done.iter().any(|(v, _, _)| *v == m.version))
         {
-            sqlx::raw_sql(&self.schema.apply(m.sql))
-                .execute(&mut *tx)
-                .await
-                .map_err(db)?;
+            let sql = self.schema.apply(m.sql);
+            (&mut *tx).execute(sql.as_str()).await.map_err(db)?;
             sqlx::query(&format!(
                 "INSERT INTO {q}.migrations (version, name, checksum) VALUES ($1, $2, $3)"
             ))

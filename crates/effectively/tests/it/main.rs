@@ -11,3 +11,5 @@ mod store_consume;
 mod store_http;
 // Signed webhooks received into an inbox.
 mod store_receive;
+// Idempotency keys claimed a batch at a time, and in the caller's statement.
+mod store_keys;

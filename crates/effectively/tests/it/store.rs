@@ -41,10 +41,10 @@ async fn migrate_installs_into_the_named_schema_with_its_own_ledger_and_nothing_
         .schema("shop_fx")
         .expect("a valid schema name");
     let first = fx.migrate().await.expect("migrate");
-    assert_eq!(first.applied, vec![1, 2, 3]);
+    assert_eq!(first.applied, vec![1, 2, 3, 4]);
     let again = fx.migrate().await.expect("migrate again");
     assert!(again.applied.is_empty(), "{again:?}");
-    assert_eq!(again.version, 3);
+    assert_eq!(again.version, 4);
 
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT table_name::text FROM information_schema.tables WHERE table_schema = 'shop_fx' ORDER BY 1",
@@ -83,7 +83,8 @@ async fn migrate_installs_into_the_named_schema_with_its_own_ledger_and_nothing_
         [
             (1, "outbox_inbox_keys".to_owned()),
             (2, "dead_letters".to_owned()),
-            (3, "outbox_expiry".to_owned())
+            (3, "outbox_expiry".to_owned()),
+            (4, "keys_batch_claim".to_owned())
         ]
     );
 
@@ -93,12 +94,12 @@ async fn migrate_installs_into_the_named_schema_with_its_own_ledger_and_nothing_
         .expect("a valid schema name");
     assert_eq!(
         other.migrate().await.expect("migrate").applied,
-        vec![1, 2, 3]
+        vec![1, 2, 3, 4]
     );
 
     // The SQL as text names the schema it is for.
     let text = other.migrations();
-    assert_eq!(text.len(), 3);
+    assert_eq!(text.len(), 4);
     assert!(text[0].2.contains("CREATE TABLE \"other_fx\".outbox"));
 }
 
@@ -130,7 +131,7 @@ async fn migrate_refuses_a_ledger_from_another_build() {
             err,
             MigrateError::Newer {
                 found: 99,
-                known: 3,
+                known: 4,
                 ..
             }
         ),
@@ -145,7 +146,9 @@ async fn a_schema_at_an_older_version_is_upgraded_with_only_what_it_lacks() {
     // As a schema installed by the first release (version 1) is.
     sqlx::raw_sql(
         "DROP TABLE shop_fx.dead_letters; DROP INDEX shop_fx.outbox_published_by_created_at; \
-         DELETE FROM shop_fx.migrations WHERE version IN (2, 3)",
+         DROP FUNCTION shop_fx.claim_keys; \
+         ALTER TABLE shop_fx.idempotency_keys DROP COLUMN reference; \
+         DELETE FROM shop_fx.migrations WHERE version IN (2, 3, 4)",
     )
     .execute(&pool)
     .await
@@ -154,8 +157,31 @@ async fn a_schema_at_an_older_version_is_upgraded_with_only_what_it_lacks() {
         .execute(&pool)
         .await
         .expect("a row of version 1's");
+    let fp = Fingerprint::new("c", b"r");
+    sqlx::query(
+        "INSERT INTO shop_fx.idempotency_keys \
+         (scope, key, request_hash, response_status, response_headers, response_body) \
+         VALUES ('s', 'k', $1, 201, '[]', 'done')",
+    )
+    .bind(fp.as_bytes().as_slice())
+    .execute(&pool)
+    .await
+    .expect("a key of version 1's");
     let upgraded = fx.migrate().await.expect("upgrade");
-    assert_eq!(upgraded.applied, vec![2, 3]);
+    assert_eq!(upgraded.applied, vec![2, 3, 4]);
+    let mut tx = pool.begin().await.expect("begin");
+    assert_eq!(
+        fx.keys()
+            .claim(&mut tx, "s", &key("k"), &fp)
+            .await
+            .expect("claim"),
+        KeyClaim::Replay(StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: b"done".to_vec()
+        }),
+        "a key of version 1 replays after the upgrade"
+    );
     assert_eq!(
         count(&pool, "SELECT count(*) FROM shop_fx.dead_letters").await,
         0
@@ -174,10 +200,16 @@ async fn two_processes_migrating_at_once_take_turns() {
     let fx = Effectively::postgres(pool)
         .schema("shop_fx")
         .expect("a valid schema name");
-    let (a, b) = tokio::join!(fx.migrate(), fx.migrate());
-    let mut applied = [a.expect("a").applied, b.expect("b").applied];
+    // Spawned: a service migrates from inside its own spawned task, so the
+    // future must be `Send` (sqlx's `raw_sql(..).execute` made it not).
+    let spawn = |fx: Effectively| tokio::spawn(async move { fx.migrate().await });
+    let (a, b) = tokio::join!(spawn(fx.clone()), spawn(fx));
+    let mut applied = [
+        a.expect("task").expect("a").applied,
+        b.expect("task").expect("b").applied,
+    ];
     applied.sort();
-    assert_eq!(applied, [vec![], vec![1, 2, 3]]);
+    assert_eq!(applied, [vec![], vec![1, 2, 3, 4]]);
 }
 
 #[tokio::test]
@@ -488,7 +520,7 @@ async fn expiry_deletes_only_rows_past_the_retention() {
     assert_eq!(fx.inbox("audit").expire(&pool, 4).await.expect("expire"), 0);
 }
 
-fn key(k: &str) -> IdempotencyKey {
+pub(crate) fn key(k: &str) -> IdempotencyKey {
     IdempotencyKey::parse(k.as_bytes()).expect("test step")
 }
 

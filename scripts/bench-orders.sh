@@ -34,7 +34,9 @@
 # none), BENCH_PG_SETTINGS (PostgreSQL settings for the run's database, e.g.
 # "backend_flush_after=512kB": NAME=VALUE items, for settings a session may
 # change), BENCH_PGBENCH_CLIENTS (16),
-# BENCH_BATCH_CLIENTS (4); BENCH_RATES ("4000 8000 ...") runs those points
+# BENCH_BATCH_CLIENTS (4); BENCH_CEILINGS (1; 0 skips the pgbench ceilings,
+# whose SQL is this tree's schema, for an A/B with an older build's);
+# BENCH_RATES ("4000 8000 ...") runs those points
 # instead of a sweep; BENCH_PERF=RATE also records `perf record` system-wide
 # at that rate (both modes; the per-process and per-symbol tables land in
 # the results as perf-RATE-MODE.txt); BENCH_ORDERS_BIN runs another orders
@@ -77,7 +79,10 @@ log "building (release)"
 cargo build -q --release -p orders -p loadgen
 # shellcheck source=scripts/lib/pipeline.sh
 . "$ROOT/scripts/lib/pipeline.sh"
-pipeline_db bench_orders # no broker needed: orders alone
+# No broker needed: orders alone. Migrated by the build measured, so that
+# an A/B against an older build runs each on its own schema.
+ORDERS_BIN=${BENCH_ORDERS_BIN:-$BIN/orders}
+pipeline_db bench_orders "$(dirname "$ORDERS_BIN")"
 URL=$DB_URL
 # PostgreSQL settings for this run's database only (sessions opened from here
 # on take them; the database is made anew by each run).
@@ -89,7 +94,7 @@ done
 [ -z "$PG_SETTINGS" ] || echo "$PG_SETTINGS" >"$OUT/pg-settings.txt" # summary.json records them
 
 DATABASE_URL=$ORDERS_DATABASE_URL RUST_LOG=warn ORDERS_HTTP_ADDR=127.0.0.1:18280 ORDERS_GRPC_ADDR=127.0.0.1:15251 \
-  "${BENCH_ORDERS_BIN:-$BIN/orders}" >"$OUT/orders.log" 2>&1 &
+  "$ORDERS_BIN" >"$OUT/orders.log" 2>&1 &
 ORDERS=$!
 trap 'kill $ORDERS 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do curl -fs http://127.0.0.1:18280/metrics >/dev/null 2>&1 && break; sleep 0.1; done
@@ -203,15 +208,17 @@ fi
 kill $ORDERS; wait $ORDERS 2>/dev/null || true
 
 psql "$URL" -qAt -c "VACUUM ANALYZE" >/dev/null
-log "pgbench ceiling, one transaction per request: $CLIENTS clients, $SECS s"
-pgbench -n -M prepared -f bench/new-order.pgbench.sql -c "$CLIENTS" -j 2 -T "$SECS" "$URL" >"$OUT/pgbench.txt" 2>&1
-log "pgbench ceiling, 64 requests in one statement: $BATCH_CLIENTS clients, $SECS s"
-pgbench -n -M prepared -f bench/new-order-batch64.pgbench.sql -c "$BATCH_CLIENTS" -j 2 -T "$SECS" "$URL" \
-  >"$OUT/pgbench-batch64.txt" 2>&1
-log "pgbench, 64 requests per transaction of three statements (the write before it was one): $BATCH_CLIENTS clients, $SECS s"
-pgbench -n -M prepared -f bench/new-order-batch64-txn.pgbench.sql -c "$BATCH_CLIENTS" -j 2 -T "$SECS" "$URL" \
-  >"$OUT/pgbench-batch64-txn.txt" 2>&1
-grep -h "tps =" "$OUT/pgbench.txt" "$OUT/pgbench-batch64.txt" "$OUT/pgbench-batch64-txn.txt" >&2 || true
+if [ "${BENCH_CEILINGS:-1}" != 0 ]; then
+  log "pgbench ceiling, one transaction per request: $CLIENTS clients, $SECS s"
+  pgbench -n -M prepared -f bench/new-order.pgbench.sql -c "$CLIENTS" -j 2 -T "$SECS" "$URL" >"$OUT/pgbench.txt" 2>&1
+  log "pgbench ceiling, 64 requests in one statement: $BATCH_CLIENTS clients, $SECS s"
+  pgbench -n -M prepared -f bench/new-order-batch64.pgbench.sql -c "$BATCH_CLIENTS" -j 2 -T "$SECS" "$URL" \
+    >"$OUT/pgbench-batch64.txt" 2>&1
+  log "pgbench, 64 requests per transaction of three statements (the write before it was one): $BATCH_CLIENTS clients, $SECS s"
+  pgbench -n -M prepared -f bench/new-order-batch64-txn.pgbench.sql -c "$BATCH_CLIENTS" -j 2 -T "$SECS" "$URL" \
+    >"$OUT/pgbench-batch64-txn.txt" 2>&1
+  grep -h "tps =" "$OUT/pgbench.txt" "$OUT/pgbench-batch64.txt" "$OUT/pgbench-batch64-txn.txt" >&2 || true
+fi
 
 python3 scripts/lib/bench_orders.py summary "$OUT"
 # The run stays lean: summary.json and pgbench's and perf's tables stay plain, each point's

@@ -167,7 +167,11 @@ def summarize(out, points):
     """summary() with each point's files (loadgen's report, CPU snapshots, waits, batches) read
     from the folder POINTS; pgbench's tables are read from and summary.json written to OUT."""
     def tps(name):
-        return float(re.search(r"tps = ([0-9.]+)", open(os.path.join(out, name)).read()).group(1))
+        # 0 when the run skipped the ceilings (BENCH_CEILINGS=0: an A/B with an older build).
+        path = os.path.join(out, name)
+        if not os.path.exists(path):
+            return 0.0
+        return float(re.search(r"tps = ([0-9.]+)", open(path).read()).group(1))
     single, batched = tps("pgbench.txt"), tps("pgbench-batch64.txt") * 64
     # Runs before the write became one statement have no transaction variant.
     has_txn = os.path.exists(os.path.join(out, "pgbench-batch64-txn.txt"))
@@ -220,8 +224,9 @@ def summarize(out, points):
     json.dump(s, open(os.path.join(out, "summary.json"), "w"), indent=2)
     if s["pg_settings"]:
         print(f"PostgreSQL settings of the run's database: {s['pg_settings']}")
-    print(f"pgbench ceiling, one transaction per request: {single:.0f} tps")
-    print(f"pgbench ceiling, 64 requests per statement: {batched:.0f} orders/s")
+    if single:
+        print(f"pgbench ceiling, one transaction per request: {single:.0f} tps")
+        print(f"pgbench ceiling, 64 requests per statement: {batched:.0f} orders/s")
     if has_txn:
         print(f"pgbench, 64 requests per transaction of 3 statements: {batched_txn:.0f} orders/s")
     print(f"knee, unique keys (p99 < 25 ms, >= 95% achieved, 0 errors): {unique} req/s")

@@ -61,6 +61,10 @@ class Exp9Test(unittest.TestCase):
                          ["faults: crash point effect fired"], "an armed point that never fired")
         short = exp9.faults_checks(faults_run(), exp9.schedule_table(ON_TIME[:3], 1.0), 2)
         self.assertFalse(short["faults: the retry schedule observed (a wait after at least 4 failed attempts)"])
+        three = exp9.faults_checks(faults_run(), exp9.schedule_table(ON_TIME[:4], 1.0), 2, 3)
+        self.assertTrue(three["faults: the retry schedule observed (a wait after at least 3 failed attempts)"])
+        two = exp9.faults_checks(faults_run(), exp9.schedule_table(ON_TIME[:3], 1.0), 2, 3)
+        self.assertFalse(two["faults: the retry schedule observed (a wait after at least 3 failed attempts)"])
 
     def test_the_drift_is_named_on_the_printed_line(self):
         self.assertEqual(exp9.drift_text(faults_run()), "")

@@ -282,14 +282,27 @@ async fn injected_duplicates_of_both_kinds_are_absorbed_by_the_inbox() {
     let topic = TestTopic::create(6).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let events = events(200);
-    produce_events(&topic, &events).await;
-
     let mut cfg = config(&db, &topic, "g-dup");
     cfg.dup = DupArgs {
         dup_rate: 1.0,
         dup_kind: DupKind::Both,
     };
     let consumer = spawn_payments(cfg).await;
+    // The kind is drawn once per partition and batch: produced all at once,
+    // 200 messages can come in one batch per partition, six draws, all of one
+    // kind once in 32 runs. Ten waves, each charged before the next is
+    // produced, make dozens of draws.
+    for (i, wave) in events.chunks(20).enumerate() {
+        produce_events(&topic, wave).await;
+        let charged = 20 * (i as i64 + 1);
+        assert!(
+            eventually(Duration::from_secs(60), || async {
+                count(&pool, CHARGES).await == charged
+            })
+            .await,
+            "wave {i} charged"
+        );
+    }
     // Every message arrives twice (once injected, each kind about half), and
     // every second arrival is an inbox hit.
     assert!(

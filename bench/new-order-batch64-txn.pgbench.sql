@@ -7,13 +7,13 @@
 \set r1 random(0, 9223372036854775806)
 \set aid random(1, 100000)
 BEGIN;
-INSERT INTO orders.idempotency_keys (idem_key, request_hash, order_id, response_code, response_headers, response_body)
-  SELECT 'pgb-' || :r1 || '-' || g, decode(md5(:r1 || '-' || g) || md5(g || '-' || :r1), 'hex'),
-         md5('o' || :r1 || '-' || g)::uuid, 201,
+INSERT INTO fx.idempotency_keys (scope, key, request_hash, reference, response_status, response_headers, response_body)
+  SELECT '', 'pgb-' || :r1 || '-' || g, decode(md5(:r1 || '-' || g) || md5(g || '-' || :r1), 'hex'),
+         md5('o' || :r1 || '-' || g)::uuid::text, 201,
          '[["content-type","application/json"],["location","/orders/x"],["etag","\"x\""]]',
          '\x7b226f726465725f6964223a2230313233343536372d383961622d636465662d303132332d343536373839616263646566222c22737461747573223a2263726561746564227d'
-  FROM generate_series(1, 64) AS g ORDER BY 1
-  ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key;
+  FROM generate_series(1, 64) AS g ORDER BY 2
+  ON CONFLICT (scope, key) DO NOTHING RETURNING key;
 INSERT INTO orders.orders (order_id, account_id, amount_cents, status)
   SELECT md5('o' || :r1 || '-' || g)::uuid, :aid + g, 1999, 'created' FROM generate_series(1, 64) AS g;
 INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload)

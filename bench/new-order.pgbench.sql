@@ -7,12 +7,12 @@
 \set aid random(1, 100000)
 \set amt random(1, 100000)
 BEGIN;
-INSERT INTO orders.idempotency_keys (idem_key, request_hash, order_id, response_code, response_headers, response_body)
-  VALUES ('pgb-' || :r1 || '-' || :r2, decode(lpad(to_hex(:r1::bigint), 64, '0'), 'hex'),
-          (lpad(to_hex(:r1::bigint), 16, '0') || lpad(to_hex(:r2::bigint), 16, '0'))::uuid, 201,
+INSERT INTO fx.idempotency_keys (scope, key, request_hash, reference, response_status, response_headers, response_body)
+  VALUES ('', 'pgb-' || :r1 || '-' || :r2, decode(lpad(to_hex(:r1::bigint), 64, '0'), 'hex'),
+          (lpad(to_hex(:r1::bigint), 16, '0') || lpad(to_hex(:r2::bigint), 16, '0'))::uuid::text, 201,
           '[["content-type","application/json"],["location","/orders/x"],["etag","\"x\""]]',
           '\x7b226f726465725f6964223a2230313233343536372d383961622d636465662d303132332d343536373839616263646566222c22737461747573223a2263726561746564227d')
-  ON CONFLICT (idem_key) DO NOTHING;
+  ON CONFLICT (scope, key) DO NOTHING;
 INSERT INTO orders.orders (order_id, account_id, amount_cents, status)
   VALUES ((lpad(to_hex(:r1::bigint), 16, '0') || lpad(to_hex(:r2::bigint), 16, '0'))::uuid, :aid, :amt, 'created');
 INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload)

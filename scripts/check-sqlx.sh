@@ -32,6 +32,9 @@ URL=${STACK_ADMIN_DATABASE_URL%/*}/$DB
 admin() { psql "$STACK_ADMIN_DATABASE_URL" -qAt -v ON_ERROR_STOP=1 -c "$1" >/dev/null; }
 admin "CREATE DATABASE $DB"
 trap 'admin "DROP DATABASE IF EXISTS $DB WITH (FORCE)"' EXIT
-# As the owner, like `make migrate`: the same migrations, the same migrator.
+# As the owner, like `make migrate` (pipeline::db::migrate): the library's
+# schema first (fx, pipeline::db::LIBRARY_SCHEMA; its own ledger), then the
+# pipeline's migrations, which use its tables.
+DATABASE_URL=$URL cargo run -q -p effectively --example migrate -- fx >/dev/null
 DATABASE_URL=$URL cargo sqlx migrate run --source migrations >/dev/null
 DATABASE_URL=$URL cargo sqlx prepare --workspace "${mode[@]}"

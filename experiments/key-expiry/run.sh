@@ -35,7 +35,7 @@ snapshot() {
   local report below
   report=$(DATABASE_URL=$RECON_DATABASE_URL "$BIN/recon" --json --jobs 1 2>/dev/null || true)
   below=$(psql "$RECON_DATABASE_URL" -qAt -c \
-    "SELECT count(*) FROM orders.idempotency_keys WHERE order_id < (SELECT floor FROM orders.key_policy)" \
+    "SELECT count(*) FROM fx.idempotency_keys WHERE reference < (SELECT floor::text FROM orders.key_policy)" \
     2>/dev/null || echo "")
   [ -n "$report" ] || return 0
   python3 -c 'import json,sys,time; d=json.loads(sys.argv[1]); print(json.dumps({"at": time.time(), "phase": sys.argv[3], "keys_below_floor": int(sys.argv[2]) if sys.argv[2] else None, "report": d["report"], "deltas": d["deltas"]}))' \

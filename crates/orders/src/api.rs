@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use pipeline::idempotency::{Claim, IdempotencyKey, StoredResponse};
+use effectively::store::KeyClaim;
+use pipeline::idempotency::{IdempotencyKey, StoredResponse};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -72,18 +73,20 @@ impl OrdersApi {
         };
         let claim = self.writes.create(create).await?;
         let outcome = match &claim {
-            Claim::New => "new",
-            Claim::Replay { .. } => "replay",
-            Claim::Mismatch => "mismatch",
+            KeyClaim::New => "new",
+            KeyClaim::Replay(_) => "replay",
+            // Orders stores every key's response at its claim: a key without
+            // one was claimed by something else; it is not this request's.
+            KeyClaim::Mismatch | KeyClaim::Unfinished => "mismatch",
         };
         self.metrics
             .idempotency_outcomes_total
             .with_label_values(&[outcome])
             .inc();
         match claim {
-            Claim::New => Ok(response),
-            Claim::Replay { response, .. } => Ok(response),
-            Claim::Mismatch => Err(ApiError::KeyReused),
+            KeyClaim::New => Ok(response),
+            KeyClaim::Replay(response) => Ok(response),
+            KeyClaim::Mismatch | KeyClaim::Unfinished => Err(ApiError::KeyReused),
         }
     }
 

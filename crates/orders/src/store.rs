@@ -13,11 +13,11 @@
 //! concurrent requests into batches is the writer's job (`writer.rs`).
 
 use chrono::{DateTime, Utc};
+use effectively::store::{ClaimRow, KeyClaim};
 use pipeline::contract::CrashPoint;
+use pipeline::contract::KEY_SCOPE;
 use pipeline::crash::Crasher;
-use pipeline::idempotency::{
-    self, Claim, ClaimStrategy, Fingerprint, IdempotencyKey, StoredKey, StoredResponse,
-};
+use pipeline::idempotency::{self, ClaimStrategy, Fingerprint, IdempotencyKey, StoredResponse};
 use pipeline::outbox::Notifier;
 use serde::Serialize;
 use sqlx::types::Json;
@@ -227,7 +227,7 @@ impl Store {
     /// THE write: claim every key, insert the orders and the outbox events
     /// of the new ones, commit, in one statement ([`write_statement`]). Keys
     /// must be distinct within a batch (one statement cannot both insert and
-    /// see a key). One [`Claim`] per request, in order.
+    /// see a key). One [`KeyClaim`] per request, in order.
     ///
     /// One statement is one transaction and one round trip to PostgreSQL:
     /// the session is never idle inside a transaction, waiting for the
@@ -242,7 +242,7 @@ impl Store {
     /// With `no_idempotency` (the unsafe measurement baseline) the claim is
     /// skipped and every request counts as new: the rest of the statement is
     /// the same, so the two modes differ by exactly the idempotency check.
-    pub async fn write_batch(&self, batch: &[&Create]) -> Result<Vec<Claim>, StoreError> {
+    pub async fn write_batch(&self, batch: &[&Create]) -> Result<Vec<KeyClaim>, StoreError> {
         let locked = self.strategy == ClaimStrategy::AdvisoryLock && !self.no_idempotency;
         let (claims, shards) = if locked || self.fault != InjectFault::None {
             let mut tx = self.pool.begin().await?;
@@ -260,7 +260,7 @@ impl Store {
             let mut conn = self.pool.acquire().await?;
             self.write(&mut conn, batch).await?
         };
-        if claims.contains(&Claim::New) {
+        if claims.contains(&KeyClaim::New) {
             if let Some(notifier) = &self.notifier {
                 // Only the loops of these shards have anything to claim.
                 notifier.wake_shards(shards);
@@ -278,8 +278,8 @@ impl Store {
         &self,
         conn: &mut PgConnection,
         batch: &[&Create],
-    ) -> Result<(Vec<Claim>, u16), StoreError> {
-        let mut claims: Vec<Option<Claim>> = vec![None; batch.len()];
+    ) -> Result<(Vec<KeyClaim>, u16), StoreError> {
+        let mut claims: Vec<Option<KeyClaim>> = vec![None; batch.len()];
         let mut pending: Vec<usize> = (0..batch.len()).collect();
         let mut shards = 0;
         for _ in 0..ATTEMPTS {
@@ -323,29 +323,27 @@ impl Store {
 /// How many statements [`Store::write_batch`] runs at most for one batch.
 const ATTEMPTS: usize = 3;
 
-/// The write statement: in one statement, insert the key rows not taken yet
-/// (in key order, so two overlapping batches wait for each other's rows in
-/// one order and cannot deadlock), then the orders and the outbox events of
-/// exactly the keys it inserted; read the rows of the keys it did not. One
-/// answer per create, in order: `Some(New)` (claimed and written),
-/// `Some(Replay | Mismatch)` (taken before; nothing written), or `None`: the
-/// key conflicted with a row committed after this statement's snapshot, so
-/// its row was not visible here; a later statement reads it.
+/// The write statement: in one statement, claim the keys (the library's
+/// `fx.claim_keys`: it inserts the key rows not taken yet, in key order, so
+/// two overlapping batches wait for each other's rows in one order and
+/// cannot deadlock, each with the response it will replay and the order id
+/// as its reference; then it reads the rows of the keys it did not insert),
+/// then insert the orders and the outbox events of exactly the keys it
+/// claimed. One answer per create, in order: `Some(New)` (claimed and
+/// written), `Some(Replay | Mismatch)` (taken before; nothing written), or
+/// `None`: the key's row vanished between the claim's insert and its read
+/// (an expiry in between); a later statement claims it again.
 ///
-/// Every sub-statement sees the same snapshot, so the read of taken keys does
-/// not see the rows this statement inserts. The outbox rows go in request
-/// order, so their ids (the publish order) follow it.
-///
-/// The read is a `LATERAL … LIMIT 1` per key, which PostgreSQL cannot turn
-/// into a join: its plan is an index lookup per key whatever the table's
-/// statistics. A plain `LEFT JOIN` got a generic plan, made after five
-/// executions on a near-empty table, that hashed the batch and scanned the
-/// whole key table for every batch (FINDINGS §14).
+/// The claim's read is a statement of its own inside the function, so it
+/// sees a row committed while its insert waited on it. The outbox rows go
+/// in request order, so their ids (the publish order) follow it. With
+/// `no_idempotency` the claim is a one-time filter's `false`: the function
+/// is not called.
 async fn write_statement(
     conn: &mut PgConnection,
     batch: &[&Create],
     no_idempotency: bool,
-) -> Result<(Vec<Option<Claim>>, u16), StoreError> {
+) -> Result<(Vec<Option<KeyClaim>>, u16), StoreError> {
     let mut keys = Vec::with_capacity(batch.len());
     let mut hashes = Vec::with_capacity(batch.len());
     let mut order_ids = Vec::with_capacity(batch.len());
@@ -379,14 +377,12 @@ async fn write_statement(
                                     $6::bytea[], $7::int8[], $8::int8[], $9::uuid[], $10::text[],
                                     $11::bytea[])
                    WITH ORDINALITY AS u(k, h, o, c, hd, b, a, m, msg, typ, p, n)
-           ), claimed AS (
-               INSERT INTO orders.idempotency_keys
-                   (idem_key, request_hash, order_id, response_code, response_headers, response_body)
-               SELECT k, h, o, c, hd::jsonb, b FROM input WHERE NOT $12 ORDER BY k
-               ON CONFLICT (idem_key) DO NOTHING
-               RETURNING idem_key
+           ), claims AS (
+               SELECT * FROM fx.claim_keys($14, $1, $2, $4::int4[]::int2[], $5::text[]::jsonb[],
+                                           $6, $3::uuid[]::text[])
+               WHERE NOT $12
            ), fresh AS (
-               SELECT * FROM input WHERE $12 OR k IN (SELECT idem_key FROM claimed)
+               SELECT * FROM input WHERE $12 OR n IN (SELECT n FROM claims WHERE claimed)
            ), placed AS (
                INSERT INTO orders.orders (order_id, account_id, amount_cents, status)
                SELECT o, a, m, $13 FROM fresh
@@ -397,16 +393,12 @@ async fn write_statement(
            )
            SELECT i.n IN (SELECT n FROM fresh) AS "new!",
                   (SELECT coalesce(bit_or(1 << shard), 0) FROM queued) AS "shards!",
-                  s.request_hash AS "request_hash?", s.order_id AS "order_id?",
-                  s.response_code AS "response_code?",
-                  s.response_headers AS "response_headers?: Json<Vec<(String, String)>>",
-                  s.response_body AS "response_body?"
+                  c.request_hash AS "request_hash?",
+                  c.response_status AS "response_status?",
+                  c.response_headers AS "response_headers?: Json<Vec<(String, String)>>",
+                  c.response_body AS "response_body?"
            FROM input AS i
-           LEFT JOIN LATERAL (
-               SELECT * FROM orders.idempotency_keys AS t
-               WHERE NOT $12 AND i.k NOT IN (SELECT idem_key FROM claimed) AND t.idem_key = i.k
-               LIMIT 1
-           ) AS s ON true
+           LEFT JOIN claims AS c ON c.n = i.n
            ORDER BY i.n"#,
         &keys as &[&str],
         &hashes as &[&[u8]],
@@ -421,6 +413,7 @@ async fn write_statement(
         &payloads,
         no_idempotency,
         ORDER_STATUS_CREATED,
+        KEY_SCOPE,
     )
     .fetch_all(&mut *conn)
     .await?;
@@ -439,17 +432,14 @@ async fn write_statement(
         .into_iter()
         .zip(batch)
         .map(|(row, create)| {
-            if row.new {
-                return Some(Claim::New);
+            ClaimRow {
+                claimed: row.new,
+                request_hash: row.request_hash,
+                response_status: row.response_status,
+                response_headers: row.response_headers,
+                response_body: row.response_body,
             }
-            let stored = StoredKey {
-                request_hash: row.request_hash?,
-                order_id: row.order_id?,
-                response_code: row.response_code?,
-                response_headers: row.response_headers?,
-                response_body: row.response_body?,
-            };
-            Some(stored.into_claim(&create.fingerprint))
+            .judge(&create.fingerprint)
         })
         .collect();
     Ok((claims, shards))

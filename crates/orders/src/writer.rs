@@ -34,12 +34,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use pipeline::idempotency::{Claim, Fingerprint, IdempotencyKey, StoredResponse};
+use effectively::store::KeyClaim;
+use pipeline::idempotency::{Fingerprint, IdempotencyKey, StoredResponse};
 use prometheus::IntGauge;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use uuid::Uuid;
 
 use crate::metrics::OrdersMetrics;
 use crate::store::{Create, Store};
@@ -167,7 +167,7 @@ pub enum WriteError {
 /// One create request waiting for a writer.
 struct Job {
     create: Create,
-    reply: oneshot::Sender<Result<Claim, WriteError>>,
+    reply: oneshot::Sender<Result<KeyClaim, WriteError>>,
     /// Its place in the `--write-queue` bound, given back when the job is
     /// answered or dropped.
     _slot: Slot,
@@ -319,7 +319,7 @@ impl WriteQueue {
     }
 
     /// Writes `create` unless its key was used before; the claim says which.
-    pub async fn create(&self, create: Create) -> Result<Claim, WriteError> {
+    pub async fn create(&self, create: Create) -> Result<KeyClaim, WriteError> {
         // The bound counts every request until it is answered, deferred ones
         // included: the channel alone would only count the queued ones.
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
@@ -439,8 +439,8 @@ async fn writer(shared: Arc<Shared>) {
 
 /// What a committed batch settled about a key.
 enum Settled {
-    /// The key's row holds this fingerprint, order and response.
-    Known(Fingerprint, Uuid, StoredResponse),
+    /// The key's row holds this fingerprint and response.
+    Known(Fingerprint, StoredResponse),
     /// The key's row holds a fingerprint other than this one (the batch's
     /// claim was a mismatch; the stored fingerprint itself is not read).
     Not(Fingerprint),
@@ -454,7 +454,7 @@ enum Settled {
 /// (experiment 1's cliff). A key whose claim was `Mismatch` settles the
 /// deferred requests with that same body (mismatches too); a deferred request
 /// with yet another body stays deferred, for the next claim.
-fn settle_deferred(deferred: &mut VecDeque<Job>, batch: &[Job], claims: &[Claim]) {
+fn settle_deferred(deferred: &mut VecDeque<Job>, batch: &[Job], claims: &[KeyClaim]) {
     if deferred.is_empty() {
         return;
     }
@@ -466,15 +466,9 @@ fn settle_deferred(deferred: &mut VecDeque<Job>, batch: &[Job], claims: &[Claim]
         .map(|(job, claim)| {
             let create = &job.create;
             let settled = match claim {
-                Claim::New => Settled::Known(
-                    create.fingerprint,
-                    create.order.order_id(),
-                    create.response.clone(),
-                ),
-                Claim::Replay { order_id, response } => {
-                    Settled::Known(create.fingerprint, *order_id, response.clone())
-                }
-                Claim::Mismatch => Settled::Not(create.fingerprint),
+                KeyClaim::New => Settled::Known(create.fingerprint, create.response.clone()),
+                KeyClaim::Replay(response) => Settled::Known(create.fingerprint, response.clone()),
+                KeyClaim::Mismatch | KeyClaim::Unfinished => Settled::Not(create.fingerprint),
             };
             (create.key.clone(), settled)
         })
@@ -485,18 +479,15 @@ fn settle_deferred(deferred: &mut VecDeque<Job>, batch: &[Job], claims: &[Claim]
     for job in std::mem::take(deferred) {
         let fingerprint_of_job = job.create.fingerprint;
         let claim = match settled.get(&job.create.key) {
-            Some(Settled::Known(fingerprint, order_id, response)) => {
+            Some(Settled::Known(fingerprint, response)) => {
                 if fingerprint_of_job == *fingerprint {
-                    Claim::Replay {
-                        order_id: *order_id,
-                        response: response.clone(),
-                    }
+                    KeyClaim::Replay(response.clone())
                 } else {
-                    Claim::Mismatch
+                    KeyClaim::Mismatch
                 }
             }
             Some(Settled::Not(fingerprint)) if fingerprint_of_job == *fingerprint => {
-                Claim::Mismatch
+                KeyClaim::Mismatch
             }
             _ => {
                 deferred.push_back(job);
@@ -512,7 +503,7 @@ mod tests {
     use super::*;
     use crate::order::{CreateOrder, NewOrder};
 
-    fn job(key: &str, body: &str) -> (Job, oneshot::Receiver<Result<Claim, WriteError>>) {
+    fn job(key: &str, body: &str) -> (Job, oneshot::Receiver<Result<KeyClaim, WriteError>>) {
         let (reply, answer) = oneshot::channel();
         let order = NewOrder::new(&CreateOrder {
             account_id: 1,
@@ -542,7 +533,7 @@ mod tests {
         (job, answer)
     }
 
-    fn answered(rx: &mut oneshot::Receiver<Result<Claim, WriteError>>) -> Option<Claim> {
+    fn answered(rx: &mut oneshot::Receiver<Result<KeyClaim, WriteError>>) -> Option<KeyClaim> {
         rx.try_recv().ok().map(|r| r.expect("no error"))
     }
 
@@ -692,12 +683,9 @@ mod tests {
         let (conflicted, _) = job("k3", "C");
         let batch = vec![first, replayed, conflicted];
         let claims = vec![
-            Claim::New,
-            Claim::Replay {
-                order_id: batch[1].create.order.order_id(),
-                response: stored.clone(),
-            },
-            Claim::Mismatch,
+            KeyClaim::New,
+            KeyClaim::Replay(stored.clone()),
+            KeyClaim::Mismatch,
         ];
         let (same, mut same_rx) = job("k1", "A");
         let (other, mut other_rx) = job("k1", "Z");
@@ -712,23 +700,14 @@ mod tests {
         // Same request as the new key's first: its committed response, its order.
         assert_eq!(
             answered(&mut same_rx),
-            Some(Claim::Replay {
-                order_id: batch[0].create.order.order_id(),
-                response: batch[0].create.response.clone(),
-            })
+            Some(KeyClaim::Replay(batch[0].create.response.clone()))
         );
         // Another request with that key: refused.
-        assert_eq!(answered(&mut other_rx), Some(Claim::Mismatch));
+        assert_eq!(answered(&mut other_rx), Some(KeyClaim::Mismatch));
         // A replayed key: the stored response again.
-        assert_eq!(
-            answered(&mut again_rx),
-            Some(Claim::Replay {
-                order_id: batch[1].create.order.order_id(),
-                response: stored,
-            })
-        );
+        assert_eq!(answered(&mut again_rx), Some(KeyClaim::Replay(stored)));
         // A key whose claim was a mismatch: the same body is refused too...
-        assert_eq!(answered(&mut refused_rx), Some(Claim::Mismatch));
+        assert_eq!(answered(&mut refused_rx), Some(KeyClaim::Mismatch));
         // ...another body (the stored fingerprint is not known here) and a
         // key not in the batch: still deferred, for the next claim.
         assert_eq!(answered(&mut unknown_rx), None);

@@ -112,12 +112,17 @@ impl CrashPoint {
 /// orders (reads it on both protocols) and loadgen (sends it).
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
+/// The scope of orders' idempotency keys in the library's table
+/// (`fx.idempotency_keys`): one, shared by every caller, until callers have
+/// an identity of their own to scope their keys by.
+pub const KEY_SCOPE: &str = "";
+
 /// The status of a created order's response (201 Created).
 pub const ORDER_CREATED_STATUS: u16 = 201;
 
 /// The response orders gives a created order, to the first request and to
 /// every retry with its idempotency key: stored in
-/// `orders.idempotency_keys` (status, headers, body) and replayed verbatim,
+/// `fx.idempotency_keys` (status, headers, body) and replayed verbatim,
 /// in its HTTP form whatever protocol carried the request. Shared by orders
 /// (builds and stores it) and recon (checks each stored key's status,
 /// `Location` and `ETag` against it).

@@ -16,6 +16,31 @@ use crate::config::{DbArgs, SessionLimits};
 /// owner's URL), never with a service's role.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../../migrations");
 
+/// The schema the library ([`effectively::store`]) is installed in, in the
+/// pipeline's database: orders' idempotency keys live there
+/// (`fx.idempotency_keys`). Not the library's default (`effectively`): that
+/// name was the pipeline's schema of helper functions first.
+pub const LIBRARY_SCHEMA: &str = "fx";
+
+/// The library on the pipeline's database, in [`LIBRARY_SCHEMA`].
+pub fn library(pool: PgPool) -> effectively::store::Effectively {
+    effectively::store::Effectively::postgres(pool)
+        .schema(LIBRARY_SCHEMA)
+        .expect("LIBRARY_SCHEMA is a valid schema name")
+}
+
+/// Applies every migration, as the owner: the library's schema first
+/// ([`LIBRARY_SCHEMA`], its own ledger), then the pipeline's ([`MIGRATOR`],
+/// whose later versions grant on and move data into the library's tables).
+pub async fn migrate(pool: &PgPool) -> anyhow::Result<()> {
+    library(pool.clone())
+        .migrate()
+        .await
+        .context("install the library's schema")?;
+    MIGRATOR.run(pool).await.context("apply migrations")?;
+    Ok(())
+}
+
 /// The PostgreSQL login role of each service, with what the migrations grant
 /// it (migrations/20261123000001_roles.sql): least privilege, each service
 /// refused outside its own tables.
@@ -80,7 +105,7 @@ pub async fn connect(args: &DbArgs, defaults: SessionLimits) -> anyhow::Result<P
             .connect_with(base.clone())
             .await
             .context("connect to postgres to migrate (is the stack up? `make up`)")?;
-        MIGRATOR.run(&migrating).await.context("apply migrations")?;
+        migrate(&migrating).await?;
         migrating.close().await;
     }
     let limits = args.limits(defaults);

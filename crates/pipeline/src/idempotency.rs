@@ -1,13 +1,13 @@
-//! Idempotency keys at orders' write path: the claim of a batch's keys in
-//! orders' own table (`orders.idempotency_keys`).
+//! Idempotency keys at orders' write path: how a batch's keys are claimed.
 //!
 //! A client sends a key with each request; the first request with that key
-//! claims it: an `INSERT … ON CONFLICT DO NOTHING` of the key's row, with the
-//! response it will get, in the same statement or transaction as the work
-//! (Orders' write statement, `crates/orders/src/store.rs`). Every later
-//! request with the same key and the same request gets that stored response
-//! back, verbatim ([`StoredKey::into_claim`]); the same key with a different
-//! request is a [`Claim::Mismatch`].
+//! claims it in the library's table (`fx.idempotency_keys`, by the library's
+//! `fx.claim_keys`: an `INSERT … ON CONFLICT DO NOTHING` of the key's row,
+//! with the response it will get, in the same statement as the work: orders'
+//! write statement, `crates/orders/src/store.rs`). Every later request with
+//! the same key and the same request gets that stored response back,
+//! verbatim; the same key with a different request is a mismatch
+//! ([`effectively::store::KeyClaim`]).
 //!
 //! Concurrent requests with one key serialize in the database: the second
 //! `INSERT` waits on the first transaction's row lock, then sees the committed
@@ -25,26 +25,6 @@ pub use effectively::idempotency::{
     Fingerprint, IdempotencyKey, KeyError, MAX_KEY_LEN, StoredResponse,
 };
 use sqlx::PgConnection;
-use sqlx::types::Json;
-use uuid::Uuid;
-
-/// What claiming a key found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
-    /// The key was free and is now held by the caller's transaction: go on
-    /// with the work and commit (or roll back, which frees the key again).
-    New,
-    /// The key was used before with the same request: replay this response.
-    /// The caller's transaction wrote nothing.
-    Replay {
-        /// The resource the first request created.
-        order_id: Uuid,
-        /// The first request's response.
-        response: StoredResponse,
-    },
-    /// The key was used before with a different request. Nothing was written.
-    Mismatch,
-}
 
 /// How a batch's keys are claimed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -83,38 +63,4 @@ pub async fn lock_keys(conn: &mut PgConnection, keys: &[&str]) -> Result<(), sql
     .fetch_one(conn)
     .await?;
     Ok(())
-}
-
-/// A key's row in `orders.idempotency_keys` (columns in
-/// `migrations/*_orders.sql`), as a later request with that key finds it.
-#[derive(Debug, Clone)]
-pub struct StoredKey {
-    /// The first request's fingerprint.
-    pub request_hash: Vec<u8>,
-    /// The resource the first request created.
-    pub order_id: Uuid,
-    /// The first request's response status.
-    pub response_code: i32,
-    /// Its headers, in order.
-    pub response_headers: Json<Vec<(String, String)>>,
-    /// Its body.
-    pub response_body: Vec<u8>,
-}
-
-impl StoredKey {
-    /// What a request with `fingerprint` gets: the stored response if it is
-    /// the first request again, [`Claim::Mismatch`] if it is another one.
-    pub fn into_claim(self, fingerprint: &Fingerprint) -> Claim {
-        if self.request_hash.as_slice() != fingerprint.as_bytes().as_slice() {
-            return Claim::Mismatch;
-        }
-        Claim::Replay {
-            order_id: self.order_id,
-            response: StoredResponse {
-                status: u16::try_from(self.response_code).unwrap_or(500),
-                headers: self.response_headers.0,
-                body: self.response_body,
-            },
-        }
-    }
 }

@@ -93,10 +93,7 @@ impl TestDb {
         let pool = sqlx::PgPool::connect(&db.url)
             .await
             .expect("connect test db");
-        crate::db::MIGRATOR
-            .run(&pool)
-            .await
-            .expect("migrate test db");
+        crate::db::migrate(&pool).await.expect("migrate test db");
         pool.close().await;
         db
     }

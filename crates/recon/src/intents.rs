@@ -4,6 +4,7 @@
 //! cannot know may have 0 or 1 order, and a key the service refused must
 //! have none.
 
+use pipeline::contract::KEY_SCOPE;
 use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -135,7 +136,8 @@ impl IntentsReport {
 /// order, in one transaction, so a key row is an order).
 async fn keys_with_an_order(pool: &PgPool, keys: &[String]) -> sqlx::Result<i64> {
     sqlx::query_scalar!(
-        r#"SELECT count(*) AS "committed!" FROM orders.idempotency_keys WHERE idem_key = ANY($1)"#,
+        r#"SELECT count(*) AS "committed!" FROM fx.idempotency_keys WHERE scope = $1 AND key = ANY($2)"#,
+        KEY_SCOPE,
         keys
     )
     .fetch_one(pool)
@@ -153,22 +155,24 @@ pub async fn check_intents(pool: &PgPool, client: &ClientIntents) -> sqlx::Resul
     // still be there (orders never expire). Without this, every run older
     // than the key retention reported its expired keys as "missing".
     let counts = sqlx::query!(
-        r#"SELECT count(*) FILTER (WHERE k.order_id = c.id AND o.order_id IS NOT NULL) AS "matched!",
-                  count(*) FILTER (WHERE k.idem_key IS NULL AND c.id < f.floor
+        r#"SELECT count(*) FILTER (WHERE k.reference = c.id::text AND o.order_id IS NOT NULL) AS "matched!",
+                  count(*) FILTER (WHERE k.key IS NULL AND c.id < f.floor
                                     AND given.order_id IS NOT NULL) AS "expired!",
-                  count(*) FILTER (WHERE k.idem_key IS NULL
+                  count(*) FILTER (WHERE k.key IS NULL
                                     AND NOT (c.id < f.floor AND given.order_id IS NOT NULL)) AS "missing!",
-                  count(*) FILTER (WHERE k.idem_key IS NOT NULL
-                                    AND (k.order_id <> c.id OR o.order_id IS NULL)) AS "wrong!"
+                  count(*) FILTER (WHERE k.key IS NOT NULL
+                                    AND (k.reference IS DISTINCT FROM c.id::text
+                                         OR o.order_id IS NULL)) AS "wrong!"
            FROM unnest($1::text[], $2::uuid[]) AS c(key, id)
            CROSS JOIN orders.key_policy f
-           LEFT JOIN orders.idempotency_keys k ON k.idem_key = c.key
-           LEFT JOIN orders.orders o ON o.order_id = k.order_id
+           LEFT JOIN fx.idempotency_keys k ON k.scope = $3 AND k.key = c.key
+           LEFT JOIN orders.orders o ON o.order_id = effectively.uuid_of(k.reference)
            LEFT JOIN orders.orders given ON given.order_id = c.id"#,
         // Borrowed keys encode as text[] like owned ones; the macro's check
         // only knows `&[String]` for text[], so the type is stated.
         &keys as &[&str],
-        &ids
+        &ids,
+        KEY_SCOPE
     )
     .fetch_one(pool)
     .await?;

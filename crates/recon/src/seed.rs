@@ -42,9 +42,9 @@ pub async fn seed(pool: &PgPool, n: u64) -> sqlx::Result<()> {
             bodies.push(response.body);
         }
         sqlx::query(
-            "INSERT INTO orders.idempotency_keys \
-               (idem_key, request_hash, order_id, response_code, response_headers, response_body) \
-             SELECT k, '\\x00'::bytea, o, c, h::jsonb, b \
+            "INSERT INTO fx.idempotency_keys \
+               (scope, key, request_hash, reference, response_status, response_headers, response_body) \
+             SELECT '', k, '\\x00'::bytea, o::text, c::int2, h::jsonb, b \
              FROM unnest($1::text[], $2::uuid[], $3::int4[], $4::text[], $5::bytea[]) \
                WITH ORDINALITY AS u(k, o, c, h, b, n) ORDER BY n",
         )
@@ -57,7 +57,7 @@ pub async fn seed(pool: &PgPool, n: u64) -> sqlx::Result<()> {
         .await?;
         first = last + 1;
     }
-    sqlx::query("ANALYZE orders.idempotency_keys")
+    sqlx::query("ANALYZE fx.idempotency_keys")
         .execute(pool)
         .await?;
     Ok(())

@@ -3,7 +3,7 @@
 //! with hot keys and concurrent retries: each key's sends reach both
 //! instances, and still every key has one order and every replay the first
 //! answer. The database is the judge: the keys loadgen saw succeed against
-//! `orders.idempotency_keys` and `orders.orders`.
+//! `fx.idempotency_keys` and `orders.orders`.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -129,7 +129,7 @@ async fn one_keys_sends_spread_over_two_instances_make_one_order() {
     );
     let pool = sqlx::PgPool::connect(&db.url).await.expect("connect");
     let (keys, orders): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM orders.idempotency_keys),
+        "SELECT (SELECT count(*) FROM fx.idempotency_keys),
                 (SELECT count(*) FROM orders.orders)",
     )
     .fetch_one(&pool)
@@ -151,8 +151,8 @@ async fn one_keys_sends_spread_over_two_instances_make_one_order() {
     );
     let (names, ids): (Vec<String>, Vec<uuid::Uuid>) = seen.into_iter().unzip();
     let unexplained: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM orders.idempotency_keys
-         WHERE idem_key <> ALL($1::text[]) AND idem_key <> ALL($2::text[])",
+        "SELECT count(*) FROM fx.idempotency_keys
+         WHERE key <> ALL($1::text[]) AND key <> ALL($2::text[])",
     )
     .bind(&names)
     .bind(&ambiguous)
@@ -165,7 +165,7 @@ async fn one_keys_sends_spread_over_two_instances_make_one_order() {
     );
     let matched: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM unnest($1::text[], $2::uuid[]) AS c(key, id)
-         JOIN orders.idempotency_keys k ON k.idem_key = c.key AND k.order_id = c.id
+         JOIN fx.idempotency_keys k ON k.key = c.key AND k.reference = c.id::text
          JOIN orders.orders o ON o.order_id = c.id",
     )
     .bind(&names)

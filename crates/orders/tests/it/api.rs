@@ -188,7 +188,7 @@ struct Counts {
 async fn counts(db: &TestDb) -> Counts {
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let (keys, orders, outbox) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM orders.idempotency_keys), \
+        "SELECT (SELECT count(*) FROM fx.idempotency_keys), \
                 (SELECT count(*) FROM orders.orders), \
                 (SELECT count(*) FROM orders.outbox)",
     )
@@ -1038,7 +1038,7 @@ impl Writers {
     /// returns once a write is waiting on it.
     async fn hold_keys(&self) -> sqlx::Transaction<'static, sqlx::Postgres> {
         let mut tx = self.pool.begin().await.expect("begin");
-        sqlx::query("LOCK TABLE orders.idempotency_keys IN EXCLUSIVE MODE")
+        sqlx::query("LOCK TABLE fx.idempotency_keys IN EXCLUSIVE MODE")
             .execute(&mut *tx)
             .await
             .expect("lock");
@@ -1278,11 +1278,11 @@ async fn a_key_minted_by_a_slow_clock_lives_its_full_retention() {
         .expect("retention");
     let order_id = effectively::v7::minted_ago(Duration::from_secs(11 * 60));
     sqlx::query(
-        "INSERT INTO orders.idempotency_keys \
-             (idem_key, request_hash, order_id, response_code, response_headers, response_body) \
-         VALUES ('slow-clock', '\\x00', $1, 201, '{}', '\\x7b7d')",
+        "INSERT INTO fx.idempotency_keys \
+             (scope, key, request_hash, reference, response_status, response_headers, response_body) \
+         VALUES ('', 'slow-clock', '\\x00', $1, 201, '[]', '\\x7b7d')",
     )
-    .bind(order_id)
+    .bind(order_id.to_string())
     .execute(&owner)
     .await
     .expect("insert the key");
@@ -1302,7 +1302,7 @@ async fn a_key_minted_by_a_slow_clock_lives_its_full_retention() {
     );
     // Ten minutes later by the database's clock, it goes.
     sqlx::query(
-        "UPDATE orders.idempotency_keys SET created_at = now() - interval '10 minutes 1 second'",
+        "UPDATE fx.idempotency_keys SET created_at = now() - interval '10 minutes 1 second'",
     )
     .execute(&owner)
     .await

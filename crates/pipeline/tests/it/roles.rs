@@ -17,8 +17,9 @@ const INSUFFICIENT_PRIVILEGE: &str = "42501";
 const SEED: &str = "
 INSERT INTO orders.orders (order_id, account_id, amount_cents, status)
   VALUES ('00000000-0000-0000-0000-000000000001', 1, 100, 'created');
-INSERT INTO orders.idempotency_keys
-  VALUES ('seed', '\\x00', '00000000-0000-0000-0000-000000000001', 201, '{}', '\\x00');
+INSERT INTO fx.idempotency_keys
+    (scope, key, request_hash, reference, response_status, response_headers, response_body)
+  VALUES ('', 'seed', '\\x00', '00000000-0000-0000-0000-000000000001', 201, '[]', '\\x00');
 INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload)
   VALUES ('00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-0000000000a1',
           'order.created', '{}');
@@ -105,12 +106,9 @@ async fn orders_writes_only_the_orders_schema() {
         role,
         &[
             // the write path (store.rs, idempotency.rs, outbox.rs)
-            "INSERT INTO orders.idempotency_keys \
-               (idem_key, request_hash, order_id, response_code, response_headers, response_body) \
-             VALUES ('k1', '\\x01', gen_random_uuid(), 201, '{}', '\\x00') \
-             ON CONFLICT (idem_key) DO NOTHING RETURNING idem_key",
-            "SELECT request_hash, order_id, response_code, response_headers, response_body \
-             FROM orders.idempotency_keys WHERE idem_key = 'seed'",
+            "SELECT * FROM fx.claim_keys('', ARRAY['k1', 'seed'], ARRAY['\\x01'::bytea, '\\x00'], \
+               ARRAY[201, 201]::int2[], ARRAY['[]'::jsonb, '[]'], ARRAY['\\x00'::bytea, '\\x00'], \
+               ARRAY[gen_random_uuid()::text, 'x'])",
             "INSERT INTO orders.orders (order_id, account_id, amount_cents, status) \
              VALUES (gen_random_uuid(), 1, 1, 'created')",
             "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload) \
@@ -138,8 +136,11 @@ async fn orders_writes_only_the_orders_schema() {
             // an order and its key, once written, stay as written
             "UPDATE orders.orders SET amount_cents = 1",
             "DELETE FROM orders.orders",
-            "UPDATE orders.idempotency_keys SET response_code = 500",
-            "DELETE FROM orders.idempotency_keys",
+            "UPDATE fx.idempotency_keys SET response_status = 500",
+            "DELETE FROM fx.idempotency_keys",
+            // the rest of the library's schema is not orders' yet
+            "SELECT count(*) FROM fx.outbox",
+            "SELECT count(*) FROM fx.inbox",
             // the retention is the owner's to set; the outbox's expiry the relay's
             "UPDATE orders.key_policy SET retention = interval '1 second'",
             "SELECT orders.outbox_expire(10)",
@@ -205,7 +206,7 @@ async fn relay_reads_and_marks_only_the_outbox() {
             "INSERT INTO orders.orders (order_id, account_id, amount_cents, status) \
              VALUES (gen_random_uuid(), 1, 1, 'created')",
             "SELECT count(*) FROM orders.orders",
-            "SELECT count(*) FROM orders.idempotency_keys",
+            "SELECT count(*) FROM fx.idempotency_keys",
             "SELECT orders.keys_expire(10)",
             "UPDATE orders.outbox_policy SET retention = interval '1 second'",
             // nor the payments schema
@@ -309,7 +310,7 @@ async fn recon_only_reads() {
     // every table, with a column of it
     let tables = [
         ("orders.orders", "status"),
-        ("orders.idempotency_keys", "response_code"),
+        ("fx.idempotency_keys", "response_status"),
         ("orders.outbox", "published_at"),
         ("payments.inbox", "payload_hash"),
         ("payments.charges", "amount_cents"),
@@ -381,13 +382,13 @@ async fn grant_matrix(db: &TestDb) -> BTreeSet<String> {
     let rows: Vec<(String, String)> = sqlx::query_as(
         "SELECT grantee::text, table_schema || '.' || table_name || ' ' || privilege_type \
          FROM information_schema.role_table_grants \
-         WHERE grantee LIKE 'effectively\\_%' AND table_schema IN ('orders', 'payments') \
+         WHERE grantee LIKE 'effectively\\_%' AND table_schema IN ('orders', 'payments', 'fx') \
          UNION ALL \
          SELECT c.grantee::text, \
                 c.table_schema || '.' || c.table_name || ' ' || c.privilege_type \
                 || '(' || c.column_name || ')' \
          FROM information_schema.column_privileges c \
-         WHERE c.grantee LIKE 'effectively\\_%' AND c.table_schema IN ('orders', 'payments') \
+         WHERE c.grantee LIKE 'effectively\\_%' AND c.table_schema IN ('orders', 'payments', 'fx') \
            AND NOT EXISTS (SELECT 1 FROM information_schema.role_table_grants t \
                            WHERE t.grantee = c.grantee AND t.table_schema = c.table_schema \
                              AND t.table_name = c.table_name \
@@ -397,7 +398,7 @@ async fn grant_matrix(db: &TestDb) -> BTreeSet<String> {
          FROM pg_roles r CROSS JOIN pg_namespace n \
          CROSS JOIN (VALUES ('USAGE'), ('CREATE')) AS p(privilege) \
          WHERE r.rolname LIKE 'effectively\\_%' \
-           AND n.nspname IN ('orders', 'payments', 'public', 'effectively') \
+           AND n.nspname IN ('orders', 'payments', 'public', 'effectively', 'fx') \
            AND has_schema_privilege(r.oid, n.oid, p.privilege) \
          UNION ALL \
          SELECT grantee::text, routine_schema || '.' || routine_name || ' ' || privilege_type \
@@ -418,8 +419,10 @@ async fn the_grant_matrix_is_exactly_this() {
         "effectively_orders orders USAGE",
         "effectively_orders orders.orders INSERT",
         "effectively_orders orders.orders SELECT",
-        "effectively_orders orders.idempotency_keys INSERT",
-        "effectively_orders orders.idempotency_keys SELECT",
+        // Orders' idempotency keys, in the library's schema.
+        "effectively_orders fx USAGE",
+        "effectively_orders fx.idempotency_keys INSERT",
+        "effectively_orders fx.idempotency_keys SELECT",
         "effectively_orders orders.outbox INSERT(aggregate_id)",
         "effectively_orders orders.outbox INSERT(msg_id)",
         "effectively_orders orders.outbox INSERT(event_type)",
@@ -489,13 +492,14 @@ async fn the_grant_matrix_is_exactly_this() {
         "effectively_recon orders.webhook_destinations SELECT(added_at)",
         "effectively_recon orders.webhook_destinations SELECT(removed_at)",
         "effectively_recon payments USAGE",
+        "effectively_recon fx USAGE",
     ]
     .into_iter()
     .map(str::to_owned)
     .collect();
     for table in [
         "orders.orders",
-        "orders.idempotency_keys",
+        "fx.idempotency_keys",
         "orders.outbox",
         "payments.inbox",
         "payments.charges",

@@ -5,8 +5,9 @@
 -- outbox's and the inbox's floors). Over the whole history all three are
 -- '00000000-0000-0000-0000-000000000000'.
 WITH
-k AS (SELECT order_id, count(*) AS n FROM orders.idempotency_keys
-      WHERE order_id BETWEEN $1 AND $2 GROUP BY order_id),
+k AS (SELECT effectively.uuid_of(reference) AS order_id, count(*) AS n FROM fx.idempotency_keys
+      WHERE reference BETWEEN $1::uuid::text AND $2::uuid::text
+      GROUP BY effectively.uuid_of(reference)),
 x AS (SELECT e.aggregate_id AS order_id, count(*) AS n,
              count(*) FILTER (WHERE c.msg_id = e.msg_id) AS charging,
              count(*) FILTER (WHERE NOT (
@@ -57,10 +58,10 @@ ks AS (SELECT count(*) AS n,
               -- The intents the orders since the keys' floor are counted
               -- against: a key below the floor may outlive the floor's move
               -- (keys_expire) or not, by design, and its order is not counted.
-              count(*) FILTER (WHERE order_id >= $3) AS since_floor,
-              count(*) FILTER (WHERE position(convert_to('"order_id":"' || order_id || '"', 'UTF8')
+              count(*) FILTER (WHERE reference >= $3::uuid::text) AS since_floor,
+              count(*) FILTER (WHERE position(convert_to('"order_id":"' || reference || '"', 'UTF8')
                                               IN response_body) = 0) AS foreign_responses
-       FROM orders.idempotency_keys WHERE order_id BETWEEN $1 AND $2),
+       FROM fx.idempotency_keys WHERE reference BETWEEN $1::uuid::text AND $2::uuid::text),
 xs AS (SELECT count(*) AS n, count(*) FILTER (WHERE published_at IS NULL) AS unpublished,
               count(*) FILTER (WHERE aggregate_id >= $4) AS since_floor,
               count(*) FILTER (WHERE failed_at IS NOT NULL) AS failed

@@ -338,19 +338,19 @@ async fn every_per_order_check_catches_its_corruption() {
             "event_payload_mismatches",
         ),
         (
-            format!("DELETE FROM orders.idempotency_keys WHERE order_id = {}", o(10)),
+            format!("DELETE FROM fx.idempotency_keys WHERE effectively.uuid_of(reference) = {}", o(10)),
             "orders_without_key",
         ),
         (
             format!(
-                "INSERT INTO orders.idempotency_keys SELECT 'another-key', request_hash, order_id, response_code, response_headers, response_body FROM orders.idempotency_keys WHERE order_id = {}",
+                "INSERT INTO fx.idempotency_keys (scope, key, request_hash, reference, response_status, response_headers, response_body) SELECT scope, 'another-key', request_hash, reference, response_status, response_headers, response_body FROM fx.idempotency_keys WHERE effectively.uuid_of(reference) = {}",
                 o(11)
             ),
             "orders_with_many_keys",
         ),
         (
             format!(
-                "UPDATE orders.idempotency_keys SET response_body = (SELECT response_body FROM orders.idempotency_keys WHERE order_id = {}) WHERE order_id = {}",
+                "UPDATE fx.idempotency_keys SET response_body = (SELECT response_body FROM fx.idempotency_keys WHERE effectively.uuid_of(reference) = {}) WHERE effectively.uuid_of(reference) = {}",
                 o(13),
                 o(12)
             ),
@@ -358,7 +358,7 @@ async fn every_per_order_check_catches_its_corruption() {
         ),
         (
             format!(
-                "UPDATE orders.idempotency_keys SET order_id = {} WHERE order_id = {}",
+                "UPDATE fx.idempotency_keys SET reference = ({})::text WHERE effectively.uuid_of(reference) = {}",
                 o(999),
                 o(14)
             ),
@@ -485,16 +485,16 @@ async fn a_stored_response_with_another_status_location_or_etag_is_drift() {
     // in place (the other headers and their order kept).
     let set_header = |name: &str, from: u32, value: &str| {
         format!(
-            "UPDATE orders.idempotency_keys SET response_headers = \
+            "UPDATE fx.idempotency_keys SET response_headers = \
                (SELECT jsonb_agg(CASE WHEN h->>0 = '{name}' THEN jsonb_build_array('{name}', {value}) ELSE h END ORDER BY n) \
                 FROM jsonb_array_elements(response_headers) WITH ORDINALITY AS x(h, n)) \
-             WHERE order_id = '{from:032x}'::uuid"
+             WHERE effectively.uuid_of(reference) = '{from:032x}'::uuid"
         )
     };
     let cases = [
         (
-            "UPDATE orders.idempotency_keys SET response_code = 500 \
-             WHERE order_id = '00000000000000000000000000000003'::uuid"
+            "UPDATE fx.idempotency_keys SET response_status = 500 \
+             WHERE effectively.uuid_of(reference) = '00000000000000000000000000000003'::uuid"
                 .to_owned(),
             "responses_with_wrong_status",
         ),
@@ -512,8 +512,8 @@ async fn a_stored_response_with_another_status_location_or_etag_is_drift() {
             set_header(
                 "etag",
                 6,
-                "(SELECT e.pair->>1 FROM orders.idempotency_keys k, jsonb_array_elements(k.response_headers) AS e(pair) \
-                  WHERE k.order_id = '00000000000000000000000000000007'::uuid AND e.pair->>0 = 'etag')",
+                "(SELECT e.pair->>1 FROM fx.idempotency_keys k, jsonb_array_elements(k.response_headers) AS e(pair) \
+                  WHERE effectively.uuid_of(k.reference) = '00000000000000000000000000000007'::uuid AND e.pair->>0 = 'etag')",
             ),
             "responses_with_wrong_etag",
         ),
@@ -603,8 +603,8 @@ async fn the_ranges_add_up_to_the_whole() {
          VALUES (gen_random_uuid(), 'ffffffff-0000-0000-0000-000000000000', gen_random_uuid(), 1, 5)",
         "INSERT INTO payments.ledger (account_id, order_id, msg_id, amount_cents) \
          VALUES (1, 'ffffffff-0000-0000-0000-000000000000', gen_random_uuid(), 5)",
-        "UPDATE orders.idempotency_keys SET order_id = 'fffffffe-0000-0000-0000-000000000000' \
-         WHERE order_id = '00000000000000000000000000000007'::uuid",
+        "UPDATE fx.idempotency_keys SET reference = 'fffffffe-0000-0000-0000-000000000000' \
+         WHERE effectively.uuid_of(reference) = '00000000000000000000000000000007'::uuid",
         // An orphan event below the smallest.
         "INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload, published_at) \
          VALUES ('00000000-0000-0000-0000-000000000000', gen_random_uuid(), 'order.created', '{}', now())",
@@ -614,8 +614,8 @@ async fn the_ranges_add_up_to_the_whole() {
          WHERE order_id = '00000000000000000000000000000096'::uuid",
         "UPDATE payments.charges SET account_id = account_id + 1 \
          WHERE order_id = '000000000000000000000000000000c8'::uuid",
-        "UPDATE orders.idempotency_keys SET response_code = 500 \
-         WHERE order_id = '000000000000000000000000000000c9'::uuid",
+        "UPDATE fx.idempotency_keys SET response_status = 500 \
+         WHERE effectively.uuid_of(reference) = '000000000000000000000000000000c9'::uuid",
         "DELETE FROM payments.inbox WHERE msg_id = \
          (SELECT msg_id FROM orders.outbox WHERE aggregate_id = '00000000000000000000000000000064'::uuid)",
         // (above every msg_id, inside the inbox's oldest partition: 2004)
@@ -742,10 +742,10 @@ async fn keys_that_outlive_the_key_floor_are_not_drift() {
     let (_db, pool) = seeded(40).await;
     // The seed's order ids are minted in 1970; its keys were written two
     // hours ago, but five of them only now.
-    let written = "UPDATE orders.idempotency_keys SET created_at = now() - interval '2 hours'";
-    let lagging = "UPDATE orders.idempotency_keys SET created_at = now() \
-                   WHERE order_id IN (SELECT order_id FROM orders.idempotency_keys \
-                                      ORDER BY order_id OFFSET 20 LIMIT 5)";
+    let written = "UPDATE fx.idempotency_keys SET created_at = now() - interval '2 hours'";
+    let lagging = "UPDATE fx.idempotency_keys SET created_at = now() \
+                   WHERE reference IN (SELECT reference FROM fx.idempotency_keys \
+                                       ORDER BY reference OFFSET 20 LIMIT 5)";
     for sql in [
         written,
         lagging,
@@ -759,8 +759,8 @@ async fn keys_that_outlive_the_key_floor_are_not_drift() {
         .expect("expire");
     assert_eq!(expired, 35, "the keys younger than the retention survive");
     let below: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM orders.idempotency_keys \
-         WHERE order_id < (SELECT floor FROM orders.key_policy)",
+        "SELECT count(*) FROM fx.idempotency_keys \
+         WHERE effectively.uuid_of(reference) < (SELECT floor FROM orders.key_policy)",
     )
     .fetch_one(&pool)
     .await
@@ -814,8 +814,8 @@ async fn keys_that_outlive_the_key_floor_are_not_drift() {
 
     // A key below the floor is still checked for pointing at an order.
     sqlx::query(
-        "UPDATE orders.idempotency_keys SET order_id = '00000000-0000-0000-0000-0000000000ff' \
-         WHERE order_id = (SELECT order_id FROM orders.idempotency_keys ORDER BY order_id LIMIT 1)",
+        "UPDATE fx.idempotency_keys SET reference = '00000000-0000-0000-0000-0000000000ff' \
+         WHERE reference = (SELECT reference FROM fx.idempotency_keys ORDER BY reference LIMIT 1)",
     )
     .execute(&mut *conn)
     .await
@@ -836,7 +836,7 @@ async fn keys_that_outlive_the_key_floor_are_not_drift() {
 async fn a_recon_between_two_expiry_batches_is_clean() {
     let (_db, pool) = seeded(40).await;
     for sql in [
-        "UPDATE orders.idempotency_keys SET created_at = now() - interval '2 hours'",
+        "UPDATE fx.idempotency_keys SET created_at = now() - interval '2 hours'",
         "UPDATE orders.key_policy SET retention = interval '1 hour'",
         "UPDATE orders.outbox_policy SET retention = interval '1 hour'",
     ] {

@@ -47,7 +47,7 @@ fn scratch(db: &TestDb) -> PathBuf {
 
 /// Whether `key` has its key row (and so its order: one transaction).
 async fn committed(pool: &PgPool, key: &str) -> bool {
-    sqlx::query_scalar::<_, i64>("SELECT count(*) FROM orders.idempotency_keys WHERE idem_key = $1")
+    sqlx::query_scalar::<_, i64>("SELECT count(*) FROM fx.idempotency_keys WHERE key = $1")
         .bind(key)
         .fetch_one(pool)
         .await
@@ -70,7 +70,7 @@ async fn a_key_answered_408_and_committed_is_ambiguous_not_drift() {
     // Hold the key table against writes: the writer takes the create into a
     // batch and its INSERT waits, past the route's timeout.
     let mut hold = pool.begin().await.expect("begin");
-    sqlx::query("LOCK TABLE orders.idempotency_keys IN SHARE ROW EXCLUSIVE MODE")
+    sqlx::query("LOCK TABLE fx.idempotency_keys IN SHARE ROW EXCLUSIVE MODE")
         .execute(&mut *hold)
         .await
         .expect("lock the key table");
@@ -101,7 +101,7 @@ async fn a_key_answered_408_and_committed_is_ambiguous_not_drift() {
     let waiting = eventually(Duration::from_secs(30), || async {
         sqlx::query_scalar::<_, i64>(
             "SELECT count(*) FROM pg_locks
-             WHERE NOT granted AND relation = 'orders.idempotency_keys'::regclass
+             WHERE NOT granted AND relation = 'fx.idempotency_keys'::regclass
                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
         )
         .fetch_one(&pool)

@@ -54,7 +54,7 @@ LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN CASE WHEN reference ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
             THEN reference::uuid END;
 
--- Orders claims keys (fx.claim_keys inserts and reads them, as orders);
+-- Orders claims keys (inserts and reads them, in its write statement);
 -- recon reads them. Nothing else of the library's schema is granted yet.
 GRANT USAGE ON SCHEMA fx TO effectively_orders, effectively_recon;
 GRANT SELECT, INSERT ON fx.idempotency_keys TO effectively_orders;

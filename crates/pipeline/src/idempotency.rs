@@ -2,7 +2,7 @@
 //!
 //! A client sends a key with each request; the first request with that key
 //! claims it in the library's table (`fx.idempotency_keys`, by the library's
-//! `fx.claim_keys`: an `INSERT … ON CONFLICT DO NOTHING` of the key's row,
+//! rules: an `INSERT … ON CONFLICT DO NOTHING` of the key's row,
 //! with the response it will get, in the same statement as the work: orders'
 //! write statement, `crates/orders/src/store.rs`). Every later request with
 //! the same key and the same request gets that stored response back,

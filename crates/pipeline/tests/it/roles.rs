@@ -106,7 +106,13 @@ async fn orders_writes_only_the_orders_schema() {
         role,
         &[
             // the write path (store.rs, idempotency.rs, outbox.rs)
-            "SELECT * FROM fx.claim_keys('', ARRAY['k1', 'seed'], ARRAY['\\x01'::bytea, '\\x00'], \
+            "INSERT INTO fx.idempotency_keys AS t (scope, key, request_hash, response_status, \
+               response_headers, response_body, reference) \
+             VALUES ('', 'k1', '\\x01', 201, '[]', '\\x00', gen_random_uuid()::text) \
+             ON CONFLICT (scope, key) DO NOTHING RETURNING t.key",
+            "SELECT * FROM fx.idempotency_keys WHERE scope = '' AND key = 'seed' LIMIT 1",
+            // the library's batch claim, for callers that call it
+            "SELECT * FROM fx.claim_keys('', ARRAY['k2', 'seed'], ARRAY['\\x01'::bytea, '\\x00'], \
                ARRAY[201, 201]::int2[], ARRAY['[]'::jsonb, '[]'], ARRAY['\\x00'::bytea, '\\x00'], \
                ARRAY[gen_random_uuid()::text, 'x'])",
             "INSERT INTO orders.orders (order_id, account_id, amount_cents, status) \

@@ -41,10 +41,11 @@ build: ## build every binary (release)
 fmt: ## format the code
 	$(CARGO) fmt --all
 
-lint: ## fmt check + clippy -D warnings + the library's and the pipeline crate's docs without a warning
+lint: ## fmt check + clippy -D warnings + the library's (with all its features and with none) and the pipeline crate's docs without a warning
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -q -p effectively -p pipeline --no-deps --all-features
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -q -p effectively --no-deps --no-default-features
 
 test: ## the test command (installs cargo-nextest and sqlx-cli when missing, starts the stack): lint, the compile-time SQL data fresh (.sqlx), the experiments' verdict tests and the benchmarks' helpers' tests, every test against the real stack (starts it), then two short demos (over Kafka, over webhooks) that fail on drift
 	@scripts/tools.sh cargo-tools

@@ -5,10 +5,10 @@
 //! claims it and stores the response it got; every later request with the
 //! same key and the same fingerprint gets that response back, verbatim; the
 //! same key with another fingerprint is refused. [`store::Keys`] claims
-//! them in the caller's transaction, [`store::Idempotent`] on an axum route.
+//! them in the caller's transaction, `store::Idempotent` (feature `http`) on
+//! an axum route.
 //!
 //! [`store::Keys`]: crate::store::Keys
-//! [`store::Idempotent`]: crate::store::Idempotent
 
 /// Longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 255;

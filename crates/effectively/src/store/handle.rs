@@ -28,8 +28,9 @@ pub struct Record {
     /// The id the inbox deduplicates it by: a Kafka record's `msg_id`
     /// header, a webhook's `webhook-id`.
     pub msg_id: String,
-    /// When it was sent: a Kafka record's timestamp (the broker's with
-    /// `LogAppendTime`), a webhook's `webhook-timestamp`.
+    /// When this copy was sent: a Kafka record's timestamp (the broker's
+    /// with `LogAppendTime`), a webhook's `webhook-timestamp`. The inbox
+    /// judges a UUIDv7 `msg_id` by its mint time instead ([`Message::new`]).
     pub sent_at: DateTime<Utc>,
 }
 
@@ -205,7 +206,7 @@ pub async fn handle_batch(
                 ),
                 InboxClaim::TooOld => format!(
                     "sent at {}, longer ago than the inbox keeps rows: whether it was applied cannot be told",
-                    record.sent_at
+                    message.sent_at()
                 ),
             };
             // A conflict's or a stale record's claim did not change the

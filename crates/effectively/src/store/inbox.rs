@@ -10,9 +10,9 @@ use uuid::Uuid;
 
 use super::SchemaName;
 
-/// How long an inbox keeps a message's row by default: eight days, a day
-/// more than Kafka's default retention (seven days), so no copy the log
-/// still holds can outlive its row.
+/// How long an inbox keeps a message's row by default: eight days after it
+/// was sent (minted, for a UUIDv7 id), a day more than Kafka's default
+/// retention (seven days). See [`Inbox::retention`] for what it must cover.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(8 * 24 * 3600);
 
 /// Longest message id accepted, in bytes.
@@ -80,6 +80,16 @@ impl Message {
     /// A message with id `id`, sent at `sent_at` (for a Kafka record, its
     /// timestamp; for a webhook, its `webhook-timestamp`), carrying
     /// `payload`.
+    ///
+    /// Every copy of a message must be judged by one time: a copy sent
+    /// again (re-published by a relay, re-signed for a webhook retry)
+    /// carries a later timestamp of its own, and judged by that it would be
+    /// claimed anew once the first copy's row had expired. So an id that is
+    /// a UUIDv7 (as every [`super::Event`]'s msg_id is) is judged by the
+    /// time it carries, its mint time, and `sent_at` is not used. For any
+    /// other id the inbox has only `sent_at`: give the time the message was
+    /// first sent when the sender carries one, and size the retention from
+    /// the first send to the last copy that may arrive.
     pub fn new(
         id: impl Into<MessageId>,
         sent_at: DateTime<Utc>,
@@ -101,6 +111,10 @@ impl Message {
         if id.contains('\0') {
             return refuse("it holds a NUL character");
         }
+        let sent_at = match Uuid::try_parse(&id) {
+            Ok(uuid) if uuid.get_version_num() == 7 => crate::v7::mint_time(uuid),
+            _ => sent_at,
+        };
         Ok(Self {
             payload_hash: *blake3::hash(payload).as_bytes(),
             id,
@@ -140,9 +154,9 @@ pub enum InboxClaim {
     /// Applied before with another payload under the same id: the sender
     /// reused an id. Nothing was written; dead-letter it.
     Conflict,
-    /// Sent longer ago than the inbox keeps rows (less its margin): whether
-    /// it was applied cannot be told any more. Nothing was written;
-    /// dead-letter it.
+    /// Sent (for a UUIDv7 id: minted) longer ago than the inbox keeps rows
+    /// (less its margin): whether it was applied cannot be told any more.
+    /// Nothing was written; dead-letter it.
     TooOld,
 }
 
@@ -163,10 +177,13 @@ pub enum Applied<T> {
 ///
 /// A message's row is kept for the retention ([`Inbox::retention`], at
 /// least the sender's horizon: how long it may deliver a copy) after it was
-/// sent; [`Inbox::expire`] deletes older rows. A claim takes a message only
+/// sent, every copy judged by one time ([`Message::new`]: a UUIDv7 id's mint
+/// time); [`Inbox::expire`] deletes older rows. A claim takes a message only
 /// while it is younger than the retention less a margin (an eighth of it, at
 /// most an hour): a claim and the delete of the same message's row then
-/// never meet, so no copy is applied twice.
+/// never meet, so no copy is applied twice. A retention shorter than the
+/// horizon does not apply a copy twice either: a copy that comes later is
+/// [`InboxClaim::TooOld`], dead-lettered, not applied.
 #[derive(Debug, Clone)]
 pub struct Inbox {
     consumer: String,
@@ -203,9 +220,16 @@ impl Inbox {
     }
 
     /// The same inbox keeping rows for `retention` after their message was
-    /// sent (default [`DEFAULT_RETENTION`]). It must be at least the sender's
-    /// horizon: for Kafka the topic's `retention.ms` (by `LogAppendTime`),
-    /// for webhooks the sender's retry span.
+    /// sent (default [`DEFAULT_RETENTION`]). It should cover the sender's
+    /// horizon, the longest time from a message's mint time (for an id
+    /// that is not a UUIDv7, its first send) to the last copy that may
+    /// arrive: for events of this library's outbox over Kafka, how long the
+    /// outbox keeps a row that may be published again (the relay's
+    /// [`super::Relay::keep_published`], a week by default) + the producer's delivery
+    /// timeout + the topic's `retention.ms` + its `segment.ms`; for
+    /// webhooks, how long a row may wait before its first send + the
+    /// sender's retry span. A shorter one never applies a copy twice; it
+    /// dead-letters copies that come after it as too old.
     pub fn retention(self, retention: Duration) -> Self {
         Self { retention, ..self }
     }
@@ -404,6 +428,23 @@ mod tests {
             id.to_string()
         );
         assert_eq!(Message::v7(id, b"p").sent_at(), crate::v7::mint_time(id));
+    }
+
+    #[test]
+    fn a_uuidv7_id_is_judged_by_its_mint_time_any_other_by_when_it_was_sent() {
+        let minted = crate::v7::minted_ago(Duration::from_secs(86_400));
+        let now = Utc::now();
+        for id in [MessageId::Uuid(minted), MessageId::Text(minted.to_string())] {
+            let m = Message::new(id, now, b"").expect("valid");
+            assert_eq!(m.sent_at(), crate::v7::mint_time(minted));
+        }
+        let v4 = Uuid::from_u128(0x6f1c_0b6e_8a1d_4c5e_9d3f_2b7a_1e0c_4d5f);
+        assert_eq!(v4.get_version_num(), 4);
+        assert_eq!(Message::new(v4, now, b"").expect("valid").sent_at(), now);
+        assert_eq!(
+            Message::new("order-7", now, b"").expect("valid").sent_at(),
+            now
+        );
     }
 
     #[test]

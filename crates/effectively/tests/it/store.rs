@@ -753,3 +753,62 @@ async fn the_grants_give_each_role_its_part_and_nothing_more() {
             .expect("test step");
     }
 }
+
+/// Every copy of a message is judged by one time, the one its id carries:
+/// a copy re-published (or re-signed) later carries a later timestamp of
+/// its own, and judged by that it would be claimed again once the first
+/// copy's row had expired.
+#[tokio::test]
+async fn a_copy_sent_again_after_the_first_copys_row_expired_is_not_applied_again() {
+    use effectively::store::{Handled, Handler, HandlerError, Record, handle};
+    use futures::future::BoxFuture;
+    let (_db, pool, fx) = store("shop_fx").await;
+    sqlx::query("CREATE TABLE invoices (msg text)")
+        .execute(&pool)
+        .await
+        .expect("test step");
+    let retention = Duration::from_secs(16);
+    let inbox = fx.inbox("billing").retention(retention);
+    let handler: Box<Handler> = Box::new(|tx, record| {
+        let work: BoxFuture<'_, Result<(), HandlerError>> = Box::pin(async move {
+            sqlx::query("INSERT INTO invoices VALUES ($1)")
+                .bind(&record.msg_id)
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        });
+        work
+    });
+    // Minted (and first sent) 10 s ago: inside the retention less its
+    // margin (14 s), so the first copy is applied.
+    let id = effectively::v7::minted_ago(Duration::from_secs(10));
+    let copy = |sent_at| Record {
+        source: "test".to_owned(),
+        key: None,
+        payload: b"{}".to_vec(),
+        headers: Vec::new(),
+        msg_id: id.hyphenated().to_string(),
+        sent_at,
+    };
+    let first = copy(Utc::now() - chrono::TimeDelta::seconds(10));
+    assert_eq!(
+        handle(&fx, &inbox, handler.as_ref(), &first)
+            .await
+            .expect("handled"),
+        Handled::Applied
+    );
+    // Past the retention since it was minted: its row expires.
+    tokio::time::sleep(Duration::from_millis(6_500)).await;
+    assert_eq!(inbox.expire(&pool, 10).await.expect("expire"), 1);
+    // A copy sent again now (a relay that re-published it, a webhook
+    // re-signed for a retry) is not a new message.
+    let again = copy(Utc::now());
+    let outcome = handle(&fx, &inbox, handler.as_ref(), &again)
+        .await
+        .expect("handled");
+    assert!(
+        matches!(outcome, Handled::DeadLettered(ref why) if why.contains("longer ago")),
+        "{outcome:?}"
+    );
+    assert_eq!(count(&pool, "SELECT count(*) FROM invoices").await, 1);
+}

@@ -10,7 +10,7 @@ STACK_DIR ?= $(CURDIR)/.stack
 export STACK_DIR
 -include $(STACK_DIR)/env
 
-.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-library bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness key-expiry demo demo-webhooks \
+.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-library bench-library-relay bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness key-expiry demo demo-webhooks \
         check-config check-dashboards plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 exp-10-long accept
 
 help: ## list the targets
@@ -93,6 +93,10 @@ bench-pipeline: ## relay drain and consumer throughput vs raw rdkafka, commit→
 bench-library: ## the library's consumer loop, records/s by batch size (BENCH_LIBRARY_RECORDS, BENCH_LIBRARY_BATCHES; see FINDINGS.md)
 	@scripts/stack.sh up >/dev/null
 	$(CARGO) run -q --release -p effectively --features kafka --example consume_rate -- $(or $(BENCH_LIBRARY_RECORDS),20000) $(or $(BENCH_LIBRARY_BATCHES),1 16 256)
+
+bench-library-relay: ## the library's relay, a 20,000-row backlog drained into Kafka, rows/s over 1000 keys and over 10 (BENCH_LIBRARY_ROWS, BENCH_LIBRARY_KEYS; see FINDINGS.md)
+	@scripts/stack.sh up >/dev/null
+	$(CARGO) run -q --release -p effectively --features kafka --example relay_rate -- $(or $(BENCH_LIBRARY_ROWS),20000) $(or $(BENCH_LIBRARY_KEYS),1000 10)
 
 bench-recon: ## recon's time on 1M and 10M consistent orders (BENCH_RECON_SIZES; see FINDINGS.md)
 	@scripts/bench-recon.sh

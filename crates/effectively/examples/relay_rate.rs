@@ -1,0 +1,105 @@
+//! How fast the library's relay drains a backlog into Kafka, on the stack
+//! of `make up`: `make bench-library-relay` (or
+//! `cargo run --release -p effectively --features kafka --example relay_rate -- [ROWS] [KEYS ...]`).
+//!
+//! For each KEYS (default: 1000 10), a fresh schema's outbox gets ROWS
+//! events (default 20,000) spread round-robin over that many keys, committed
+//! before the relay starts; then one `Relay` (its defaults, a `KafkaSink`
+//! with the producer's defaults and `linger.ms` 5) runs until no row is
+//! pending, and the time from its start to then is taken. Each KEYS is run
+//! twice, alternating, and the rates are printed as JSON lines, then their
+//! medians.
+
+use std::time::{Duration, Instant};
+
+use effectively::store::{Effectively, Event, KafkaSink, Relay};
+use pipeline::testing::{TestDb, TestTopic};
+use rdkafka::ClientConfig;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rows: usize = args.first().map_or(Ok(20_000), |a| a.parse())?;
+    let key_counts: Vec<usize> = if args.len() > 1 {
+        args[1..]
+            .iter()
+            .map(|a| a.parse())
+            .collect::<Result<_, _>>()?
+    } else {
+        vec![1000, 10]
+    };
+    let mut rates: Vec<(usize, f64)> = Vec::new();
+    for round in 0..2 {
+        for &keys in &key_counts {
+            let rate = run(rows, keys).await?;
+            println!("{{\"round\": {round}, \"keys\": {keys}, \"rows_per_s\": {rate:.0}}}");
+            rates.push((keys, rate));
+        }
+    }
+    for &keys in &key_counts {
+        let mut r: Vec<f64> = rates
+            .iter()
+            .filter(|(k, _)| *k == keys)
+            .map(|(_, r)| *r)
+            .collect();
+        r.sort_by(f64::total_cmp);
+        let median = (r[0] + r[r.len() - 1]) / 2.0;
+        println!("{{\"keys\": {keys}, \"median_rows_per_s\": {median:.0}}}");
+    }
+    Ok(())
+}
+
+/// One backlog of `rows` events over `keys` keys drained; its rows per second.
+async fn run(rows: usize, keys: usize) -> anyhow::Result<f64> {
+    let db = TestDb::empty().await;
+    let pool = PgPool::connect(&db.url).await?;
+    let fx = Effectively::postgres(pool.clone()).schema("bench_fx")?;
+    fx.migrate().await?;
+    let topic = TestTopic::create(6).await;
+    let events: Vec<Event> = (0..rows)
+        .map(|n| {
+            Event::json(
+                &topic.name,
+                &format!("cart-{}", n % keys.max(1)),
+                "cart.checked_out",
+                &serde_json::json!({"cart": n, "total": n % 1000}),
+            )
+        })
+        .collect::<Result<_, _>>()?;
+    for chunk in events.chunks(1000) {
+        fx.outbox().enqueue_batch(&pool, chunk).await?;
+    }
+    sqlx::query("ANALYZE bench_fx.outbox")
+        .execute(&pool)
+        .await?;
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &topic.bootstrap_servers)
+        .set("linger.ms", "5");
+    let relay = Relay::new(&fx, KafkaSink::new(&config)?);
+    let cancel = CancellationToken::new();
+    let started = Instant::now();
+    let watch = async {
+        let deadline = started + Duration::from_secs(600);
+        loop {
+            let pending = fx.outbox().backlog(&pool).await.map(|b| b.pending);
+            if pending.is_ok_and(|p| p == 0) || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let took = started.elapsed();
+        cancel.cancel();
+        took
+    };
+    let ((), took) = tokio::join!(relay.run(cancel.clone()), watch);
+    let backlog = fx.outbox().backlog(&pool).await?;
+    anyhow::ensure!(
+        backlog.pending == 0 && backlog.failed == 0,
+        "{keys} keys: {backlog:?} after 600 s"
+    );
+    pool.close().await;
+    Ok(rows as f64 / took.as_secs_f64())
+}

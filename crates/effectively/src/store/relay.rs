@@ -30,9 +30,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures::future::join_all;
 use futures::stream::{self, StreamExt};
 use sqlx::postgres::PgListener;
 use sqlx::{Connection, PgPool};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -144,12 +146,14 @@ pub struct Relay<S> {
     sink: S,
     channel: String,
     claim: String,
+    lock: String,
     mark_published: String,
     mark_failed: String,
     lock_class: i32,
     batch_size: i64,
-    keys_at_once: usize,
+    keys_at_once: Option<usize>,
     shards_at_once: usize,
+    shard_groups: u8,
     poll_every: Duration,
     keep_published: Option<Duration>,
     outbox: super::Outbox,
@@ -166,8 +170,9 @@ impl<S> std::fmt::Debug for Relay<S> {
 }
 
 impl<S: Sink> Relay<S> {
-    /// A relay of `fx`'s outbox into `sink`: batches of 500 rows, 4 shards
-    /// and 64 keys at once, a pass every second when no `NOTIFY` came.
+    /// A relay of `fx`'s outbox into `sink`: batches of 500 rows, the 16
+    /// shards in 2 groups passed over side by side, every key of a batch
+    /// sent at once, a look every second when no `NOTIFY` came.
     pub fn new(fx: &Effectively, sink: S) -> Self {
         let q = fx.schema_name().quoted();
         // The advisory lock of shard s is (class, s); the class is the
@@ -178,16 +183,24 @@ impl<S: Sink> Relay<S> {
             pool: fx.pool().clone(),
             sink,
             channel: format!("{}.outbox", fx.schema_name()),
+            // Each shard's oldest pending rows, one ordered walk of
+            // `outbox_pending` per shard (a scan of `shard = ANY(..)` would
+            // sort every pending row of the shards before its LIMIT).
             claim: format!(
-                "SELECT o.id, o.msg_id, o.destination, o.key, o.event_type, o.payload, \
-                        o.content_type, o.headers, o.created_at \
-                 FROM {q}.outbox o \
-                 WHERE o.shard = $1 AND o.published_at IS NULL AND o.failed_at IS NULL \
-                   AND NOT EXISTS (SELECT 1 FROM {q}.outbox f \
-                                   WHERE f.key = o.key AND f.id < o.id \
-                                     AND f.published_at IS NULL AND f.failed_at IS NOT NULL) \
-                 ORDER BY o.id LIMIT $2"
+                "SELECT c.* FROM unnest($1::int2[]) AS s(shard), LATERAL ( \
+                   SELECT o.id, o.msg_id, o.destination, o.key, o.event_type, o.payload, \
+                          o.content_type, o.headers, o.created_at \
+                   FROM {q}.outbox o \
+                   WHERE o.shard = s.shard AND o.published_at IS NULL AND o.failed_at IS NULL \
+                     AND NOT EXISTS (SELECT 1 FROM {q}.outbox f \
+                                     WHERE f.key = o.key AND f.id < o.id \
+                                       AND f.published_at IS NULL AND f.failed_at IS NOT NULL) \
+                   ORDER BY o.id LIMIT $2) c \
+                 ORDER BY c.id"
             ),
+            lock: "SELECT s FROM unnest($2::int2[]) WITH ORDINALITY AS u(s, n) \
+                   WHERE pg_try_advisory_xact_lock($1, s) ORDER BY n"
+                .to_owned(),
             mark_published: format!(
                 "UPDATE {q}.outbox SET published_at = now() \
                  WHERE id = ANY($1) AND published_at IS NULL"
@@ -199,8 +212,9 @@ impl<S: Sink> Relay<S> {
             ),
             lock_class: i32::from_be_bytes([b[0], b[1], b[2], b[3]]),
             batch_size: 500,
-            keys_at_once: 64,
+            keys_at_once: None,
             shards_at_once: 4,
+            shard_groups: 2,
             poll_every: Duration::from_secs(1),
             keep_published: Some(DEFAULT_KEEP_PUBLISHED),
             outbox: fx.outbox(),
@@ -217,19 +231,31 @@ impl<S: Sink> Relay<S> {
     }
 
     /// Keys of a batch sent side by side (at least 1); each key's rows go
-    /// one after the other.
+    /// one after the other. Default: every key of the batch, as a Kafka
+    /// producer wants; bound it for a sink whose destination takes only so
+    /// many requests at once.
     pub fn keys_at_once(self, keys: usize) -> Self {
         Self {
-            keys_at_once: keys.max(1),
+            keys_at_once: Some(keys.max(1)),
             ..self
         }
     }
 
     /// Shards passed over side by side by [`Relay::relay_all`] (1 to 16);
-    /// each holds a connection for its pass.
+    /// each holds a connection for its pass. Default 4.
     pub fn shards_at_once(self, shards: usize) -> Self {
         Self {
             shards_at_once: shards.clamp(1, usize::from(SHARDS)),
+            ..self
+        }
+    }
+
+    /// Groups of shards [`Relay::run`] passes over side by side (1 to 16;
+    /// shard `s` is in group `s % groups`), each pass of a group one
+    /// transaction over its shards, holding one connection. Default 2.
+    pub fn shard_groups(self, groups: u8) -> Self {
+        Self {
+            shard_groups: groups.clamp(1, SHARDS as u8),
             ..self
         }
     }
@@ -263,10 +289,19 @@ impl<S: Sink> Relay<S> {
         &self.sink
     }
 
-    /// One pass over shard `shard` (0..16): one batch read, sent, marked
-    /// and committed (the module's doc says how).
+    /// One pass over shard `shard` (0..16): [`Relay::relay_shards`] of it
+    /// alone.
     pub async fn relay_shard(&self, shard: i16) -> Result<Pass, sqlx::Error> {
-        let result = self.pass(shard).await;
+        self.relay_shards(&[shard]).await
+    }
+
+    /// One pass over `shards` (each 0..16) in one transaction: the shards
+    /// another relay holds are left to it; of the others, a batch read
+    /// (each shard an equal share of [`Relay::batch_size`]), sent, marked
+    /// and committed (the module's doc says how). `busy` when every shard
+    /// was held.
+    pub async fn relay_shards(&self, shards: &[i16]) -> Result<Pass, sqlx::Error> {
+        let result = self.pass(shards).await;
         match &result {
             Ok(pass) => {
                 self.stats
@@ -287,30 +322,36 @@ impl<S: Sink> Relay<S> {
         result
     }
 
-    async fn pass(&self, shard: i16) -> Result<Pass, sqlx::Error> {
+    async fn pass(&self, shards: &[i16]) -> Result<Pass, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
         let mut tx = conn.begin().await?;
-        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1, $2)")
+        let locked: Vec<i16> = sqlx::query_scalar(&self.lock)
             .bind(self.lock_class)
-            .bind(i32::from(shard))
-            .fetch_one(&mut *tx)
+            .bind(shards)
+            .fetch_all(&mut *tx)
             .await?;
-        if !locked {
+        if locked.is_empty() {
             return Ok(Pass {
                 busy: true,
                 ..Pass::default()
             });
         }
+        let share = (self.batch_size / locked.len() as i64).max(1);
         let rows: Vec<Outgoing> = sqlx::query_as(&self.claim)
-            .bind(shard)
-            .bind(self.batch_size)
+            .bind(&locked)
+            .bind(share)
             .fetch_all(&mut *tx)
             .await?;
         if rows.is_empty() {
             tx.commit().await?;
             return Ok(Pass::default());
         }
-        let full = rows.len() as i64 == self.batch_size;
+        // A shard that gave its whole share may have more.
+        let mut per_shard = [0_i64; SHARDS as usize];
+        for row in &rows {
+            per_shard[super::shard_of(&row.key) as usize] += 1;
+        }
+        let full = per_shard.iter().any(|n| *n >= share);
         // Each key's rows in id order (the claim's order), as indices into
         // `rows`: the stream's items hold no borrow, so the pass's future
         // is `Send` and a caller can spawn `run`.
@@ -326,7 +367,7 @@ impl<S: Sink> Relay<S> {
         let rows = &rows;
         let outcomes: Vec<KeyOutcome> = stream::iter(by_key)
             .map(|key_rows| self.send_key(rows, key_rows))
-            .buffer_unordered(self.keys_at_once)
+            .buffer_unordered(self.keys_at_once.unwrap_or(usize::MAX))
             .collect()
             .await;
         let mut published = Vec::new();
@@ -414,16 +455,70 @@ impl<S: Sink> Relay<S> {
         Ok(sum)
     }
 
-    /// Relays until `cancel` fires: a pass over every shard on each
-    /// `NOTIFY` of the outbox's channel (a commit that wrote rows), and every
-    /// [`Relay::poll_every`] anyway (a `NOTIFY` is lost with a connection).
-    /// A pass whose sends must be tried again, or whose transaction failed,
-    /// is followed by a backoff (50 ms doubling to 5 s) instead. Returns
-    /// once the pass in progress has committed.
+    /// Relays until `cancel` fires: each group of shards
+    /// ([`Relay::shard_groups`]) has a loop of passes ([`Relay::relay_shards`]);
+    /// a pass that gave some shard's whole share and sent it all is followed
+    /// by another at once, else by a wait for a `NOTIFY` of the outbox's
+    /// channel (a commit that wrote rows) or [`Relay::poll_every`] (a
+    /// `NOTIFY` is lost with a connection); a pass whose sends must be tried
+    /// again, or whose transaction failed, by a backoff (50 ms doubling to
+    /// 5 s). Published rows past [`Relay::keep_published`] are deleted once
+    /// a minute. Returns once the passes in progress have committed.
     pub async fn run(&self, cancel: CancellationToken) {
+        let (wake, woken) = watch::channel(0_u64);
+        let groups = usize::from(self.shard_groups);
+        let loops = (0..groups).map(|g| {
+            let shards: Vec<i16> = (0..SHARDS as i16)
+                .filter(|s| *s as usize % groups == g)
+                .collect();
+            self.run_group(shards, woken.clone(), &cancel)
+        });
+        futures::join!(join_all(loops), self.listen(wake, &cancel));
+    }
+
+    /// One group's loop of passes ([`Relay::run`]).
+    async fn run_group(
+        &self,
+        shards: Vec<i16>,
+        mut woken: watch::Receiver<u64>,
+        cancel: &CancellationToken,
+    ) {
         let mut backoff = Backoff::new();
+        while !cancel.is_cancelled() {
+            // Seen before the pass: a NOTIFY meanwhile ends the wait below.
+            woken.borrow_and_update();
+            match self.relay_shards(&shards).await {
+                Ok(pass) if pass.retried > 0 => {
+                    if !backoff.wait(cancel).await {
+                        return;
+                    }
+                }
+                Ok(pass) if pass.full && !pass.busy => backoff.reset(),
+                Ok(_) => {
+                    backoff.reset();
+                    tokio::select! {
+                        _ = woken.changed() => {}
+                        () = tokio::time::sleep(self.poll_every) => {}
+                        () = cancel.cancelled() => return,
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(?shards, %error, "relay pass failed; its rows stay pending");
+                    if !backoff.wait(cancel).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Listens for the outbox's `NOTIFY` and wakes the loops; expires
+    /// published rows once a minute. A lost connection comes back with a
+    /// backoff; the loops poll meanwhile.
+    async fn listen(&self, wake: watch::Sender<u64>, cancel: &CancellationToken) {
         let mut listener: Option<PgListener> = None;
         let mut expired_at: Option<tokio::time::Instant> = None;
+        let mut backoff = Backoff::new();
         while !cancel.is_cancelled() {
             if let Some(keep) = self.keep_published
                 && expired_at.is_none_or(|at| at.elapsed() >= EXPIRE_EVERY)
@@ -438,51 +533,37 @@ impl<S: Sink> Relay<S> {
                     }
                 }
             }
-            if listener.is_none() {
-                listener = match PgListener::connect_with(&self.pool).await {
-                    Ok(mut l) => match l.listen(&self.channel).await {
-                        Ok(()) => Some(l),
-                        Err(error) => {
-                            tracing::warn!(%error, "listen for the outbox's NOTIFY; polling");
-                            None
-                        }
-                    },
-                    Err(error) => {
-                        tracing::warn!(%error, "connect to listen for the outbox's NOTIFY; polling");
-                        None
-                    }
+            let Some(l) = listener.as_mut() else {
+                let connected = match PgListener::connect_with(&self.pool).await {
+                    Ok(mut l) => l.listen(&self.channel).await.map(|()| l),
+                    Err(error) => Err(error),
                 };
-            }
-            let trouble = match self.relay_all().await {
-                Ok(pass) => pass.retried > 0,
-                Err(error) => {
-                    tracing::warn!(%error, "relay pass failed; its rows stay pending");
-                    true
-                }
-            };
-            if trouble {
-                if !backoff.wait(&cancel).await {
-                    return;
+                match connected {
+                    Ok(l) => {
+                        listener = Some(l);
+                        backoff.reset();
+                        // Rows committed while nobody listened.
+                        wake.send_modify(|g| *g = g.wrapping_add(1));
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "listen for the outbox's NOTIFY; polling meanwhile");
+                        if !backoff.wait(cancel).await {
+                            return;
+                        }
+                    }
                 }
                 continue;
-            }
-            backoff.reset();
-            let wake = async {
-                match listener.as_mut() {
-                    Some(l) => {
-                        if l.recv().await.is_err() {
-                            // Reconnect on the next round.
-                            return false;
-                        }
-                        true
-                    }
-                    None => std::future::pending().await,
-                }
             };
             tokio::select! {
                 () = cancel.cancelled() => return,
-                () = tokio::time::sleep(self.poll_every) => {}
-                ok = wake => if !ok { listener = None; },
+                () = tokio::time::sleep(EXPIRE_EVERY) => {}
+                note = l.recv() => match note {
+                    Ok(_) => wake.send_modify(|g| *g = g.wrapping_add(1)),
+                    Err(error) => {
+                        tracing::warn!(%error, "the outbox's NOTIFY connection was lost; reconnecting");
+                        listener = None;
+                    }
+                },
             }
         }
     }

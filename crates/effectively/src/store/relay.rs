@@ -2,26 +2,28 @@
 //! [`Sink`] (Kafka, signed webhooks, or the user's own), at least once, each
 //! key's events in order, with any number of relays at once.
 //!
-//! How a pass over one shard goes ([`Relay::relay_shard`]), in one
-//! transaction:
+//! How a pass over a group of shards goes ([`Relay::relay_shards`]; [`Relay::run`]
+//! has a loop of them per group), in one transaction:
 //!
-//! 1. the shard's transaction-level advisory lock is tried: another relay
-//!    holding it means the shard is skipped (that one publishes it);
-//! 2. the shard's oldest pending rows are read (a batch), leaving out the
-//!    rows of a key whose earlier row failed for good;
+//! 1. each shard's transaction-level advisory lock is tried: a shard
+//!    another relay holds is skipped (that one publishes it);
+//! 2. each locked shard's oldest pending rows are read (its share of a
+//!    batch), leaving out the rows of a key whose earlier row failed for
+//!    good;
 //! 3. each key's rows are sent one after the other, in id order, the keys
 //!    side by side; a row whose send must be tried again
 //!    ([`SendError::Retry`]) stops its key for this pass; one the sink
 //!    refuses for itself ([`SendError::Reject`]) is marked failed, and its
 //!    key's later rows wait (a person looks at it);
 //! 4. the rows sent are marked published, the refused ones failed, and the
-//!    transaction commits, which frees the shard.
+//!    transaction commits, which frees the shards.
 //!
 //! A crash (or a lost connection) before the commit leaves the rows pending
-//! and the lock free: the next pass sends them again, so a consumer sees a
-//! row at least once and must deduplicate (the [`super::Inbox`]). The lock
-//! is the fence: while one relay's pass is open no other relay can send the
-//! shard's rows, and a relay whose session the server ended cannot mark.
+//! and the locks free: the next pass sends them again, so a consumer sees a
+//! row at least once and must deduplicate (the [`super::Inbox`]). A shard's
+//! lock is the fence: while one relay's pass holds it no other relay can
+//! send the shard's rows, and a relay whose session the server ended cannot
+//! mark.
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -110,6 +110,12 @@ pub struct RelayStats {
 /// How long [`Relay::run`] keeps published rows by default: a week.
 pub const DEFAULT_KEEP_PUBLISHED: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// Tries the advisory lock of each shard of `$2` (lock `($1, shard)`: the
+/// class is the schema's) for the transaction: the shards it now holds, in
+/// the order given.
+const LOCK_SHARDS: &str = "SELECT s FROM unnest($2::int2[]) WITH ORDINALITY AS u(s, n) \
+                           WHERE pg_try_advisory_xact_lock($1, s) ORDER BY n";
+
 /// How often [`Relay::run`] expires published rows.
 const EXPIRE_EVERY: Duration = Duration::from_secs(60);
 
@@ -148,7 +154,6 @@ pub struct Relay<S> {
     sink: S,
     channel: String,
     claim: String,
-    lock: String,
     mark_published: String,
     mark_failed: String,
     lock_class: i32,
@@ -200,9 +205,6 @@ impl<S: Sink> Relay<S> {
                    ORDER BY o.id LIMIT $2) c \
                  ORDER BY c.id"
             ),
-            lock: "SELECT s FROM unnest($2::int2[]) WITH ORDINALITY AS u(s, n) \
-                   WHERE pg_try_advisory_xact_lock($1, s) ORDER BY n"
-                .to_owned(),
             mark_published: format!(
                 "UPDATE {q}.outbox SET published_at = now() \
                  WHERE id = ANY($1) AND published_at IS NULL"
@@ -327,7 +329,7 @@ impl<S: Sink> Relay<S> {
     async fn pass(&self, shards: &[i16]) -> Result<Pass, sqlx::Error> {
         let mut conn = self.pool.acquire().await?;
         let mut tx = conn.begin().await?;
-        let locked: Vec<i16> = sqlx::query_scalar(&self.lock)
+        let locked: Vec<i16> = sqlx::query_scalar(LOCK_SHARDS)
             .bind(self.lock_class)
             .bind(shards)
             .fetch_all(&mut *tx)

@@ -10,6 +10,8 @@
 //! record applied is taken. Each batch size is run twice, alternating, and
 //! the rates are printed as JSON lines, then their medians.
 
+mod bench;
+
 use std::time::{Duration, Instant};
 
 use effectively::store::{Effectively, Handler, HandlerError, Record, consume_batches};
@@ -24,16 +26,7 @@ use uuid::Uuid;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let records: usize = args.first().map_or(Ok(20_000), |a| a.parse())?;
-    let batches: Vec<usize> = if args.len() > 1 {
-        args[1..]
-            .iter()
-            .map(|a| a.parse())
-            .collect::<Result<_, _>>()?
-    } else {
-        vec![1, 16, 256]
-    };
+    let (records, batches) = bench::args(20_000, &[1, 16, 256])?;
     let topic = TestTopic::create(6).await;
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &topic.bootstrap_servers)
@@ -73,16 +66,7 @@ async fn main() -> anyhow::Result<()> {
             rates.push((batch, rate));
         }
     }
-    for &batch in &batches {
-        let mut r: Vec<f64> = rates
-            .iter()
-            .filter(|(b, _)| *b == batch)
-            .map(|(_, r)| *r)
-            .collect();
-        r.sort_by(f64::total_cmp);
-        let median = (r[0] + r[r.len() - 1]) / 2.0;
-        println!("{{\"batch\": {batch}, \"median_records_per_s\": {median:.0}}}");
-    }
+    bench::print_medians("batch", "records_per_s", &batches, &rates);
     Ok(())
 }
 

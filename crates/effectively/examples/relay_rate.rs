@@ -10,6 +10,8 @@
 //! twice, alternating, and the rates are printed as JSON lines, then their
 //! medians.
 
+mod bench;
+
 use std::time::{Duration, Instant};
 
 use effectively::store::{Effectively, Event, KafkaSink, Relay};
@@ -20,16 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let rows: usize = args.first().map_or(Ok(20_000), |a| a.parse())?;
-    let key_counts: Vec<usize> = if args.len() > 1 {
-        args[1..]
-            .iter()
-            .map(|a| a.parse())
-            .collect::<Result<_, _>>()?
-    } else {
-        vec![1000, 10]
-    };
+    let (rows, key_counts) = bench::args(20_000, &[1000, 10])?;
     let mut rates: Vec<(usize, f64)> = Vec::new();
     for round in 0..2 {
         for &keys in &key_counts {
@@ -38,16 +31,7 @@ async fn main() -> anyhow::Result<()> {
             rates.push((keys, rate));
         }
     }
-    for &keys in &key_counts {
-        let mut r: Vec<f64> = rates
-            .iter()
-            .filter(|(k, _)| *k == keys)
-            .map(|(_, r)| *r)
-            .collect();
-        r.sort_by(f64::total_cmp);
-        let median = (r[0] + r[r.len() - 1]) / 2.0;
-        println!("{{\"keys\": {keys}, \"median_rows_per_s\": {median:.0}}}");
-    }
+    bench::print_medians("keys", "rows_per_s", &key_counts, &rates);
     Ok(())
 }
 

@@ -10,11 +10,13 @@
 //! 2. each locked shard's oldest pending rows are read (its share of a
 //!    batch), leaving out the rows of a key whose earlier row failed for
 //!    good;
-//! 3. each key's rows are sent one after the other, in id order, the keys
-//!    side by side; a row whose send must be tried again
-//!    ([`SendError::Retry`]) stops its key for this pass; one the sink
-//!    refuses for itself ([`SendError::Reject`]) is marked failed, and its
-//!    key's later rows wait (a person looks at it);
+//! 3. each key's rows are sent in id order, the keys side by side: one
+//!    after the other by default, all in flight at once through a sink that
+//!    keeps their order ([`Sink::send_in_order`]; the [`super::KafkaSink`]
+//!    does); a row whose send must be tried again ([`SendError::Retry`])
+//!    stops its key for this pass; one the sink refuses for itself
+//!    ([`SendError::Reject`]) is marked failed, and its key's later rows
+//!    wait (a person looks at it);
 //! 4. the rows sent are marked published, the refused ones failed, and the
 //!    transaction commits, which frees the shards.
 //!
@@ -87,6 +89,38 @@ pub enum SendError {
 pub trait Sink: Send + Sync + 'static {
     /// Sends one row.
     fn send(&self, row: &Outgoing) -> impl Future<Output = Result<(), SendError>> + Send;
+
+    /// Sends one key's rows of a pass, in id order, and answers for each
+    /// row it sent, in that order; the rows after its answers were not
+    /// sent and stay pending.
+    ///
+    /// By default one row at a time, each once the last was delivered,
+    /// stopping at the first that was not: the key's rows reach the
+    /// destination in order whatever fails. A sink that keeps the order of
+    /// a key's sends while several are in flight (Kafka's idempotent
+    /// producer: a key's partition, a sequence number per partition, the
+    /// sends retried in order) may put them all in flight at once, which
+    /// takes one round trip for the key instead of one per row. Then a row
+    /// after one that failed may have been delivered anyway: the sink
+    /// answers for it too, and the relay marks it published (counted in
+    /// [`RelayStats::reordered`]).
+    fn send_in_order(
+        &self,
+        rows: &[&Outgoing],
+    ) -> impl Future<Output = Vec<Result<(), SendError>>> + Send {
+        async move {
+            let mut answers = Vec::with_capacity(rows.len());
+            for row in rows {
+                let answer = self.send(row).await;
+                let stop = answer.is_err();
+                answers.push(answer);
+                if stop {
+                    break;
+                }
+            }
+            answers
+        }
+    }
 }
 
 /// A relay's counts since it was made (export them as you export metrics).
@@ -103,6 +137,10 @@ pub struct RelayStats {
     /// Passes whose transaction failed (the database): their rows stay
     /// pending.
     pub errors: AtomicU64,
+    /// Rows delivered after an earlier row of their key failed in the same
+    /// pass (possible only with a sink that has a key's rows in flight
+    /// together, [`Sink::send_in_order`]): published ahead of that row.
+    pub reordered: AtomicU64,
     /// Published rows expired ([`Relay::keep_published`]).
     pub expired: AtomicU64,
 }
@@ -380,7 +418,7 @@ impl<S: Sink> Relay<S> {
         let mut retried = 0;
         for o in outcomes {
             published.extend(o.published);
-            if let Some((id, why)) = o.failed {
+            for (id, why) in o.failed {
                 failed_ids.push(id);
                 failed_why.push(why);
             }
@@ -411,25 +449,34 @@ impl<S: Sink> Relay<S> {
         })
     }
 
-    /// Sends one key's rows in order until one is not delivered.
+    /// Sends one key's rows ([`Sink::send_in_order`]) and sorts the
+    /// answers: delivered, refused, left pending.
     async fn send_key(&self, rows: &[Outgoing], key_rows: Vec<usize>) -> KeyOutcome {
+        let rows: Vec<&Outgoing> = key_rows.into_iter().map(|at| &rows[at]).collect();
+        let answers = self.sink.send_in_order(&rows).await;
         let mut outcome = KeyOutcome::default();
-        let total = key_rows.len() as u64;
-        for row in key_rows.into_iter().map(|at| &rows[at]) {
-            match self.sink.send(row).await {
-                Ok(()) => outcome.published.push(row.id),
+        let mut broken = false;
+        for (row, answer) in rows.iter().zip(answers) {
+            match answer {
+                Ok(()) => {
+                    if broken {
+                        self.stats.reordered.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, key = %row.key, "delivered after an earlier row of its key failed: published ahead of it");
+                    }
+                    outcome.published.push(row.id);
+                }
                 Err(SendError::Reject(why)) => {
                     tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, destination = %row.destination, %why, "the sink refused the row; it is marked failed and its key's later rows wait");
-                    outcome.failed = Some((row.id, why));
-                    break;
+                    outcome.failed.push((row.id, why));
+                    broken = true;
                 }
                 Err(SendError::Retry(why)) => {
                     tracing::debug!(outbox_id = row.id, msg_id = %row.msg_id, %why, "send failed; the row stays pending");
-                    break;
+                    broken = true;
                 }
             }
         }
-        outcome.left = total - outcome.published.len() as u64 - u64::from(outcome.failed.is_some());
+        outcome.left = (rows.len() - outcome.published.len() - outcome.failed.len()) as u64;
         outcome
     }
 
@@ -577,6 +624,6 @@ impl<S: Sink> Relay<S> {
 #[derive(Default)]
 struct KeyOutcome {
     published: Vec<i64>,
-    failed: Option<(i64, String)>,
+    failed: Vec<(i64, String)>,
     left: u64,
 }

@@ -131,6 +131,46 @@ async fn a_retried_row_holds_only_its_key_and_goes_first_next_time() {
     assert_eq!(sink.by_key()["k0"], (0..30).step_by(3).collect::<Vec<_>>());
 }
 
+/// A sink with a key's rows all in flight at once that answers for every
+/// one, a failure or not (as a Kafka broker may deliver a key's later
+/// records after refusing one).
+#[derive(Clone, Default)]
+struct AllInFlight(Recorder);
+
+impl Sink for AllInFlight {
+    async fn send(&self, row: &Outgoing) -> Result<(), SendError> {
+        self.0.send(row).await
+    }
+    async fn send_in_order(&self, rows: &[&Outgoing]) -> Vec<Result<(), SendError>> {
+        futures::future::join_all(rows.iter().map(|row| self.0.send(row))).await
+    }
+}
+
+#[tokio::test]
+async fn rows_delivered_after_their_keys_failed_row_are_published_and_counted_as_reordered() {
+    let (_db, pool, fx) = store().await;
+    enqueue(&fx, 3, 0..30).await; // k0: 0, 3, 6, ..., 27; k1: 1, 4, ..., 28
+    let sink = AllInFlight::default();
+    sink.0.set(6, Some(Script::Retry));
+    sink.0.set(7, Some(Script::Reject));
+    let relay = Relay::new(&fx, sink.clone());
+    let pass = relay.relay_all().await.expect("relay");
+    assert_eq!((pass.published, pass.failed, pass.retried), (28, 1, 1));
+    // k0's 7 rows after 6, and k1's 7 after 7, went ahead of them.
+    assert_eq!(
+        relay
+            .stats()
+            .reordered
+            .load(std::sync::atomic::Ordering::Relaxed),
+        14
+    );
+    assert_eq!(pending(&pool).await, 1);
+    sink.0.set(6, None);
+    relay.relay_all().await.expect("relay");
+    assert_eq!(pending(&pool).await, 0);
+    assert_eq!(sink.0.by_key()["k0"].last(), Some(&6));
+}
+
 #[tokio::test]
 async fn a_refused_row_is_marked_failed_and_holds_its_key_back() {
     let (_db, pool, fx) = store().await;
@@ -471,6 +511,60 @@ async fn kafka_sink_produces_each_row_to_its_topic_with_its_key_and_headers() {
             .await
             .expect("the refused row");
     assert!(error.contains("200000 bytes"), "{error}");
+}
+
+/// The Kafka sink has a key's rows in flight together: a row the producer
+/// refuses (too large) stops its key there, so the rows before it are on the
+/// topic in order, it is failed, and the rows after it wait, unsent.
+#[tokio::test]
+async fn kafka_sink_stops_a_key_at_a_refused_row_and_sends_none_after_it() {
+    let (_db, pool, fx) = store().await;
+    let topic = TestTopic::create(1).await;
+    let event = |n: usize| {
+        let size = if n == 3 { 200_000 } else { 10 };
+        Event::bytes(
+            &topic.name,
+            "cart-1",
+            "cart.updated",
+            "application/octet-stream",
+            vec![u8::try_from(n).expect("a small n"); size],
+        )
+        .expect("a valid event")
+    };
+    let events: Vec<Event> = (0..8).map(event).collect();
+    fx.outbox()
+        .enqueue_batch(&pool, &events)
+        .await
+        .expect("enqueue");
+    let mut config = rdkafka::ClientConfig::new();
+    config
+        .set("bootstrap.servers", &topic.bootstrap_servers)
+        .set("message.max.bytes", "100000");
+    let relay = Relay::new(&fx, KafkaSink::new(&config).expect("a producer"));
+    let pass = relay.relay_all().await.expect("relay");
+    assert_eq!((pass.published, pass.failed, pass.retried), (3, 1, 4));
+    let got = topic.read_all(3, Duration::from_secs(30)).await;
+    let firsts: Vec<u8> = got
+        .iter()
+        .map(|m| {
+            m.value
+                .as_deref()
+                .and_then(|v| v.first().copied())
+                .expect("a value")
+        })
+        .collect();
+    assert_eq!(firsts, [0, 1, 2]);
+    assert_eq!(pending(&pool).await, 4);
+    assert_eq!(
+        relay
+            .stats()
+            .reordered
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    // The held rows stay held: another pass sends nothing.
+    let again = relay.relay_all().await.expect("relay");
+    assert_eq!((again.published, again.failed), (0, 0));
 }
 
 #[tokio::test]

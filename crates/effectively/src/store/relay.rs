@@ -230,17 +230,26 @@ impl<S: Sink> Relay<S> {
             channel: format!("{}.outbox", fx.schema_name()),
             // Each shard's oldest pending rows, one ordered walk of
             // `outbox_pending` per shard (a scan of `shard = ANY(..)` would
-            // sort every pending row of the shards before its LIMIT).
+            // sort every pending row of the shards before its LIMIT). The
+            // shard is bounded as a range of (shard, id), not `o.shard =
+            // s.shard`: under an equality the primary key gives the same
+            // order, and statistics taken while the backlog was all
+            // pending made the planner walk it, reading every row
+            // published before the claim's (FINDINGS.md §26). The pass
+            // also turns bitmap scans off: statistics of an empty outbox
+            // made a bitmap scan and a sort of every pending row of the
+            // shard look cheaper than the walk.
             claim: format!(
                 "SELECT c.* FROM unnest($1::int2[]) AS s(shard), LATERAL ( \
                    SELECT o.id, o.msg_id, o.destination, o.key, o.event_type, o.payload, \
                           o.content_type, o.headers, o.created_at \
                    FROM {q}.outbox o \
-                   WHERE o.shard = s.shard AND o.published_at IS NULL AND o.failed_at IS NULL \
+                   WHERE (o.shard, o.id) > (s.shard, 0) AND (o.shard, o.id) < (s.shard + 1, 0) \
+                     AND o.published_at IS NULL AND o.failed_at IS NULL \
                      AND NOT EXISTS (SELECT 1 FROM {q}.outbox f \
                                      WHERE f.key = o.key AND f.id < o.id \
                                        AND f.published_at IS NULL AND f.failed_at IS NOT NULL) \
-                   ORDER BY o.id LIMIT $2) c \
+                   ORDER BY o.shard, o.id LIMIT $2) c \
                  ORDER BY c.id"
             ),
             mark_published: format!(
@@ -379,6 +388,9 @@ impl<S: Sink> Relay<S> {
             });
         }
         let share = (self.batch_size / locked.len() as i64).max(1);
+        sqlx::query("SET LOCAL enable_bitmapscan = off")
+            .execute(&mut *tx)
+            .await?;
         let rows: Vec<Outgoing> = sqlx::query_as(&self.claim)
             .bind(&locked)
             .bind(share)

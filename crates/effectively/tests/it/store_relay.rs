@@ -741,3 +741,77 @@ async fn webhook_sink_delivers_signed_requests_and_judges_the_answers() {
     assert_eq!(pending(&pool).await, 0);
     stop.cancel();
 }
+
+/// Rows of `shop_fx.outbox` read so far by this session (live rows fetched
+/// through an index, rows a sequential scan read), its own counts flushed
+/// first. `pool` has one connection, so the relay's passes are this
+/// session's.
+async fn outbox_reads(pool: &PgPool) -> i64 {
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(pool)
+        .await
+        .expect("flush");
+    sqlx::query_scalar(
+        "SELECT coalesce(idx_tup_fetch, 0) + seq_tup_read FROM pg_stat_user_tables \
+         WHERE relid = 'shop_fx.outbox'::regclass",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("this session's reads")
+}
+
+/// A pass's claim walks each shard's pending rows by the pending index,
+/// whatever the statistics say: taken while the backlog was all pending
+/// (a relay back after a stop), or while the outbox was empty (a burst
+/// after a quiet hour). Under the first, the claim walked the primary key
+/// and read every row published before it, of every shard, per shard: a
+/// 2,000-row claim on a 20,000-row backlog half published took 132 ms
+/// instead of 5 (FINDINGS.md §26). The count is the session's reads, not a
+/// time.
+#[tokio::test]
+async fn a_pass_reads_about_the_rows_it_claims_after_a_backlog_was_analyzed() {
+    for analyzed_empty in [false, true] {
+        let (db, _pool, _) = store().await;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&db.url)
+            .await
+            .expect("connect");
+        let fx = Effectively::postgres(pool.clone())
+            .schema("shop_fx")
+            .expect("schema name");
+        if analyzed_empty {
+            sqlx::query("ANALYZE shop_fx.outbox")
+                .execute(&pool)
+                .await
+                .expect("analyze");
+        }
+        enqueue(&fx, 16_000, 0..16_000).await;
+        if !analyzed_empty {
+            sqlx::query("ANALYZE shop_fx.outbox")
+                .execute(&pool)
+                .await
+                .expect("analyze");
+        }
+        let all: Vec<i16> = (0..16).collect();
+        let relay = Relay::new(&fx, Recorder::default()).batch_size(2000);
+        for _ in 0..3 {
+            relay.relay_shards(&all).await.expect("a pass");
+        }
+        let before = outbox_reads(&pool).await;
+        let pass = relay.relay_shards(&all).await.expect("a pass");
+        let read = outbox_reads(&pool).await - before;
+        let published = i64::try_from(pass.published).expect("a count");
+        assert!(published > 1500, "{pass:?}");
+        // At most the table once (the mark may scan it rather than probe
+        // 2,000 ids of 16,000) and the claim's rows a few times over (each
+        // shard's walk steps over the index entries of its rows published
+        // since the last vacuum). Walking the primary key read, per shard,
+        // every row published before and its share of the rest: 144,046.
+        assert!(
+            read <= 16_000 + 3 * published,
+            "analyzed {}: a pass of {published} rows read {read} rows of the outbox",
+            if analyzed_empty { "empty" } else { "full" }
+        );
+    }
+}

@@ -282,7 +282,9 @@ impl<S: Sink> Relay<S> {
     }
 
     /// Keys of a batch sent side by side (at least 1); each key's rows go
-    /// one after the other. Default: every key of the batch, as a Kafka
+    /// as [`Sink::send_in_order`] sends them (one after the other, or all in
+    /// flight through a sink that keeps their order). Default: every key
+    /// of the batch, as a Kafka
     /// producer wants; bound it for a sink whose destination takes only so
     /// many requests at once.
     pub fn keys_at_once(self, keys: usize) -> Self {

@@ -2,7 +2,7 @@
 //! of `make up`: `make bench-library-relay` (or
 //! `cargo run --release -p effectively --features kafka --example relay_rate -- [ROWS] [KEYS ...]`).
 //!
-//! For each KEYS (default: 1000 10), a fresh schema's outbox gets ROWS
+//! For each KEYS (default: 20000 1000 10), a fresh schema's outbox gets ROWS
 //! events (default 20,000) spread round-robin over that many keys, committed
 //! before the relay starts; then one `Relay` (its defaults, a `KafkaSink`
 //! with the producer's defaults and `linger.ms` 5) runs until it has
@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let (rows, key_counts) = bench::args(20_000, &[1000, 10])?;
+    let (rows, key_counts) = bench::args(20_000, &[20_000, 1000, 10])?;
     let mut rates: Vec<(usize, f64)> = Vec::new();
     for round in 0..2 {
         for &keys in &key_counts {

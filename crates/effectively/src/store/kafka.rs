@@ -10,7 +10,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 
-use super::relay::{Outgoing, SendError, Sink};
+use super::relay::{Outgoing, SendError, Sink, one_at_a_time};
 use super::{HEADER_EVENT_TYPE, HEADER_MSG_ID};
 
 /// The header that carries a row's content type.
@@ -84,18 +84,10 @@ impl Sink for KafkaSink {
     /// may reorder a retried send, so the rows go one at a time.
     async fn send_in_order(&self, rows: &[&Outgoing]) -> Vec<Result<(), SendError>> {
         if self.idempotent {
-            return self.produce(rows).await;
+            self.produce(rows).await
+        } else {
+            one_at_a_time(self, rows).await
         }
-        let mut answers = Vec::with_capacity(rows.len());
-        for row in rows {
-            let answer = self.send(row).await;
-            let stop = answer.is_err();
-            answers.push(answer);
-            if stop {
-                break;
-            }
-        }
-        answers
     }
 }
 

@@ -108,19 +108,26 @@ pub trait Sink: Send + Sync + 'static {
         &self,
         rows: &[&Outgoing],
     ) -> impl Future<Output = Vec<Result<(), SendError>>> + Send {
-        async move {
-            let mut answers = Vec::with_capacity(rows.len());
-            for row in rows {
-                let answer = self.send(row).await;
-                let stop = answer.is_err();
-                answers.push(answer);
-                if stop {
-                    break;
-                }
-            }
-            answers
+        one_at_a_time(self, rows)
+    }
+}
+
+/// [`Sink::send_in_order`]'s default: each row once the last was
+/// delivered, stopping at the first that was not.
+pub(crate) async fn one_at_a_time<S: Sink + ?Sized>(
+    sink: &S,
+    rows: &[&Outgoing],
+) -> Vec<Result<(), SendError>> {
+    let mut answers = Vec::with_capacity(rows.len());
+    for row in rows {
+        let answer = sink.send(row).await;
+        let stop = answer.is_err();
+        answers.push(answer);
+        if stop {
+            break;
         }
     }
+    answers
 }
 
 /// A relay's counts since it was made (export them as you export metrics).

@@ -438,6 +438,16 @@ async fn a_commit_wakes_the_relay_without_waiting_for_its_poll() {
     );
 }
 
+/// A relay of `fx` through a `KafkaSink` to `topic`'s brokers, with one
+/// producer setting of the test's.
+fn kafka_relay(fx: &Effectively, topic: &TestTopic, setting: (&str, &str)) -> Relay<KafkaSink> {
+    let mut config = rdkafka::ClientConfig::new();
+    config
+        .set("bootstrap.servers", &topic.bootstrap_servers)
+        .set(setting.0, setting.1);
+    Relay::new(fx, KafkaSink::new(&config).expect("a producer"))
+}
+
 #[tokio::test]
 async fn kafka_sink_produces_each_row_to_its_topic_with_its_key_and_headers() {
     let (_db, pool, fx) = store().await;
@@ -466,12 +476,7 @@ async fn kafka_sink_produces_each_row_to_its_topic_with_its_key_and_headers() {
         .expect("enqueue");
     fx.outbox().enqueue(&pool, &big).await.expect("enqueue");
 
-    let mut config = rdkafka::ClientConfig::new();
-    config
-        .set("bootstrap.servers", &topic.bootstrap_servers)
-        .set("message.max.bytes", "100000");
-    let sink = KafkaSink::new(&config).expect("a producer");
-    let relay = Relay::new(&fx, sink);
+    let relay = kafka_relay(&fx, &topic, ("message.max.bytes", "100000"));
     let pass = relay.relay_all().await.expect("relay");
     assert_eq!((pass.published, pass.failed), (30, 1));
 
@@ -536,11 +541,7 @@ async fn kafka_sink_stops_a_key_at_a_refused_row_and_sends_none_after_it() {
         .enqueue_batch(&pool, &events)
         .await
         .expect("enqueue");
-    let mut config = rdkafka::ClientConfig::new();
-    config
-        .set("bootstrap.servers", &topic.bootstrap_servers)
-        .set("message.max.bytes", "100000");
-    let relay = Relay::new(&fx, KafkaSink::new(&config).expect("a producer"));
+    let relay = kafka_relay(&fx, &topic, ("message.max.bytes", "100000"));
     let pass = relay.relay_all().await.expect("relay");
     assert_eq!((pass.published, pass.failed, pass.retried), (3, 1, 4));
     let got = topic.read_all(3, Duration::from_secs(30)).await;
@@ -574,11 +575,7 @@ async fn kafka_sink_leaves_a_row_for_a_missing_topic_pending() {
     let missing = format!("{}-not-made", topic.name);
     let event = Event::json(&missing, "k", "t", &1).expect("a valid event");
     fx.outbox().enqueue(&pool, &event).await.expect("enqueue");
-    let mut config = rdkafka::ClientConfig::new();
-    config
-        .set("bootstrap.servers", &topic.bootstrap_servers)
-        .set("message.timeout.ms", "3000");
-    let relay = Relay::new(&fx, KafkaSink::new(&config).expect("a producer"));
+    let relay = kafka_relay(&fx, &topic, ("message.timeout.ms", "3000"));
     let pass = relay.relay_all().await.expect("relay");
     assert_eq!((pass.published, pass.failed, pass.retried), (0, 0, 1));
     assert_eq!(pending(&pool).await, 1);

@@ -7,7 +7,9 @@
 //! before the relay starts; then one `Relay` (its defaults, a `KafkaSink`
 //! with the producer's defaults and `linger.ms` 5) runs until it has
 //! published every row (its own count), and the time from its start to
-//! then is taken; the backlog is checked empty after. Each KEYS is run
+//! then is taken; the backlog is checked empty after. `BENCH_RELAY_BATCH`
+//! and `BENCH_RELAY_GROUPS` set the relay's batch size and shard groups
+//! (default: the relay's). Each KEYS is run
 //! twice, alternating, and the rates are printed as JSON lines, then their
 //! medians.
 
@@ -28,8 +30,10 @@ async fn main() -> anyhow::Result<()> {
     let mut rates: Vec<(usize, f64)> = Vec::new();
     for round in 0..2 {
         for &keys in &key_counts {
-            let rate = run(rows, keys).await?;
-            println!("{{\"round\": {round}, \"keys\": {keys}, \"rows_per_s\": {rate:.0}}}");
+            let (rate, passes) = run(rows, keys).await?;
+            println!(
+                "{{\"round\": {round}, \"keys\": {keys}, \"rows_per_s\": {rate:.0}, {passes}}}"
+            );
             rates.push((keys, rate));
         }
     }
@@ -38,7 +42,9 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// One backlog of `rows` events over `keys` keys drained; its rows per second.
-async fn run(rows: usize, keys: usize) -> anyhow::Result<f64> {
+/// The run's rate (rows/s) and its passes as JSON fields: how many, and a
+/// pass's mean claim, send and mark (ms).
+async fn run(rows: usize, keys: usize) -> anyhow::Result<(f64, String)> {
     let db = TestDb::empty().await;
     let pool = PgPool::connect(&db.url).await?;
     let fx = Effectively::postgres(pool.clone()).schema("bench_fx")?;
@@ -64,7 +70,13 @@ async fn run(rows: usize, keys: usize) -> anyhow::Result<f64> {
     config
         .set("bootstrap.servers", &topic.bootstrap_servers)
         .set("linger.ms", "5");
-    let relay = Relay::new(&fx, KafkaSink::new(&config)?);
+    let mut relay = Relay::new(&fx, KafkaSink::new(&config)?);
+    if let Ok(rows) = std::env::var("BENCH_RELAY_BATCH") {
+        relay = relay.batch_size(rows.parse()?);
+    }
+    if let Ok(groups) = std::env::var("BENCH_RELAY_GROUPS") {
+        relay = relay.shard_groups(groups.parse()?);
+    }
     let stats = relay.stats();
     let cancel = CancellationToken::new();
     let started = Instant::now();
@@ -86,5 +98,15 @@ async fn run(rows: usize, keys: usize) -> anyhow::Result<f64> {
         "{keys} keys: {backlog:?} after 600 s"
     );
     pool.close().await;
-    Ok(rows as f64 / took.as_secs_f64())
+    let passes = stats.passes.load(Ordering::Relaxed).max(1);
+    let mean_ms = |micros: &std::sync::atomic::AtomicU64| {
+        micros.load(Ordering::Relaxed) as f64 / passes as f64 / 1000.0
+    };
+    let passes_json = format!(
+        "\"passes\": {passes}, \"claim_ms\": {:.1}, \"send_ms\": {:.1}, \"mark_ms\": {:.1}",
+        mean_ms(&stats.claim_micros),
+        mean_ms(&stats.send_micros),
+        mean_ms(&stats.mark_micros)
+    );
+    Ok((rows as f64 / took.as_secs_f64(), passes_json))
 }

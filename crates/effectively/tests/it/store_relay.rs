@@ -113,6 +113,37 @@ async fn every_row_is_sent_once_each_key_in_order_and_marked() {
     assert_eq!(sink.sent().len(), 300);
 }
 
+/// A sink that takes 30 ms for each row.
+#[derive(Clone, Default)]
+struct Slow;
+
+impl Sink for Slow {
+    async fn send(&self, _row: &Outgoing) -> Result<(), SendError> {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn the_stats_count_passes_that_claimed_and_time_each_phase() {
+    let (_db, _pool, fx) = store().await;
+    enqueue(&fx, 1, 0..3).await;
+    let relay = Relay::new(&fx, Slow);
+    let stats = relay.stats();
+    let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+    // One key: its 3 rows one after the other, 90 ms of sending.
+    assert_eq!(relay.relay_all().await.expect("relay").published, 3);
+    assert_eq!(relay.relay_all().await.expect("relay").published, 0);
+    assert_eq!(
+        load(&stats.passes),
+        1,
+        "a pass that claimed nothing is not counted"
+    );
+    assert!(load(&stats.send_micros) >= 90_000, "{stats:?}");
+    assert!(load(&stats.claim_micros) > 0, "{stats:?}");
+    assert!(load(&stats.mark_micros) > 0, "{stats:?}");
+}
+
 #[tokio::test]
 async fn a_retried_row_holds_only_its_key_and_goes_first_next_time() {
     let (_db, pool, fx) = store().await;

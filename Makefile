@@ -94,7 +94,7 @@ bench-library: ## the library's consumer loop, records/s by batch size (BENCH_LI
 	@scripts/stack.sh up >/dev/null
 	$(CARGO) run -q --release -p effectively --features kafka --example consume_rate -- $(or $(BENCH_LIBRARY_RECORDS),20000) $(or $(BENCH_LIBRARY_BATCHES),1 16 256)
 
-bench-library-relay: ## the library's relay, a 20,000-row backlog drained into Kafka, rows/s over 20000 keys, 1000 and 10 (BENCH_LIBRARY_ROWS, BENCH_LIBRARY_KEYS; see FINDINGS.md)
+bench-library-relay: ## the library's relay, a 20,000-row backlog drained into Kafka, rows/s over 20000 keys, 1000 and 10 (BENCH_LIBRARY_ROWS, BENCH_LIBRARY_KEYS; the relay's BENCH_RELAY_BATCH, BENCH_RELAY_GROUPS, BENCH_RELAY_KEEP_PUBLISHED_S; see FINDINGS.md)
 	@scripts/stack.sh up >/dev/null
 	$(CARGO) run -q --release -p effectively --features kafka --example relay_rate -- $(or $(BENCH_LIBRARY_ROWS),20000) $(or $(BENCH_LIBRARY_KEYS),20000 1000 10)
 

@@ -8,8 +8,9 @@
 //! with the producer's defaults and `linger.ms` 5) runs until it has
 //! published every row (its own count), and the time from its start to
 //! then is taken; the backlog is checked empty after. `BENCH_RELAY_BATCH`
-//! and `BENCH_RELAY_GROUPS` set the relay's batch size and shard groups
-//! (default: the relay's). Each KEYS is run
+//! and `BENCH_RELAY_GROUPS` set the relay's batch size and shard groups,
+//! `BENCH_RELAY_KEEP_PUBLISHED_S` how long it keeps published rows (0:
+//! none, each deleted by the pass that sent it) (default: the relay's). Each KEYS is run
 //! twice, alternating, and the rates are printed as JSON lines, then their
 //! medians.
 
@@ -76,6 +77,9 @@ async fn run(rows: usize, keys: usize) -> anyhow::Result<(f64, String)> {
     }
     if let Ok(groups) = std::env::var("BENCH_RELAY_GROUPS") {
         relay = relay.shard_groups(groups.parse()?);
+    }
+    if let Ok(secs) = std::env::var("BENCH_RELAY_KEEP_PUBLISHED_S") {
+        relay = relay.keep_published(Some(Duration::from_secs(secs.parse()?)));
     }
     let stats = relay.stats();
     let cancel = CancellationToken::new();

@@ -214,6 +214,7 @@ pub struct Relay<S> {
     channel: String,
     claim: String,
     mark_published: String,
+    delete_published: String,
     mark_failed: String,
     lock_class: i32,
     batch_size: i64,
@@ -277,6 +278,9 @@ impl<S: Sink> Relay<S> {
                 "UPDATE {q}.outbox SET published_at = now() \
                  WHERE id = ANY($1) AND published_at IS NULL"
             ),
+            delete_published: format!(
+                "DELETE FROM {q}.outbox WHERE id = ANY($1) AND published_at IS NULL"
+            ),
             mark_failed: format!(
                 "UPDATE {q}.outbox o SET failed_at = now(), error = r.error \
                  FROM unnest($1::int8[], $2::text[]) AS r(id, error) \
@@ -298,8 +302,8 @@ impl<S: Sink> Relay<S> {
     /// an equal share each. A pass's sends take about one round trip to
     /// the destination whatever its size, so bigger batches drain faster,
     /// until the database's work per row (claim and mark) bounds the pass
-    /// (FINDINGS.md §26: 2,000 drained 1.5–2× as fast as 500 into Kafka,
-    /// 4,000 no faster). A relay killed mid-pass sends its batch again.
+    /// (FINDINGS.md §26: 2,000 drained 1.2–2.2× as fast as 500 into Kafka,
+    /// 8,000 no faster). A relay killed mid-pass sends its batch again.
     pub fn batch_size(self, rows: u32) -> Self {
         Self {
             batch_size: i64::from(rows.max(1)),
@@ -351,6 +355,14 @@ impl<S: Sink> Relay<S> {
     /// was written) before it deletes it, once a minute, in batches
     /// ([`Outbox::expire`](super::Outbox::expire)); `None` keeps every row
     /// (the user expires them). Default: [`DEFAULT_KEEP_PUBLISHED`].
+    ///
+    /// `Some(Duration::ZERO)` keeps none: a pass deletes the rows it
+    /// delivered instead of marking them, in the same transaction: a
+    /// pass's mark took a third to a half as long (FINDINGS.md §26).
+    /// The outbox then holds no record of what was sent, and a msg_id the
+    /// caller supplies may be enqueued again once its row is gone (the
+    /// consumer's inbox still takes the second copy as a duplicate while
+    /// it remembers the first).
     pub fn keep_published(self, keep: Option<Duration>) -> Self {
         Self {
             keep_published: keep,
@@ -467,7 +479,12 @@ impl<S: Sink> Relay<S> {
             }
             retried += o.left;
         }
-        let marked = sqlx::query(&self.mark_published)
+        let mark = if self.keep_published == Some(Duration::ZERO) {
+            &self.delete_published
+        } else {
+            &self.mark_published
+        };
+        let marked = sqlx::query(mark)
             .bind(&published)
             .execute(&mut *tx)
             .await?

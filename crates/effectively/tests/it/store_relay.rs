@@ -226,6 +226,42 @@ async fn a_refused_row_is_marked_failed_and_holds_its_key_back() {
 }
 
 #[tokio::test]
+async fn a_relay_that_keeps_no_published_row_deletes_what_it_delivered_and_keeps_the_rest() {
+    let (_db, pool, fx) = store().await;
+    enqueue(&fx, 3, 0..12).await; // k0: 0 3 6 9, k1: 1 4 7 10, k2: 2 5 8 11
+    let sink = Recorder::default();
+    sink.set(4, Some(Script::Retry));
+    sink.set(5, Some(Script::Reject));
+    let relay = Relay::new(&fx, sink.clone()).keep_published(Some(Duration::ZERO));
+    let pass = relay.relay_all().await.expect("relay");
+    assert_eq!((pass.published, pass.failed), (6, 1), "{pass:?}");
+    let left: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT convert_from(payload, 'UTF8'), failed_at IS NOT NULL FROM shop_fx.outbox ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("the rows left");
+    // The delivered rows are gone; the retried one and its key's later
+    // rows wait, the refused one is kept failed with its key's later rows.
+    let left: Vec<(&str, bool)> = left.iter().map(|(p, f)| (p.as_str(), *f)).collect();
+    assert_eq!(
+        left,
+        [
+            ("4", false),
+            ("5", true),
+            ("7", false),
+            ("8", false),
+            ("10", false),
+            ("11", false)
+        ]
+    );
+    sink.set(4, None);
+    assert_eq!(relay.relay_all().await.expect("relay").published, 3);
+    assert_eq!(sink.by_key()["k1"], [1, 4, 7, 10]);
+    assert_eq!(pending(&pool).await, 2, "k2's 8 and 11 wait behind 5");
+}
+
+#[tokio::test]
 async fn the_backlog_shows_what_waits_a_released_row_goes_first_and_published_rows_expire() {
     let (_db, pool, fx) = store().await;
     let outbox = fx.outbox();

@@ -24,11 +24,6 @@ fi
 exp_netns
 exp_init "$HERE"
 
-if [ "$MODE" = quick ]; then
-  DURATION=${EXP_DURATION:-180} MIN_KILLS=50 INTERVAL=3000..6000 NET_FAULT_MS=8000 PAUSE_MS=11000
-else
-  DURATION=${EXP_DURATION:-3600} MIN_KILLS=5000 INTERVAL=15000..30000 NET_FAULT_MS=15000 PAUSE_MS=12000
-fi
 # Quick mode runs in CI on debug builds, which serve about 390 orders/s on
 # this 2-core machine with nothing failing (exp-10's matrix, p99 0.6 s): at
 # 300 intents/s, with the retries that kills and faults bring, the services
@@ -39,8 +34,13 @@ fi
 # short run on a slow machine still kills payments (the check "payments
 # killed": 2 such deaths in a local run of 19,317 orders at 150/s; CI's run
 # at 300/s that failed made 515 orders).
-if [ "$MODE" = quick ]; then RATE=${EXP_RATE:-150} CRASH_P=0.004
-else RATE=${EXP_RATE:-300} CRASH_P=0.002; fi
+if [ "$MODE" = quick ]; then
+  DURATION=${EXP_DURATION:-180} MIN_KILLS=50 INTERVAL=3000..6000 NET_FAULT_MS=8000 PAUSE_MS=11000
+  RATE=${EXP_RATE:-150} CRASH_P=0.004
+else
+  DURATION=${EXP_DURATION:-3600} MIN_KILLS=5000 INTERVAL=15000..30000 NET_FAULT_MS=15000 PAUSE_MS=12000
+  RATE=${EXP_RATE:-300} CRASH_P=0.002
+fi
 # The bound on top of the faults: a shard or partition may sit idle with work
 # waiting for as long as faults covered that time, plus STALL_BOUND_MS.
 STALL_BOUND_MS=${EXP_STALL_BOUND_MS:-15000}

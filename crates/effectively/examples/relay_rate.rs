@@ -7,12 +7,15 @@
 //! before the relay starts; then one `Relay` (its defaults, a `KafkaSink`
 //! with the producer's defaults and `linger.ms` 5) runs until it has
 //! published every row (its own count), and the time from its start to
-//! then is taken; the backlog is checked empty after. `BENCH_RELAY_BATCH`
-//! and `BENCH_RELAY_GROUPS` set the relay's batch size and shard groups,
-//! `BENCH_RELAY_KEEP_PUBLISHED_S` how long it keeps published rows (0:
-//! none, each deleted by the pass that sent it) (default: the relay's). Each KEYS is run
-//! twice, alternating, and the rates are printed as JSON lines, then their
+//! then is taken; the backlog is checked empty after. Each KEYS is run
+//! twice, alternating, and the rates (with the passes' count and a pass's
+//! mean claim, send and mark) are printed as JSON lines, then their
 //! medians.
+//!
+//! The relay's defaults can be changed: `BENCH_RELAY_BATCH` (its batch
+//! size), `BENCH_RELAY_GROUPS` (its shard groups),
+//! `BENCH_RELAY_KEEP_PUBLISHED_S` (how long it keeps published rows; 0:
+//! none, each deleted by the pass that sent it).
 
 mod bench;
 
@@ -42,9 +45,9 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One backlog of `rows` events over `keys` keys drained; its rows per second.
-/// The run's rate (rows/s) and its passes as JSON fields: how many, and a
-/// pass's mean claim, send and mark (ms).
+/// One backlog of `rows` events over `keys` keys drained: its rows per
+/// second, and its passes as JSON fields (how many, and a pass's mean
+/// claim, send and mark in ms).
 async fn run(rows: usize, keys: usize) -> anyhow::Result<(f64, String)> {
     let db = TestDb::empty().await;
     let pool = PgPool::connect(&db.url).await?;
@@ -102,9 +105,9 @@ async fn run(rows: usize, keys: usize) -> anyhow::Result<(f64, String)> {
         "{keys} keys: {backlog:?} after 600 s"
     );
     pool.close().await;
-    let passes = stats.passes.load(Ordering::Relaxed).max(1);
+    let passes = stats.passes.load(Ordering::Relaxed);
     let mean_ms = |micros: &std::sync::atomic::AtomicU64| {
-        micros.load(Ordering::Relaxed) as f64 / passes as f64 / 1000.0
+        micros.load(Ordering::Relaxed) as f64 / passes.max(1) as f64 / 1000.0
     };
     let passes_json = format!(
         "\"passes\": {passes}, \"claim_ms\": {:.1}, \"send_ms\": {:.1}, \"mark_ms\": {:.1}",

@@ -152,8 +152,9 @@ pub struct RelayStats {
     pub expired: AtomicU64,
     /// Passes that claimed rows and committed.
     pub passes: AtomicU64,
-    /// Time those passes spent locking their shards and claiming, in
-    /// microseconds (divide by `passes` for a pass's mean).
+    /// Time those passes spent getting a connection, locking their shards
+    /// and claiming, in microseconds (divide by `passes` for a pass's
+    /// mean).
     pub claim_micros: AtomicU64,
     /// Time those passes spent sending (the sink's answers), in
     /// microseconds.
@@ -314,9 +315,8 @@ impl<S: Sink> Relay<S> {
     /// Keys of a batch sent side by side (at least 1); each key's rows go
     /// as [`Sink::send_in_order`] sends them (one after the other, or all in
     /// flight through a sink that keeps their order). Default: every key
-    /// of the batch, as a Kafka
-    /// producer wants; bound it for a sink whose destination takes only so
-    /// many requests at once.
+    /// of the batch, as a Kafka producer wants; bound it for a sink whose
+    /// destination takes only so many requests at once.
     pub fn keys_at_once(self, keys: usize) -> Self {
         Self {
             keys_at_once: Some(keys.max(1)),

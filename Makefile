@@ -10,7 +10,7 @@ STACK_DIR ?= $(CURDIR)/.stack
 export STACK_DIR
 -include $(STACK_DIR)/env
 
-.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-library bench-library-relay bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness key-expiry demo demo-webhooks \
+.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-library bench-library-relay bench-relay-ab bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness key-expiry demo demo-webhooks \
         check-config check-dashboards plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 exp-10-long accept
 
 help: ## list the targets
@@ -97,6 +97,10 @@ bench-library: ## the library's consumer loop, records/s by batch size (BENCH_LI
 bench-library-relay: ## the library's relay, a 20,000-row backlog drained into Kafka, rows/s over 20000 keys, 1000 and 10 (BENCH_LIBRARY_ROWS, BENCH_LIBRARY_KEYS; the relay's BENCH_RELAY_BATCH, BENCH_RELAY_GROUPS, BENCH_RELAY_KEEP_PUBLISHED_S; see FINDINGS.md)
 	@scripts/stack.sh up >/dev/null
 	$(CARGO) run -q --release -p effectively --features kafka --example relay_rate -- $(or $(BENCH_LIBRARY_ROWS),20000) $(or $(BENCH_LIBRARY_KEYS),20000 1000 10)
+
+bench-relay-ab: ## the relay binary's engine beside the library's, the same backlog drained into Kafka, rows/s over 20000 keys, 1000 and 10 (BENCH_AB_ROWS, BENCH_AB_KEYS; see FINDINGS.md)
+	@scripts/stack.sh up >/dev/null
+	$(CARGO) run -q --release -p relay --example relay_ab -- $(or $(BENCH_AB_ROWS),20000) $(or $(BENCH_AB_KEYS),20000 1000 10)
 
 bench-recon: ## recon's time on 1M and 10M consistent orders (BENCH_RECON_SIZES; see FINDINGS.md)
 	@scripts/bench-recon.sh

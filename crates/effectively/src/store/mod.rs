@@ -46,6 +46,7 @@ mod outbox;
 #[cfg(feature = "http")]
 mod receive;
 mod relay;
+mod source;
 #[cfg(feature = "webhooks")]
 mod webhook;
 
@@ -67,7 +68,10 @@ pub use keys::{ClaimRow, KeyClaim, KeyRequest, Keys, StoredResponse};
 pub use outbox::{Backlog, Event, EventError, Failed, Outbox, Payload, SHARDS, shard_of};
 #[cfg(feature = "http")]
 pub use receive::WebhookReceiver;
-pub use relay::{DEFAULT_KEEP_PUBLISHED, Outgoing, Pass, Relay, RelayStats, SendError, Sink};
+pub use relay::{
+    MAX_SHARD_DEPTH, Outgoing, Pass, Relay, RelayHooks, RelayStats, SendError, Sink, Stage,
+};
+pub use source::{Claimed, DEFAULT_KEEP_PUBLISHED, OutboxSource, Sent, Settled, Source};
 #[cfg(feature = "webhooks")]
 pub use webhook::{DestinationError, WebhookSink};
 

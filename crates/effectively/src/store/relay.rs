@@ -1,24 +1,27 @@
-//! The relay as a library value: the outbox's pending rows published to a
+//! The relay as a library value: an outbox's pending rows published to a
 //! [`Sink`] (Kafka, signed webhooks, or the user's own), at least once, each
-//! key's events in order, with any number of relays at once.
+//! key's events in order, with any number of relays at once. The outbox is
+//! a [`Source`]: the library's own ([`OutboxSource`], what [`Relay::new`]
+//! relays) or a table the user already has ([`Relay::over`]).
 //!
 //! How a pass over a group of shards goes ([`Relay::relay_shards`]; [`Relay::run`]
 //! has a loop of them per group), in one transaction:
 //!
 //! 1. each shard's transaction-level advisory lock is tried: a shard
 //!    another relay holds is skipped (that one publishes it);
-//! 2. each locked shard's oldest pending rows are read (its share of a
-//!    batch), leaving out the rows of a key whose earlier row failed for
-//!    good;
+//! 2. the source claims each locked shard's oldest pending rows (its share
+//!    of a batch); the library's outbox leaves out the rows of a key whose
+//!    earlier row failed for good;
 //! 3. each key's rows are sent in id order, the keys side by side: one
 //!    after the other by default, all in flight at once through a sink that
 //!    keeps their order ([`Sink::send_in_order`]; the [`super::KafkaSink`]
 //!    does); a row whose send must be tried again ([`SendError::Retry`])
 //!    stops its key for this pass; one the sink refuses for itself
-//!    ([`SendError::Reject`]) is marked failed, and its key's later rows
-//!    wait (a person looks at it);
-//! 4. the rows sent are marked published, the refused ones failed, and the
-//!    transaction commits, which frees the shards.
+//!    ([`SendError::Reject`]) is marked failed by the library's outbox,
+//!    and its key's later rows wait (a person looks at it);
+//! 4. the source settles what the sends did ([`Source::settle`]: the
+//!    library's outbox marks the rows sent published, the refused ones
+//!    failed), and the transaction commits, which frees the shards.
 //!
 //! A crash (or a lost connection) before the commit leaves the rows pending
 //! and the locks free: the next pass sends them again, so a consumer sees a
@@ -38,10 +41,11 @@ use futures::future::join_all;
 use futures::stream::{self, StreamExt};
 use sqlx::postgres::PgListener;
 use sqlx::{Connection, PgPool};
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::source::{Claimed, OutboxSource, Sent, Source};
 use super::{Effectively, SHARDS};
 use crate::retry::Backoff;
 
@@ -164,20 +168,21 @@ pub struct RelayStats {
     pub mark_micros: AtomicU64,
 }
 
-/// How long [`Relay::run`] keeps published rows by default: a week.
-pub const DEFAULT_KEEP_PUBLISHED: Duration = Duration::from_secs(7 * 24 * 3600);
-
 /// Rows a pass reads by default ([`Relay::batch_size`]).
 const DEFAULT_BATCH_SIZE: i64 = 2000;
 
-/// Tries the advisory lock of each shard of `$2` (lock `($1, shard)`: the
-/// class is the schema's) for the transaction: the shards it now holds, in
-/// the order given.
+/// Tries the advisory lock of slot `$3` of each shard of `$2` (lock `($1,
+/// shard + 16 × slot)`: the class is the source's) for the transaction: the
+/// shards it now holds, in the order given. Slot 0's lock is `($1, shard)`.
 const LOCK_SHARDS: &str = "SELECT s FROM unnest($2::int2[]) WITH ORDINALITY AS u(s, n) \
-                           WHERE pg_try_advisory_xact_lock($1, s) ORDER BY n";
+                           WHERE pg_try_advisory_xact_lock($1, s + 16 * $3) ORDER BY n";
 
-/// How often [`Relay::run`] expires published rows.
+/// How often [`Relay::run`] expires published rows ([`Source::expire`]).
 const EXPIRE_EVERY: Duration = Duration::from_secs(60);
+
+/// The most passes one shard can have in flight at once
+/// ([`Relay::shard_depth`]).
+pub const MAX_SHARD_DEPTH: u8 = 4;
 
 /// What one pass over a shard did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -191,12 +196,12 @@ pub struct Pass {
     pub retried: u64,
     /// Another relay held the shard: nothing was read.
     pub busy: bool,
-    /// The batch was full: more may be pending.
-    pub full: bool,
+    /// More rows may be claimable at once ([`Claimed::more`]).
+    pub more: bool,
 }
 
 impl Pass {
-    /// Counts `other` into this sum of passes (`full` is left as it is: a
+    /// Counts `other` into this sum of passes (`more` is left as it is: a
     /// sum is not a batch).
     fn add(&mut self, other: &Pass) {
         self.published += other.published;
@@ -206,32 +211,82 @@ impl Pass {
     }
 }
 
-/// The relay over an [`Effectively`] schema's outbox and a [`Sink`]. Cheap
-/// to share (`Arc` it); run it with [`Relay::run`], or drive passes
-/// yourself with [`Relay::relay_shard`] / [`Relay::relay_all`].
-pub struct Relay<S> {
+/// The stage of a pass whose transaction failed ([`RelayHooks::pass_failed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Beginning, locking the shards, claiming their rows.
+    Claim,
+    /// Settling what the sends did ([`Source::settle`]).
+    Settle,
+    /// Committing.
+    Commit,
+}
+
+impl Stage {
+    /// Its name: `claim`, `settle`, `commit`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Claim => "claim",
+            Self::Settle => "settle",
+            Self::Commit => "commit",
+        }
+    }
+}
+
+/// What a relay tells its user as a pass goes (metrics, logs, crash points
+/// for tests): every method does nothing by default. Called on the pass's
+/// task: keep them short.
+pub trait RelayHooks: Send + Sync + 'static {
+    /// A pass begins (it holds a connection from here to its end).
+    fn pass_begins(&self) {}
+
+    /// Every send of a pass was answered (in `took`) and its settle is
+    /// about to be written: a crash from here to the commit sends the
+    /// delivered rows again.
+    fn answered(&self, sent: &Sent, took: Duration) {
+        let _ = (sent, took);
+    }
+
+    /// A pass ended: committed (or found nothing, or every shard busy).
+    fn pass_ended(&self, pass: &Pass) {
+        let _ = pass;
+    }
+
+    /// A pass's transaction failed at `stage`: its rows stay pending.
+    fn pass_failed(&self, stage: Stage, error: &sqlx::Error) {
+        let _ = (stage, error);
+    }
+}
+
+/// The hooks of a relay given none.
+struct NoHooks;
+
+impl RelayHooks for NoHooks {}
+
+/// The relay of a [`Source`] (by default the library's outbox,
+/// [`OutboxSource`]) into a [`Sink`]. Cheap to share (`Arc` it); run it
+/// with [`Relay::run`], or drive passes yourself with
+/// [`Relay::relay_shard`] / [`Relay::relay_all`].
+pub struct Relay<S, T = OutboxSource> {
     pool: PgPool,
     sink: S,
-    channel: String,
-    claim: String,
-    mark_published: String,
-    delete_published: String,
-    mark_failed: String,
+    source: T,
+    hooks: Arc<dyn RelayHooks>,
     lock_class: i32,
     batch_size: i64,
     keys_at_once: Option<usize>,
     shards_at_once: usize,
     shard_groups: u8,
+    shard_depth: u8,
+    passes_at_once: Option<Arc<Semaphore>>,
     poll_every: Duration,
-    keep_published: Option<Duration>,
-    outbox: super::Outbox,
     stats: Arc<RelayStats>,
 }
 
-impl<S> std::fmt::Debug for Relay<S> {
+impl<S, T: Source> std::fmt::Debug for Relay<S, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Relay")
-            .field("channel", &self.channel)
+            .field("source", &self.source.name())
             .field("batch_size", &self.batch_size)
             .finish_non_exhaustive()
     }
@@ -242,59 +297,51 @@ impl<S: Sink> Relay<S> {
     /// shards in 2 groups passed over side by side, every key of a batch
     /// sent at once, a look every second when no `NOTIFY` came.
     pub fn new(fx: &Effectively, sink: S) -> Self {
-        let q = fx.schema_name().quoted();
+        Relay::over(fx.pool().clone(), OutboxSource::new(fx), sink)
+    }
+
+    /// How long [`Relay::run`] keeps a published row (counted from when it
+    /// was written) before it deletes it, once a minute, in batches
+    /// ([`Outbox::expire`](super::Outbox::expire)); `None` keeps every row
+    /// (the user expires them). Default:
+    /// [`DEFAULT_KEEP_PUBLISHED`](super::DEFAULT_KEEP_PUBLISHED).
+    ///
+    /// `Some(Duration::ZERO)` keeps none: a pass deletes the rows it
+    /// delivered instead of marking them, in the same transaction: a
+    /// pass's mark took a third to a half as long (FINDINGS.md §26).
+    /// The outbox then holds no record of what was sent, and a msg_id the
+    /// caller supplies may be enqueued again once its row is gone (the
+    /// consumer's inbox still takes the second copy as a duplicate while
+    /// it remembers the first).
+    pub fn keep_published(self, keep: Option<Duration>) -> Self {
+        Self {
+            source: self.source.keep_published(keep),
+            ..self
+        }
+    }
+}
+
+impl<S: Sink, T: Source> Relay<S, T> {
+    /// A relay of `source`'s rows (on `pool`) into `sink`, with the
+    /// defaults of [`Relay::new`].
+    pub fn over(pool: PgPool, source: T, sink: S) -> Self {
         // The advisory lock of shard s is (class, s); the class is the
-        // schema's, so two schemas' relays never meet.
-        let h = blake3::hash(format!("effectively.relay:{}", fx.schema_name()).as_bytes());
+        // source's, so two sources' relays never meet.
+        let h = blake3::hash(format!("effectively.relay:{}", source.name()).as_bytes());
         let b = h.as_bytes();
         Self {
-            pool: fx.pool().clone(),
+            pool,
             sink,
-            channel: format!("{}.outbox", fx.schema_name()),
-            // Each shard's oldest pending rows, one ordered walk of
-            // `outbox_pending` per shard (a scan of `shard = ANY(..)` would
-            // sort every pending row of the shards before its LIMIT). The
-            // shard is bounded as a range of (shard, id), not `o.shard =
-            // s.shard`: under an equality the primary key gives the same
-            // order, and statistics taken while the backlog was all
-            // pending made the planner walk it, reading every row
-            // published before the claim's (FINDINGS.md §26). The pass
-            // also turns bitmap scans off: statistics of an empty outbox
-            // made a bitmap scan and a sort of every pending row of the
-            // shard look cheaper than the walk.
-            claim: format!(
-                "SELECT c.* FROM unnest($1::int2[]) AS s(shard), LATERAL ( \
-                   SELECT o.id, o.msg_id, o.destination, o.key, o.event_type, o.payload, \
-                          o.content_type, o.headers, o.created_at \
-                   FROM {q}.outbox o \
-                   WHERE (o.shard, o.id) > (s.shard, 0) AND (o.shard, o.id) < (s.shard + 1, 0) \
-                     AND o.published_at IS NULL AND o.failed_at IS NULL \
-                     AND NOT EXISTS (SELECT 1 FROM {q}.outbox f \
-                                     WHERE f.key = o.key AND f.id < o.id \
-                                       AND f.published_at IS NULL AND f.failed_at IS NOT NULL) \
-                   ORDER BY o.shard, o.id LIMIT $2) c \
-                 ORDER BY c.id"
-            ),
-            mark_published: format!(
-                "UPDATE {q}.outbox SET published_at = now() \
-                 WHERE id = ANY($1) AND published_at IS NULL"
-            ),
-            delete_published: format!(
-                "DELETE FROM {q}.outbox WHERE id = ANY($1) AND published_at IS NULL"
-            ),
-            mark_failed: format!(
-                "UPDATE {q}.outbox o SET failed_at = now(), error = r.error \
-                 FROM unnest($1::int8[], $2::text[]) AS r(id, error) \
-                 WHERE o.id = r.id AND o.published_at IS NULL"
-            ),
+            source,
+            hooks: Arc::new(NoHooks),
             lock_class: i32::from_be_bytes([b[0], b[1], b[2], b[3]]),
             batch_size: DEFAULT_BATCH_SIZE,
             keys_at_once: None,
             shards_at_once: 4,
             shard_groups: 2,
+            shard_depth: 1,
+            passes_at_once: None,
             poll_every: Duration::from_secs(1),
-            keep_published: Some(DEFAULT_KEEP_PUBLISHED),
-            outbox: fx.outbox(),
             stats: Arc::default(),
         }
     }
@@ -343,6 +390,33 @@ impl<S: Sink> Relay<S> {
         }
     }
 
+    /// Passes each group of [`Relay::run`] has in flight at once (1 to
+    /// [`MAX_SHARD_DEPTH`]), each under a lock slot of its own, so that one
+    /// pass claims and settles while another waits for its sends. Only for
+    /// a source whose passes may overlap
+    /// ([`Source::overlapping_passes`]); 1 for any other. Default 1.
+    pub fn shard_depth(self, depth: u8) -> Self {
+        let depth = if self.source.overlapping_passes() {
+            depth.clamp(1, MAX_SHARD_DEPTH)
+        } else {
+            1
+        };
+        Self {
+            shard_depth: depth,
+            ..self
+        }
+    }
+
+    /// The most passes [`Relay::run`] has in flight at once, over every
+    /// group (at least 1): each holds a connection. Default: one per group
+    /// and depth slot.
+    pub fn passes_at_once(self, passes: usize) -> Self {
+        Self {
+            passes_at_once: Some(Arc::new(Semaphore::new(passes.max(1)))),
+            ..self
+        }
+    }
+
     /// How long [`Relay::run`] waits for a `NOTIFY` before it looks anyway.
     pub fn poll_every(self, every: Duration) -> Self {
         Self {
@@ -351,23 +425,9 @@ impl<S: Sink> Relay<S> {
         }
     }
 
-    /// How long [`Relay::run`] keeps a published row (counted from when it
-    /// was written) before it deletes it, once a minute, in batches
-    /// ([`Outbox::expire`](super::Outbox::expire)); `None` keeps every row
-    /// (the user expires them). Default: [`DEFAULT_KEEP_PUBLISHED`].
-    ///
-    /// `Some(Duration::ZERO)` keeps none: a pass deletes the rows it
-    /// delivered instead of marking them, in the same transaction: a
-    /// pass's mark took a third to a half as long (FINDINGS.md §26).
-    /// The outbox then holds no record of what was sent, and a msg_id the
-    /// caller supplies may be enqueued again once its row is gone (the
-    /// consumer's inbox still takes the second copy as a duplicate while
-    /// it remembers the first).
-    pub fn keep_published(self, keep: Option<Duration>) -> Self {
-        Self {
-            keep_published: keep,
-            ..self
-        }
+    /// What it tells as its passes go ([`RelayHooks`]).
+    pub fn hooks(self, hooks: Arc<dyn RelayHooks>) -> Self {
+        Self { hooks, ..self }
     }
 
     /// Its counts.
@@ -380,6 +440,11 @@ impl<S: Sink> Relay<S> {
         &self.sink
     }
 
+    /// Its source.
+    pub fn source(&self) -> &T {
+        &self.source
+    }
+
     /// One pass over shard `shard` (0..16): [`Relay::relay_shards`] of it
     /// alone.
     pub async fn relay_shard(&self, shard: i16) -> Result<Pass, sqlx::Error> {
@@ -387,12 +452,18 @@ impl<S: Sink> Relay<S> {
     }
 
     /// One pass over `shards` (each 0..16) in one transaction: the shards
-    /// another relay holds are left to it; of the others, a batch read
-    /// (each shard an equal share of [`Relay::batch_size`]), sent, marked
+    /// another relay holds are left to it; of the others, a batch claimed
+    /// (each shard an equal share of [`Relay::batch_size`]), sent, settled
     /// and committed (the module's doc says how). `busy` when every shard
     /// was held.
     pub async fn relay_shards(&self, shards: &[i16]) -> Result<Pass, sqlx::Error> {
-        let result = self.pass(shards).await;
+        self.relay_slot(shards, 0).await
+    }
+
+    /// [`Relay::relay_shards`] under lock slot `slot`.
+    async fn relay_slot(&self, shards: &[i16], slot: u8) -> Result<Pass, sqlx::Error> {
+        self.hooks.pass_begins();
+        let result = self.pass(shards, slot).await;
         match &result {
             Ok(pass) => {
                 self.stats
@@ -405,23 +476,28 @@ impl<S: Sink> Relay<S> {
                 if pass.busy {
                     self.stats.busy.fetch_add(1, Ordering::Relaxed);
                 }
+                self.hooks.pass_ended(pass);
             }
-            Err(_) => {
+            Err((stage, error)) => {
                 self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                self.hooks.pass_failed(*stage, error);
             }
         }
-        result
+        result.map_err(|(_, error)| error)
     }
 
-    async fn pass(&self, shards: &[i16]) -> Result<Pass, sqlx::Error> {
+    async fn pass(&self, shards: &[i16], slot: u8) -> Result<Pass, (Stage, sqlx::Error)> {
+        let at = |stage: Stage| move |error: sqlx::Error| (stage, error);
         let started = Instant::now();
-        let mut conn = self.pool.acquire().await?;
-        let mut tx = conn.begin().await?;
+        let mut conn = self.pool.acquire().await.map_err(at(Stage::Claim))?;
+        let mut tx = conn.begin().await.map_err(at(Stage::Claim))?;
         let locked: Vec<i16> = sqlx::query_scalar(LOCK_SHARDS)
             .bind(self.lock_class)
             .bind(shards)
+            .bind(i16::from(slot.min(MAX_SHARD_DEPTH - 1)))
             .fetch_all(&mut *tx)
-            .await?;
+            .await
+            .map_err(at(Stage::Claim))?;
         if locked.is_empty() {
             return Ok(Pass {
                 busy: true,
@@ -429,31 +505,22 @@ impl<S: Sink> Relay<S> {
             });
         }
         let share = (self.batch_size / locked.len() as i64).max(1);
-        sqlx::query("SET LOCAL enable_bitmapscan = off")
-            .execute(&mut *tx)
-            .await?;
-        let rows: Vec<Outgoing> = sqlx::query_as(&self.claim)
-            .bind(&locked)
-            .bind(share)
-            .fetch_all(&mut *tx)
-            .await?;
+        let Claimed { rows, more } = self
+            .source
+            .claim(&mut tx, &locked, share)
+            .await
+            .map_err(at(Stage::Claim))?;
         if rows.is_empty() {
-            tx.commit().await?;
+            tx.commit().await.map_err(at(Stage::Commit))?;
             return Ok(Pass::default());
         }
-        // A shard that gave its whole share may have more.
-        let mut per_shard = [0_i64; SHARDS as usize];
-        for row in &rows {
-            per_shard[super::shard_of(&row.key) as usize] += 1;
-        }
-        let full = per_shard.iter().any(|n| *n >= share);
         // Each key's rows in id order (the claim's order), as indices into
         // `rows`: the stream's items hold no borrow, so the pass's future
         // is `Send` and a caller can spawn `run`.
         let mut by_key: Vec<Vec<usize>> = Vec::new();
-        let mut slot: HashMap<&str, usize> = HashMap::new();
+        let mut slot_of: HashMap<&str, usize> = HashMap::new();
         for (at, row) in rows.iter().enumerate() {
-            let i = *slot.entry(row.key.as_str()).or_insert_with(|| {
+            let i = *slot_of.entry(row.key.as_str()).or_insert_with(|| {
                 by_key.push(Vec::new());
                 by_key.len() - 1
             });
@@ -466,40 +533,20 @@ impl<S: Sink> Relay<S> {
             .buffer_unordered(self.keys_at_once.unwrap_or(usize::MAX))
             .collect()
             .await;
-        let sent = Instant::now();
-        let mut published = Vec::new();
-        let mut failed_ids = Vec::new();
-        let mut failed_why = Vec::new();
-        let mut retried = 0;
+        let sent_at = Instant::now();
+        let mut sent = Sent::default();
         for o in outcomes {
-            published.extend(o.published);
-            for (id, why) in o.failed {
-                failed_ids.push(id);
-                failed_why.push(why);
-            }
-            retried += o.left;
+            sent.published.extend(o.published);
+            sent.refused.extend(o.failed);
+            sent.retried.extend(o.left);
         }
-        let mark = if self.keep_published == Some(Duration::ZERO) {
-            &self.delete_published
-        } else {
-            &self.mark_published
-        };
-        let marked = sqlx::query(mark)
-            .bind(&published)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-        let failed = if failed_ids.is_empty() {
-            0
-        } else {
-            sqlx::query(&self.mark_failed)
-                .bind(&failed_ids)
-                .bind(&failed_why)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected()
-        };
-        tx.commit().await?;
+        self.hooks.answered(&sent, sent_at - claimed);
+        let settled = self
+            .source
+            .settle(&mut tx, &sent)
+            .await
+            .map_err(at(Stage::Settle))?;
+        tx.commit().await.map_err(at(Stage::Commit))?;
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let stats = &self.stats;
         stats.passes.fetch_add(1, Ordering::Relaxed);
@@ -508,16 +555,16 @@ impl<S: Sink> Relay<S> {
             .fetch_add(micros(claimed - started), Ordering::Relaxed);
         stats
             .send_micros
-            .fetch_add(micros(sent - claimed), Ordering::Relaxed);
+            .fetch_add(micros(sent_at - claimed), Ordering::Relaxed);
         stats
             .mark_micros
-            .fetch_add(micros(sent.elapsed()), Ordering::Relaxed);
+            .fetch_add(micros(sent_at.elapsed()), Ordering::Relaxed);
         Ok(Pass {
-            published: marked,
-            failed,
-            retried,
+            published: settled.published,
+            failed: settled.failed,
+            retried: sent.retried.len() as u64,
             busy: false,
-            full,
+            more,
         })
     }
 
@@ -528,7 +575,9 @@ impl<S: Sink> Relay<S> {
         let answers = self.sink.send_in_order(&rows).await;
         let mut outcome = KeyOutcome::default();
         let mut broken = false;
+        let mut answered = 0;
         for (row, answer) in rows.iter().zip(answers) {
+            answered += 1;
             match answer {
                 Ok(()) => {
                     if broken {
@@ -544,17 +593,21 @@ impl<S: Sink> Relay<S> {
                 }
                 Err(SendError::Retry(why)) => {
                     tracing::debug!(outbox_id = row.id, msg_id = %row.msg_id, %why, "send failed; the row stays pending");
+                    outcome.left.push(row.id);
                     broken = true;
                 }
             }
         }
-        outcome.left = (rows.len() - outcome.published.len() - outcome.failed.len()) as u64;
+        // The rows after the sink's last answer were not sent.
+        outcome
+            .left
+            .extend(rows.iter().skip(answered).map(|row| row.id));
         outcome
     }
 
     /// Passes over every shard, `shards_at_once` side by side, each shard
-    /// again while its batches come full and all went, until none has more.
-    /// Returns the sum of the passes.
+    /// again while its passes may have more and all went, until none has
+    /// more. Returns the sum of the passes.
     pub async fn relay_all(&self) -> Result<Pass, sqlx::Error> {
         let passes: Vec<Result<Pass, sqlx::Error>> = stream::iter(0..SHARDS as i16)
             .map(|shard| async move {
@@ -562,7 +615,7 @@ impl<S: Sink> Relay<S> {
                 loop {
                     let pass = self.relay_shard(shard).await?;
                     sum.add(&pass);
-                    if !pass.full || pass.retried > 0 || pass.busy {
+                    if !pass.more || pass.retried > 0 || pass.busy {
                         return Ok(sum);
                     }
                 }
@@ -579,30 +632,36 @@ impl<S: Sink> Relay<S> {
     }
 
     /// Relays until `cancel` fires: each group of shards
-    /// ([`Relay::shard_groups`]) has a loop of passes ([`Relay::relay_shards`]);
-    /// a pass that gave some shard's whole share and sent it all is followed
-    /// by another at once, else by a wait for a `NOTIFY` of the outbox's
-    /// channel (a commit that wrote rows) or [`Relay::poll_every`] (a
-    /// `NOTIFY` is lost with a connection); a pass whose sends must be tried
-    /// again, or whose transaction failed, by a backoff (50 ms doubling to
-    /// 5 s). Published rows past [`Relay::keep_published`] are deleted once
-    /// a minute. Returns once the passes in progress have committed.
+    /// ([`Relay::shard_groups`]) has a loop of passes per depth slot
+    /// ([`Relay::shard_depth`]); a pass that delivered something and may
+    /// have more ([`Pass::more`]) is followed by another at once; one that
+    /// delivered nothing and must try again, or whose transaction failed,
+    /// by a backoff (50 ms doubling to 5 s); any other by a wait for a
+    /// `NOTIFY` of the source's channel naming one of the group's shards
+    /// (a commit that wrote rows) or [`Relay::poll_every`] (a `NOTIFY` is
+    /// lost with a connection). Published rows no longer kept are deleted
+    /// once a minute ([`Source::expire`]). Returns once the passes in
+    /// progress have committed.
     pub async fn run(&self, cancel: CancellationToken) {
-        let (wake, woken) = watch::channel(0_u64);
         let groups = usize::from(self.shard_groups);
-        let loops = (0..groups).map(|g| {
+        let wakes: Vec<watch::Sender<u64>> = (0..groups).map(|_| watch::channel(0).0).collect();
+        let loops = (0..groups).flat_map(|g| {
             let shards: Vec<i16> = (0..SHARDS as i16)
                 .filter(|s| *s as usize % groups == g)
                 .collect();
-            self.run_group(shards, woken.clone(), &cancel)
+            let wake = &wakes[g];
+            let cancel = &cancel;
+            (0..self.shard_depth)
+                .map(move |slot| self.run_group(shards.clone(), slot, wake.subscribe(), cancel))
         });
-        futures::join!(join_all(loops), self.listen(wake, &cancel));
+        futures::join!(join_all(loops), self.listen(&wakes, &cancel));
     }
 
-    /// One group's loop of passes ([`Relay::run`]).
+    /// One group's loop of passes in lock slot `slot` ([`Relay::run`]).
     async fn run_group(
         &self,
         shards: Vec<i16>,
+        slot: u8,
         mut woken: watch::Receiver<u64>,
         cancel: &CancellationToken,
     ) {
@@ -610,13 +669,24 @@ impl<S: Sink> Relay<S> {
         while !cancel.is_cancelled() {
             // Seen before the pass: a NOTIFY meanwhile ends the wait below.
             woken.borrow_and_update();
-            match self.relay_shards(&shards).await {
-                Ok(pass) if pass.retried > 0 => {
+            let permit = match &self.passes_at_once {
+                Some(passes) => tokio::select! {
+                    p = passes.clone().acquire_owned() => p.ok(),
+                    () = cancel.cancelled() => return,
+                },
+                None => None,
+            };
+            // Not cut short by a shutdown: a pass's sends are awaited and
+            // settled, so a clean stop sends nothing twice.
+            let result = self.relay_slot(&shards, slot).await;
+            drop(permit);
+            match result {
+                Ok(pass) if pass.published > 0 && pass.more => backoff.reset(),
+                Ok(pass) if pass.retried > 0 && pass.published == 0 => {
                     if !backoff.wait(cancel).await {
                         return;
                     }
                 }
-                Ok(pass) if pass.full && !pass.busy => backoff.reset(),
                 Ok(_) => {
                     backoff.reset();
                     tokio::select! {
@@ -626,7 +696,7 @@ impl<S: Sink> Relay<S> {
                     }
                 }
                 Err(error) => {
-                    tracing::warn!(?shards, %error, "relay pass failed; its rows stay pending");
+                    tracing::warn!(?shards, slot, %error, "relay pass failed; its rows stay pending");
                     if !backoff.wait(cancel).await {
                         return;
                     }
@@ -635,19 +705,25 @@ impl<S: Sink> Relay<S> {
         }
     }
 
-    /// Listens for the outbox's `NOTIFY` and wakes the loops; expires
-    /// published rows once a minute. A lost connection comes back with a
-    /// backoff; the loops poll meanwhile.
-    async fn listen(&self, wake: watch::Sender<u64>, cancel: &CancellationToken) {
+    /// Listens for the source's `NOTIFY` and wakes the loops of the shards
+    /// it names; expires published rows once a minute. A lost connection
+    /// comes back with a backoff; the loops poll meanwhile.
+    async fn listen(&self, wakes: &[watch::Sender<u64>], cancel: &CancellationToken) {
+        let wake = |mask: u16| {
+            let n = wakes.len();
+            for (g, tx) in wakes.iter().enumerate() {
+                if (0..SHARDS).any(|s| mask & (1 << s) != 0 && usize::from(s) % n == g) {
+                    tx.send_modify(|n| *n = n.wrapping_add(1));
+                }
+            }
+        };
         let mut listener: Option<PgListener> = None;
         let mut expired_at: Option<tokio::time::Instant> = None;
         let mut backoff = Backoff::new();
         while !cancel.is_cancelled() {
-            if let Some(keep) = self.keep_published
-                && expired_at.is_none_or(|at| at.elapsed() >= EXPIRE_EVERY)
-            {
+            if expired_at.is_none_or(|at| at.elapsed() >= EXPIRE_EVERY) {
                 expired_at = Some(tokio::time::Instant::now());
-                match self.outbox.expire(&self.pool, keep, 5_000).await {
+                match self.source.expire(&self.pool).await {
                     Ok(n) => {
                         self.stats.expired.fetch_add(n, Ordering::Relaxed);
                     }
@@ -658,7 +734,7 @@ impl<S: Sink> Relay<S> {
             }
             let Some(l) = listener.as_mut() else {
                 let connected = match PgListener::connect_with(&self.pool).await {
-                    Ok(mut l) => l.listen(&self.channel).await.map(|()| l),
+                    Ok(mut l) => l.listen(self.source.channel()).await.map(|()| l),
                     Err(error) => Err(error),
                 };
                 match connected {
@@ -666,7 +742,7 @@ impl<S: Sink> Relay<S> {
                         listener = Some(l);
                         backoff.reset();
                         // Rows committed while nobody listened.
-                        wake.send_modify(|g| *g = g.wrapping_add(1));
+                        wake(u16::MAX);
                     }
                     Err(error) => {
                         tracing::warn!(%error, "listen for the outbox's NOTIFY; polling meanwhile");
@@ -681,7 +757,7 @@ impl<S: Sink> Relay<S> {
                 () = cancel.cancelled() => return,
                 () = tokio::time::sleep(EXPIRE_EVERY) => {}
                 note = l.recv() => match note {
-                    Ok(_) => wake.send_modify(|g| *g = g.wrapping_add(1)),
+                    Ok(note) => wake(self.source.shards_woken(note.payload())),
                     Err(error) => {
                         tracing::warn!(%error, "the outbox's NOTIFY connection was lost; reconnecting");
                         listener = None;
@@ -697,5 +773,5 @@ impl<S: Sink> Relay<S> {
 struct KeyOutcome {
     published: Vec<i64>,
     failed: Vec<(i64, String)>,
-    left: u64,
+    left: Vec<i64>,
 }

@@ -13,3 +13,5 @@ mod store_http;
 mod store_receive;
 // Idempotency keys claimed a batch at a time, and in the caller's statement.
 mod store_keys;
+// The relay over a table of the user's own (a Source), its hooks and depth.
+mod store_source;

@@ -4,11 +4,12 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 
-use rdkafka::ClientConfig;
+use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, ClientContext};
 
 use super::relay::{Outgoing, SendError, Sink, one_at_a_time};
 use super::{HEADER_EVENT_TYPE, HEADER_MSG_ID};
@@ -21,14 +22,16 @@ pub const HEADER_CONTENT_TYPE: &str = "content-type";
 /// `content-type` and the row's own. A send returns once the broker acked
 /// the record: with `acks=all` and idempotence, both of which
 /// [`KafkaSink::new`] sets unless the configuration says otherwise.
-pub struct KafkaSink {
-    producer: FutureProducer,
+pub struct KafkaSink<C: ClientContext + 'static = DefaultClientContext> {
+    producer: FutureProducer<C>,
     queue_timeout: Duration,
     /// `enable.idempotence=true`: a key's sends keep their order in flight.
     idempotent: bool,
+    /// [`KafkaSink::batch_refusals_under`].
+    batch_limit: Option<usize>,
 }
 
-impl std::fmt::Debug for KafkaSink {
+impl<C: ClientContext + 'static> std::fmt::Debug for KafkaSink<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KafkaSink").finish_non_exhaustive()
     }
@@ -40,6 +43,14 @@ impl KafkaSink {
     /// `acks=all` and `allow.auto.create.topics=false` added where it does
     /// not set them.
     pub fn new(config: &ClientConfig) -> KafkaResult<Self> {
+        Self::with_context(config, DefaultClientContext)
+    }
+}
+
+impl<C: ClientContext + 'static> KafkaSink<C> {
+    /// [`KafkaSink::new`] with the producer's callbacks in `context` (its
+    /// errors and statistics, as rdkafka's [`ClientContext`] takes them).
+    pub fn with_context(config: &ClientConfig, context: C) -> KafkaResult<Self> {
         let mut config = config.clone();
         for (key, value) in [
             ("enable.idempotence", "true"),
@@ -51,19 +62,36 @@ impl KafkaSink {
             }
         }
         Ok(Self {
-            producer: config.create()?,
+            producer: config.create_with_context(context)?,
             queue_timeout: Duration::from_secs(10),
             idempotent: config.get("enable.idempotence") == Some("true"),
+            batch_limit: None,
         })
     }
 
+    /// The topics' `max.message.bytes`, when the sink should tell a record
+    /// refused for itself from one refused for its batch: the broker
+    /// refuses a whole batch over the topic's limit, every record in it
+    /// (`MSG_SIZE_TOO_LARGE`), so a record of at most `bytes` (key, value
+    /// and headers, with a record's overhead) refused so is sent again, in
+    /// another batch, instead of refused for good. Without it, every
+    /// record refused as too large is refused for good. Set the
+    /// producer's `message.max.bytes` to the same limit, so that it keeps
+    /// its batches under it.
+    pub fn batch_refusals_under(self, bytes: usize) -> Self {
+        Self {
+            batch_limit: Some(bytes),
+            ..self
+        }
+    }
+
     /// The producer, to flush or inspect.
-    pub fn producer(&self) -> &FutureProducer {
+    pub fn producer(&self) -> &FutureProducer<C> {
         &self.producer
     }
 }
 
-impl Sink for KafkaSink {
+impl<C: ClientContext + 'static> Sink for KafkaSink<C> {
     async fn send(&self, row: &Outgoing) -> Result<(), SendError> {
         self.produce(&[row])
             .await
@@ -91,7 +119,7 @@ impl Sink for KafkaSink {
     }
 }
 
-impl KafkaSink {
+impl<C: ClientContext + 'static> KafkaSink<C> {
     /// `rows` queued in order, then their deliveries awaited.
     async fn produce(&self, rows: &[&Outgoing]) -> Vec<Result<(), SendError>> {
         let msg_ids: Vec<String> = rows.iter().map(|row| row.msg_id.to_string()).collect();
@@ -114,7 +142,8 @@ impl KafkaSink {
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     }
                     Err((error, _)) => {
-                        refused = Some(judge(&error, row));
+                        // Refused before it was sent: for itself.
+                        refused = Some(judge(&error, row, None));
                         break;
                     }
                 }
@@ -129,7 +158,7 @@ impl KafkaSink {
             .zip(rows)
             .map(|(delivery, row)| match delivery {
                 Ok(Ok(_)) => Ok(()),
-                Ok(Err((error, _))) => Err(judge(&error, row)),
+                Ok(Err((error, _))) => Err(judge(&error, row, self.batch_limit)),
                 Err(_canceled) => Err(SendError::Retry("the producer was dropped".to_owned())),
             })
             .collect();
@@ -166,12 +195,50 @@ fn record<'a>(row: &'a Outgoing, msg_id: &'a str) -> FutureRecord<'a, str, [u8]>
         .headers(headers)
 }
 
+/// What a record adds to its key, value and headers in a batch (lengths,
+/// attributes, offsets and timestamps as varints, the batch header), at most.
+const RECORD_OVERHEAD_BYTES: usize = 128;
+
+/// A row's record's size in a batch, at most.
+fn record_bytes(row: &Outgoing) -> usize {
+    let headers: usize = row.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+    row.key.len()
+        + row.payload.len()
+        + HEADER_MSG_ID.len()
+        + 36
+        + HEADER_EVENT_TYPE.len()
+        + row.event_type.len()
+        + HEADER_CONTENT_TYPE.len()
+        + row.content_type.len()
+        + headers
+        + RECORD_OVERHEAD_BYTES
+}
+
 /// A produce error as the relay takes it: refused for the record itself,
-/// or to be tried again.
-fn judge(error: &KafkaError, row: &Outgoing) -> SendError {
-    if rejects_the_record(error) {
+/// or to be tried again. `batch_limit`: the broker's answer to a batch
+/// ([`KafkaSink::batch_refusals_under`]), for a record sent.
+fn judge(error: &KafkaError, row: &Outgoing, batch_limit: Option<usize>) -> SendError {
+    let for_its_batch = error.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageSizeTooLarge)
+        && batch_limit.is_some_and(|limit| record_bytes(row) <= limit);
+    if for_its_batch {
+        SendError::Retry(format!(
+            "{error}: refused with a batch over the topic's limit; the record itself ({} bytes) is under it",
+            record_bytes(row)
+        ))
+    } else if rejects_the_record(error) {
         SendError::Reject(format!("{error} ({} bytes)", row.payload.len()))
     } else {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::InvalidTimestamp) {
+            tracing::error!(
+                msg_id = %row.msg_id,
+                %error,
+                "the broker refused the record's timestamp (INVALID_TIMESTAMP): this host's clock \
+                 is off from the brokers' by more than the topic allows \
+                 (message.timestamp.after.max.ms, 1 h by default); every record is refused until \
+                 the clock is fixed or the topic lets the brokers stamp records \
+                 (message.timestamp.type=LogAppendTime). The row stays pending"
+            );
+        }
         SendError::Retry(error.to_string())
     }
 }

@@ -1,5 +1,6 @@
 //! [`KafkaSink`]: the relay's rows produced to Kafka (feature `kafka`).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
@@ -29,7 +30,12 @@ pub struct KafkaSink<C: ClientContext + 'static = DefaultClientContext> {
     idempotent: bool,
     /// [`KafkaSink::batch_refusals_under`].
     batch_limit: Option<usize>,
+    /// [`KafkaSink::on_error`].
+    on_error: Option<Arc<ErrorObserver>>,
 }
+
+/// What [`KafkaSink::on_error`] takes.
+type ErrorObserver = dyn Fn(&KafkaError, &Outgoing, &SendError) + Send + Sync;
 
 impl<C: ClientContext + 'static> std::fmt::Debug for KafkaSink<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -66,7 +72,21 @@ impl<C: ClientContext + 'static> KafkaSink<C> {
             queue_timeout: Duration::from_secs(10),
             idempotent: config.get("enable.idempotence") == Some("true"),
             batch_limit: None,
+            on_error: None,
         })
+    }
+
+    /// Calls `observe` with each produce error, the row it was for, and
+    /// how the sink took it (to be tried again, or refused for the row
+    /// itself): for metrics and logs by the error's kind.
+    pub fn on_error(
+        self,
+        observe: impl Fn(&KafkaError, &Outgoing, &SendError) + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            on_error: Some(Arc::new(observe)),
+            ..self
+        }
     }
 
     /// The topics' `max.message.bytes`, when the sink should tell a record
@@ -143,7 +163,7 @@ impl<C: ClientContext + 'static> KafkaSink<C> {
                     }
                     Err((error, _)) => {
                         // Refused before it was sent: for itself.
-                        refused = Some(judge(&error, row, None));
+                        refused = Some(self.judged(&error, row, None));
                         break;
                     }
                 }
@@ -158,12 +178,21 @@ impl<C: ClientContext + 'static> KafkaSink<C> {
             .zip(rows)
             .map(|(delivery, row)| match delivery {
                 Ok(Ok(_)) => Ok(()),
-                Ok(Err((error, _))) => Err(judge(&error, row, self.batch_limit)),
+                Ok(Err((error, _))) => Err(self.judged(&error, row, self.batch_limit)),
                 Err(_canceled) => Err(SendError::Retry("the producer was dropped".to_owned())),
             })
             .collect();
         answers.extend(refused.map(Err));
         answers
+    }
+
+    /// [`judge`], told to the error observer.
+    fn judged(&self, error: &KafkaError, row: &Outgoing, batch_limit: Option<usize>) -> SendError {
+        let judged = judge(error, row, batch_limit);
+        if let Some(observe) = &self.on_error {
+            observe(error, row, &judged);
+        }
+        judged
     }
 }
 

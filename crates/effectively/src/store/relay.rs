@@ -256,6 +256,18 @@ pub trait RelayHooks: Send + Sync + 'static {
     fn pass_failed(&self, stage: Stage, error: &sqlx::Error) {
         let _ = (stage, error);
     }
+
+    /// The connection that listens for the source's `NOTIFY` was lost (or
+    /// could not be made): the loops poll until it is back.
+    fn listen_lost(&self, error: &sqlx::Error) {
+        let _ = error;
+    }
+}
+
+/// Whether group `group` of `groups` (shard `s` in group `s % groups`)
+/// holds a shard of `mask` (bit `s`: shard `s`).
+fn group_woken(mask: u16, group: usize, groups: usize) -> bool {
+    (0..SHARDS).any(|s| mask & (1 << s) != 0 && usize::from(s) % groups.max(1) == group)
 }
 
 /// The hooks of a relay given none.
@@ -710,9 +722,8 @@ impl<S: Sink, T: Source> Relay<S, T> {
     /// comes back with a backoff; the loops poll meanwhile.
     async fn listen(&self, wakes: &[watch::Sender<u64>], cancel: &CancellationToken) {
         let wake = |mask: u16| {
-            let n = wakes.len();
             for (g, tx) in wakes.iter().enumerate() {
-                if (0..SHARDS).any(|s| mask & (1 << s) != 0 && usize::from(s) % n == g) {
+                if group_woken(mask, g, wakes.len()) {
                     tx.send_modify(|n| *n = n.wrapping_add(1));
                 }
             }
@@ -746,6 +757,7 @@ impl<S: Sink, T: Source> Relay<S, T> {
                     }
                     Err(error) => {
                         tracing::warn!(%error, "listen for the outbox's NOTIFY; polling meanwhile");
+                        self.hooks.listen_lost(&error);
                         if !backoff.wait(cancel).await {
                             return;
                         }
@@ -756,10 +768,22 @@ impl<S: Sink, T: Source> Relay<S, T> {
             tokio::select! {
                 () = cancel.cancelled() => return,
                 () = tokio::time::sleep(EXPIRE_EVERY) => {}
-                note = l.recv() => match note {
-                    Ok(note) => wake(self.source.shards_woken(note.payload())),
+                note = l.try_recv() => match note {
+                    Ok(Some(note)) => wake(self.source.shards_woken(note.payload())),
+                    Ok(None) => {
+                        // Lost; it reconnects on the next call. A NOTIFY
+                        // sent meanwhile is lost with it: every loop looks.
+                        let lost = sqlx::Error::Io(std::io::Error::new(
+                            std::io::ErrorKind::ConnectionAborted,
+                            "the LISTEN connection was lost",
+                        ));
+                        tracing::warn!(error = %lost, "the outbox's NOTIFY connection was lost; reconnecting");
+                        self.hooks.listen_lost(&lost);
+                        wake(u16::MAX);
+                    }
                     Err(error) => {
                         tracing::warn!(%error, "the outbox's NOTIFY connection was lost; reconnecting");
+                        self.hooks.listen_lost(&error);
                         listener = None;
                     }
                 },
@@ -774,4 +798,28 @@ struct KeyOutcome {
     published: Vec<i64>,
     failed: Vec<(i64, String)>,
     left: Vec<i64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_notify_wakes_the_groups_of_the_shards_it_names_and_no_other() {
+        assert!(group_woken(1 << 3, 3, 16));
+        assert!(!group_woken(1 << 3, 5, 16));
+        assert!(
+            group_woken(1 << 15, 15, 16),
+            "the last shard's bit is its own"
+        );
+        // Four groups: group 1 holds shards 1, 5, 9, 13.
+        assert!(group_woken(1 << 13, 1, 4));
+        assert!(!group_woken(1 << 13, 2, 4));
+        assert!(group_woken(1 << 14, 2, 4));
+        for g in 0..4 {
+            assert!(group_woken(u16::MAX, g, 4), "every shard wakes every group");
+            assert!(!group_woken(0, g, 4));
+        }
+        assert!(group_woken(1 << 7, 0, 1), "one group holds every shard");
+    }
 }

@@ -98,7 +98,7 @@ bench-library-relay: ## the library's relay, a 20,000-row backlog drained into K
 	@scripts/stack.sh up >/dev/null
 	$(CARGO) run -q --release -p effectively --features kafka --example relay_rate -- $(or $(BENCH_LIBRARY_ROWS),20000) $(or $(BENCH_LIBRARY_KEYS),20000 1000 10)
 
-bench-relay-ab: ## the relay binary's engine beside the library's, the same backlog drained into Kafka, rows/s over 20000 keys, 1000 and 10 (BENCH_AB_ROWS, BENCH_AB_KEYS; see FINDINGS.md)
+bench-relay-ab: ## the relay binary's engine beside the library's, the same backlog drained into Kafka, rows/s over 20000 keys, 1000 and 10 (BENCH_AB_ROWS, BENCH_AB_KEYS, BENCH_AB_BINARY_BATCH; see FINDINGS.md)
 	@scripts/stack.sh up >/dev/null
 	$(CARGO) run -q --release -p relay --example relay_ab -- $(or $(BENCH_AB_ROWS),20000) $(or $(BENCH_AB_KEYS),20000 1000 10)
 

@@ -9,9 +9,9 @@
 //! topic and timed from the relay's start to its own count of every row
 //! published:
 //!
-//! - `binary`: the relay binary's engine (`relay::run`, its defaults:
-//!   batches of 1,000, 2 shard groups, depth 1) over `orders.outbox`,
-//!   counted by its `relay_published_total`;
+//! - `binary`: the relay binary (`relay::run`, its defaults: batches of
+//!   1,000, 2 shard groups; `BENCH_AB_BINARY_BATCH` sets its batch) over
+//!   `orders.outbox`, counted by its `relay_published_total`;
 //! - `library`: the library's `Relay` (its defaults: batches of 2,000, 2
 //!   shard groups) over the library's outbox (schema `fx`) through a
 //!   `KafkaSink` on the binary's producer settings, counted by its stats.
@@ -132,7 +132,7 @@ async fn binary(rows: usize, keys: usize) -> anyhow::Result<f64> {
         runtime: pipeline::config::RuntimeArgs { worker_threads: 0 },
         kafka: topic.kafka_args(),
         crash: CrashArgs::default(),
-        batch_size: 1000,
+        batch_size: std::env::var("BENCH_AB_BINARY_BATCH").map_or(Ok(1000), |b| b.parse())?,
         workers: 8,
         shard_groups: 2,
         shard_depth: 1,

@@ -67,14 +67,13 @@ pub struct Config {
           value_parser = clap::value_parser!(u8).range(1..=SHARDS as i64))]
     pub shard_groups: u8,
 
-    /// Transactions one shard can have in flight at once (`--mode poll`),
-    /// within `--workers`. At 1, a row committed while its shard awaits
-    /// its batch's acks waits for them, the mark and the commit; at 2, a
-    /// second transaction claims it meanwhile. Per-key order holds at any
-    /// depth: a claim skips the rows in flight and every later row of their
-    /// keys. Worth it where the broker's acks, not the CPU, are the wait: on
-    /// 2 shared cores and the embedded broker, 2 gained nothing (FINDINGS
-    /// §15).
+    /// Kept so that existing settings still parse: a shard has one pass in
+    /// flight at a time, whatever this says. The relay reads each key's
+    /// pending rows, sends them in order and marks them after the acks
+    /// (the library's engine), so a second pass over the shard would send
+    /// the same rows; a depth over 1 is logged and not taken. (It had 2
+    /// passes overlap when a claim marked its rows; 2 gained nothing on 2
+    /// shared cores: FINDINGS §15.)
     #[arg(long, env = "RELAY_SHARD_DEPTH", default_value_t = 1,
           value_parser = clap::value_parser!(u8).range(1..=outbox::MAX_SHARD_DEPTH as i64))]
     pub shard_depth: u8,

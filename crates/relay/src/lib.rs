@@ -8,32 +8,34 @@
 //! The Payments inbox absorbs the duplicates; the relay never tries to be
 //! exactly-once.
 //!
+//! The engine is the library's (`effectively::store::Relay`): its passes,
+//! shard locks, groups, depth slots, wake-ups and backoff. This crate gives
+//! it `orders.outbox` as its source, the envelope and metrics as its sink
+//! and hooks ([`engine`]), and runs it from the command line ([`Config`]).
+//!
 //! Ordering across any number of relay processes: rows are split into
-//! [`outbox::SHARDS`] shards by aggregate id; a worker publishes a batch of
-//! a shard only while its transaction holds one of the shard's advisory
-//! locks (a slot), awaits every delivery report, marks the delivered rows
-//! and commits. The claim takes a key's row only when no earlier row of the
-//! key is pending, and skips rows locked by a claim in flight, so a key's
-//! next event is claimed only after its previous one was acked and
-//! committed published, by whichever transaction. See ARCHITECTURE.md.
+//! [`outbox::SHARDS`] shards by aggregate id; a pass publishes a shard's
+//! rows only while its transaction holds the shard's advisory lock, reads
+//! its oldest pending rows, sends each key's in id order (all in flight at
+//! once through the idempotent producer, which keeps them in order on the
+//! key's partition), awaits every delivery report, marks what was
+//! delivered and commits. See ARCHITECTURE.md.
 //!
 //! Pipelining: the shards are split into `--shard-groups` groups, every
-//! group has a loop of its own in each process (with `--shard-depth` N, N
-//! loops, one per lock slot), and up to `--workers` of them hold a
-//! transaction at once, so one group's claim, mark and commit overlap the
-//! others' broker acks, and at a depth over 1 its own. A group's
-//! transaction claims all of its shards whose locks it got.
-//! A key's event is never in flight from two places: a claim skips the rows
-//! in flight and every later row of their keys (`outbox::try_lock_shard`).
+//! group has a loop of passes in each process, and up to `--workers` of
+//! them hold a transaction at once, so one group's claim, mark and commit
+//! overlap the others' broker acks. A key's events are in flight from one
+//! pass at a time: its shard's.
 //!
-//! The modes: [`poll`] (shard loops) and [`wal`] (the replication stream)
-//! publish to Kafka through [`publish`]; [`webhooks`] delivers the same
-//! outbox as signed HTTP. [`run`] picks one from the [`Config`].
+//! The modes: poll (the library relay's loops) and [`wal`] (the replication
+//! stream) publish to Kafka through the same sink ([`publish`]);
+//! [`webhooks`] delivers the same outbox as signed HTTP. [`run`] picks one
+//! from the [`Config`].
 
 pub mod config;
+pub mod engine;
 pub mod metrics;
 pub mod outbox;
-mod poll;
 pub mod publish;
 mod topic;
 mod upkeep;
@@ -45,6 +47,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use effectively::store::Relay;
 use pipeline::crash::Crasher;
 use rdkafka::producer::Producer;
 use rdkafka::util::Timeout;
@@ -54,8 +57,9 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::config::{Command, Config, Mode, Sink, session_limits};
+use crate::engine::{Hooks, OrdersOutbox};
 use crate::metrics::RelayMetrics;
-pub use crate::publish::{RelayContext, RelayProducer, producer};
+pub use crate::publish::{RelayContext, producer_config, sink};
 use crate::publish::{Worker, topic_max_message_bytes};
 use crate::upkeep::{sample_lag, sample_slot, spawn_outbox_expiry};
 use crate::wake::{Wakes, listen};
@@ -100,9 +104,12 @@ pub async fn run(
     let cfg = config.clone();
     let context = RelayContext::default();
     let fatal = context.fatal.clone();
-    let producer = tokio::task::spawn_blocking(move || producer(&cfg, context, max_message_bytes))
-        .await
-        .context("create producer task")??;
+    let sink_metrics = metrics.clone();
+    let sink = tokio::task::spawn_blocking(move || {
+        publish::sink(&cfg, context, max_message_bytes, sink_metrics)
+    })
+    .await
+    .context("create producer task")??;
     // Everything below stops on a shutdown or on a fatal producer error.
     let outer = cancel;
     let cancel = outer.child_token();
@@ -140,16 +147,39 @@ pub async fn run(
         }));
     }
     // A fatal error the producer's error callback does not see as one.
-    tasks.push(fatal.watch_producer(producer.clone(), Duration::from_millis(500), cancel.clone()));
+    tasks.push(fatal.watch_producer(
+        sink.kafka().producer().clone(),
+        Duration::from_millis(500),
+        cancel.clone(),
+    ));
 
     let workers = usize::from(config.workers.max(1));
+    if config.shard_depth > 1 {
+        tracing::warn!(
+            shard_depth = config.shard_depth,
+            "--shard-depth over 1 is not taken: a shard has one pass in flight at a time \
+             (the relay reads a key's rows and marks them after the acks)"
+        );
+    }
+    let max_attempts = config.max_attempts.max(1);
+    let source = OrdersOutbox {
+        topic: config.kafka.kafka_topic.clone(),
+        max_attempts,
+    };
+    let hooks = Arc::new(Hooks {
+        metrics: metrics.clone(),
+        crasher: crasher.clone(),
+        max_attempts,
+    });
+    let relay = Relay::over(pool.clone(), source, sink)
+        .batch_size(u32::try_from(config.batch_size.max(1)).unwrap_or(u32::MAX))
+        .shard_groups(config.shard_groups)
+        .passes_at_once(workers)
+        .poll_every(Duration::from_millis(config.poll_interval_ms))
+        .hooks(hooks);
     let worker = Arc::new(Worker {
         pool: pool.clone(),
-        producer: producer.clone(),
-        topic: config.kafka.kafka_topic.clone(),
-        batch_size: config.batch_size.max(1),
-        max_attempts: config.max_attempts.max(1),
-        max_message_bytes,
+        relay: Arc::new(relay),
         metrics: metrics.clone(),
         crasher,
         permits: Semaphore::new(workers),
@@ -159,25 +189,8 @@ pub async fn run(
     let (wal_end_tx, mut wal_end) = tokio::sync::oneshot::channel::<anyhow::Result<()>>();
     match config.mode {
         Mode::Poll => {
-            let wakes = Wakes::new(config.shard_groups);
-            tasks.push(tokio::spawn(listen(
-                pool.clone(),
-                wakes.clone(),
-                metrics.clone(),
-                cancel.clone(),
-            )));
-            let poll = Duration::from_millis(config.poll_interval_ms);
-            for (group, shards) in wakes.groups().into_iter().enumerate() {
-                for slot in 0..config.shard_depth.max(1) {
-                    worker_tasks.push(tokio::spawn(worker.clone().run_group(
-                        shards.clone(),
-                        slot,
-                        poll,
-                        wakes.group(group),
-                        cancel.clone(),
-                    )));
-                }
-            }
+            let (relay, cancel) = (worker.relay.clone(), cancel.clone());
+            worker_tasks.push(tokio::spawn(async move { relay.run(cancel).await }));
             drop(wal_end_tx);
         }
         Mode::Wal => {
@@ -226,6 +239,7 @@ pub async fn run(
         let _ = t.await;
     }
     let fatal_reason = fatal.reason();
+    let producer = worker.relay.sink().kafka().producer().clone();
     let _ =
         tokio::task::spawn_blocking(move || producer.flush(Timeout::After(Duration::from_secs(5))))
             .await;
@@ -276,7 +290,7 @@ async fn run_webhooks(
             },
         )));
     }
-    let wakes = Wakes::new(1); // the fan-out waits on any shard's rows
+    let wakes = Wakes::new();
     let wake_rx = wakes.any();
     tasks.push(tokio::spawn(listen(
         pool.clone(),

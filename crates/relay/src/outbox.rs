@@ -57,7 +57,9 @@ impl PendingRow {
 pub const MAX_SHARD_DEPTH: u8 = 4;
 
 /// Tries to take slot `slot` of `shard`'s lock for the life of `tx`.
-/// `false`: another relay worker holds it; skip it.
+/// `false`: another relay worker holds it; skip it. The webhook fan-out's
+/// lock (`--sink http`); the Kafka relay's passes take the library relay's
+/// (`effectively::store::Relay`).
 ///
 /// The lock is transaction-scoped: it is released by the same commit that
 /// marks the batch published, or by the rollback when the relay dies. It
@@ -106,10 +108,9 @@ pub async fn try_lock_shards(
 ///
 /// The claim marks the rows it takes published, in the same statement: the
 /// mark commits with the claiming transaction, after the broker's acks, or
-/// rolls back with it. So the caller puts back ([`release`]) or records as
-/// failed ([`record_failures`]) every row it did not deliver, before it
-/// commits. One statement a batch instead of a claim and a mark
-/// (FINDINGS.md §15).
+/// rolls back with it. The webhook fan-out's claim: it moves the rows into
+/// `orders.webhook_deliveries` in the same transaction (the Kafka relay
+/// reads its rows with [`read_shards`] and marks what was delivered).
 ///
 /// Per-key order: a row is taken only when no earlier row of its aggregate
 /// is pending, so one key is never in flight twice, and a failed row (which
@@ -150,18 +151,18 @@ pub struct Claim {
     pub full: bool,
 }
 
-/// [`claim`] over several shards in one statement (a group's transaction,
-/// `relay --shard-groups`): each shard gets an equal share of `limit` (at
-/// least one row), and its rows are claimed exactly as [`claim`] does, one
+/// [`claim`] over several shards in one statement (a group's pass,
+/// `relay --shard-groups`): up to `share` rows of each shard (the pass's
+/// equal share of `--batch-size`), claimed exactly as [`claim`] does, one
 /// ordered probe of `outbox_pending_by_shard` per shard. (One scan of
 /// `shard = ANY(..)` would have to sort every pending row of the shards
 /// before its `LIMIT`: over a backlog, all of them per claim.)
 pub async fn claim_shards(
     conn: &mut PgConnection,
     shards: &[i16],
-    limit: i64,
+    share: i64,
 ) -> sqlx::Result<Claim> {
-    let share = (limit / i64::try_from(shards.len().max(1)).unwrap_or(1)).max(1);
+    let share = share.max(1);
     let mut rows = sqlx::query!(
         r#"WITH c AS (
            SELECT s.n, c.id, c.later
@@ -212,6 +213,72 @@ pub async fn claim_shards(
             created_at: row.created_at,
             attempts: row.attempts,
             later: row.later,
+        });
+    }
+    Ok(claim)
+}
+
+/// Reads up to `share` pending rows of each shard of `shards` in id order,
+/// every row of a key among them (the library relay's claim: a pass sends a
+/// key's rows in order, all in flight at once through the idempotent
+/// producer), leaving out the rows of a key whose earlier row failed for
+/// good. Marks nothing and locks nothing: the pass's shard locks keep
+/// every other pass off these shards, and its settle marks what was
+/// delivered ([`mark_published`]). `full`: some shard gave its whole share.
+///
+/// The plan does not depend on the statistics, as in [`claim_shards`]: one
+/// ordered walk of `outbox_pending_by_shard` per shard, and `OFFSET 0`
+/// keeps the `NOT EXISTS` a probe of `outbox_pending_by_aggregate` per
+/// candidate.
+pub async fn read_shards(
+    conn: &mut PgConnection,
+    shards: &[i16],
+    share: i64,
+) -> sqlx::Result<Claim> {
+    let share = share.max(1);
+    let rows = sqlx::query!(
+        r#"SELECT c.shard AS "shard!", c.id AS "id!", c.aggregate_id AS "aggregate_id!",
+                  c.msg_id AS "msg_id!", c.event_type AS "event_type!", c.payload AS "payload!",
+                  c.created_at AS "created_at!", c.attempts AS "attempts!"
+           FROM unnest($1::int2[]) AS s(shard),
+           LATERAL (
+             SELECT o.shard, o.id, o.aggregate_id, o.msg_id, o.event_type, o.payload,
+                    o.created_at, o.attempts
+             FROM orders.outbox o
+             WHERE o.shard = s.shard AND o.published_at IS NULL AND o.failed_at IS NULL
+               AND NOT EXISTS (SELECT 1 FROM orders.outbox f
+                               WHERE f.aggregate_id = o.aggregate_id AND f.id < o.id
+                                 AND f.published_at IS NULL AND f.failed_at IS NOT NULL
+                               OFFSET 0)
+             ORDER BY o.id LIMIT $2) c
+           ORDER BY c.id"#,
+        shards,
+        share
+    )
+    .fetch_all(conn)
+    .await?;
+    let mut per_shard = [0_i64; SHARDS as usize];
+    let mut claim = Claim {
+        rows: Vec::with_capacity(rows.len()),
+        full: false,
+    };
+    for row in rows {
+        if let Some(n) = usize::try_from(row.shard)
+            .ok()
+            .and_then(|s| per_shard.get_mut(s))
+        {
+            *n += 1;
+            claim.full |= *n >= share;
+        }
+        claim.rows.push(PendingRow {
+            id: row.id,
+            aggregate_id: row.aggregate_id,
+            msg_id: row.msg_id,
+            event_type: row.event_type,
+            payload: row.payload,
+            created_at: row.created_at,
+            attempts: row.attempts,
+            later: false,
         });
     }
     Ok(claim)
@@ -285,18 +352,6 @@ pub async fn mark_published(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Resul
     Ok(sqlx::query!(
         "UPDATE orders.outbox SET published_at = now() \
          WHERE id = ANY($1) AND coalesce(published_at, 'infinity') = 'infinity'",
-        ids
-    )
-    .execute(conn)
-    .await?
-    .rows_affected())
-}
-
-/// Puts rows the claim marked back to pending (the broker did not ack
-/// them; they are claimed again). Returns how many.
-pub async fn release(conn: &mut PgConnection, ids: &[i64]) -> sqlx::Result<u64> {
-    Ok(sqlx::query!(
-        "UPDATE orders.outbox SET published_at = NULL WHERE id = ANY($1)",
         ids
     )
     .execute(conn)

@@ -1,29 +1,26 @@
-//! Publish and mark, the part both Kafka modes share: the producer, one
-//! row produced and its outcome judged ([`Worker::publish`]), and a batch
-//! ended by marking the acked rows published and recording the refused
-//! ones in its transaction ([`Worker::mark_batch`]). The poll mode
-//! ([`crate::poll`]) and the WAL mode ([`crate::wal`]) differ only in how
-//! they find the rows and hold their order.
+//! What both Kafka modes share: the producer and the library relay over
+//! `orders.outbox` ([`Worker`]). The poll mode is that relay's own loop
+//! ([`effectively::store::Relay::run`]); the WAL mode ([`crate::wal`])
+//! drains the rows from before its slot with the relay's passes, produces
+//! the stream's rows one by one through the relay's sink
+//! ([`Worker::publish`]) and marks them itself ([`Worker::mark_batch`]).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
-use chrono::Utc;
+
+use effectively::store::{KafkaSink, Outgoing, Relay, SendError, Sink};
 use pipeline::contract::CrashPoint;
 use pipeline::crash::Crasher;
-use pipeline::envelope::{HEADER_EVENT_TYPE, HEADER_MSG_ID};
 use pipeline::kafka::FatalState;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::util::Timeout;
 use rdkafka::{ClientConfig, ClientContext};
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio::sync::Semaphore;
 
 use crate::config::Config;
+use crate::engine::{EventSink, OrdersOutbox};
 use crate::metrics::RelayMetrics;
 use crate::outbox::{self, PendingRow};
 
@@ -42,10 +39,7 @@ impl ClientContext for RelayContext {
     }
 }
 
-/// The relay's producer type.
-pub type RelayProducer = FutureProducer<RelayContext>;
-
-/// Builds the idempotent, acks=all producer: every send waits for
+/// The idempotent, acks=all producer's settings: every send waits for
 /// `min.insync.replicas` of the partition's replicas (2 of 3 on the stack),
 /// at most 5 requests in flight per broker (the most idempotence keeps in
 /// order across retries), and a send gives up after `--message-timeout-ms`,
@@ -57,13 +51,11 @@ pub type RelayProducer = FutureProducer<RelayContext>;
 /// `max_message_bytes` (the topic's `max.message.bytes`) becomes the
 /// producer's `message.max.bytes`, so that librdkafka refuses a row over
 /// the topic's limit itself, alone, and keeps its batches under it: the
-/// broker refuses a whole batch that is over the limit, every row in it.
-pub fn producer(
-    config: &Config,
-    context: RelayContext,
-    max_message_bytes: usize,
-) -> anyhow::Result<RelayProducer> {
-    ClientConfig::new()
+/// broker refuses a whole batch that is over the limit, every row in it
+/// (the sink sends a row refused so again: `KafkaSink::batch_refusals_under`).
+pub fn producer_config(config: &Config, max_message_bytes: usize) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    client
         .set("message.max.bytes", max_message_bytes.to_string())
         .set("bootstrap.servers", &config.kafka.kafka_bootstrap_servers)
         .set("enable.idempotence", "true")
@@ -74,23 +66,54 @@ pub fn producer(
         .set("queue.buffering.max.messages", "1000000")
         .set("batch.num.messages", "10000")
         .set("compression.type", "lz4")
-        .set("allow.auto.create.topics", "false")
-        .create_with_context(context)
-        .context("create kafka producer")
+        .set("allow.auto.create.topics", "false");
+    client
 }
 
-/// What the shard loops share: the clients, the settings, and the permits
-/// that bound the shard transactions open at once (`--workers`).
+/// The relay's sink: [`producer_config`]'s producer with `context`, the
+/// rows in their envelopes, counted in `metrics`.
+pub fn sink(
+    config: &Config,
+    context: RelayContext,
+    max_message_bytes: usize,
+    metrics: Arc<RelayMetrics>,
+) -> anyhow::Result<EventSink> {
+    let counted = metrics.clone();
+    let kafka = KafkaSink::with_context(&producer_config(config, max_message_bytes), context)
+        .context("create kafka producer")?
+        .batch_refusals_under(max_message_bytes)
+        .on_error(move |error, row, judged| count_error(&counted, error, row, judged));
+    Ok(EventSink::new(kafka, metrics))
+}
+
+/// One produce error counted by its kind in `relay_errors_total{stage}`,
+/// and logged: `invalid_timestamp` (this host's clock, loudly), `rejected`
+/// (the row's own), `produce` (the broker's, or a batch over the limit).
+fn count_error(metrics: &RelayMetrics, error: &KafkaError, row: &Outgoing, judged: &SendError) {
+    let kind = if error.rdkafka_error_code() == Some(RDKafkaErrorCode::InvalidTimestamp) {
+        "invalid_timestamp"
+    } else if matches!(judged, SendError::Reject(_)) {
+        "rejected"
+    } else {
+        "produce"
+    };
+    metrics.relay_errors_total.with_label_values(&[kind]).inc();
+    match judged {
+        SendError::Reject(why) => {
+            tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, %why, "the row cannot be published")
+        }
+        SendError::Retry(why) => {
+            tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, %why, "publish failed; row stays pending")
+        }
+    }
+}
+
+/// What both modes share: the library relay over `orders.outbox` (its
+/// passes, its sink), and the permits that bound the WAL relay's drain
+/// (`--workers`).
 pub struct Worker {
     pub(crate) pool: PgPool,
-    pub(crate) producer: RelayProducer,
-    pub(crate) topic: String,
-    pub(crate) batch_size: i64,
-    pub(crate) max_attempts: i32,
-    /// The topic's `max.message.bytes`: a row larger than this is refused
-    /// for itself; a smaller one refused as too large was refused for its
-    /// batch (see [`Worker::publish`]).
-    pub(crate) max_message_bytes: usize,
+    pub(crate) relay: Arc<Relay<EventSink, OrdersOutbox>>,
     pub(crate) metrics: Arc<RelayMetrics>,
     pub(crate) crasher: Arc<Crasher>,
     pub(crate) permits: Semaphore,
@@ -160,65 +183,31 @@ pub enum Publish {
 /// meant to mark ([`crate::wal`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Marked {
-    /// Rows this commit marked published: for [`Marks::Rows`], those its
-    /// `UPDATE` changed (a row it could not see, or one already published,
-    /// is not among them); for [`Marks::Claimed`], the delivered ones.
+    /// Rows this commit marked published: those its `UPDATE` changed (a
+    /// row it could not see, or one already published, is not among them).
     pub(crate) published: u64,
     /// Rows this commit marked failed.
     pub(crate) failed: u64,
 }
 
-/// How a batch's delivered rows are marked published.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Marks<'a> {
-    /// By this commit: mark these rows (the WAL relay's, read from the
-    /// stream).
-    Rows(&'a [i64]),
-    /// By the claim, which marked every row it took (`outbox::claim`):
-    /// `delivered` of them were acked; `undelivered` (the broker failed)
-    /// are put back to pending. The rejected ones are unmarked by their
-    /// failure's record.
-    Claimed {
-        delivered: usize,
-        undelivered: &'a [i64],
-    },
-}
-
 impl Worker {
-    /// After the broker's acks: marks the delivered rows published (or puts
-    /// back the claimed rows that were not, [`Marks`]) and records
-    /// `rejected` (each row's own failure; marked failed at its
-    /// `max_attempts`th), then commits `tx`. Both relay modes end a batch
-    /// here.
+    /// The WAL relay's end of a batch, after the broker's acks: marks the
+    /// delivered rows `ids` published and records `rejected` (each row's
+    /// own failure; marked failed at its `max_attempts`th), then commits
+    /// `tx`.
     pub(crate) async fn mark_batch(
         &self,
         mut tx: Transaction<'_, Postgres>,
-        marks: Marks<'_>,
+        ids: &[i64],
         rejected: &[(i64, String)],
         max_attempts: i32,
     ) -> Result<Marked, BatchError> {
         // The broker has acked; the marks are not committed. A crash here
         // re-publishes the rows on restart: the at-least-once window.
         self.crasher.point(CrashPoint::Publish);
-        let (delivered, published) = match marks {
-            Marks::Rows(ids) => {
-                let published = outbox::mark_published(&mut tx, ids)
-                    .await
-                    .map_err(BatchError::at(Stage::Mark, "mark published"))?;
-                (ids.len(), published)
-            }
-            Marks::Claimed {
-                delivered,
-                undelivered,
-            } => {
-                if !undelivered.is_empty() {
-                    outbox::release(&mut tx, undelivered)
-                        .await
-                        .map_err(BatchError::at(Stage::Mark, "put back undelivered rows"))?;
-                }
-                (delivered, delivered as u64)
-            }
-        };
+        let published = outbox::mark_published(&mut tx, ids)
+            .await
+            .map_err(BatchError::at(Stage::Mark, "mark published"))?;
         let failed = if rejected.is_empty() {
             0
         } else {
@@ -241,131 +230,24 @@ impl Worker {
             );
         }
         self.metrics.relay_rows_failed_total.inc_by(failed);
-        self.metrics.relay_published_total.inc_by(delivered as u64);
-        self.metrics.relay_batch_size.observe(delivered as f64);
+        self.metrics.relay_published_total.inc_by(ids.len() as u64);
+        self.metrics.relay_batch_size.observe(ids.len() as f64);
         Ok(Marked { published, failed })
     }
 
-    /// Produces one row.
+    /// Produces one row (the WAL relay's), through the relay's sink.
     pub(crate) async fn publish(&self, row: &PendingRow) -> Publish {
-        let value = match row.encode() {
-            Ok(value) => value,
-            Err(error) => {
-                self.metrics
-                    .relay_errors_total
-                    .with_label_values(&["encode"])
-                    .inc();
-                tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, attempts = row.attempts + 1, %error, "outbox payload is not JSON");
-                return Publish::Rejected(format!("payload is not JSON: {error}"));
-            }
-        };
-        let key = row.aggregate_id.to_string();
-        let msg_id = row.msg_id.to_string();
-        let headers = OwnedHeaders::new()
-            .insert(Header {
-                key: HEADER_MSG_ID,
-                value: Some(msg_id.as_bytes()),
-            })
-            .insert(Header {
-                key: HEADER_EVENT_TYPE,
-                value: Some(row.event_type.as_bytes()),
-            });
-        let record = FutureRecord::to(&self.topic)
-            .key(&key)
-            .payload(&value)
-            .headers(headers);
-        match self
-            .producer
-            .send(record, Timeout::After(Duration::from_secs(10)))
-            .await
-        {
-            Ok(_) => {
-                let age = (Utc::now() - row.created_at)
-                    .num_microseconds()
-                    .unwrap_or(0) as f64
-                    / 1e6;
-                self.metrics
-                    .relay_commit_to_publish_seconds
-                    .observe(age.max(0.0));
-                Publish::Delivered
-            }
-            Err((error, _))
-                if error.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageSizeTooLarge)
-                    && record_bytes(&key, &value, &msg_id, &row.event_type)
-                        <= self.max_message_bytes =>
-            {
-                // The broker refused the batch this row was in, over the
-                // topic's limit because of another row: this row is fine
-                // and goes again, in another batch.
-                self.metrics
-                    .relay_errors_total
-                    .with_label_values(&["produce"])
-                    .inc();
-                tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, bytes = value.len(), %error, "refused with a batch over the topic's limit; the row itself is under it and stays pending");
-                Publish::Retry
-            }
-            Err((error, _))
-                if error.rdkafka_error_code() == Some(RDKafkaErrorCode::InvalidTimestamp) =>
-            {
-                // The broker refused the timestamp this host's clock put on
-                // the record (a CreateTime topic, a clock past the topic's
-                // message.timestamp.after/before.max.ms). Not the row's
-                // fault, so not counted against --max-attempts: the row stays
-                // pending and goes once the clock is right, but every row
-                // would be refused meanwhile, so it is an error of its own.
-                self.metrics
-                    .relay_errors_total
-                    .with_label_values(&["invalid_timestamp"])
-                    .inc();
-                tracing::error!(
-                    outbox_id = row.id,
-                    msg_id = %row.msg_id,
-                    %error,
-                    "the broker refused the record's timestamp (INVALID_TIMESTAMP): this host's clock \
-                     is off from the brokers' by more than the topic allows \
-                     (message.timestamp.after.max.ms, 1 h by default). Publishing is stopped until \
-                     the host's time synchronisation is fixed or the topic lets the brokers stamp \
-                     records (message.timestamp.type=LogAppendTime); the row stays pending"
-                );
-                Publish::Retry
-            }
-            Err((error, _)) if pipeline::kafka::rejects_the_record(&error) => {
-                self.metrics
-                    .relay_errors_total
-                    .with_label_values(&["rejected"])
-                    .inc();
-                tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, attempts = row.attempts + 1, bytes = value.len(), %error, "the row cannot be published");
-                Publish::Rejected(format!("{error} ({} bytes)", value.len()))
-            }
-            Err((error, _)) => {
-                self.metrics
-                    .relay_errors_total
-                    .with_label_values(&["produce"])
-                    .inc();
-                tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, %error, "publish failed; row stays pending");
-                Publish::Retry
-            }
+        let row = row.outgoing(&self.relay.source().topic);
+        match self.relay.sink().send(&row).await {
+            Ok(()) => Publish::Delivered,
+            Err(SendError::Retry(_)) => Publish::Retry,
+            Err(SendError::Reject(why)) => Publish::Rejected(why),
         }
     }
 }
 
 /// Kafka's default `max.message.bytes`, taken when the topic's cannot be read.
 const KAFKA_DEFAULT_MAX_MESSAGE_BYTES: usize = 1_048_588;
-
-/// What a record adds to its key, value and headers in a batch (lengths,
-/// attributes, offsets and timestamps as varints, the batch header), at most.
-const RECORD_OVERHEAD_BYTES: usize = 128;
-
-/// A record's size in a batch, at most.
-fn record_bytes(key: &str, value: &[u8], msg_id: &str, event_type: &str) -> usize {
-    key.len()
-        + value.len()
-        + HEADER_MSG_ID.len()
-        + msg_id.len()
-        + HEADER_EVENT_TYPE.len()
-        + event_type.len()
-        + RECORD_OVERHEAD_BYTES
-}
 
 /// The topic's `max.message.bytes`, read from the broker at start-up;
 /// Kafka's default when it cannot be read (a topic not created yet: its

@@ -337,11 +337,11 @@ async fn drain_round(worker: &Arc<Worker>, cancel: &CancellationToken) -> anyhow
             let mut total = 0;
             while !cancel.is_cancelled() {
                 let permit = worker.permits.acquire().await?;
-                let batch = worker.relay_shards(&[shard], 0).await;
+                let pass = worker.relay.relay_shards(&[shard]).await;
                 drop(permit);
-                match batch?.delivered {
+                match pass?.published {
                     0 => break,
-                    n => total += n,
+                    n => total += usize::try_from(n).unwrap_or(usize::MAX),
                 }
             }
             anyhow::Ok(total)

@@ -22,7 +22,7 @@ use uuid::Uuid;
 
 use super::decode::decode_row;
 use crate::outbox::{self, PendingRow};
-use crate::publish::{Marks, Publish, Worker};
+use crate::publish::{Publish, Worker};
 
 /// How often the table is compared with the stream ([`Probe`]).
 const GAP_CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -383,7 +383,7 @@ impl Settle {
             // at its first attempt.
             let marked = self
                 .worker
-                .mark_batch(tx, Marks::Rows(&self.delivered), &self.rejected, 1)
+                .mark_batch(tx, &self.delivered, &self.rejected, 1)
                 .await?;
             if marked.published < self.delivered.len() as u64
                 || marked.failed < self.rejected.len() as u64

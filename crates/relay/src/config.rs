@@ -36,29 +36,31 @@ pub struct Config {
     #[command(flatten)]
     pub crash: CrashArgs,
 
-    /// Most rows claimed from one shard per transaction. At most `--workers`
-    /// × this many rows are in flight to the broker at once, and the drain
-    /// rate is about that over the ack latency (on the embedded broker 8 ×
-    /// 1,000 drains faster than 8 × 500: FINDINGS §15). A crash at
-    /// `publish` re-publishes up to that many (the inbox absorbs them).
+    /// Most rows a pass reads: in `--mode poll`, an equal share for each
+    /// shard of its group (the webhook fan-out: per shard). At most
+    /// `--shard-groups` × this many rows are in flight to the broker at
+    /// once, and the drain rate is about that over the ack latency
+    /// (FINDINGS §15, §26). A crash at `publish` re-publishes up to that
+    /// many (the inbox absorbs them).
     #[arg(long, env = "RELAY_BATCH_SIZE", default_value_t = 1000)]
     pub batch_size: i64,
 
     /// Transactions this process keeps open at once, each publishing one
-    /// group's batch (claim, produce, await acks, mark, commit). One
+    /// group's batch (read, produce, await acks, mark, commit). One
     /// group's acks overlap the others' database work; more than
-    /// `--shard-groups` × `--shard-depth` adds nothing.
+    /// `--shard-groups` adds nothing (the WAL relay's start-up drain: up
+    /// to this many shards at once).
     #[arg(long, env = "RELAY_WORKERS", default_value_t = 8,
           value_parser = clap::value_parser!(u16).range(1..=SHARDS as i64))]
     pub workers: u16,
 
     /// Groups the outbox's 16 shards are split into (`--mode poll`): shard
-    /// `s` is in group `s % N`, and each group has a loop (per
-    /// `--shard-depth` slot) whose transaction claims all its shards at
-    /// once, an equal share of `--batch-size` each. A batch's cycle collects
+    /// `s` is in group `s % N`, and each group has a loop whose
+    /// transaction reads all its shards at once, an equal share of
+    /// `--batch-size` each. A batch's cycle collects
     /// every row its shards got meanwhile, so fewer groups mean fewer,
     /// larger transactions for the same rows, and fewer produce requests;
-    /// at most N transactions (× depth) are in flight, within `--workers`.
+    /// at most N transactions are in flight, within `--workers`.
     /// At 2 (against 16, a loop per shard) the pipeline spent 30% less CPU
     /// per order at 1,000 orders/s and 22% less at 3,850, commit→effect's
     /// p99 halved, and a backlog drained 1–13% slower; at 1 it drained at

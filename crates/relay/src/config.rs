@@ -9,7 +9,7 @@ use pipeline::config::{DbArgs, KafkaArgs, RuntimeArgs};
 use pipeline::contract::RELAY_MAX_MESSAGE_TIMEOUT;
 use pipeline::crash::CrashArgs;
 
-use crate::outbox::{self, SHARDS};
+use crate::outbox::SHARDS;
 use crate::webhooks;
 
 /// Relay settings; every flag is also an environment variable.
@@ -77,7 +77,7 @@ pub struct Config {
     /// passes overlap when a claim marked its rows; 2 gained nothing on 2
     /// shared cores: FINDINGS §15.)
     #[arg(long, env = "RELAY_SHARD_DEPTH", default_value_t = 1,
-          value_parser = clap::value_parser!(u8).range(1..=outbox::MAX_SHARD_DEPTH as i64))]
+          value_parser = clap::value_parser!(u8).range(1..=effectively::store::MAX_SHARD_DEPTH as i64))]
     pub shard_depth: u8,
 
     /// Fallback poll interval in milliseconds when no NOTIFY arrives.

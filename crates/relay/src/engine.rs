@@ -44,14 +44,14 @@ pub struct OrdersOutbox {
 impl PendingRow {
     /// The row as the library's engine sends it, to `topic`: its payload
     /// as orders wrote it ([`EventSink`] wraps it in its envelope).
-    pub fn outgoing(&self, topic: &str) -> Outgoing {
+    pub fn into_outgoing(self, topic: &str) -> Outgoing {
         Outgoing {
             id: self.id,
             msg_id: self.msg_id,
             destination: topic.to_owned(),
             key: self.aggregate_id.to_string(),
-            event_type: self.event_type.clone(),
-            payload: self.payload.clone(),
+            event_type: self.event_type,
+            payload: self.payload,
             content_type: JSON.to_owned(),
             headers: Vec::new(),
             created_at: self.created_at,
@@ -83,8 +83,8 @@ impl Source for OrdersOutbox {
             more: claim.full,
             rows: claim
                 .rows
-                .iter()
-                .map(|row| row.outgoing(&self.topic))
+                .into_iter()
+                .map(|row| row.into_outgoing(&self.topic))
                 .collect(),
         })
     }

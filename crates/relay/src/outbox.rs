@@ -30,10 +30,6 @@ pub struct PendingRow {
     pub created_at: DateTime<Utc>,
     /// Publish attempts that failed for the row itself (not for the broker).
     pub attempts: i32,
-    /// A later event of its key was pending when the row was claimed: it
-    /// becomes claimable once this one is marked, and no NOTIFY will say so.
-    /// (Only the claim knows; a row from the WAL stream says `false`.)
-    pub later: bool,
 }
 
 impl PendingRow {
@@ -52,54 +48,26 @@ impl PendingRow {
     }
 }
 
-/// The most transactions one shard can have in flight at once
-/// (`relay --shard-depth`): one lock per slot.
-pub const MAX_SHARD_DEPTH: u8 = 4;
-
-/// Tries to take slot `slot` of `shard`'s lock for the life of `tx`.
-/// `false`: another relay worker holds it; skip it. The webhook fan-out's
-/// lock (`--sink http`); the Kafka relay's passes take the library relay's
+/// Tries to take `shard`'s lock for the life of `tx`. `false`: another
+/// relay worker holds it; skip it. The webhook fan-out's lock (`--sink
+/// http`); the Kafka relay's passes take the library relay's
 /// (`effectively::store::Relay`).
 ///
 /// The lock is transaction-scoped: it is released by the same commit that
 /// marks the batch published, or by the rollback when the relay dies. It
-/// bounds the transactions in flight per shard (one per slot, across every
-/// relay process) and keeps a hung one's slot until its session ends.
-///
-/// Per-key order does not rest on the lock but on the claim's rows: a
-/// claimed row stays locked and pending until its transaction commits, so
-/// a concurrent claim skips it (`SKIP LOCKED`) and skips every later row of
-/// its key (an earlier row is pending); a row is claimed only once its key's
-/// earlier row is committed published. So a shard's slots can overlap: one
-/// transaction claims while another awaits the broker's acks. Slot 0 is the
-/// lock relays took before there were slots.
-pub async fn try_lock_shard(
-    tx: &mut Transaction<'_, Postgres>,
-    shard: i16,
-    slot: u8,
-) -> sqlx::Result<bool> {
-    Ok(!try_lock_shards(tx, &[shard], slot).await?.is_empty())
-}
-
-/// [`try_lock_shard`] for several shards in one statement (a group's
-/// transaction, `relay --shard-groups`): the shards whose slot `slot` this
-/// transaction now holds, in the order given; the others are held by
-/// another relay worker and are skipped.
-pub async fn try_lock_shards(
-    tx: &mut Transaction<'_, Postgres>,
-    shards: &[i16],
-    slot: u8,
-) -> sqlx::Result<Vec<i16>> {
-    // Slot `slot` of shard `s` is lock `LOCK_BASE + s + SHARDS * slot`.
-    // unnest's element is never NULL here, but PostgreSQL reports no
-    // nullability for it.
+/// keeps one fan-out transaction per shard in flight, across every relay
+/// process, and a hung one's shard until its session ends. Per-key order
+/// rests on the claim's rows: a claimed row stays locked and pending until
+/// its transaction commits, so a concurrent claim skips it (`SKIP LOCKED`)
+/// and every later row of its key.
+pub async fn try_lock_shard(tx: &mut Transaction<'_, Postgres>, shard: i16) -> sqlx::Result<bool> {
+    // pg_try_advisory_xact_lock is never NULL, but PostgreSQL reports no
+    // nullability for a function's result.
     sqlx::query_scalar!(
-        r#"SELECT s AS "shard!" FROM unnest($1::int2[]) WITH ORDINALITY AS u(s, n)
-           WHERE pg_try_advisory_xact_lock($2::int8 + s) ORDER BY n"#,
-        shards,
-        LOCK_BASE + i64::from(SHARDS) * i64::from(slot.min(MAX_SHARD_DEPTH - 1))
+        r#"SELECT pg_try_advisory_xact_lock($1::int8) AS "locked!""#,
+        LOCK_BASE + i64::from(shard)
     )
-    .fetch_all(&mut **tx)
+    .fetch_one(&mut **tx)
     .await
 }
 
@@ -120,11 +88,6 @@ pub async fn try_lock_shards(
 ///
 /// `FOR UPDATE SKIP LOCKED`: rows locked by anyone else (a manual fix-up, a
 /// relay of an older version) are skipped rather than waited for.
-///
-/// Each row says whether a later event of its key is pending
-/// ([`PendingRow::later`], one more probe of the same index): the shard's
-/// loop claims again at once after such a batch, and otherwise waits for
-/// the next NOTIFY of its shard.
 ///
 /// The plan must not depend on the statistics: a queue's statistics are
 /// often taken while it is empty, and a burst arrives before the next
@@ -165,14 +128,10 @@ pub async fn claim_shards(
     let share = share.max(1);
     let mut rows = sqlx::query!(
         r#"WITH c AS (
-           SELECT s.n, c.id, c.later
+           SELECT s.n, c.id
            FROM unnest($1::int2[]) WITH ORDINALITY AS s(shard, n),
            LATERAL (
-             SELECT o.id,
-                    EXISTS (SELECT 1 FROM orders.outbox l
-                            WHERE l.aggregate_id = o.aggregate_id
-                              AND l.published_at IS NULL AND l.id > o.id
-                            OFFSET 0) AS later
+             SELECT o.id
              FROM orders.outbox o
              WHERE o.shard = s.shard AND o.published_at IS NULL AND o.failed_at IS NULL
                AND NOT EXISTS (SELECT 1 FROM orders.outbox e
@@ -184,7 +143,7 @@ pub async fn claim_shards(
          UPDATE orders.outbox x SET published_at = now() FROM c WHERE x.id = c.id
          RETURNING c.n AS "n!", x.shard AS "shard!", x.id AS "id!", x.aggregate_id AS "aggregate_id!",
                    x.msg_id AS "msg_id!", x.event_type AS "event_type!", x.payload AS "payload!",
-                   x.created_at AS "created_at!", x.attempts AS "attempts!", c.later AS "later!""#,
+                   x.created_at AS "created_at!", x.attempts AS "attempts!""#,
         shards,
         share
     )
@@ -212,7 +171,6 @@ pub async fn claim_shards(
             payload: row.payload,
             created_at: row.created_at,
             attempts: row.attempts,
-            later: row.later,
         });
     }
     Ok(claim)
@@ -278,7 +236,6 @@ pub async fn read_shards(
             payload: row.payload,
             created_at: row.created_at,
             attempts: row.attempts,
-            later: false,
         });
     }
     Ok(claim)

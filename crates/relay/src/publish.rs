@@ -237,7 +237,7 @@ impl Worker {
 
     /// Produces one row (the WAL relay's), through the relay's sink.
     pub(crate) async fn publish(&self, row: &PendingRow) -> Publish {
-        let row = row.outgoing(&self.relay.source().topic);
+        let row = row.clone().into_outgoing(&self.relay.source().topic);
         match self.relay.sink().send(&row).await {
             Ok(()) => Publish::Delivered,
             Err(SendError::Retry(_)) => Publish::Retry,

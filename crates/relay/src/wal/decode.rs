@@ -19,7 +19,6 @@ pub(super) fn decode_row(data: &RowData) -> Result<PendingRow, String> {
         payload: bytes(data, "payload")?.to_vec(),
         created_at: timestamptz(data, "created_at")?,
         attempts: 0,
-        later: false,
     })
 }
 

@@ -228,7 +228,7 @@ impl Sender {
     /// many outbox rows moved.
     async fn fan_out_shard(&self, shard: i16, batch_size: i64) -> anyhow::Result<usize> {
         let mut tx = self.pool.begin().await.context("begin")?;
-        if !outbox::try_lock_shard(&mut tx, shard, 0)
+        if !outbox::try_lock_shard(&mut tx, shard)
             .await
             .context("lock shard")?
         {

@@ -80,8 +80,8 @@ pub enum Handled {
     /// A copy of a record applied before: nothing done.
     Duplicate,
     /// Dead-lettered with this reason (the handler refused it, it had no
-    /// usable msg_id, its id was reused with another payload, or it was
-    /// older than the inbox keeps rows).
+    /// usable msg_id, its id was reused with another payload, it was older
+    /// than the inbox keeps rows, or a partitioned inbox cannot record it).
     DeadLettered(String),
 }
 
@@ -206,6 +206,26 @@ pub async fn handle_batch(
                 ),
                 InboxClaim::TooOld => format!(
                     "sent at {}, longer ago than the inbox keeps rows: whether it was applied cannot be told",
+                    message.sent_at()
+                ),
+                // Nothing of the batch commits: it waits for its partition.
+                InboxClaim::Early => {
+                    return Err(HandlerError::Retry(format!(
+                        "msg_id {} was minted at {}, at or after the end of the inbox's partitions \
+                         made so far: waiting for Inbox::maintain to make its partition",
+                        record.msg_id,
+                        message.sent_at()
+                    )));
+                }
+                InboxClaim::Unrecordable if message.uuid_v7().is_none() => format!(
+                    "msg_id {:?} is not a UUIDv7, which a partitioned inbox needs",
+                    record.msg_id
+                ),
+                InboxClaim::Unrecordable => format!(
+                    "msg_id {} was minted at {}, further ahead of the database's clock than the \
+                     inbox's clock skew: a sender's clock far ahead, or a forged id; not applied \
+                     (apply it by hand once checked)",
+                    record.msg_id,
                     message.sent_at()
                 ),
             };

@@ -6,6 +6,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use sqlx::{Acquire, PgConnection, PgPool};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::SchemaName;
@@ -74,6 +75,8 @@ pub struct Message {
     id: String,
     sent_at: DateTime<Utc>,
     payload_hash: [u8; 32],
+    /// The id, when it is a UUIDv7 (what a partitioned inbox records).
+    v7: Option<Uuid>,
 }
 
 impl Message {
@@ -111,14 +114,14 @@ impl Message {
         if id.contains('\0') {
             return refuse("it holds a NUL character");
         }
-        let sent_at = match Uuid::try_parse(&id) {
-            Ok(uuid) if uuid.get_version_num() == 7 => crate::v7::mint_time(uuid),
-            _ => sent_at,
-        };
+        let v7 = Uuid::try_parse(&id)
+            .ok()
+            .filter(|uuid| uuid.get_version_num() == 7);
         Ok(Self {
             payload_hash: *blake3::hash(payload).as_bytes(),
+            sent_at: v7.map_or(sent_at, crate::v7::mint_time),
             id,
-            sent_at,
+            v7,
         })
     }
 
@@ -129,6 +132,7 @@ impl Message {
             id: id.hyphenated().to_string(),
             sent_at: crate::v7::mint_time(id),
             payload_hash: *blake3::hash(payload).as_bytes(),
+            v7: (id.get_version_num() == 7).then_some(id),
         }
     }
 
@@ -140,6 +144,11 @@ impl Message {
     /// When it was sent.
     pub fn sent_at(&self) -> DateTime<Utc> {
         self.sent_at
+    }
+
+    /// Its id, when that is a UUIDv7.
+    pub fn uuid_v7(&self) -> Option<Uuid> {
+        self.v7
     }
 }
 
@@ -156,8 +165,20 @@ pub enum InboxClaim {
     Conflict,
     /// Sent (for a UUIDv7 id: minted) longer ago than the inbox keeps rows
     /// (less its margin): whether it was applied cannot be told any more.
-    /// Nothing was written; dead-letter it.
+    /// Nothing was written; dead-letter it. In a partitioned inbox: minted
+    /// before its oldest partition kept.
     TooOld,
+    /// Partitioned inbox only: minted at or after the end of the partitions
+    /// made so far (not more than the inbox's clock skew ahead of the
+    /// database's clock). Nothing was written: claim it again once
+    /// [`Inbox::maintain`] has made its partition (the messages behind it
+    /// should wait, to keep their order).
+    Early,
+    /// Partitioned inbox only: its id is not a UUIDv7, or it was minted
+    /// further ahead of the database's clock than the inbox's clock skew
+    /// (a sender's clock far ahead, or a forged id): no partition is made
+    /// for it now. Nothing was written; dead-letter it.
+    Unrecordable,
 }
 
 /// What [`Inbox::apply`] did.
@@ -171,27 +192,113 @@ pub enum Applied<T> {
     Conflict,
     /// [`InboxClaim::TooOld`]: the effect did not run.
     TooOld,
+    /// [`InboxClaim::Early`]: the effect did not run; apply it again later.
+    Early,
+    /// [`InboxClaim::Unrecordable`]: the effect did not run.
+    Unrecordable,
 }
 
-/// A consumer's inbox in a schema ([`super::Effectively::inbox`]).
+/// A consumer's inbox in a schema: [`super::Effectively::inbox`] (a row per
+/// message, any id) or [`super::Effectively::partitioned_inbox`] (UUIDv7
+/// ids, partitioned by mint time).
 ///
 /// A message's row is kept for the retention ([`Inbox::retention`], at
 /// least the sender's horizon: how long it may deliver a copy) after it was
 /// sent, every copy judged by one time ([`Message::new`]: a UUIDv7 id's mint
-/// time); [`Inbox::expire`] deletes older rows. A claim takes a message only
-/// while it is younger than the retention less a margin (an eighth of it, at
-/// most an hour): a claim and the delete of the same message's row then
-/// never meet, so no copy is applied twice. A retention shorter than the
-/// horizon does not apply a copy twice either: a copy that comes later is
-/// [`InboxClaim::TooOld`], dead-lettered, not applied.
+/// time).
+///
+/// - In the row inbox, [`Inbox::expire`] deletes older rows. A claim takes
+///   a message only while it is younger than the retention less a margin
+///   (an eighth of it, at most an hour): a claim and the delete of the same
+///   message's row then never meet, so no copy is applied twice.
+/// - In the partitioned inbox, [`Inbox::maintain`] makes partitions ahead
+///   and drops those older than the retention, whole: no delete and no
+///   vacuum, whatever the volume. A claim reads the partitions' window under
+///   a shared lock that a drop waits for, so the two never meet either.
+///
+/// A retention shorter than the horizon does not apply a copy twice: a copy
+/// that comes later is [`InboxClaim::TooOld`], dead-lettered, not applied.
 #[derive(Debug, Clone)]
 pub struct Inbox {
     consumer: String,
     retention: Duration,
+    kind: Kind,
     insert_many: String,
     read_many: String,
     expire: String,
 }
+
+/// How an inbox keeps its rows.
+#[derive(Debug, Clone)]
+enum Kind {
+    /// A row per message, deleted after the retention.
+    Rows,
+    /// Partitions of mint time, dropped after the retention.
+    Partitions(Partitioning),
+}
+
+/// The partitioned inbox's terms and statements.
+#[derive(Debug, Clone)]
+struct Partitioning {
+    granule: Duration,
+    ahead: Option<Duration>,
+    clock_skew: Duration,
+    window: String,
+    extend: String,
+}
+
+/// How long one partition of a partitioned inbox spans by default: a day.
+pub const DEFAULT_PARTITION: Duration = Duration::from_secs(24 * 3600);
+
+/// How far ahead of the database's clock a partitioned inbox takes a
+/// message's mint time to be by default: five minutes. A message minted
+/// further ahead is [`InboxClaim::Unrecordable`].
+pub const DEFAULT_CLOCK_SKEW: Duration = Duration::from_secs(300);
+
+/// The window of a partitioned inbox: the ids its partitions hold,
+/// `[floor, ceiling)`, and the database's clock when it was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// The oldest partition's lower bound (`None`: no partitions).
+    pub floor: Option<Uuid>,
+    /// The newest partition's upper bound.
+    pub ceiling: Option<Uuid>,
+    /// The database's clock.
+    pub clock: DateTime<Utc>,
+}
+
+impl Window {
+    /// Where `message` stands: `None` when it may be claimed, or the claim
+    /// it gets without one ([`InboxClaim::TooOld`], [`InboxClaim::Early`]
+    /// or [`InboxClaim::Unrecordable`]).
+    pub fn judge(&self, message: &Message, clock_skew: Duration) -> Option<InboxClaim> {
+        let Some(id) = message.v7 else {
+            return Some(InboxClaim::Unrecordable);
+        };
+        let ahead = crate::v7::mint_time(id) > self.clock + clock_skew;
+        match (self.floor, self.ceiling) {
+            (Some(floor), _) if id < floor => Some(InboxClaim::TooOld),
+            (Some(_), Some(ceiling)) if id < ceiling => None,
+            _ if ahead => Some(InboxClaim::Unrecordable),
+            _ => Some(InboxClaim::Early),
+        }
+    }
+}
+
+/// What one [`Inbox::maintain_once`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Maintained {
+    /// Partitions made (partitioned inbox).
+    pub made: u32,
+    /// Partitions dropped, by name (partitioned inbox).
+    pub dropped: Vec<String>,
+    /// Rows deleted (row inbox).
+    pub deleted: u64,
+}
+
+/// Rows a row inbox's expiry deletes per transaction in
+/// [`Inbox::maintain_once`].
+const EXPIRE_BATCH: u32 = 10_000;
 
 impl Inbox {
     pub(super) fn new(schema: &SchemaName, consumer: &str) -> Self {
@@ -199,6 +306,7 @@ impl Inbox {
         Self {
             consumer: consumer.to_owned(),
             retention: DEFAULT_RETENTION,
+            kind: Kind::Rows,
             insert_many: format!(
                 "INSERT INTO {q}.inbox (consumer, msg_id, payload_hash, sent_at) \
                  SELECT $1, m.id, m.hash, m.sent_at \
@@ -219,6 +327,37 @@ impl Inbox {
         }
     }
 
+    pub(super) fn partitioned(schema: &SchemaName, consumer: &str) -> Self {
+        let q = schema.quoted();
+        Self {
+            consumer: consumer.to_owned(),
+            retention: DEFAULT_RETENTION,
+            kind: Kind::Partitions(Partitioning {
+                granule: DEFAULT_PARTITION,
+                ahead: None,
+                clock_skew: DEFAULT_CLOCK_SKEW,
+                window: format!("SELECT floor, ceiling, clock FROM {q}.partitioned_inbox_window()"),
+                extend: format!(
+                    "SELECT {q}.partitioned_inbox_extend( \
+                       now() + make_interval(secs => $1), make_interval(secs => $2))"
+                ),
+            }),
+            insert_many: format!(
+                "INSERT INTO {q}.partitioned_inbox (consumer, msg_id, payload_hash) \
+                 SELECT $1, m.id, m.hash FROM unnest($2::uuid[], $3::bytea[]) AS m(id, hash) \
+                 ORDER BY m.id \
+                 ON CONFLICT (consumer, msg_id) DO NOTHING RETURNING msg_id"
+            ),
+            read_many: format!(
+                "SELECT msg_id, payload_hash FROM {q}.partitioned_inbox \
+                 WHERE consumer = $1 AND msg_id = ANY($2)"
+            ),
+            expire: format!(
+                "SELECT {q}.partitioned_inbox_expire($1, make_interval(secs => $2)) AS name"
+            ),
+        }
+    }
+
     /// The same inbox keeping rows for `retention` after their message was
     /// sent (default [`DEFAULT_RETENTION`]). It should cover the sender's
     /// horizon, the longest time from a message's mint time (for an id
@@ -230,13 +369,56 @@ impl Inbox {
     /// webhooks, how long a row may wait before its first send + the
     /// sender's retry span. A shorter one never applies a copy twice; it
     /// dead-letters copies that come after it as too old.
+    ///
+    /// The partitions of a partitioned inbox are shared by the consumers of
+    /// its schema: one is dropped once it is older than the longest
+    /// retention any of them last maintained with.
     pub fn retention(self, retention: Duration) -> Self {
         Self { retention, ..self }
+    }
+
+    /// Partitioned inbox only (a row inbox ignores it): the span of one
+    /// partition (default [`DEFAULT_PARTITION`], at least a second), aligned
+    /// to the Unix epoch. Rows are dropped a partition at a time, so they
+    /// stay up to a partition longer than the retention.
+    pub fn partition(mut self, granule: Duration) -> Self {
+        if let Kind::Partitions(p) = &mut self.kind {
+            p.granule = granule.max(Duration::from_secs(1));
+        }
+        self
+    }
+
+    /// Partitioned inbox only: how far past the database's clock
+    /// [`Inbox::maintain_once`] makes partitions (default two partitions
+    /// and the clock skew). A message minted past them is
+    /// [`InboxClaim::Early`] until they reach it.
+    pub fn ahead(mut self, ahead: Duration) -> Self {
+        if let Kind::Partitions(p) = &mut self.kind {
+            p.ahead = Some(ahead);
+        }
+        self
+    }
+
+    /// Partitioned inbox only: how far ahead of the database's clock a
+    /// sender's clock may be (default [`DEFAULT_CLOCK_SKEW`]). A message
+    /// minted further ahead is [`InboxClaim::Unrecordable`], not
+    /// [`InboxClaim::Early`]: it would otherwise hold up the messages behind
+    /// it until the partitions reached it.
+    pub fn clock_skew(mut self, skew: Duration) -> Self {
+        if let Kind::Partitions(p) = &mut self.kind {
+            p.clock_skew = skew;
+        }
+        self
     }
 
     /// The consumer.
     pub fn consumer(&self) -> &str {
         &self.consumer
+    }
+
+    /// Whether this is a partitioned inbox.
+    pub fn is_partitioned(&self) -> bool {
+        matches!(self.kind, Kind::Partitions(_))
     }
 
     /// How much younger than the retention a message must be to be taken.
@@ -259,9 +441,28 @@ impl Inbox {
         Ok(claims.pop().expect("a batch of one has one claim"))
     }
 
+    /// The window of a partitioned inbox, read in the caller's transaction
+    /// under the shared lock that keeps its partitions until the
+    /// transaction ends (`None` for a row inbox). [`Inbox::claim_batch`]
+    /// reads it itself; a caller reads it first to route the messages it
+    /// cannot claim before claiming the others in the same transaction.
+    pub async fn window(&self, conn: &mut PgConnection) -> Result<Option<Window>, sqlx::Error> {
+        let Kind::Partitions(p) = &self.kind else {
+            return Ok(None);
+        };
+        let (floor, ceiling, clock): (Option<Uuid>, Option<Uuid>, DateTime<Utc>) =
+            sqlx::query_as(&p.window).fetch_one(&mut *conn).await?;
+        Ok(Some(Window {
+            floor,
+            ceiling,
+            clock,
+        }))
+    }
+
     /// Claims `messages` in the caller's transaction in two statements
-    /// (however many there are): what [`Inbox::claim`] answers for each, in
-    /// order. A message whose id came earlier in the same slice is a
+    /// (however many there are; a partitioned inbox reads its window
+    /// first): what [`Inbox::claim`] answers for each, in order. A message
+    /// whose id came earlier in the same slice is a
     /// [`InboxClaim::Duplicate`] of it (or a [`InboxClaim::Conflict`], with
     /// another payload), as if claimed one after the other.
     ///
@@ -274,69 +475,138 @@ impl Inbox {
         messages: &[Message],
     ) -> Result<Vec<InboxClaim>, sqlx::Error> {
         use std::collections::{HashMap, HashSet};
-        // The first message of each id, in id order.
+        // What each message gets without a claim (a partitioned inbox's
+        // window), `None` for those to claim.
+        let mut outside: Vec<Option<InboxClaim>> = vec![None; messages.len()];
+        if let Kind::Partitions(p) = &self.kind
+            && !messages.is_empty()
+            && let Some(window) = self.window(conn).await?
+        {
+            for (verdict, m) in outside.iter_mut().zip(messages) {
+                *verdict = window.judge(m, p.clock_skew);
+            }
+        }
+        // The first message of each id among those to claim.
         let mut first: HashMap<&str, usize> = HashMap::with_capacity(messages.len());
         for (at, m) in messages.iter().enumerate() {
-            first.entry(m.id.as_str()).or_insert(at);
+            if outside[at].is_none() {
+                first.entry(m.id.as_str()).or_insert(at);
+            }
         }
         let unique: Vec<usize> = first.values().copied().collect();
-        let window = self.retention.saturating_sub(self.margin()).as_secs_f64();
-        let inserted: Vec<String> = sqlx::query_scalar(&self.insert_many)
-            .bind(&self.consumer)
-            .bind(
-                unique
-                    .iter()
-                    .map(|at| messages[*at].id.as_str())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                unique
-                    .iter()
-                    .map(|at| messages[*at].payload_hash.as_slice())
-                    .collect::<Vec<_>>(),
-            )
-            .bind(
-                unique
-                    .iter()
-                    .map(|at| messages[*at].sent_at)
-                    .collect::<Vec<_>>(),
-            )
-            .bind(window)
-            .fetch_all(&mut *conn)
-            .await?;
-        let inserted: HashSet<String> = inserted.into_iter().collect();
-        let others: Vec<&str> = unique
+        let hashes: Vec<&[u8]> = unique
             .iter()
-            .map(|at| messages[*at].id.as_str())
-            .filter(|id| !inserted.contains(*id))
+            .map(|at| messages[*at].payload_hash.as_slice())
             .collect();
-        // A statement of its own: its snapshot sees rows committed while
-        // the insert waited on them.
-        let found: HashMap<String, Vec<u8>> = if others.is_empty() {
-            HashMap::new()
-        } else {
-            sqlx::query_as::<_, (String, Vec<u8>)>(&self.read_many)
-                .bind(&self.consumer)
-                .bind(&others)
-                .fetch_all(&mut *conn)
-                .await?
-                .into_iter()
-                .collect()
-        };
+        // Which of `unique` were inserted, and the stored hash of the others
+        // (a statement of its own: its snapshot sees rows committed while
+        // the insert waited on them), by their first message.
+        let mut inserted: HashSet<usize> = HashSet::new();
+        let mut found: HashMap<usize, Vec<u8>> = HashMap::new();
+        match &self.kind {
+            Kind::Rows => {
+                let window = self.retention.saturating_sub(self.margin()).as_secs_f64();
+                let ids: Vec<&str> = unique.iter().map(|at| messages[*at].id()).collect();
+                let new: HashSet<String> = if unique.is_empty() {
+                    HashSet::new()
+                } else {
+                    sqlx::query_scalar::<_, String>(&self.insert_many)
+                        .bind(&self.consumer)
+                        .bind(&ids)
+                        .bind(&hashes)
+                        .bind(
+                            unique
+                                .iter()
+                                .map(|at| messages[*at].sent_at)
+                                .collect::<Vec<_>>(),
+                        )
+                        .bind(window)
+                        .fetch_all(&mut *conn)
+                        .await?
+                        .into_iter()
+                        .collect()
+                };
+                let others: Vec<&str> = ids
+                    .iter()
+                    .copied()
+                    .filter(|id| !new.contains(*id))
+                    .collect();
+                let stored: HashMap<String, Vec<u8>> = if others.is_empty() {
+                    HashMap::new()
+                } else {
+                    sqlx::query_as::<_, (String, Vec<u8>)>(&self.read_many)
+                        .bind(&self.consumer)
+                        .bind(&others)
+                        .fetch_all(&mut *conn)
+                        .await?
+                        .into_iter()
+                        .collect()
+                };
+                for (at, id) in unique.iter().zip(ids) {
+                    if new.contains(id) {
+                        inserted.insert(*at);
+                    } else if let Some(hash) = stored.get(id) {
+                        found.insert(*at, hash.clone());
+                    }
+                }
+            }
+            Kind::Partitions(_) => {
+                // Every message to claim has a UUIDv7 id (its window said so).
+                let ids: Vec<Uuid> = unique
+                    .iter()
+                    .map(|at| messages[*at].v7.unwrap_or_default())
+                    .collect();
+                let new: HashSet<Uuid> = if unique.is_empty() {
+                    HashSet::new()
+                } else {
+                    sqlx::query_scalar::<_, Uuid>(&self.insert_many)
+                        .bind(&self.consumer)
+                        .bind(&ids)
+                        .bind(&hashes)
+                        .fetch_all(&mut *conn)
+                        .await?
+                        .into_iter()
+                        .collect()
+                };
+                let others: Vec<Uuid> =
+                    ids.iter().copied().filter(|id| !new.contains(id)).collect();
+                let stored: HashMap<Uuid, Vec<u8>> = if others.is_empty() {
+                    HashMap::new()
+                } else {
+                    sqlx::query_as::<_, (Uuid, Vec<u8>)>(&self.read_many)
+                        .bind(&self.consumer)
+                        .bind(&others)
+                        .fetch_all(&mut *conn)
+                        .await?
+                        .into_iter()
+                        .collect()
+                };
+                for (at, id) in unique.iter().zip(ids) {
+                    if new.contains(&id) {
+                        inserted.insert(*at);
+                    } else if let Some(hash) = stored.get(&id) {
+                        found.insert(*at, hash.clone());
+                    }
+                }
+            }
+        }
         Ok(messages
             .iter()
             .enumerate()
             .map(|(at, m)| {
+                if let Some(verdict) = outside[at] {
+                    return verdict;
+                }
                 let head = first[m.id.as_str()];
                 // An id this batch inserted is its first message's; a later
                 // copy compares with that one.
-                let stored = if inserted.contains(&m.id) {
+                let stored = if inserted.contains(&head) {
                     if at == head {
                         return InboxClaim::New;
                     }
                     Some(messages[head].payload_hash.as_slice())
                 } else {
-                    found.get(&m.id).map(Vec::as_slice)
+                    found.get(&head).map(Vec::as_slice)
                 };
                 match stored {
                     Some(hash) if hash == m.payload_hash.as_slice() => InboxClaim::Duplicate,
@@ -387,6 +657,8 @@ impl Inbox {
             InboxClaim::Duplicate => Applied::Duplicate,
             InboxClaim::Conflict => Applied::Conflict,
             InboxClaim::TooOld => Applied::TooOld,
+            InboxClaim::Early => Applied::Early,
+            InboxClaim::Unrecordable => Applied::Unrecordable,
         };
         match applied {
             Applied::New(_) => tx.commit().await?,
@@ -395,18 +667,110 @@ impl Inbox {
         Ok(applied)
     }
 
-    /// Deletes this consumer's rows of messages sent longer ago than the
-    /// retention, `batch` rows per transaction, until none is left. Returns
-    /// how many it deleted.
+    /// Expires what is older than the retention. A row inbox deletes this
+    /// consumer's rows of messages sent longer ago, `batch` rows per
+    /// transaction, until none is left, and returns how many it deleted. A
+    /// partitioned inbox records this consumer's retention and drops the
+    /// partitions older than the longest retention recorded (`batch` is not
+    /// used), and returns how many it dropped.
     pub async fn expire(&self, pool: &PgPool, batch: u32) -> Result<u64, sqlx::Error> {
         let age = self.retention.as_secs_f64();
-        super::delete_in_batches(pool, batch, |limit| {
-            sqlx::query(&self.expire)
-                .bind(&self.consumer)
-                .bind(age)
-                .bind(limit)
-        })
-        .await
+        match &self.kind {
+            Kind::Rows => {
+                super::delete_in_batches(pool, batch, |limit| {
+                    sqlx::query(&self.expire)
+                        .bind(&self.consumer)
+                        .bind(age)
+                        .bind(limit)
+                })
+                .await
+            }
+            Kind::Partitions(_) => Ok(self.drop_expired(pool).await?.len() as u64),
+        }
+    }
+
+    /// Partitioned inbox: drops the expired partitions ([`Inbox::expire`]),
+    /// returning their names.
+    async fn drop_expired(&self, pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar(&self.expire)
+            .bind(&self.consumer)
+            .bind(self.retention.as_secs_f64())
+            .fetch_all(pool)
+            .await
+    }
+
+    /// Partitioned inbox: makes the partitions missing up to the inbox's
+    /// [`Inbox::ahead`] past the database's clock; returns how many it
+    /// made (0 for a row inbox).
+    pub async fn extend(&self, pool: &PgPool) -> Result<u32, sqlx::Error> {
+        let Kind::Partitions(p) = &self.kind else {
+            return Ok(0);
+        };
+        let ahead = p.ahead.unwrap_or(2 * p.granule + p.clock_skew);
+        let made: i32 = sqlx::query_scalar(&p.extend)
+            .bind(ahead.as_secs_f64())
+            .bind(p.granule.as_secs_f64())
+            .fetch_one(pool)
+            .await?;
+        Ok(u32::try_from(made).unwrap_or_default())
+    }
+
+    /// One round of upkeep: a partitioned inbox makes the partitions ahead
+    /// ([`Inbox::extend`]) and drops the expired ones; a row inbox deletes
+    /// its expired rows ([`Inbox::expire`]).
+    pub async fn maintain_once(&self, pool: &PgPool) -> Result<Maintained, sqlx::Error> {
+        match &self.kind {
+            Kind::Rows => Ok(Maintained {
+                deleted: self.expire(pool, EXPIRE_BATCH).await?,
+                ..Maintained::default()
+            }),
+            Kind::Partitions(_) => {
+                let made = self.extend(pool).await?;
+                let dropped = self.drop_expired(pool).await?;
+                Ok(Maintained {
+                    made,
+                    dropped,
+                    deleted: 0,
+                })
+            }
+        }
+    }
+
+    /// How often [`Inbox::maintain`] runs a round: a quarter of a
+    /// partition, at most a minute (a row inbox: a minute).
+    pub fn maintenance_interval(&self) -> Duration {
+        match &self.kind {
+            Kind::Rows => Duration::from_secs(60),
+            Kind::Partitions(p) => {
+                (p.granule / 4).clamp(Duration::from_millis(250), Duration::from_secs(60))
+            }
+        }
+    }
+
+    /// Runs [`Inbox::maintain_once`] every [`Inbox::maintenance_interval`]
+    /// until `cancel` fires, the first round at once. A round that fails is
+    /// logged and tried again at the next: a partitioned inbox keeps two
+    /// partitions ahead by default, so a few failed rounds hold up no
+    /// message. Spawn it beside the consumer (any number of consumers may
+    /// maintain the same schema at once: they take turns).
+    pub async fn maintain(&self, pool: &PgPool, cancel: &CancellationToken) {
+        let mut every = tokio::time::interval(self.maintenance_interval());
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = every.tick() => {}
+            }
+            match self.maintain_once(pool).await {
+                Ok(done) if done.made > 0 || !done.dropped.is_empty() || done.deleted > 0 => {
+                    tracing::info!(consumer = %self.consumer, made = done.made, dropped = ?done.dropped, deleted = done.deleted, "effectively: inbox maintained");
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(consumer = %self.consumer, %error, "effectively: inbox upkeep failed; tried again next round");
+                }
+            }
+        }
     }
 }
 

@@ -61,7 +61,10 @@ pub use consume::{DEFAULT_BATCH, consume, consume_batches, record_of};
 pub use handle::{Handled, Handler, HandlerError, Record, handle, handle_batch};
 #[cfg(feature = "http")]
 pub use http::{IDEMPOTENCY_KEY_HEADER, Idempotent, Principal};
-pub use inbox::{Applied, DEFAULT_RETENTION, Inbox, InboxClaim, Message, MessageError, MessageId};
+pub use inbox::{
+    Applied, DEFAULT_CLOCK_SKEW, DEFAULT_PARTITION, DEFAULT_RETENTION, Inbox, InboxClaim,
+    Maintained, Message, MessageError, MessageId, Window,
+};
 #[cfg(feature = "kafka")]
 pub use kafka::{HEADER_CONTENT_TYPE, KafkaSink, rejects_the_record};
 pub use keys::{ClaimRow, KeyClaim, KeyRequest, Keys, StoredResponse};
@@ -114,6 +117,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 4,
         name: "keys_batch_claim",
         sql: include_str!("sql/0004_keys_batch_claim.sql"),
+    },
+    Migration {
+        version: 5,
+        name: "partitioned_inbox",
+        sql: include_str!("sql/0005_partitioned_inbox.sql"),
     },
 ];
 
@@ -300,6 +308,20 @@ impl Effectively {
         Inbox::new(&self.schema, consumer)
     }
 
+    /// The partitioned inbox of consumer `consumer`: for messages whose ids
+    /// are UUIDv7 (every [`Event`]'s msg_id), partitioned by mint time, so
+    /// that its rows expire by dropping whole partitions (no delete, no
+    /// vacuum; what a consumer of millions of messages a day needs). Run
+    /// [`Inbox::maintain`] beside it: its first round makes the partitions
+    /// (until a round has, every claim is [`InboxClaim::Early`]), and later
+    /// ones keep them ahead of the clock and drop the expired ones. Its rows
+    /// are its own: a message
+    /// claimed in the row inbox ([`Effectively::inbox`]) is new here.
+    /// `consumer` must not be empty.
+    pub fn partitioned_inbox(&self, consumer: &str) -> Inbox {
+        Inbox::partitioned(&self.schema, consumer)
+    }
+
     /// The idempotency keys.
     pub fn keys(&self) -> Keys {
         Keys::new(&self.schema)
@@ -416,8 +438,10 @@ impl Effectively {
     /// - `writer` (the service that enqueues events and claims keys):
     ///   inserts into the outbox; reads, inserts, updates and deletes keys.
     /// - `relay`: reads the outbox and marks its rows.
-    /// - `consumer`: claims, reads and expires its inbox rows; writes and
-    ///   reads dead letters.
+    /// - `consumer`: claims, reads and expires its inbox rows (in either
+    ///   inbox: the partitioned one's partitions are made and dropped by
+    ///   functions that run as the schema's owner); writes and reads dead
+    ///   letters.
     pub fn grants(
         &self,
         writer: Option<&str>,
@@ -447,6 +471,10 @@ impl Effectively {
             let r = role(r);
             sql.push_str(&format!(
                 "GRANT SELECT, INSERT, DELETE ON {q}.inbox TO {r};\n\
+                 GRANT SELECT, INSERT ON {q}.partitioned_inbox TO {r};\n\
+                 GRANT SELECT ON {q}.partitioned_inbox_parts TO {r};\n\
+                 GRANT EXECUTE ON FUNCTION {q}.partitioned_inbox_extend(timestamptz, interval), \
+                 {q}.partitioned_inbox_expire(text, interval) TO {r};\n\
                  GRANT SELECT, INSERT ON {q}.dead_letters TO {r};\n"
             ));
         }

@@ -15,3 +15,5 @@ mod store_receive;
 mod store_keys;
 // The relay over a table of the user's own (a Source), its hooks and depth.
 mod store_source;
+// The partitioned inbox: its window, its upkeep, its drops.
+mod store_partitioned;

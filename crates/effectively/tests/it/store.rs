@@ -41,13 +41,15 @@ async fn migrate_installs_into_the_named_schema_with_its_own_ledger_and_nothing_
         .schema("shop_fx")
         .expect("a valid schema name");
     let first = fx.migrate().await.expect("migrate");
-    assert_eq!(first.applied, vec![1, 2, 3, 4]);
+    assert_eq!(first.applied, vec![1, 2, 3, 4, 5]);
     let again = fx.migrate().await.expect("migrate again");
     assert!(again.applied.is_empty(), "{again:?}");
-    assert_eq!(again.version, 4);
+    assert_eq!(again.version, 5);
 
+    // Tables, not counting the partitioned inbox's partitions.
     let tables: Vec<String> = sqlx::query_scalar(
-        "SELECT table_name::text FROM information_schema.tables WHERE table_schema = 'shop_fx' ORDER BY 1",
+        "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = 'shop_fx' AND c.relkind IN ('r', 'p') AND NOT c.relispartition ORDER BY 1",
     )
     .fetch_all(&pool)
     .await
@@ -59,8 +61,20 @@ async fn migrate_installs_into_the_named_schema_with_its_own_ledger_and_nothing_
             "idempotency_keys",
             "inbox",
             "migrations",
-            "outbox"
+            "outbox",
+            "partitioned_inbox",
+            "partitioned_inbox_consumers",
+            "partitioned_inbox_parts"
         ]
+    );
+    // The partitioned inbox's partitions are made by its consumers' upkeep.
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM shop_fx.partitioned_inbox_parts"
+        )
+        .await,
+        0
     );
     // Nothing outside the schema: no sqlx ledger, no role, no publication.
     assert_eq!(
@@ -84,7 +98,8 @@ async fn migrate_installs_into_the_named_schema_with_its_own_ledger_and_nothing_
             (1, "outbox_inbox_keys".to_owned()),
             (2, "dead_letters".to_owned()),
             (3, "outbox_expiry".to_owned()),
-            (4, "keys_batch_claim".to_owned())
+            (4, "keys_batch_claim".to_owned()),
+            (5, "partitioned_inbox".to_owned())
         ]
     );
 
@@ -94,12 +109,12 @@ async fn migrate_installs_into_the_named_schema_with_its_own_ledger_and_nothing_
         .expect("a valid schema name");
     assert_eq!(
         other.migrate().await.expect("migrate").applied,
-        vec![1, 2, 3, 4]
+        vec![1, 2, 3, 4, 5]
     );
 
     // The SQL as text names the schema it is for.
     let text = other.migrations();
-    assert_eq!(text.len(), 4);
+    assert_eq!(text.len(), 5);
     assert!(text[0].2.contains("CREATE TABLE \"other_fx\".outbox"));
 }
 
@@ -131,7 +146,7 @@ async fn migrate_refuses_a_ledger_from_another_build() {
             err,
             MigrateError::Newer {
                 found: 99,
-                known: 4,
+                known: 5,
                 ..
             }
         ),
@@ -209,7 +224,7 @@ async fn two_processes_migrating_at_once_take_turns() {
         b.expect("task").expect("b").applied,
     ];
     applied.sort();
-    assert_eq!(applied, [vec![], vec![1, 2, 3, 4]]);
+    assert_eq!(applied, [vec![], vec![1, 2, 3, 4, 5]]);
 }
 
 #[tokio::test]
@@ -736,12 +751,36 @@ async fn the_grants_give_each_role_its_part_and_nothing_more() {
         InboxClaim::New
     );
     tx.commit().await.expect("commit");
+    // The partitioned inbox: its upkeep (functions that run as the owner)
+    // and its claims.
+    let partitioned = cfx.partitioned_inbox("billing");
+    let done = partitioned
+        .maintain_once(&c)
+        .await
+        .expect("the consumer keeps its partitions");
+    assert!(done.made > 0, "{done:?}");
+    let mut tx = c.begin().await.expect("begin");
+    assert_eq!(
+        partitioned.claim(&mut tx, &msg).await.expect("claim"),
+        InboxClaim::New
+    );
+    tx.commit().await.expect("commit");
     assert!(
         cfx.outbox()
             .enqueue(&c, &Event::json("d", "k", "t", &1).expect("a valid event"))
             .await
             .is_err()
     );
+    // Neither the writer nor the relay makes or drops partitions.
+    for other in [&w, &r] {
+        assert!(
+            wfx.partitioned_inbox("x")
+                .maintain_once(other)
+                .await
+                .is_err(),
+            "only the consumer's role keeps the partitions"
+        );
+    }
 
     for p in [w, r, c] {
         p.close().await;

@@ -123,8 +123,17 @@ async fn main() -> anyhow::Result<()> {
                 .set("heartbeat.interval.ms", "1000")
                 .create()?;
             consumer.subscribe(&[&cli.topic])?;
-            let inbox = billing_fx.inbox("billing");
+            // Partitioned by the events' mint time: its upkeep makes the
+            // partitions ahead and drops the expired ones, beside the loop.
+            let inbox = billing_fx.partitioned_inbox("billing");
+            let upkeep = {
+                let (inbox, pool, cancel) = (inbox.clone(), pool.clone(), cancel.clone());
+                tokio::spawn(async move { inbox.maintain(&pool, &cancel).await })
+            };
+            inbox.maintain_once(&pool).await?;
             consume(&billing_fx, &inbox, &consumer, billing::handler(), &cancel).await?;
+            cancel.cancel();
+            upkeep.await?;
         }
     }
     Ok(())

@@ -216,6 +216,15 @@ async fn checkouts_are_invoiced_once_through_retries_duplicates_and_kill_9() {
         count(&pool, "SELECT count(*) FROM billing_fx.dead_letters").await,
         0
     );
+    // One claim per event, in billing's partitioned inbox.
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM billing_fx.partitioned_inbox WHERE consumer = 'billing'"
+        )
+        .await,
+        i64::from(CARTS)
+    );
     // Each checkout's answer names the checkout its key made.
     for (cart, got) in &by_cart {
         let body: serde_json::Value = serde_json::from_str(&got[0].1).expect("a JSON answer");
@@ -232,6 +241,6 @@ async fn checkouts_are_invoiced_once_through_retries_duplicates_and_kill_9() {
          marked pending again; {} checkouts, {} invoices, {} inbox rows, 0 lost, 0 doubled",
         count(&pool, "SELECT count(*) FROM shop.checkouts").await,
         count(&pool, "SELECT count(*) FROM billing.invoices").await,
-        count(&pool, "SELECT count(*) FROM billing_fx.inbox").await,
+        count(&pool, "SELECT count(*) FROM billing_fx.partitioned_inbox").await,
     );
 }

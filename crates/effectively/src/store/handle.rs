@@ -217,10 +217,19 @@ pub async fn handle_batch(
                         message.sent_at()
                     )));
                 }
-                InboxClaim::Unrecordable if message.uuid_v7().is_none() => format!(
-                    "msg_id {:?} is not a UUIDv7, which a partitioned inbox needs",
+                InboxClaim::Unrecordable if message.uuid().is_none() => format!(
+                    "msg_id {:?} is not a UUID, which a partitioned inbox needs",
                     record.msg_id
                 ),
+                InboxClaim::Unrecordable
+                    if message.uuid().is_some_and(|u| u.get_version_num() != 7) =>
+                {
+                    format!(
+                        "msg_id {} is not a UUIDv7 and lies past the inbox's partitions: \
+                         none will ever be made for it",
+                        record.msg_id
+                    )
+                }
                 InboxClaim::Unrecordable => format!(
                     "msg_id {} was minted at {}, further ahead of the database's clock than the \
                      inbox's clock skew: a sender's clock far ahead, or a forged id; not applied \

@@ -74,9 +74,9 @@ pub struct MessageError {
 pub struct Message {
     id: String,
     sent_at: DateTime<Utc>,
-    payload_hash: [u8; 32],
-    /// The id, when it is a UUIDv7 (what a partitioned inbox records).
-    v7: Option<Uuid>,
+    payload_hash: Vec<u8>,
+    /// The id, when it is a UUID (what a partitioned inbox records).
+    uuid: Option<Uuid>,
 }
 
 impl Message {
@@ -114,14 +114,14 @@ impl Message {
         if id.contains('\0') {
             return refuse("it holds a NUL character");
         }
-        let v7 = Uuid::try_parse(&id)
-            .ok()
-            .filter(|uuid| uuid.get_version_num() == 7);
+        let uuid = Uuid::try_parse(&id).ok();
         Ok(Self {
-            payload_hash: *blake3::hash(payload).as_bytes(),
-            sent_at: v7.map_or(sent_at, crate::v7::mint_time),
+            payload_hash: blake3::hash(payload).as_bytes().to_vec(),
+            sent_at: uuid
+                .filter(|u| u.get_version_num() == 7)
+                .map_or(sent_at, crate::v7::mint_time),
             id,
-            v7,
+            uuid,
         })
     }
 
@@ -131,8 +131,24 @@ impl Message {
         Self {
             id: id.hyphenated().to_string(),
             sent_at: crate::v7::mint_time(id),
-            payload_hash: *blake3::hash(payload).as_bytes(),
-            v7: (id.get_version_num() == 7).then_some(id),
+            payload_hash: blake3::hash(payload).as_bytes().to_vec(),
+            uuid: Some(id),
+        }
+    }
+
+    /// A message whose id is a UUIDv7, as [`Message::v7`], fingerprinted
+    /// by the caller: `fingerprint` stands for its payload (a copy with
+    /// another one is a [`InboxClaim::Conflict`]). For a consumer that
+    /// fingerprints what a payload says rather than its bytes, or that
+    /// brings the rows of an inbox of its own with their fingerprints (a
+    /// row brought without one, an empty fingerprint, takes every copy as a
+    /// duplicate).
+    pub fn v7_fingerprinted(id: Uuid, fingerprint: &[u8]) -> Self {
+        Self {
+            id: id.hyphenated().to_string(),
+            sent_at: crate::v7::mint_time(id),
+            payload_hash: fingerprint.to_vec(),
+            uuid: Some(id),
         }
     }
 
@@ -146,9 +162,9 @@ impl Message {
         self.sent_at
     }
 
-    /// Its id, when that is a UUIDv7.
-    pub fn uuid_v7(&self) -> Option<Uuid> {
-        self.v7
+    /// Its id, when that is a UUID.
+    pub fn uuid(&self) -> Option<Uuid> {
+        self.uuid
     }
 }
 
@@ -174,10 +190,11 @@ pub enum InboxClaim {
     /// [`Inbox::maintain`] has made its partition (the messages behind it
     /// should wait, to keep their order).
     Early,
-    /// Partitioned inbox only: its id is not a UUIDv7, or it was minted
-    /// further ahead of the database's clock than the inbox's clock skew
-    /// (a sender's clock far ahead, or a forged id): no partition is made
-    /// for it now. Nothing was written; dead-letter it.
+    /// Partitioned inbox only: its id is not a UUID; or it lies past the
+    /// partitions and is no UUIDv7 (its first bits are no mint time) or was
+    /// minted further ahead of the database's clock than the inbox's clock
+    /// skew (a sender's clock far ahead, or a forged id): no partition is
+    /// made for it now. Nothing was written; dead-letter it.
     Unrecordable,
 }
 
@@ -268,19 +285,26 @@ pub struct Window {
 }
 
 impl Window {
-    /// Where `message` stands: `None` when it may be claimed, or the claim
-    /// it gets without one ([`InboxClaim::TooOld`], [`InboxClaim::Early`]
-    /// or [`InboxClaim::Unrecordable`]).
+    /// Where `message` stands: `None` when it may be claimed (its id is a
+    /// UUID inside the window), or the claim it gets without one
+    /// ([`InboxClaim::TooOld`], [`InboxClaim::Early`] or
+    /// [`InboxClaim::Unrecordable`]).
     pub fn judge(&self, message: &Message, clock_skew: Duration) -> Option<InboxClaim> {
-        let Some(id) = message.v7 else {
-            return Some(InboxClaim::Unrecordable);
-        };
-        let ahead = crate::v7::mint_time(id) > self.clock + clock_skew;
+        match message.uuid {
+            Some(id) => self.judge_id(id, clock_skew),
+            None => Some(InboxClaim::Unrecordable),
+        }
+    }
+
+    /// [`Window::judge`] for a message whose id is `id`.
+    pub fn judge_id(&self, id: Uuid, clock_skew: Duration) -> Option<InboxClaim> {
+        let early =
+            id.get_version_num() == 7 && crate::v7::mint_time(id) <= self.clock + clock_skew;
         match (self.floor, self.ceiling) {
             (Some(floor), _) if id < floor => Some(InboxClaim::TooOld),
             (Some(_), Some(ceiling)) if id < ceiling => None,
-            _ if ahead => Some(InboxClaim::Unrecordable),
-            _ => Some(InboxClaim::Early),
+            _ if early => Some(InboxClaim::Early),
+            _ => Some(InboxClaim::Unrecordable),
         }
     }
 }
@@ -474,16 +498,44 @@ impl Inbox {
         conn: &mut PgConnection,
         messages: &[Message],
     ) -> Result<Vec<InboxClaim>, sqlx::Error> {
+        let window = if messages.is_empty() {
+            None
+        } else {
+            self.window(conn).await?
+        };
+        self.claim_judged(conn, window.as_ref(), messages).await
+    }
+
+    /// [`Inbox::claim_batch`] in a transaction that has read the partitioned
+    /// inbox's `window` already ([`Inbox::window`]: its partitions are kept
+    /// until the transaction ends), so that it is not read twice. A row
+    /// inbox does not use it.
+    pub async fn claim_in_window(
+        &self,
+        conn: &mut PgConnection,
+        window: &Window,
+        messages: &[Message],
+    ) -> Result<Vec<InboxClaim>, sqlx::Error> {
+        self.claim_judged(conn, Some(window), messages).await
+    }
+
+    async fn claim_judged(
+        &self,
+        conn: &mut PgConnection,
+        window: Option<&Window>,
+        messages: &[Message],
+    ) -> Result<Vec<InboxClaim>, sqlx::Error> {
         use std::collections::{HashMap, HashSet};
         // What each message gets without a claim (a partitioned inbox's
         // window), `None` for those to claim.
         let mut outside: Vec<Option<InboxClaim>> = vec![None; messages.len()];
-        if let Kind::Partitions(p) = &self.kind
-            && !messages.is_empty()
-            && let Some(window) = self.window(conn).await?
-        {
+        if let Kind::Partitions(p) = &self.kind {
             for (verdict, m) in outside.iter_mut().zip(messages) {
-                *verdict = window.judge(m, p.clock_skew);
+                *verdict = match window {
+                    Some(window) => window.judge(m, p.clock_skew),
+                    // Not read: nothing is claimed.
+                    None => Some(InboxClaim::Early),
+                };
             }
         }
         // The first message of each id among those to claim.
@@ -551,10 +603,10 @@ impl Inbox {
                 }
             }
             Kind::Partitions(_) => {
-                // Every message to claim has a UUIDv7 id (its window said so).
+                // Every message to claim has a UUID id (its window said so).
                 let ids: Vec<Uuid> = unique
                     .iter()
-                    .map(|at| messages[*at].v7.unwrap_or_default())
+                    .map(|at| messages[*at].uuid.unwrap_or_default())
                     .collect();
                 let new: HashSet<Uuid> = if unique.is_empty() {
                     HashSet::new()
@@ -609,7 +661,11 @@ impl Inbox {
                     found.get(&head).map(Vec::as_slice)
                 };
                 match stored {
-                    Some(hash) if hash == m.payload_hash.as_slice() => InboxClaim::Duplicate,
+                    // An empty fingerprint: a row brought from another
+                    // inbox without one (Message::v7_fingerprinted).
+                    Some(hash) if hash.is_empty() || hash == m.payload_hash.as_slice() => {
+                        InboxClaim::Duplicate
+                    }
                     Some(_) => InboxClaim::Conflict,
                     None => InboxClaim::TooOld,
                 }

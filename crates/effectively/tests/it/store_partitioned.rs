@@ -56,7 +56,7 @@ async fn a_partitioned_inbox_claims_uuidv7_ids_once_and_refuses_what_its_partiti
 
     assert_eq!(claim(&pool, &billing, &msg).await, InboxClaim::New);
     assert_eq!(claim(&pool, &billing, &msg).await, InboxClaim::Duplicate);
-    let reused = Message::v7(msg.uuid_v7().expect("v7"), b"other");
+    let reused = Message::v7(msg.uuid().expect("a uuid"), b"other");
     assert_eq!(claim(&pool, &billing, &reused).await, InboxClaim::Conflict);
     // Another consumer's rows are its own.
     assert_eq!(
@@ -66,14 +66,21 @@ async fn a_partitioned_inbox_claims_uuidv7_ids_once_and_refuses_what_its_partiti
     // Minted before this build knew of partitions: in the first partition.
     let old = Message::v7(minted_ago(Duration::from_secs(30 * 86_400)), b"p");
     assert_eq!(claim(&pool, &billing, &old).await, InboxClaim::New);
-    // Not a UUIDv7: no partition is for it.
+    // Not a UUID, or a UUID that is no UUIDv7 past the partitions: no
+    // partition is for it.
     let text = Message::new("order-7", Utc::now(), b"p").expect("a valid message");
     assert_eq!(
         claim(&pool, &billing, &text).await,
         InboxClaim::Unrecordable
     );
-    let v4 = Message::new(Uuid::new_v4(), Utc::now(), b"p").expect("a valid message");
+    let v4 = Uuid::from_u128(0x6f1c_0b6e_8a1d_4c5e_9d3f_2b7a_1e0c_4d5f);
+    let v4 = Message::new(v4, Utc::now(), b"p").expect("a valid message");
     assert_eq!(claim(&pool, &billing, &v4).await, InboxClaim::Unrecordable);
+    // A UUID of no version inside the window is recorded like any other.
+    let unversioned = Uuid::from_u128(Uuid::now_v7().as_u128() & !(0xf << 76));
+    assert_eq!(unversioned.get_version_num(), 0);
+    let unversioned = Message::new(unversioned, Utc::now(), b"p").expect("a valid message");
+    assert_eq!(claim(&pool, &billing, &unversioned).await, InboxClaim::New);
     // Within the partitions made ahead: claimed.
     let soon = Message::v7(minted_ahead(Duration::from_secs(3600)), b"p");
     assert_eq!(claim(&pool, &billing, &soon).await, InboxClaim::New);
@@ -83,6 +90,27 @@ async fn a_partitioned_inbox_claims_uuidv7_ids_once_and_refuses_what_its_partiti
     assert_eq!(claim(&pool, &billing, &far).await, InboxClaim::Unrecordable);
     let patient = billing.clone().clock_skew(Duration::from_secs(30 * 86_400));
     assert_eq!(claim(&pool, &patient, &far).await, InboxClaim::Early);
+
+    // A caller's own fingerprints; a row brought without one (empty) takes
+    // every copy as a duplicate.
+    let own = Uuid::now_v7();
+    let fingerprinted = Message::v7_fingerprinted(own, &7_i64.to_be_bytes());
+    assert_eq!(
+        claim(&pool, &billing, &fingerprinted).await,
+        InboxClaim::New
+    );
+    let other = Message::v7_fingerprinted(own, &8_i64.to_be_bytes());
+    assert_eq!(claim(&pool, &billing, &other).await, InboxClaim::Conflict);
+    let brought = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO shop_fx.partitioned_inbox (consumer, msg_id, payload_hash) VALUES ('billing', $1, '')",
+    )
+    .bind(brought)
+    .execute(&pool)
+    .await
+    .expect("test step");
+    let copy = Message::v7_fingerprinted(brought, &9_i64.to_be_bytes());
+    assert_eq!(claim(&pool, &billing, &copy).await, InboxClaim::Duplicate);
 
     // One batch: the claims one after the other would answer.
     let fresh = Message::v7(Uuid::now_v7(), b"q");
@@ -119,7 +147,7 @@ async fn a_partitioned_inbox_claims_uuidv7_ids_once_and_refuses_what_its_partiti
             "SELECT count(*) FROM shop_fx.partitioned_inbox WHERE consumer = 'billing'"
         )
         .await,
-        4
+        7
     );
 }
 
@@ -293,7 +321,7 @@ async fn the_handler_waits_for_a_partition_and_dead_letters_what_none_will_hold(
         .expect("handled");
     assert_eq!(handled[0], Handled::Applied);
     assert!(
-        matches!(&handled[1], Handled::DeadLettered(why) if why.contains("not a UUIDv7")),
+        matches!(&handled[1], Handled::DeadLettered(why) if why.contains("not a UUID")),
         "{handled:?}"
     );
     assert!(

@@ -745,9 +745,13 @@ impl Inbox {
         }
     }
 
-    /// Partitioned inbox: drops the expired partitions ([`Inbox::expire`]),
-    /// returning their names.
-    async fn drop_expired(&self, pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+    /// Partitioned inbox: records this consumer's retention and drops the
+    /// expired partitions, as [`Inbox::expire`], returning their names (a
+    /// row inbox: none, and nothing is done).
+    pub async fn drop_expired(&self, pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+        if !self.is_partitioned() {
+            return Ok(Vec::new());
+        }
         sqlx::query_scalar(&self.expire)
             .bind(&self.consumer)
             .bind(self.retention.as_secs_f64())

@@ -473,7 +473,7 @@ impl Effectively {
                 "GRANT SELECT, INSERT, DELETE ON {q}.inbox TO {r};\n\
                  GRANT SELECT, INSERT ON {q}.partitioned_inbox TO {r};\n\
                  GRANT SELECT ON {q}.partitioned_inbox_parts TO {r};\n\
-                 GRANT EXECUTE ON FUNCTION {q}.partitioned_inbox_extend(timestamptz, interval), \
+                 GRANT EXECUTE ON FUNCTION {q}.partitioned_inbox_extend(timestamptz, interval, uuid), \
                  {q}.partitioned_inbox_expire(text, interval) TO {r};\n\
                  GRANT SELECT, INSERT ON {q}.dead_letters TO {r};\n"
             ));

@@ -11,8 +11,9 @@
 -- gaps, listed in partitioned_inbox_parts; there is no DEFAULT partition, so
 -- the database itself refuses a row outside them. None is made here: a
 -- consumer's first upkeep (Inbox::maintain) makes them with its own span,
--- the first one from the nil uuid (every id minted before it) to the end of
--- its span; it expires like the others.
+-- the first one from the nil uuid to that upkeep's time (every id minted
+-- before it), the next from there to the end of its span; the first
+-- expires like the others, once that time is past the retention.
 --
 -- Advisory locks (transaction level, keyed by the schema's name):
 --   '<schema>.partitioned_inbox'          the window: shared by each claim,
@@ -54,7 +55,7 @@ CREATE TABLE @schema@.partitioned_inbox_parts (
 -- older than the longest of them.
 CREATE TABLE @schema@.partitioned_inbox_consumers (
     consumer   text        PRIMARY KEY,
-    retention  interval    NOT NULL CHECK (retention > interval '0'),
+    retention  interval    NOT NULL CHECK (retention >= interval '0'),
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 
@@ -75,11 +76,16 @@ $$;
 
 -- Makes partitions from the ceiling until it reaches `upto`, each ending on
 -- a multiple of `granule` since the Unix epoch (a second at least; an hour,
--- a day: aligned to UTC); the first one, when there is none, from the nil
--- uuid. Returns how many it made. Runs as the schema's owner, so a consumer
+-- a day: aligned to UTC). When there is none, the first is from `origin`
+-- (the nil uuid: every id before it; a user who brings the rows of an inbox
+-- of their own gives where its expiry had reached, so that no message older
+-- than that is claimed anew) to now, and the next from now. Returns how many
+-- it made. Runs as the schema's owner, so a consumer
 -- needs only the right to call it. lock_timeout bounds how long it queues
 -- for a lock (and so holds up whoever queues behind it).
-CREATE FUNCTION @schema@.partitioned_inbox_extend(upto timestamptz, granule interval) RETURNS integer
+CREATE FUNCTION @schema@.partitioned_inbox_extend(
+    upto timestamptz, granule interval,
+    origin uuid DEFAULT '00000000-0000-0000-0000-000000000000') RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '2s'
@@ -91,6 +97,8 @@ DECLARE
     t timestamptz;
     name text;
     made integer := 0;
+    first boolean := false;
+    now_id uuid := @schema@.v7_floor(clock_timestamp());
 BEGIN
     IF step < 1 THEN
         RAISE EXCEPTION 'inbox partition granule % is under a second', granule;
@@ -98,13 +106,19 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('@schema@.partitioned_inbox:maintain', 0));
     SELECT p.hi INTO lo FROM @schema@.partitioned_inbox_parts p ORDER BY p.hi DESC LIMIT 1;
     IF lo IS NULL THEN
-        lo := '00000000-0000-0000-0000-000000000000';
-        t := clock_timestamp();
-    ELSE
-        t := @schema@.v7_time(lo);
+        lo := COALESCE(origin, '00000000-0000-0000-0000-000000000000');
+        first := true;
     END IF;
-    WHILE lo = '00000000-0000-0000-0000-000000000000' OR t < upto LOOP
-        hi := @schema@.v7_floor(to_timestamp((floor(extract(epoch FROM t) / step) + 1) * step));
+    LOOP
+        t := @schema@.v7_time(lo);
+        EXIT WHEN NOT first AND t >= upto;
+        IF first AND lo < now_id THEN
+            -- Everything before now, in one partition.
+            hi := now_id;
+        ELSE
+            hi := @schema@.v7_floor(to_timestamp((floor(extract(epoch FROM t) / step) + 1) * step));
+            first := false;
+        END IF;
         name := 'pinbox_' || to_char(@schema@.v7_time(lo) AT TIME ZONE 'UTC', 'YYYYMMDD"t"HH24MISSMS');
         -- Made on its own, then attached: ATTACH PARTITION takes only a
         -- SHARE UPDATE EXCLUSIVE lock on the inbox, which the claims'
@@ -115,7 +129,6 @@ BEGIN
                        'FOR VALUES FROM (%L) TO (%L)', name, lo, hi);
         INSERT INTO @schema@.partitioned_inbox_parts (name, lo, hi) VALUES (name, lo, hi);
         lo := hi;
-        t := @schema@.v7_time(lo);
         made := made + 1;
     END LOOP;
     RETURN made;
@@ -141,8 +154,8 @@ BEGIN
     IF consumer IS NULL OR consumer = '' THEN
         RAISE EXCEPTION 'an inbox consumer is named';
     END IF;
-    IF retention IS NULL OR retention <= interval '0' THEN
-        RAISE EXCEPTION 'inbox retention % is not positive', retention;
+    IF retention IS NULL OR retention < interval '0' THEN
+        RAISE EXCEPTION 'inbox retention % is negative', retention;
     END IF;
     INSERT INTO @schema@.partitioned_inbox_consumers AS c (consumer, retention)
         VALUES (partitioned_inbox_expire.consumer, partitioned_inbox_expire.retention)
@@ -166,6 +179,6 @@ $$;
 -- Only the roles granted it may make or drop partitions (a function is
 -- everyone's to call by default): Effectively::grants gives it to the
 -- consumer's role.
-REVOKE EXECUTE ON FUNCTION @schema@.partitioned_inbox_extend(timestamptz, interval),
+REVOKE EXECUTE ON FUNCTION @schema@.partitioned_inbox_extend(timestamptz, interval, uuid),
                            @schema@.partitioned_inbox_expire(text, interval) FROM PUBLIC;
 

@@ -50,7 +50,7 @@ drain() { # RATE KIND REP
   pid=${PIPELINE_PIDS[-1]}
   ok=0
   for _ in $(seq 1 1200); do
-    n=$(psql "$url" -qAt -c "SELECT count(*) FROM payments.inbox")
+    n=$(psql "$url" -qAt -c "SELECT count(*) FROM fx.partitioned_inbox WHERE consumer = 'payments'")
     if [ "$n" -ge "$N" ]; then ok=1; break; fi
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.25

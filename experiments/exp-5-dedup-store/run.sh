@@ -61,14 +61,16 @@ fi
 # with static membership, which waits out the session) and the consumer's
 # lag, or first deliveries come after their partition was dropped: the
 # refused run then loses effects (dead letters that are no duplicates).
-# The migration made a day's partitions ahead; this experiment works in
+# The migration made a day's partitions ahead (of payments' inbox, the
+# library's fx.partitioned_inbox); this experiment works in
 # seconds, so they go (empty) and payments makes PART-sized ones from the
 # migration's moment on.
 drop_day_partitions() {
   psql "$DATABASE_URL" -qAt -v ON_ERROR_STOP=1 -c "DO \$\$ DECLARE p record; BEGIN
-    FOR p IN SELECT name FROM payments.inbox_partitions WHERE name <> 'inbox_legacy' LOOP
-      EXECUTE format('DROP TABLE payments.%I', p.name);
-      DELETE FROM payments.inbox_partitions WHERE name = p.name;
+    FOR p IN SELECT name FROM fx.partitioned_inbox_parts
+             WHERE lo <> '00000000-0000-0000-0000-000000000000' LOOP
+      EXECUTE format('DROP TABLE fx.%I', p.name);
+      DELETE FROM fx.partitioned_inbox_parts WHERE name = p.name;
     END LOOP; END \$\$"
 }
 export EXP_PREPARE=drop_day_partitions

@@ -1,9 +1,9 @@
 //! Experiment 5's measurements of the inbox at scale (experiments/exp-5-dedup-store).
 //!
 //! On a fresh migrated database (the owner's `DATABASE_URL`), in one layout:
-//! `partitioned` (the inbox as migrated: range partitions of msg_id, here one
-//! per day of the retention) or `single` (the same columns in one plain table,
-//! the layout before issue 10). It grows the inbox to each checkpoint by bulk
+//! `partitioned` (the inbox as migrated, the library's `fx.partitioned_inbox`:
+//! range partitions of msg_id, here one per day of the retention) or `single`
+//! (the same columns in one plain table, the layout before issue 10). It grows the inbox to each checkpoint by bulk
 //! load (msg_ids minted evenly over `--days`, oldest first, as a consumer at a
 //! steady rate would have written them), and at each checkpoint measures the
 //! real consume transaction (`payments::inbox::apply_batch`: window, inbox
@@ -113,7 +113,7 @@ async fn main() -> anyhow::Result<()> {
             eprintln!("inbox_bench: {:?} loaded {loaded} keys", args.layout);
         }
         let load_s = load_started.elapsed().as_secs_f64();
-        sqlx::raw_sql("VACUUM ANALYZE payments.inbox")
+        sqlx::raw_sql("VACUUM ANALYZE fx.partitioned_inbox")
             .execute(&pool)
             .await
             .context("vacuum")?;
@@ -177,7 +177,7 @@ async fn main() -> anyhow::Result<()> {
 /// migration's first partition, empty in a fresh database, is replaced), or
 /// one plain table.
 async fn layout(pool: &PgPool, layout: Layout, first_day_ms: i64) -> anyhow::Result<()> {
-    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM payments.inbox")
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM fx.partitioned_inbox")
         .fetch_one(pool)
         .await?;
     anyhow::ensure!(n == 0, "the inbox is not empty: give a fresh database");
@@ -190,25 +190,28 @@ async fn layout(pool: &PgPool, layout: Layout, first_day_ms: i64) -> anyhow::Res
                  lo uuid;
                  hi uuid;
              BEGIN
-                 DROP TABLE payments.inbox_legacy;
-                 DELETE FROM payments.inbox_partitions WHERE name = 'inbox_legacy';
-                 SELECT p.lo INTO top FROM payments.inbox_partitions p ORDER BY p.lo LIMIT 1;
+                 -- The first partition: every msg_id minted before the
+                 -- migration, [nil, then).
+                 SELECT p.hi INTO top FROM fx.partitioned_inbox_parts p ORDER BY p.lo LIMIT 1;
+                 EXECUTE format('DROP TABLE fx.%I',
+                                (SELECT p.name FROM fx.partitioned_inbox_parts p ORDER BY p.lo LIMIT 1));
+                 DELETE FROM fx.partitioned_inbox_parts p WHERE p.hi = top;
                  WHILE effectively.v7_floor(d) < top LOOP
                      lo := effectively.v7_floor(d);
                      hi := least(effectively.v7_floor(d + interval '1 day'), top);
-                     EXECUTE format('CREATE TABLE payments.%I (LIKE payments.inbox INCLUDING DEFAULTS)',
+                     EXECUTE format('CREATE TABLE fx.%I (LIKE fx.partitioned_inbox INCLUDING DEFAULTS)',
                                     'inbox_bench_' || to_char(d AT TIME ZONE 'UTC', 'YYYYMMDD'));
-                     EXECUTE format('ALTER TABLE payments.inbox ATTACH PARTITION payments.%I '
+                     EXECUTE format('ALTER TABLE fx.partitioned_inbox ATTACH PARTITION fx.%I '
                                     'FOR VALUES FROM (%L) TO (%L)',
                                     'inbox_bench_' || to_char(d AT TIME ZONE 'UTC', 'YYYYMMDD'), lo, hi);
-                     INSERT INTO payments.inbox_partitions (name, lo, hi)
+                     INSERT INTO fx.partitioned_inbox_parts (name, lo, hi)
                          VALUES ('inbox_bench_' || to_char(d AT TIME ZONE 'UTC', 'YYYYMMDD'), lo, hi);
                      d := d + interval '1 day';
                  END LOOP;
              END $$"
         ),
-        Layout::Single => "ALTER TABLE payments.inbox RENAME TO inbox_partitioned; \
-             CREATE TABLE payments.inbox (LIKE payments.inbox_partitioned INCLUDING ALL)"
+        Layout::Single => "ALTER TABLE fx.partitioned_inbox RENAME TO partitioned_inbox_as_migrated; \
+             CREATE TABLE fx.partitioned_inbox (LIKE fx.partitioned_inbox_as_migrated INCLUDING ALL)"
             .to_owned(),
     };
     sqlx::raw_sql(&sql)
@@ -229,9 +232,9 @@ async fn load(
     span_ms: i64,
 ) -> anyhow::Result<()> {
     sqlx::query(
-        "INSERT INTO payments.inbox (msg_id, payload_hash) \
-         SELECT (lpad(to_hex($3::int8 + (i::numeric * $4 / $5)::int8), 12, '0') \
-                 || substr(md5(i::text), 1, 20))::uuid, i \
+        "INSERT INTO fx.partitioned_inbox (consumer, msg_id, payload_hash) \
+         SELECT 'payments', (lpad(to_hex($3::int8 + (i::numeric * $4 / $5)::int8), 12, '0') \
+                 || substr(md5(i::text), 1, 20))::uuid, int8send(i) \
          FROM generate_series($1::int8, $2::int8 - 1) AS i \
          ON CONFLICT DO NOTHING",
     )
@@ -249,8 +252,8 @@ async fn load(
 /// Table and index bytes of the inbox (every partition).
 async fn sizes(pool: &PgPool) -> anyhow::Result<(i64, i64)> {
     let row: (i64, i64) = sqlx::query_as(
-        "WITH t AS (SELECT relid FROM pg_partition_tree('payments.inbox') WHERE isleaf \
-                    UNION SELECT 'payments.inbox'::regclass) \
+        "WITH t AS (SELECT relid FROM pg_partition_tree('fx.partitioned_inbox') WHERE isleaf \
+                    UNION SELECT 'fx.partitioned_inbox'::regclass) \
          SELECT COALESCE(sum(pg_relation_size(relid)), 0)::int8, \
                 COALESCE(sum(pg_indexes_size(relid)), 0)::int8 FROM t",
     )
@@ -395,13 +398,14 @@ async fn bloom_front(
     minter: &Minter,
 ) -> anyhow::Result<serde_json::Value> {
     use futures::TryStreamExt;
-    let keys: i64 = sqlx::query_scalar("SELECT count(*) FROM payments.inbox")
+    let keys: i64 = sqlx::query_scalar("SELECT count(*) FROM fx.partitioned_inbox")
         .fetch_one(pool)
         .await?;
     let started = Instant::now();
     let mut filter = fastbloom::BloomFilter::with_false_pos(0.01)
         .expected_items(usize::try_from(keys.max(1)).unwrap_or(usize::MAX));
-    let mut rows = sqlx::query_scalar::<_, Uuid>("SELECT msg_id FROM payments.inbox").fetch(pool);
+    let mut rows =
+        sqlx::query_scalar::<_, Uuid>("SELECT msg_id FROM fx.partitioned_inbox").fetch(pool);
     let mut inserted = 0u64;
     while let Some(id) = rows.try_next().await? {
         filter.insert(&id);
@@ -461,7 +465,7 @@ async fn expire_day(
 ) -> anyhow::Result<serde_json::Value> {
     let (table_before, index_before) = sizes(pool).await?;
     let rows: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM payments.inbox \
+        "SELECT count(*) FROM fx.partitioned_inbox \
          WHERE msg_id < effectively.v7_floor(to_timestamp($1::int8 / 1000.0))",
     )
     .bind(cut_ms)
@@ -494,12 +498,13 @@ async fn expire_day(
     let (op, seconds, wal, vacuum_seconds, vacuum_wal) = match layout {
         Layout::Partitioned => {
             let retention_s = (chrono::Utc::now().timestamp_millis() - cut_ms) as f64 / 1e3;
-            let dropped: Vec<String> =
-                sqlx::query_scalar("SELECT payments.inbox_expire($1 * interval '1 second')")
-                    .bind(retention_s)
-                    .fetch_all(pool)
-                    .await
-                    .context("drop the oldest partition")?;
+            let dropped: Vec<String> = sqlx::query_scalar(
+                "SELECT fx.partitioned_inbox_expire('payments', $1 * interval '1 second')",
+            )
+            .bind(retention_s)
+            .fetch_all(pool)
+            .await
+            .context("drop the oldest partition")?;
             anyhow::ensure!(dropped.len() == 1, "one partition dropped: {dropped:?}");
             let seconds = started.elapsed().as_secs_f64();
             (
@@ -512,7 +517,7 @@ async fn expire_day(
         }
         Layout::Single => {
             sqlx::query(
-                "DELETE FROM payments.inbox \
+                "DELETE FROM fx.partitioned_inbox \
                  WHERE msg_id < effectively.v7_floor(to_timestamp($1::int8 / 1000.0))",
             )
             .bind(cut_ms)
@@ -522,7 +527,9 @@ async fn expire_day(
             let seconds = started.elapsed().as_secs_f64();
             let wal_at = wal_lsn(pool).await?;
             let vacuum_started = Instant::now();
-            sqlx::raw_sql("VACUUM payments.inbox").execute(pool).await?;
+            sqlx::raw_sql("VACUUM fx.partitioned_inbox")
+                .execute(pool)
+                .await?;
             (
                 "delete + vacuum",
                 seconds,

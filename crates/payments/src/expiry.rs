@@ -1,7 +1,8 @@
-//! The inbox's lifecycle: partitions of msg_id ranges created ahead and
-//! dropped when expired (migrations/20261124000001_inbox_partitions.sql), the
-//! window a claim may write, and the redelivery horizon's terms read from the
-//! database and the broker.
+//! The inbox's lifecycle: payments' inbox is the library's partitioned
+//! inbox (`fx.partitioned_inbox`, consumer `payments`: partitions of msg_id
+//! ranges created ahead and dropped when expired), the window a claim may
+//! write, and the redelivery horizon's terms read from the database and the
+//! broker.
 //!
 //! Expiry drops whole partitions: no delete storm, no bloat. A message older
 //! than the oldest partition kept is refused ("after the dedup horizon"), one
@@ -9,11 +10,14 @@
 //! partitions reach it: over Kafka it is parked (`crate::park`; only its
 //! order waits) unless minted further ahead than the clock skew (then a dead
 //! letter `ahead_of_clock`), a webhook's claim stays unprocessed; see
-//! [`Window::judge`].
+//! [`judge`].
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use chrono::Utc;
+use effectively::store::Inbox;
+pub use effectively::store::Window;
 use effectively::v7::mint_time;
 use pipeline::config::KafkaArgs;
 use sqlx::{PgPool, Postgres, Transaction};
@@ -36,85 +40,85 @@ pub enum Outside {
     NeverRecordable,
 }
 
-/// The msg_ids a claim transaction may write: `[floor, ceiling)`, the
-/// partitions that exist. Read under the shared window lock, so no partition
-/// of it is dropped before the transaction ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
-    /// The oldest partition's lower bound (`None`: no partitions).
-    pub floor: Option<Uuid>,
-    /// The newest partition's upper bound.
-    pub ceiling: Option<Uuid>,
+/// The name payments claims under in the library's partitioned inbox.
+pub const CONSUMER: &str = "payments";
+
+/// Payments' inbox: the library's partitioned inbox in the pipeline's
+/// library schema (`fx.partitioned_inbox`), consumer [`CONSUMER`]. Its
+/// statements are built once; `pool` is not kept.
+pub fn inbox(pool: &PgPool) -> &'static Inbox {
+    static INBOX: OnceLock<Inbox> = OnceLock::new();
+    INBOX.get_or_init(|| pipeline::db::library(pool.clone()).partitioned_inbox(CONSUMER))
 }
 
-impl Window {
-    /// Reads the window in `tx` and holds the shared window lock until `tx`
-    /// ends.
-    pub async fn read(tx: &mut Transaction<'_, Postgres>) -> sqlx::Result<Self> {
-        let row = sqlx::query!("SELECT floor, ceiling FROM payments.inbox_window()")
-            .fetch_one(&mut **tx)
-            .await?;
-        Ok(Self {
-            floor: row.floor,
-            ceiling: row.ceiling,
-        })
-    }
+/// Reads the inbox's window in `tx` and holds the shared window lock until
+/// `tx` ends: no partition of it is dropped before then.
+pub async fn read_window(
+    pool: &PgPool,
+    tx: &mut Transaction<'_, Postgres>,
+) -> sqlx::Result<Window> {
+    Ok(inbox(pool).window(tx).await?.unwrap_or(Window {
+        floor: None,
+        ceiling: None,
+        clock: Utc::now(),
+    }))
+}
 
-    /// `None` when `msg_id` may be claimed; otherwise where it lies and the
-    /// dead-letter reason.
-    pub fn judge(&self, msg_id: Uuid) -> Option<(Outside, String)> {
-        let (Some(floor), Some(ceiling)) = (self.floor, self.ceiling) else {
-            return Some((
-                Outside::Future,
-                format!(
-                    "the inbox has no partitions, so msg_id {msg_id} cannot be recorded yet; held back until it has"
-                ),
-            ));
-        };
-        let version = msg_id.get_version_num();
-        let not_v7 = if version == 7 {
-            String::new()
-        } else {
+/// Where `msg_id` stands in `window`: `None` when it may be claimed;
+/// otherwise where it lies and the dead-letter reason. As the library
+/// judges ([`Window::judge_id`]), with payments' reasons and without the
+/// clock skew (payments parks what is early, and dead-letters what is
+/// ahead of the clock itself: `crate::park`).
+pub fn judge(window: &Window, msg_id: Uuid) -> Option<(Outside, String)> {
+    let (Some(floor), Some(ceiling)) = (window.floor, window.ceiling) else {
+        return Some((
+            Outside::Future,
             format!(
-                " (it is not a UUIDv7 but version {version}: its first 48 bits are no mint time)"
-            )
-        };
-        let minted = mint_time(msg_id).to_rfc3339();
-        if msg_id < floor {
-            return Some((
-                Outside::AfterHorizon,
-                format!(
-                    "arrived after the dedup horizon: msg_id {msg_id} was minted at {minted}{not_v7}, \
-                     before the oldest inbox partition kept (from {}); its dedup record may have \
-                     expired, so it is not applied. If its order has no charge, it is a first \
-                     delivery that came too late: apply it by hand (README, \"After the dedup horizon\")",
-                    mint_time(floor).to_rfc3339()
-                ),
-            ));
-        }
-        if msg_id >= ceiling {
-            let end = mint_time(ceiling).to_rfc3339();
-            if version != 7 {
-                return Some((
-                    Outside::NeverRecordable,
-                    format!(
-                        "msg_id {msg_id}{not_v7} lies at or after the end of the inbox partitions \
-                         ({end}), and no partition will ever be made for it; not applied"
-                    ),
-                ));
-            }
-            return Some((
-                Outside::Future,
-                format!(
-                    "msg_id {msg_id} was minted at {minted}, at or after the end of the inbox \
-                     partitions created so far ({end}): a producer clock ahead, or partitions not \
-                     created for a while (payments_inbox_extend_failures_total); held back until \
-                     the partitions reach it"
-                ),
-            ));
-        }
-        None
+                "the inbox has no partitions, so msg_id {msg_id} cannot be recorded yet; held back until it has"
+            ),
+        ));
+    };
+    let version = msg_id.get_version_num();
+    let not_v7 = if version == 7 {
+        String::new()
+    } else {
+        format!(" (it is not a UUIDv7 but version {version}: its first 48 bits are no mint time)")
+    };
+    let minted = mint_time(msg_id).to_rfc3339();
+    if msg_id < floor {
+        return Some((
+            Outside::AfterHorizon,
+            format!(
+                "arrived after the dedup horizon: msg_id {msg_id} was minted at {minted}{not_v7}, \
+                 before the oldest inbox partition kept (from {}); its dedup record may have \
+                 expired, so it is not applied. If its order has no charge, it is a first \
+                 delivery that came too late: apply it by hand (README, \"After the dedup horizon\")",
+                mint_time(floor).to_rfc3339()
+            ),
+        ));
     }
+    if msg_id >= ceiling {
+        let end = mint_time(ceiling).to_rfc3339();
+        if version != 7 {
+            return Some((
+                Outside::NeverRecordable,
+                format!(
+                    "msg_id {msg_id}{not_v7} lies at or after the end of the inbox partitions \
+                     ({end}), and no partition will ever be made for it; not applied"
+                ),
+            ));
+        }
+        return Some((
+            Outside::Future,
+            format!(
+                "msg_id {msg_id} was minted at {minted}, at or after the end of the inbox \
+                 partitions created so far ({end}): a producer clock ahead, or partitions not \
+                 created for a while (payments_inbox_extend_failures_total); held back until \
+                 the partitions reach it"
+            ),
+        ));
+    }
+    None
 }
 
 /// How the inbox's partitions are kept.
@@ -158,35 +162,32 @@ impl Lifecycle {
 }
 
 /// Creates partitions until `ahead` from now; returns how many it created.
-pub async fn extend(pool: &PgPool, ahead: Duration, granule: Duration) -> sqlx::Result<i32> {
-    let made = sqlx::query_scalar!(
-        r#"SELECT payments.inbox_extend(now() + $1 * interval '1 second', $2 * interval '1 second') AS "made!""#,
-        ahead.as_secs_f64(),
-        granule.as_secs_f64()
-    )
-    .fetch_one(pool)
-    .await?;
-    Ok(made)
+pub async fn extend(pool: &PgPool, ahead: Duration, granule: Duration) -> sqlx::Result<u32> {
+    inbox(pool)
+        .clone()
+        .ahead(ahead)
+        .partition(granule)
+        .extend(pool)
+        .await
 }
 
-/// Drops the partitions whose msg_ids are all older than `retention`;
-/// returns their names.
+/// Drops the partitions whose msg_ids are all older than `retention` (and
+/// than every other consumer's of the library's inbox); returns their names.
 pub async fn expire(pool: &PgPool, retention: Duration) -> sqlx::Result<Vec<String>> {
-    sqlx::query_scalar!(
-        r#"SELECT payments.inbox_expire($1 * interval '1 second') AS "name!""#,
-        retention.as_secs_f64()
-    )
-    .fetch_all(pool)
-    .await
+    inbox(pool)
+        .clone()
+        .retention(retention)
+        .drop_expired(pool)
+        .await
 }
 
-/// The partitions kept: how many, and the mint time the oldest starts at.
+/// The partitions kept: how many, and the bounds of the window.
 pub async fn partitions(pool: &PgPool) -> sqlx::Result<(i64, Option<Uuid>, Option<Uuid>)> {
     let row = sqlx::query!(
         r#"SELECT count(*) AS "n!",
-                  (SELECT lo FROM payments.inbox_partitions ORDER BY lo LIMIT 1) AS floor,
-                  (SELECT hi FROM payments.inbox_partitions ORDER BY hi DESC LIMIT 1) AS ceiling
-           FROM payments.inbox_partitions"#
+                  (SELECT lo FROM fx.partitioned_inbox_parts ORDER BY lo LIMIT 1) AS floor,
+                  (SELECT hi FROM fx.partitioned_inbox_parts ORDER BY hi DESC LIMIT 1) AS ceiling
+           FROM fx.partitioned_inbox_parts"#
     )
     .fetch_one(pool)
     .await?;
@@ -348,19 +349,20 @@ mod tests {
         let w = Window {
             floor: Some(at_ms(1_000)),
             ceiling: Some(at_ms(2_000)),
+            clock: Utc::now(),
         };
-        assert_eq!(w.judge(at_ms(1_000)), None, "the floor is inside");
-        assert_eq!(w.judge(at_ms(1_999)), None);
-        let (kind, reason) = w.judge(at_ms(999)).expect("below the floor");
+        assert_eq!(judge(&w, at_ms(1_000)), None, "the floor is inside");
+        assert_eq!(judge(&w, at_ms(1_999)), None);
+        let (kind, reason) = judge(&w, at_ms(999)).expect("below the floor");
         assert_eq!(kind, Outside::AfterHorizon);
         assert!(
             reason.starts_with("arrived after the dedup horizon"),
             "{reason}"
         );
-        let (kind, _) = w.judge(at_ms(2_000)).expect("the ceiling is outside");
+        let (kind, _) = judge(&w, at_ms(2_000)).expect("the ceiling is outside");
         assert_eq!(kind, Outside::Future);
         let v4 = Uuid::from_u128(0xffff_ffff_ffff_4fff_8fff_ffff_ffff_ffff);
-        let (kind, reason) = w.judge(v4).expect("far ahead");
+        let (kind, reason) = judge(&w, v4).expect("far ahead");
         assert_eq!(kind, Outside::NeverRecordable, "no mint time to wait for");
         assert!(reason.contains("not a UUIDv7 but version 4"), "{reason}");
         assert!(
@@ -370,8 +372,9 @@ mod tests {
         let empty = Window {
             floor: None,
             ceiling: None,
+            clock: Utc::now(),
         };
-        assert!(empty.judge(at_ms(1_500)).is_some());
+        assert!(judge(&empty, at_ms(1_500)).is_some());
     }
 
     #[test]

@@ -26,8 +26,9 @@ use crate::delivery::{
     AfterHorizon, Applied, ChargeIntent, DeadLetter, DeadLetterKind, Delivery, Held, Origin, Rules,
     Source,
 };
-use crate::expiry::{Outside, Window};
+use crate::expiry::{self, Outside, Window};
 use crate::park;
+use effectively::store::{InboxClaim, Message};
 
 /// The intents of `deliveries` and the dead letters of those that did not
 /// decode.
@@ -85,14 +86,16 @@ pub async fn apply_batch(
     };
     let mut late = Vec::new();
     let mut parking = Vec::new();
+    let mut window = None;
     if !intents.is_empty() {
         // Only msg_ids inside the inbox's partitions can be claimed; the
         // window cannot shrink until this transaction ends.
-        let window = Window::read(&mut tx).await?;
+        let read = expiry::read_window(pool, &mut tx).await?;
         let judged: Vec<_> = intents
             .iter()
-            .map(|(intent, _)| window.judge(intent.msg_id))
+            .map(|(intent, _)| expiry::judge(&read, intent.msg_id))
             .collect();
+        window = Some(read);
         let is_kafka = |s: &Source<'_>| s.webhook_id().is_none();
         // Read only when a Kafka event lies beyond the partitions: the
         // database's clock plus the skew payments accepts.
@@ -197,8 +200,8 @@ pub async fn apply_batch(
         applied.msg_id_conflicts += conflicts.len() as u64;
         dead.extend(conflicts);
     }
-    if !intents.is_empty() {
-        let claim = claim_and_charge(&mut tx, &intents, crasher).await?;
+    if let Some(window) = window.filter(|_| !intents.is_empty()) {
+        let claim = claim_and_charge(pool, &mut tx, &window, &intents, crasher).await?;
         applied.charged = claim.new.len() as u64;
         applied.duplicates = claim.duplicates;
         applied.charge_conflicts = claim.order_conflicts.len() as u64;
@@ -268,57 +271,66 @@ pub(crate) fn refuse_outside<'a>(
     }
 }
 
-/// Inbox claim, then charges and ledger entries for the msg_ids that were
-/// new; every delivery that was neither new nor a true duplicate is returned
-/// as a conflict.
+/// The message the library's inbox claims for `intent`: its msg_id, and
+/// payments' own fingerprint of its payload (`decode::payload_hash`, 8 bytes
+/// big-endian, as the rows brought from payments' own inbox kept it).
+pub(crate) fn message_of(intent: &ChargeIntent) -> Message {
+    Message::v7_fingerprinted(intent.msg_id, &intent.payload_hash.to_be_bytes())
+}
+
+/// Inbox claim (the library's, in `window`, which `tx` has read), then
+/// charges and ledger entries for the msg_ids that were new; every delivery
+/// that was neither new nor a true duplicate is returned as a conflict.
 pub(crate) async fn claim_and_charge<'a>(
+    pool: &PgPool,
     tx: &mut Transaction<'_, Postgres>,
+    window: &Window,
     intents: &[(&ChargeIntent, Source<'a>)],
     crasher: &Crasher,
 ) -> sqlx::Result<Claim<'a>> {
-    let (unique, repeats) = unique_by_msg_id(intents);
-    let new = claim_inbox(tx, &unique).await?;
+    let messages: Vec<Message> = intents.iter().map(|(i, _)| message_of(i)).collect();
+    let claims = expiry::inbox(pool)
+        .claim_in_window(tx, window, &messages)
+        .await?;
     // The inbox rows are claimed, no charge yet: a crash here must not lose
     // the charge (it cannot: neither is committed).
     crasher.point(CrashPoint::Claim);
-    let claimed: HashSet<Uuid> = new.iter().copied().collect();
-    let (fresh, seen): (Vec<_>, Vec<_>) = unique
-        .into_iter()
-        .partition(|(i, _)| claimed.contains(&i.msg_id));
-    let mut claim = Claim {
-        new,
-        ..Claim::default()
-    };
-
-    // Deliveries of msg_ids claimed before (earlier batches) or earlier in
-    // this batch: true duplicates unless the payload differs.
-    let mut first_hash: HashMap<Uuid, Option<i64>> = fresh
-        .iter()
-        .map(|(i, _)| (i.msg_id, Some(i.payload_hash)))
-        .collect();
-    if !seen.is_empty() {
-        let ids: Vec<Uuid> = seen.iter().map(|(i, _)| i.msg_id).collect();
-        first_hash.extend(stored_hashes(tx, &ids).await?);
-    }
-    for (intent, source) in seen.into_iter().chain(repeats) {
-        match first_hash.get(&intent.msg_id).copied().flatten() {
-            Some(first) if first != intent.payload_hash => {
-                claim.msg_id_conflicts.push(DeadLetter {
-                    source,
-                    kind: DeadLetterKind::MsgIdConflict,
-                    msg_id: Some(intent.msg_id),
-                    order_id: Some(intent.order_id),
-                    reason: format!(
-                        "msg_id {} was already applied with another payload \
-                         (first payload hash {first:016x}, this one {:016x}); the first effect stands",
-                        intent.msg_id, intent.payload_hash
-                    ),
-                });
-            }
-            // Same payload, or a claim older than the fingerprints: a duplicate.
-            _ => claim.duplicates += 1,
+    let mut claim = Claim::default();
+    let mut fresh = Vec::with_capacity(intents.len());
+    for (&(intent, source), answer) in intents.iter().zip(claims) {
+        let refused = |kind, reason| DeadLetter {
+            source,
+            kind,
+            msg_id: Some(intent.msg_id),
+            order_id: Some(intent.order_id),
+            reason,
+        };
+        match answer {
+            InboxClaim::New => fresh.push((intent, source)),
+            InboxClaim::Duplicate => claim.duplicates += 1,
+            InboxClaim::Conflict => claim.msg_id_conflicts.push(refused(
+                DeadLetterKind::MsgIdConflict,
+                format!(
+                    "msg_id {} was already applied with another payload (this one's payload \
+                     hash {:016x}); the first effect stands",
+                    intent.msg_id, intent.payload_hash
+                ),
+            )),
+            // The window was judged before the claim, under the lock that
+            // keeps it: these do not come back from it. Refused, not lost.
+            InboxClaim::TooOld => claim.msg_id_conflicts.push(refused(
+                DeadLetterKind::AfterHorizon,
+                format!("msg_id {} is below the inbox's partitions", intent.msg_id),
+            )),
+            InboxClaim::Early | InboxClaim::Unrecordable => claim.msg_id_conflicts.push(refused(
+                DeadLetterKind::FutureMsgId,
+                format!("msg_id {} is past the inbox's partitions", intent.msg_id),
+            )),
         }
     }
+    // Charges in msg_id order, as the claims were inserted.
+    fresh.sort_by_key(|(i, _)| i.msg_id);
+    claim.new = fresh.iter().map(|(i, _)| i.msg_id).collect();
 
     if !fresh.is_empty() {
         let inserted: HashSet<Uuid> = insert_effects(tx, &fresh).await?.into_iter().collect();
@@ -350,8 +362,7 @@ pub(crate) async fn claim_and_charge<'a>(
     Ok(claim)
 }
 
-/// The first delivery of each msg_id, in msg_id order (a consistent lock
-/// order between concurrent consumers: no deadlocks), and the later
+/// The first delivery of each msg_id, in msg_id order, and the later
 /// deliveries of a msg_id already in the batch.
 #[allow(clippy::type_complexity)]
 pub(crate) fn unique_by_msg_id<'d, 'a>(
@@ -374,39 +385,21 @@ pub(crate) fn unique_by_msg_id<'d, 'a>(
     (unique, repeats)
 }
 
-/// Inserts inbox rows with their payload fingerprints; returns the msg_ids
-/// that were new.
+/// Claims `unique` in the library's inbox in a transaction of their own
+/// window; returns the msg_ids that were new. For the counter-example
+/// (`crate::unsafe_split`), which claims apart from the effect.
 pub(crate) async fn claim_inbox(
+    pool: &PgPool,
     tx: &mut Transaction<'_, Postgres>,
     unique: &[(&ChargeIntent, Source<'_>)],
 ) -> sqlx::Result<Vec<Uuid>> {
-    let msg_ids: Vec<Uuid> = unique.iter().map(|(i, _)| i.msg_id).collect();
-    let hashes: Vec<i64> = unique.iter().map(|(i, _)| i.payload_hash).collect();
-    sqlx::query_scalar!(
-        "INSERT INTO payments.inbox (msg_id, payload_hash) \
-         SELECT * FROM unnest($1::uuid[], $2::int8[]) \
-         ON CONFLICT (msg_id) DO NOTHING RETURNING msg_id",
-        &msg_ids,
-        &hashes
-    )
-    .fetch_all(&mut **tx)
-    .await
-}
-
-/// The payload fingerprints the inbox holds for `msg_ids`.
-async fn stored_hashes(
-    tx: &mut Transaction<'_, Postgres>,
-    msg_ids: &[Uuid],
-) -> sqlx::Result<Vec<(Uuid, Option<i64>)>> {
-    let rows = sqlx::query!(
-        "SELECT msg_id, payload_hash FROM payments.inbox WHERE msg_id = ANY($1)",
-        msg_ids
-    )
-    .fetch_all(&mut **tx)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| (r.msg_id, r.payload_hash))
+    let messages: Vec<Message> = unique.iter().map(|(i, _)| message_of(i)).collect();
+    let claims = expiry::inbox(pool).claim_batch(tx, &messages).await?;
+    Ok(unique
+        .iter()
+        .zip(claims)
+        .filter(|(_, c)| *c == InboxClaim::New)
+        .map(|((i, _), _)| i.msg_id)
         .collect())
 }
 

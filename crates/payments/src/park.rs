@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::delivery::{Applied, ChargeIntent, DeadLetter, DeadLetterKind, Origin, Source};
-use crate::expiry::Window;
+use crate::expiry;
 use crate::inbox;
 use crate::metrics::PaymentsMetrics;
 
@@ -166,7 +166,7 @@ pub async fn drain_once(pool: &PgPool, crasher: &Crasher) -> sqlx::Result<Option
     let mut tx = pool.begin().await?;
     // Under the shared window lock: no partition of it is dropped before
     // the claims commit.
-    let window = Window::read(&mut tx).await?;
+    let window = expiry::read_window(pool, &mut tx).await?;
     let Some(ceiling) = window.ceiling else {
         return Ok(None);
     };
@@ -201,7 +201,7 @@ pub async fn drain_once(pool: &PgPool, crasher: &Crasher) -> sqlx::Result<Option
     let mut dead = Vec::new();
     for (intent, r) in intents.iter().zip(&rows) {
         let source = Source::kafka(&r.5, r.6, r.7, r.8.as_deref(), r.9.as_deref());
-        match window.judge(intent.msg_id) {
+        match expiry::judge(&window, intent.msg_id) {
             None => claimable.push((intent, source)),
             // Parked so long that the dedup horizon passed it: refused as
             // any delivery that late.
@@ -217,7 +217,7 @@ pub async fn drain_once(pool: &PgPool, crasher: &Crasher) -> sqlx::Result<Option
         }
     }
     if !claimable.is_empty() {
-        let claim = inbox::claim_and_charge(&mut tx, &claimable, crasher).await?;
+        let claim = inbox::claim_and_charge(pool, &mut tx, &window, &claimable, crasher).await?;
         applied.charged = claim.new.len() as u64;
         applied.duplicates = claim.duplicates;
         applied.charge_conflicts = claim.order_conflicts.len() as u64;

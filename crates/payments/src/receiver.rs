@@ -31,7 +31,7 @@
 //! msg_id order and applies them like a Kafka batch (`process_deliveries`,
 //! with its bisection and dead letters), in one transaction per batch that
 //! locks the rows (`FOR UPDATE SKIP LOCKED`), claims their msg_ids in
-//! `payments.inbox`, writes the charges and ledger entries, and marks the
+//! the inbox (`fx.partitioned_inbox`), writes the charges and ledger entries, and marks the
 //! rows processed. So a charge and its processed mark commit together, and
 //! two processors (two payments processes) never apply a row twice. A scan
 //! that applied nothing because another processor holds every row it found

@@ -37,7 +37,7 @@ pub async fn apply_batch(
     match mode {
         SplitTxn::InboxFirst => {
             let mut tx = pool.begin().await?;
-            let new = claim_inbox(&mut tx, &unique).await?;
+            let new = claim_inbox(pool, &mut tx, &unique).await?;
             tx.commit().await?;
             crasher.point(CrashPoint::Split);
             let fresh: Vec<(&ChargeIntent, Source<'_>)> = unique
@@ -56,7 +56,8 @@ pub async fn apply_batch(
             let msg_ids: Vec<Uuid> = unique.iter().map(|(i, _)| i.msg_id).collect();
             let mut tx = pool.begin().await?;
             let seen: Vec<Uuid> = sqlx::query_scalar!(
-                "SELECT msg_id FROM payments.inbox WHERE msg_id = ANY($1)",
+                "SELECT msg_id FROM fx.partitioned_inbox WHERE consumer = $1 AND msg_id = ANY($2)",
+                crate::expiry::CONSUMER,
                 &msg_ids
             )
             .fetch_all(&mut *tx)
@@ -70,7 +71,7 @@ pub async fn apply_batch(
             tx.commit().await?;
             crasher.point(CrashPoint::Split);
             let mut tx = pool.begin().await?;
-            let new = claim_inbox(&mut tx, &fresh).await?;
+            let new = claim_inbox(pool, &mut tx, &fresh).await?;
             tx.commit().await?;
             applied.charged = fresh.len() as u64;
             applied.charge_conflicts = applied.charged - charged.len() as u64;

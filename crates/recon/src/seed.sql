@@ -22,8 +22,9 @@ SELECT lpad(to_hex(i), 32, '0')::uuid, ('00000001' || lpad(to_hex(i), 24, '0')):
        now()
 FROM generate_series(1, :n) AS i;
 
-INSERT INTO payments.inbox (msg_id)
-SELECT ('00000001' || lpad(to_hex(i), 24, '0'))::uuid FROM generate_series(1, :n) AS i;
+INSERT INTO fx.partitioned_inbox (consumer, msg_id, payload_hash)
+SELECT 'payments', ('00000001' || lpad(to_hex(i), 24, '0'))::uuid, ''::bytea
+FROM generate_series(1, :n) AS i;
 
 INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents)
 SELECT ('2' || lpad(to_hex(i), 31, '0'))::uuid, lpad(to_hex(i), 32, '0')::uuid,

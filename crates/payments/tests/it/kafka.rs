@@ -129,7 +129,10 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
 
 const CHARGES: &str = "SELECT count(*) FROM payments.charges";
 const LEDGER: &str = "SELECT count(*) FROM payments.ledger";
-const INBOX: &str = "SELECT count(*) FROM payments.inbox";
+/// The library's first partition of the inbox: every msg_id minted before
+/// the migration made it (the nil uuid's, 1970's, name).
+const FIRST_PARTITION: &str = "pinbox_19700101t000000000";
+const INBOX: &str = "SELECT count(*) FROM fx.partitioned_inbox WHERE consumer = 'payments'";
 const DOUBLES: &str =
     "SELECT count(*) FROM (SELECT order_id FROM payments.ledger GROUP BY 1 HAVING count(*) > 1) d";
 
@@ -227,10 +230,12 @@ async fn consumer_lag_per_partition_is_what_no_commit_covers() {
     );
 
     let role = ServiceRole::Payments.name();
-    sqlx::query(&format!("REVOKE INSERT ON payments.inbox FROM {role}"))
-        .execute(&pool)
-        .await
-        .expect("revoke");
+    sqlx::query(&format!(
+        "REVOKE INSERT ON fx.partitioned_inbox FROM {role}"
+    ))
+    .execute(&pool)
+    .await
+    .expect("revoke");
     produce_events(&topic, &events(40)).await;
     assert!(
         eventually(Duration::from_secs(30), || async {
@@ -253,7 +258,7 @@ async fn consumer_lag_per_partition_is_what_no_commit_covers() {
         consumer_lag_age(&consumer).await
     );
 
-    sqlx::query(&format!("GRANT INSERT ON payments.inbox TO {role}"))
+    sqlx::query(&format!("GRANT INSERT ON fx.partitioned_inbox TO {role}"))
         .execute(&pool)
         .await
         .expect("grant");
@@ -1122,7 +1127,8 @@ async fn after_expiry_a_late_message_is_refused_not_applied() {
     let topic = TestTopic::create(2).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
     // Minted an hour before the migration made its first partition: in the
-    // legacy partition, which an expiry with retention 0 drops.
+    // first partition (every msg_id minted before the migration), which an
+    // expiry with retention 0 drops.
     let mut late = events(3);
     for e in &mut late {
         e.msg_id = minted_ago(Duration::from_secs(3600));
@@ -1130,13 +1136,14 @@ async fn after_expiry_a_late_message_is_refused_not_applied() {
     let mut future = events(1);
     future[0].msg_id = minted_ahead(Duration::from_secs(30 * 86_400));
     let fresh = events(5);
-    let dropped: Vec<String> = sqlx::query_scalar("SELECT payments.inbox_expire('0s')")
-        .fetch_all(&pool)
-        .await
-        .expect("expire");
+    let dropped: Vec<String> =
+        sqlx::query_scalar("SELECT fx.partitioned_inbox_expire('payments', '0s')")
+            .fetch_all(&pool)
+            .await
+            .expect("expire");
     assert_eq!(
         dropped,
-        ["inbox_legacy"],
+        [FIRST_PARTITION],
         "only the partition wholly in the past"
     );
     produce_events(&topic, &late).await;
@@ -1276,13 +1283,13 @@ async fn an_event_minted_ahead_of_every_accepted_clock_is_dead_lettered_and_the_
 async fn maintenance_behind(pool: &PgPool) {
     sqlx::query(
         "DO $$ DECLARE p record; BEGIN \
-           REVOKE EXECUTE ON FUNCTION payments.inbox_extend(timestamptz, interval) \
+           REVOKE EXECUTE ON FUNCTION fx.partitioned_inbox_extend(timestamptz, interval, uuid) \
              FROM effectively_payments; \
-           FOR p IN SELECT name FROM payments.inbox_partitions \
+           FOR p IN SELECT name FROM fx.partitioned_inbox_parts \
                     WHERE lo >= effectively.v7_floor(now() + interval '2 days') LOOP \
-             EXECUTE format('ALTER TABLE payments.inbox DETACH PARTITION payments.%I', p.name); \
-             EXECUTE format('DROP TABLE payments.%I', p.name); \
-             DELETE FROM payments.inbox_partitions WHERE name = p.name; \
+             EXECUTE format('ALTER TABLE fx.partitioned_inbox DETACH PARTITION fx.%I', p.name); \
+             EXECUTE format('DROP TABLE fx.%I', p.name); \
+             DELETE FROM fx.partitioned_inbox_parts WHERE name = p.name; \
            END LOOP; \
          END $$",
     )
@@ -1294,17 +1301,19 @@ async fn maintenance_behind(pool: &PgPool) {
 /// The partitions reach `days` ahead again, and payments may extend them.
 async fn maintenance_resumes(pool: &PgPool, days: u32) {
     sqlx::query(
-        "GRANT EXECUTE ON FUNCTION payments.inbox_extend(timestamptz, interval) \
+        "GRANT EXECUTE ON FUNCTION fx.partitioned_inbox_extend(timestamptz, interval, uuid) \
          TO effectively_payments",
     )
     .execute(pool)
     .await
     .expect("grant");
-    sqlx::query("SELECT payments.inbox_extend(now() + $1 * interval '1 day', interval '1 day')")
-        .bind(f64::from(days))
-        .execute(pool)
-        .await
-        .expect("extend");
+    sqlx::query(
+        "SELECT fx.partitioned_inbox_extend(now() + $1 * interval '1 day', interval '1 day')",
+    )
+    .bind(f64::from(days))
+    .execute(pool)
+    .await
+    .expect("extend");
 }
 
 /// The hostile sequence of the review, scaled down, on one partition: a
@@ -1499,7 +1508,8 @@ async fn a_late_duplicate_is_applied_twice_only_when_the_refusal_is_off() {
     let db = TestDb::create().await;
     let topic = TestTopic::create(1).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
-    // In the legacy partition, which an expiry with retention 0 drops.
+    // In the first partition (every msg_id minted before the migration),
+    // which an expiry with retention 0 drops.
     let mut old = events(2);
     for e in &mut old {
         e.msg_id = minted_ago(Duration::from_secs(3600));
@@ -1514,11 +1524,12 @@ async fn a_late_duplicate_is_applied_twice_only_when_the_refusal_is_off() {
         "charged once, before expiry"
     );
     first.stop().await;
-    let dropped: Vec<String> = sqlx::query_scalar("SELECT payments.inbox_expire('0s')")
-        .fetch_all(&pool)
-        .await
-        .expect("expire");
-    assert_eq!(dropped, ["inbox_legacy"]);
+    let dropped: Vec<String> =
+        sqlx::query_scalar("SELECT fx.partitioned_inbox_expire('payments', '0s')")
+            .fetch_all(&pool)
+            .await
+            .expect("expire");
+    assert_eq!(dropped, [FIRST_PARTITION]);
 
     // A new group reads the topic from the start: the same two events again.
     let mut unsafe_config = config(&db, &topic, "g-unsafe");
@@ -1595,14 +1606,14 @@ async fn partitions_tile_the_window_and_an_expired_msg_id_has_no_place() {
         "hourly partitions for the third day ahead: {made}"
     );
     let bounds: Vec<(Uuid, Uuid)> =
-        sqlx::query_as("SELECT lo, hi FROM payments.inbox_partitions ORDER BY lo")
+        sqlx::query_as("SELECT lo, hi FROM fx.partitioned_inbox_parts ORDER BY lo")
             .fetch_all(&pool)
             .await
             .expect("bounds");
     assert_eq!(
         bounds[0].0,
         Uuid::nil(),
-        "the legacy partition starts at the bottom"
+        "the first partition starts at the bottom"
     );
     for pair in bounds.windows(2) {
         assert_eq!(pair[0].1, pair[1].0, "no gap, no overlap");
@@ -1632,20 +1643,22 @@ async fn partitions_tile_the_window_and_an_expired_msg_id_has_no_place() {
     );
 
     let old = minted_ago(Duration::from_secs(2 * 3600));
-    sqlx::query("INSERT INTO payments.inbox (msg_id) VALUES ($1)")
+    sqlx::query("INSERT INTO fx.partitioned_inbox (consumer, msg_id, payload_hash) VALUES ('payments', $1, '')")
         .bind(old)
         .execute(&pool)
         .await
-        .expect("before expiry the legacy partition takes it");
+        .expect("before expiry the first partition takes it");
     let dropped = payments::expiry::expire(&pool, Duration::ZERO)
         .await
         .expect("expire as the payments role");
-    assert_eq!(dropped, ["inbox_legacy"]);
+    assert_eq!(dropped, [FIRST_PARTITION]);
     let (_, floor, _) = payments::expiry::partitions(&pool)
         .await
         .expect("partitions");
     assert_eq!(floor, Some(bounds[1].0));
-    let again = sqlx::query("INSERT INTO payments.inbox (msg_id) VALUES ($1)")
+    let again = sqlx::query(
+        "INSERT INTO fx.partitioned_inbox (consumer, msg_id, payload_hash) VALUES ('payments', $1, '')",
+    )
         .bind(old)
         .execute(&pool)
         .await;
@@ -1657,7 +1670,7 @@ async fn partitions_tile_the_window_and_an_expired_msg_id_has_no_place() {
         other => panic!("an expired msg_id must have no partition: {other:?}"),
     }
     // The payments role cannot make or drop tables itself.
-    let refused = sqlx::query("DROP TABLE payments.inbox_partitions")
+    let refused = sqlx::query("DROP TABLE fx.partitioned_inbox_parts")
         .execute(&pool)
         .await;
     assert!(refused.is_err());

@@ -197,7 +197,7 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
 
 const CHARGES: &str = "SELECT count(*) FROM payments.charges";
 const LEDGER: &str = "SELECT count(*) FROM payments.ledger";
-const INBOX: &str = "SELECT count(*) FROM payments.inbox";
+const INBOX: &str = "SELECT count(*) FROM fx.partitioned_inbox WHERE consumer = 'payments'";
 const CLAIMS: &str = "SELECT count(*) FROM payments.webhook_inbox";
 const UNPROCESSED: &str = "SELECT count(*) FROM payments.webhook_inbox WHERE processed_at IS NULL";
 
@@ -686,7 +686,7 @@ async fn a_claim_the_inbox_cannot_record_yet_waits_unprocessed_not_dead_lettered
         count(&pool, "SELECT count(*) FROM payments.dead_letters").await,
         0
     );
-    sqlx::query("SELECT payments.inbox_extend(now() + interval '31 days', interval '1 day')")
+    sqlx::query("SELECT fx.partitioned_inbox_extend(now() + interval '31 days', interval '1 day')")
         .execute(&pool)
         .await
         .expect("extend");

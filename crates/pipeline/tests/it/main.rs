@@ -5,3 +5,5 @@
 mod kafka_tool;
 // Each service role's rights in PostgreSQL, and nothing more.
 mod roles;
+// Payments' inbox moved into the library's, on a database in use.
+mod inbox_move;

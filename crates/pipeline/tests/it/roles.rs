@@ -23,7 +23,8 @@ INSERT INTO fx.idempotency_keys
 INSERT INTO orders.outbox (aggregate_id, msg_id, event_type, payload)
   VALUES ('00000000-0000-0000-0000-000000000001', '00000000-0000-0000-0000-0000000000a1',
           'order.created', '{}');
-INSERT INTO payments.inbox (msg_id, payload_hash) VALUES ('00000000-0000-0000-0000-0000000000a1', 7);
+INSERT INTO fx.partitioned_inbox (consumer, msg_id, payload_hash)
+  VALUES ('payments', '00000000-0000-0000-0000-0000000000a1', int8send(7));
 INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents)
   VALUES (gen_random_uuid(), '00000000-0000-0000-0000-000000000001',
           '00000000-0000-0000-0000-0000000000a1', 1, 100);
@@ -82,9 +83,12 @@ const NOBODY: &[&str] = &[
     "CREATE TABLE payments.x (a int)",
     "CREATE TABLE public.x (a int)",
     "ALTER TABLE orders.outbox ADD COLUMN x int",
-    "DROP TABLE payments.inbox",
+    "CREATE TABLE fx.x (a int)",
+    "DROP TABLE payments.charges",
+    "DROP TABLE fx.partitioned_inbox",
     "TRUNCATE orders.outbox",
-    "TRUNCATE payments.inbox",
+    "TRUNCATE payments.ledger",
+    "TRUNCATE fx.partitioned_inbox",
     "SELECT count(*) FROM public._sqlx_migrations",
     "DELETE FROM public._sqlx_migrations",
 ];
@@ -147,13 +151,15 @@ async fn orders_writes_only_the_orders_schema() {
             // the rest of the library's schema is not orders' yet
             "SELECT count(*) FROM fx.outbox",
             "SELECT count(*) FROM fx.inbox",
+            "SELECT count(*) FROM fx.partitioned_inbox",
             // the retention is the owner's to set; the outbox's expiry the relay's
             "UPDATE orders.key_policy SET retention = interval '1 second'",
             "SELECT orders.outbox_expire(10)",
             // the payments schema
             "INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
              VALUES (gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, 1)",
-            "INSERT INTO payments.inbox (msg_id) VALUES (gen_random_uuid())",
+            "INSERT INTO fx.partitioned_inbox (consumer, msg_id, payload_hash) \
+             VALUES ('payments', gen_random_uuid(), '')",
             "SELECT count(*) FROM payments.charges",
         ],
     )
@@ -218,7 +224,7 @@ async fn relay_reads_and_marks_only_the_outbox() {
             // nor the payments schema
             "INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
              VALUES (gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 1, 1)",
-            "SELECT count(*) FROM payments.inbox",
+            "SELECT count(*) FROM fx.partitioned_inbox",
         ],
     )
     .await;
@@ -234,20 +240,23 @@ async fn payments_writes_only_the_payments_schema() {
         &mut conn,
         role,
         &[
-            // crates/payments/src/inbox.rs
-            "INSERT INTO payments.inbox (msg_id, payload_hash) \
-             SELECT * FROM unnest(ARRAY[effectively.v7_floor(now())], ARRAY[1::int8]) \
-             ON CONFLICT (msg_id) DO NOTHING RETURNING msg_id",
-            // crates/payments/src/expiry.rs: the window, the partitions'
-            // lifecycle (as the owner, through SECURITY DEFINER functions),
+            // crates/payments/src/inbox.rs: the claim, in the library's
+            // partitioned inbox (its statements, consumer 'payments')
+            "SELECT floor, ceiling, clock FROM fx.partitioned_inbox_window()",
+            "INSERT INTO fx.partitioned_inbox (consumer, msg_id, payload_hash) \
+             SELECT 'payments', m.id, m.hash \
+             FROM unnest(ARRAY[effectively.v7_floor(now())], ARRAY['\\x01'::bytea]) AS m(id, hash) \
+             ORDER BY m.id ON CONFLICT (consumer, msg_id) DO NOTHING RETURNING msg_id",
+            "SELECT msg_id, payload_hash FROM fx.partitioned_inbox \
+             WHERE consumer = 'payments' AND msg_id = ANY(ARRAY[gen_random_uuid()])",
+            // crates/payments/src/expiry.rs: the partitions' lifecycle (as
+            // the owner, through the library's SECURITY DEFINER functions),
             // the outbox's retention (a term of the horizon)
-            "SELECT floor, ceiling FROM payments.inbox_window()",
-            "SELECT payments.inbox_extend(now() + interval '1 hour', interval '1 hour')",
-            "SELECT payments.inbox_expire(interval '30 days')",
-            "SELECT count(*), (SELECT lo FROM payments.inbox_partitions ORDER BY lo LIMIT 1) \
-             FROM payments.inbox_partitions",
+            "SELECT fx.partitioned_inbox_extend(now() + interval '1 hour', interval '1 hour')",
+            "SELECT fx.partitioned_inbox_expire('payments', interval '30 days')",
+            "SELECT count(*), (SELECT lo FROM fx.partitioned_inbox_parts ORDER BY lo LIMIT 1) \
+             FROM fx.partitioned_inbox_parts",
             "SELECT extract(epoch FROM retention)::float8 FROM orders.outbox_policy",
-            "SELECT msg_id, payload_hash FROM payments.inbox",
             "SELECT order_id, msg_id FROM payments.charges",
             "WITH c AS ( \
                INSERT INTO payments.charges (charge_id, order_id, msg_id, account_id, amount_cents) \
@@ -288,17 +297,21 @@ async fn payments_writes_only_the_payments_schema() {
             // an applied effect is never rewritten or taken back
             "UPDATE payments.charges SET amount_cents = 1",
             "DELETE FROM payments.charges",
-            "DELETE FROM payments.inbox",
-            "UPDATE payments.inbox SET payload_hash = 0",
+            "DELETE FROM fx.partitioned_inbox",
+            "UPDATE fx.partitioned_inbox SET payload_hash = ''",
             "UPDATE payments.ledger SET amount_cents = 1",
             "DELETE FROM payments.ledger",
             "SELECT count(*) FROM payments.ledger",
             "SELECT reason FROM payments.dead_letters",
             "DELETE FROM payments.dead_letters",
             // partitions only through the functions; the policy is the owner's
-            "DROP TABLE payments.inbox_legacy",
-            "SELECT count(*) FROM payments.inbox_legacy",
-            "DELETE FROM payments.inbox_partitions",
+            "DROP TABLE fx.pinbox_19700101t000000000",
+            "SELECT count(*) FROM fx.pinbox_19700101t000000000",
+            "DELETE FROM fx.partitioned_inbox_parts",
+            "DELETE FROM fx.partitioned_inbox_consumers",
+            // the library's other parts are not payments'
+            "SELECT count(*) FROM fx.inbox",
+            "SELECT count(*) FROM fx.idempotency_keys",
             // a parked event is applied or stays as it came
             "UPDATE payments.parked SET amount_cents = 1",
             "UPDATE orders.outbox_policy SET retention = interval '1 day'",
@@ -318,7 +331,8 @@ async fn recon_only_reads() {
         ("orders.orders", "status"),
         ("fx.idempotency_keys", "response_status"),
         ("orders.outbox", "published_at"),
-        ("payments.inbox", "payload_hash"),
+        ("fx.partitioned_inbox", "payload_hash"),
+        ("fx.partitioned_inbox_parts", "name"),
         ("payments.charges", "amount_cents"),
         ("payments.ledger", "amount_cents"),
         ("payments.dead_letters", "reason"),
@@ -350,7 +364,8 @@ async fn recon_only_reads() {
 /// A statement of the shape of recon's diff: both schemas joined.
 fn recon_probe() -> &'static str {
     "SELECT (SELECT count(*) FROM orders.outbox e \
-             WHERE NOT EXISTS (SELECT 1 FROM payments.inbox i WHERE i.msg_id = e.msg_id)), \
+             WHERE NOT EXISTS (SELECT 1 FROM fx.partitioned_inbox i \
+                               WHERE i.consumer = 'payments' AND i.msg_id = e.msg_id)), \
             (SELECT count(*) FROM payments.ledger l \
              LEFT JOIN payments.charges c ON c.order_id = l.order_id \
              JOIN orders.orders o ON o.order_id = l.order_id)"
@@ -459,8 +474,13 @@ async fn the_grant_matrix_is_exactly_this() {
         "effectively_relay orders.webhook_destinations INSERT",
         "effectively_relay orders.webhook_destinations UPDATE",
         "effectively_payments payments USAGE",
-        "effectively_payments payments.inbox INSERT",
-        "effectively_payments payments.inbox SELECT",
+        // Its inbox, the library's partitioned one.
+        "effectively_payments fx USAGE",
+        "effectively_payments fx.partitioned_inbox INSERT",
+        "effectively_payments fx.partitioned_inbox SELECT",
+        "effectively_payments fx.partitioned_inbox_parts SELECT",
+        "effectively_payments fx.partitioned_inbox_extend EXECUTE",
+        "effectively_payments fx.partitioned_inbox_expire EXECUTE",
         "effectively_payments payments.charges INSERT",
         "effectively_payments payments.charges SELECT",
         "effectively_payments payments.ledger INSERT",
@@ -475,15 +495,12 @@ async fn the_grant_matrix_is_exactly_this() {
         "effectively_payments payments.webhook_inbox INSERT",
         "effectively_payments payments.webhook_inbox DELETE",
         "effectively_payments payments.webhook_inbox UPDATE(processed_at)",
-        "effectively_payments payments.inbox_partitions SELECT",
         // Parked events (ahead of the inbox's partitions): parked, applied
         // and deleted; UPDATE only for FOR UPDATE SKIP LOCKED.
         "effectively_payments payments.parked SELECT",
         "effectively_payments payments.parked INSERT",
         "effectively_payments payments.parked DELETE",
         "effectively_payments payments.parked UPDATE(parked_at)",
-        "effectively_payments payments.inbox_extend EXECUTE",
-        "effectively_payments payments.inbox_expire EXECUTE",
         "effectively_payments orders USAGE",
         "effectively_payments orders.outbox_policy SELECT",
         "effectively_relay orders.outbox_policy SELECT",
@@ -507,11 +524,11 @@ async fn the_grant_matrix_is_exactly_this() {
         "orders.orders",
         "fx.idempotency_keys",
         "orders.outbox",
-        "payments.inbox",
+        "fx.partitioned_inbox",
         "payments.charges",
         "payments.ledger",
         "payments.dead_letters",
-        "payments.inbox_partitions",
+        "fx.partitioned_inbox_parts",
         "payments.webhook_inbox",
         "payments.parked",
         "orders.webhook_deliveries",

@@ -11,10 +11,11 @@ SELECT
                   WHERE x.published_at IS NOT NULL
                     -- an event older than the inbox's oldest partition has no
                     -- record there to find (expired)
-                    AND x.msg_id >= COALESCE((SELECT p.lo FROM payments.inbox_partitions p
+                    AND x.msg_id >= COALESCE((SELECT p.lo FROM fx.partitioned_inbox_parts p
                                               ORDER BY p.lo LIMIT 1),
                                              '00000000-0000-0000-0000-000000000000')
-                    AND NOT EXISTS (SELECT 1 FROM payments.inbox i WHERE i.msg_id = x.msg_id)
+                    AND NOT EXISTS (SELECT 1 FROM fx.partitioned_inbox i
+                                    WHERE i.consumer = 'payments' AND i.msg_id = x.msg_id)
                     AND NOT EXISTS (SELECT 1 FROM payments.dead_letters d WHERE d.msg_id = x.msg_id)
                     -- over HTTP: a delivery the sender gave up never arrives
                     AND NOT EXISTS (SELECT 1 FROM orders.webhook_deliveries w

@@ -70,9 +70,11 @@ cs AS (SELECT count(*) AS n, COALESCE(sum(amount_cents), 0)::int8 AS amount
        FROM payments.charges WHERE order_id BETWEEN $1 AND $2),
 ls AS (SELECT count(*) AS n, COALESCE(sum(amount_cents), 0)::int8 AS amount
        FROM payments.ledger WHERE order_id BETWEEN $1 AND $2),
-ins AS (SELECT count(*) AS n FROM payments.inbox WHERE msg_id BETWEEN $1 AND $2 AND msg_id >= $5),
+ins AS (SELECT count(*) AS n FROM fx.partitioned_inbox
+        WHERE consumer = 'payments' AND msg_id BETWEEN $1 AND $2 AND msg_id >= $5),
 xm AS (SELECT count(*) AS n FROM orders.outbox WHERE msg_id BETWEEN $1 AND $2 AND msg_id >= $5),
-io AS (SELECT count(*) AS n FROM orders.outbox e JOIN payments.inbox i ON i.msg_id = e.msg_id
+io AS (SELECT count(*) AS n FROM orders.outbox e
+       JOIN fx.partitioned_inbox i ON i.consumer = 'payments' AND i.msg_id = e.msg_id
        WHERE e.msg_id BETWEEN $1 AND $2 AND e.msg_id >= $5)
 -- Every column is a count or a COALESCEd sum: never NULL. PostgreSQL reports
 -- no nullability for computed columns, so the "!" in each name tells sqlx's

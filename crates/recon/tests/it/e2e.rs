@@ -392,13 +392,13 @@ async fn every_per_order_check_catches_its_corruption() {
         ),
         (
             format!(
-                "DELETE FROM payments.inbox WHERE msg_id = (SELECT msg_id FROM orders.outbox WHERE aggregate_id = {})",
+                "DELETE FROM fx.partitioned_inbox WHERE consumer = 'payments' AND msg_id = (SELECT msg_id FROM orders.outbox WHERE aggregate_id = {})",
                 o(20)
             ),
             "events_not_consumed",
         ),
         (
-            "INSERT INTO payments.inbox (msg_id) VALUES (effectively.v7_floor(now()))".to_owned(),
+            "INSERT INTO fx.partitioned_inbox (consumer, msg_id, payload_hash) VALUES ('payments', effectively.v7_floor(now()), '')".to_owned(),
             "inbox_without_event",
         ),
         (
@@ -616,10 +616,11 @@ async fn the_ranges_add_up_to_the_whole() {
          WHERE order_id = '000000000000000000000000000000c8'::uuid",
         "UPDATE fx.idempotency_keys SET response_status = 500 \
          WHERE effectively.uuid_of(reference) = '000000000000000000000000000000c9'::uuid",
-        "DELETE FROM payments.inbox WHERE msg_id = \
+        "DELETE FROM fx.partitioned_inbox WHERE consumer = 'payments' AND msg_id = \
          (SELECT msg_id FROM orders.outbox WHERE aggregate_id = '00000000000000000000000000000064'::uuid)",
         // (above every msg_id, inside the inbox's oldest partition: 2004)
-        "INSERT INTO payments.inbox (msg_id) VALUES ('00ffffff-ffff-ffff-ffff-ffffffffffff')",
+        "INSERT INTO fx.partitioned_inbox (consumer, msg_id, payload_hash) \
+         VALUES ('payments', '00ffffff-ffff-ffff-ffff-ffffffffffff', '')",
         "INSERT INTO payments.dead_letters (topic, partition, \"offset\", reason, kind) \
          VALUES ('t', 0, 1, 'bad', 'undecodable')",
     ] {
@@ -678,7 +679,7 @@ async fn recon_checks_what_the_stores_kept_after_expiry() {
         "UPDATE orders.outbox_policy SET retention = interval '1 millisecond'",
         "SELECT orders.keys_expire(1000)",
         "SELECT orders.outbox_expire(1000)",
-        "SELECT payments.inbox_expire(interval '0')",
+        "SELECT fx.partitioned_inbox_expire('payments', interval '0')",
     ] {
         sqlx::query(sql).execute(&pool).await.expect(sql);
     }

@@ -10,7 +10,7 @@ STACK_DIR ?= $(CURDIR)/.stack
 export STACK_DIR
 -include $(STACK_DIR)/env
 
-.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-library bench-library-relay bench-relay-ab bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness key-expiry demo demo-webhooks \
+.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-library bench-library-relay bench-relay-ab bench-inbox bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness key-expiry demo demo-webhooks \
         check-config check-dashboards plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 exp-10-long accept
 
 help: ## list the targets
@@ -101,6 +101,9 @@ bench-library-relay: ## the library's relay, a 20,000-row backlog drained into K
 bench-relay-ab: ## the relay binary's engine beside the library's, the same backlog drained into Kafka, rows/s over 20000 keys, 1000 and 10 (BENCH_AB_ROWS, BENCH_AB_KEYS, BENCH_AB_BINARY_BATCH; see FINDINGS.md)
 	@scripts/stack.sh up >/dev/null
 	$(CARGO) run -q --release -p relay --example relay_ab -- $(or $(BENCH_AB_ROWS),20000) $(or $(BENCH_AB_KEYS),20000 1000 10)
+
+bench-inbox: ## payments' consume transaction on the partitioned inbox at 0 and 1M keys, msgs/s; beside another build with BENCH_BASE_BIN (BENCH_INBOX_ROUNDS, BENCH_INBOX_CHECKPOINTS; see FINDINGS.md)
+	@scripts/bench-inbox.sh
 
 bench-recon: ## recon's time on 1M and 10M consistent orders (BENCH_RECON_SIZES; see FINDINGS.md)
 	@scripts/bench-recon.sh

@@ -18,7 +18,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 ROUNDS=${BENCH_INBOX_ROUNDS:-3}
 CHECKPOINTS=${BENCH_INBOX_CHECKPOINTS:-0,1000000}
 TRANSACTIONS=${BENCH_INBOX_TRANSACTIONS:-300}
-cargo build -q --release --manifest-path "$ROOT/Cargo.toml" -p payments --example inbox_bench -p orders
+cargo build -q --release --manifest-path "$ROOT/Cargo.toml" -p payments --example inbox_bench -p orders --bin orders
 HERE=${CARGO_TARGET_DIR:-$ROOT/target}/release
 OUT=$ROOT/bench/results/inbox-$(date -u +%Y%m%d-%H%M%S)
 mkdir -p "$OUT"

@@ -370,7 +370,7 @@ impl Inbox {
                 "INSERT INTO {q}.partitioned_inbox (consumer, msg_id, payload_hash) \
                  SELECT $1, m.id, m.hash FROM unnest($2::uuid[], $3::bytea[]) AS m(id, hash) \
                  ORDER BY m.id \
-                 ON CONFLICT (consumer, msg_id) DO NOTHING RETURNING msg_id"
+                 ON CONFLICT (msg_id, consumer) DO NOTHING RETURNING msg_id"
             ),
             read_many: format!(
                 "SELECT msg_id, payload_hash FROM {q}.partitioned_inbox \

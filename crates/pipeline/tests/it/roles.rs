@@ -246,7 +246,7 @@ async fn payments_writes_only_the_payments_schema() {
             "INSERT INTO fx.partitioned_inbox (consumer, msg_id, payload_hash) \
              SELECT 'payments', m.id, m.hash \
              FROM unnest(ARRAY[effectively.v7_floor(now())], ARRAY['\\x01'::bytea]) AS m(id, hash) \
-             ORDER BY m.id ON CONFLICT (consumer, msg_id) DO NOTHING RETURNING msg_id",
+             ORDER BY m.id ON CONFLICT (msg_id, consumer) DO NOTHING RETURNING msg_id",
             "SELECT msg_id, payload_hash FROM fx.partitioned_inbox \
              WHERE consumer = 'payments' AND msg_id = ANY(ARRAY[gen_random_uuid()])",
             // crates/payments/src/expiry.rs: the partitions' lifecycle (as

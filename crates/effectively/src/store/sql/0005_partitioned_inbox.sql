@@ -34,12 +34,15 @@ LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
                         / 1000.0)
 $$;
 
+-- The key leads with the id, so that an insert's comparisons are of uuids
+-- (bytes) and the consumer, compared byte by byte (COLLATE "C"), only breaks
+-- the tie of two consumers' copies of one message.
 CREATE TABLE @schema@.partitioned_inbox (
-    consumer     text        NOT NULL,
+    consumer     text COLLATE "C" NOT NULL,
     msg_id       uuid        NOT NULL,
     payload_hash bytea       NOT NULL,
     received_at  timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (consumer, msg_id)
+    PRIMARY KEY (msg_id, consumer)
 ) PARTITION BY RANGE (msg_id);
 
 CREATE TABLE @schema@.partitioned_inbox_parts (

@@ -550,57 +550,21 @@ impl Inbox {
             .iter()
             .map(|at| messages[*at].payload_hash.as_slice())
             .collect();
-        // Which of `unique` were inserted, and the stored hash of the others
-        // (a statement of its own: its snapshot sees rows committed while
-        // the insert waited on them), by their first message.
-        let mut inserted: HashSet<usize> = HashSet::new();
-        let mut found: HashMap<usize, Vec<u8>> = HashMap::new();
-        match &self.kind {
+        // Which of `unique` were inserted, and the stored hash of the others,
+        // by their first message.
+        let stored = match &self.kind {
             Kind::Rows => {
                 let window = self.retention.saturating_sub(self.margin()).as_secs_f64();
-                let ids: Vec<&str> = unique.iter().map(|at| messages[*at].id()).collect();
-                let new: HashSet<String> = if unique.is_empty() {
-                    HashSet::new()
-                } else {
-                    sqlx::query_scalar::<_, String>(&self.insert_many)
-                        .bind(&self.consumer)
-                        .bind(&ids)
-                        .bind(&hashes)
-                        .bind(
-                            unique
-                                .iter()
-                                .map(|at| messages[*at].sent_at)
-                                .collect::<Vec<_>>(),
-                        )
-                        .bind(window)
-                        .fetch_all(&mut *conn)
-                        .await?
-                        .into_iter()
-                        .collect()
-                };
-                let others: Vec<&str> = ids
-                    .iter()
-                    .copied()
-                    .filter(|id| !new.contains(*id))
-                    .collect();
-                let stored: HashMap<String, Vec<u8>> = if others.is_empty() {
-                    HashMap::new()
-                } else {
-                    sqlx::query_as::<_, (String, Vec<u8>)>(&self.read_many)
-                        .bind(&self.consumer)
-                        .bind(&others)
-                        .fetch_all(&mut *conn)
-                        .await?
-                        .into_iter()
-                        .collect()
-                };
-                for (at, id) in unique.iter().zip(ids) {
-                    if new.contains(id) {
-                        inserted.insert(*at);
-                    } else if let Some(hash) = stored.get(id) {
-                        found.insert(*at, hash.clone());
-                    }
-                }
+                let ids: Vec<String> = unique.iter().map(|at| messages[*at].id.clone()).collect();
+                let sent_at: Vec<DateTime<Utc>> =
+                    unique.iter().map(|at| messages[*at].sent_at).collect();
+                let insert = sqlx::query_scalar(&self.insert_many)
+                    .bind(&self.consumer)
+                    .bind(ids.clone())
+                    .bind(&hashes)
+                    .bind(sent_at)
+                    .bind(window);
+                insert_then_read(conn, insert, &self.read_many, &self.consumer, ids).await?
             }
             Kind::Partitions(_) => {
                 // Every message to claim has a UUID id (its window said so).
@@ -608,38 +572,24 @@ impl Inbox {
                     .iter()
                     .map(|at| messages[*at].uuid.unwrap_or_default())
                     .collect();
-                let new: HashSet<Uuid> = if unique.is_empty() {
-                    HashSet::new()
-                } else {
-                    sqlx::query_scalar::<_, Uuid>(&self.insert_many)
-                        .bind(&self.consumer)
-                        .bind(&ids)
-                        .bind(&hashes)
-                        .fetch_all(&mut *conn)
-                        .await?
-                        .into_iter()
-                        .collect()
-                };
-                let others: Vec<Uuid> =
-                    ids.iter().copied().filter(|id| !new.contains(id)).collect();
-                let stored: HashMap<Uuid, Vec<u8>> = if others.is_empty() {
-                    HashMap::new()
-                } else {
-                    sqlx::query_as::<_, (Uuid, Vec<u8>)>(&self.read_many)
-                        .bind(&self.consumer)
-                        .bind(&others)
-                        .fetch_all(&mut *conn)
-                        .await?
-                        .into_iter()
-                        .collect()
-                };
-                for (at, id) in unique.iter().zip(ids) {
-                    if new.contains(&id) {
-                        inserted.insert(*at);
-                    } else if let Some(hash) = stored.get(&id) {
-                        found.insert(*at, hash.clone());
-                    }
+                let insert = sqlx::query_scalar(&self.insert_many)
+                    .bind(&self.consumer)
+                    .bind(ids.clone())
+                    .bind(&hashes);
+                insert_then_read(conn, insert, &self.read_many, &self.consumer, ids).await?
+            }
+        };
+        let mut inserted: HashSet<usize> = HashSet::new();
+        let mut found: HashMap<usize, Vec<u8>> = HashMap::new();
+        for (at, row) in unique.iter().zip(stored) {
+            match row {
+                Stored::Inserted => {
+                    inserted.insert(*at);
                 }
+                Stored::Found(hash) => {
+                    found.insert(*at, hash);
+                }
+                Stored::Missing => {}
             }
         }
         Ok(messages
@@ -832,6 +782,75 @@ impl Inbox {
             }
         }
     }
+}
+
+/// What a claim's insert found for one id.
+enum Stored {
+    /// The insert wrote its row: the claim is the caller's.
+    Inserted,
+    /// A row was there, with this payload hash.
+    Found(Vec<u8>),
+    /// Neither (a row inbox's message too old to insert).
+    Missing,
+}
+
+/// Runs `insert` (the free `ids` inserted, their ids returned), then reads
+/// the stored hash of the others with `read` (`$1` the consumer, `$2` the
+/// ids): a statement of its own, whose snapshot sees rows committed while
+/// the insert waited on them. Answers for each of `ids`, in order; runs
+/// nothing for none.
+async fn insert_then_read<'q, K>(
+    conn: &mut PgConnection,
+    insert: sqlx::query::QueryScalar<'q, sqlx::Postgres, K, sqlx::postgres::PgArguments>,
+    read: &'q str,
+    consumer: &'q str,
+    ids: Vec<K>,
+) -> Result<Vec<Stored>, sqlx::Error>
+where
+    K: for<'r> sqlx::Decode<'r, sqlx::Postgres>
+        + sqlx::Type<sqlx::Postgres>
+        + Eq
+        + std::hash::Hash
+        + Clone
+        + Send
+        + Unpin
+        + 'q,
+    Vec<K>: for<'e> sqlx::Encode<'e, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    use std::collections::{HashMap, HashSet};
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let new: HashSet<K> = insert.fetch_all(&mut *conn).await?.into_iter().collect();
+    let others: Vec<K> = ids
+        .iter()
+        .filter(|id| !new.contains(*id))
+        .cloned()
+        .collect();
+    let stored: HashMap<K, Vec<u8>> = if others.is_empty() {
+        HashMap::new()
+    } else {
+        sqlx::query_as::<_, (K, Vec<u8>)>(read)
+            .bind(consumer)
+            .bind(others)
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .collect()
+    };
+    Ok(ids
+        .into_iter()
+        .map(|id| {
+            if new.contains(&id) {
+                Stored::Inserted
+            } else {
+                stored
+                    .get(&id)
+                    .cloned()
+                    .map_or(Stored::Missing, Stored::Found)
+            }
+        })
+        .collect())
 }
 
 #[cfg(test)]

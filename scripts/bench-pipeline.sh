@@ -60,6 +60,10 @@
 # it, the drains share this build's schema), BENCH_STEADY_BUILDS (which
 # builds the steady points run, in order: "new", "base", e.g. "base new";
 # default "new base" when BENCH_BASE_BIN has orders, else "new"),
+# BENCH_DRAIN_ROUNDS (1: with BENCH_BASE_BIN, the drain of each build this
+# many times, the order alternating: new then base, base then new, ...; the
+# summary takes each build's median; the first drain warms the brokers'
+# JIT, which favours whichever build drains second),
 # BENCH_SKIP_STEADY=1,
 # BENCH_SKIP_THROUGHPUT=1 (steps 3 only).
 set -euo pipefail
@@ -68,6 +72,8 @@ cd "$ROOT"
 ROWS=${BENCH_ROWS:-1000000}
 STEADY_RATES=${BENCH_STEADY_RATES:-1000 3850}
 STEADY_SECONDS=${BENCH_STEADY_SECONDS:-30}
+DRAIN_ROUNDS=${BENCH_DRAIN_ROUNDS:-1}
+[[ $DRAIN_ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "bench: BENCH_DRAIN_ROUNDS must be a whole number of rounds, at least 1" >&2; exit 2; }
 WARMUP_SECONDS=${BENCH_WARMUP_SECONDS:-300}
 WARMUP_JIT=${BENCH_WARMUP_JIT:-0.05}
 [[ $WARMUP_SECONDS =~ ^[0-9]+$ ]] || { echo "bench: BENCH_WARMUP_SECONDS must be a whole number of seconds" >&2; exit 2; }
@@ -130,8 +136,8 @@ BYTES=$(q "$URL" "SELECT round(avg(length(payload)))::int + 160 FROM orders.outb
 # the pending rows: over a 1M-row backlog that count costs PostgreSQL about a
 # second, and taken 4 times a second it took a fifth of the drain's rate
 # (FINDINGS §15). One count at the end checks that nothing is left.
-drain() { # NAME BIN TOPIC → records relay_drain
-  local name=$1 bin=$2 topic=$3 t0 t1 pid port=19201 left
+drain() { # NAME BIN TOPIC ROUND → records relay_drain
+  local name=$1 bin=$2 topic=$3 round=$4 t0 t1 pid port=19201 left
   log "relay ($name) draining $ROWS rows to $topic"
   t0=$(now)
   DATABASE_URL=$RELAY_DATABASE_URL KAFKA_TOPIC=$topic RELAY_METRICS_ADDR=127.0.0.1:$port "$bin/relay" >"$LOGS/relay-$name.log" 2>&1 &
@@ -145,16 +151,29 @@ drain() { # NAME BIN TOPIC → records relay_drain
   kill "$pid"; wait "$pid" 2>/dev/null || true
   left=$(q "$URL" "SELECT count(*) FROM orders.outbox WHERE published_at IS NULL")
   [ "$left" = 0 ] || { log "relay ($name) counted $ROWS published but $left rows are pending"; exit 1; }
-  record "{\"what\": \"relay_drain\", \"build\": \"$name\", \"rows\": $ROWS, \"seconds\": $(python3 -c "print(round($t1-$t0, 3))")}"
+  record "{\"what\": \"relay_drain\", \"build\": \"$name\", \"round\": $round, \"rows\": $ROWS, \"seconds\": $(python3 -c "print(round($t1-$t0, 3))")}"
   log "relay ($name): $(python3 -c "print(round($ROWS/($t1-$t0)))") rows/s"
 }
-drain new "$BIN" "$TOPIC"
+# The first drain goes to $TOPIC, which the consumer passes read; every
+# later one to a topic of its own, after the rows are made pending again.
+# Round r drains new then base when r is odd, base then new when even.
+drains=new
 if [ -n "$BASE_BIN" ]; then
+  drains=
+  for round in $(seq 1 "$DRAIN_ROUNDS"); do
+    if [ $((round % 2)) = 1 ]; then drains+=" new base"; else drains+=" base new"; fi
+  done
+fi
+n=0
+for build in $drains; do
+  n=$((n + 1))
+  if [ "$n" = 1 ]; then drain new "$BIN" "$TOPIC" 1; continue; fi
   q "$URL" "UPDATE orders.outbox SET published_at = NULL" >/dev/null
   q "$URL" "VACUUM ANALYZE orders.outbox" >/dev/null
-  "$BIN/kafka-tool" create --topic "$TOPIC.base" --partitions 6 2>/dev/null
-  drain base "$BASE_BIN" "$TOPIC.base"
-fi
+  "$BIN/kafka-tool" create --topic "$TOPIC.$build.$n" --partitions 6 2>/dev/null
+  bin=$BIN; [ "$build" = base ] && bin=$BASE_BIN
+  drain "$build" "$bin" "$TOPIC.$build.$n" "$(( (n + 1) / 2 ))"
+done
 
 log "raw producer: $ROWS messages (${RAW_PAYLOAD:-envelope}; filler: $BYTES bytes)"
 "$BIN/kafka-tool" create --topic "bench.raw.$RUN" --partitions "${PIPELINE_PARTITIONS:-6}" 2>/dev/null
@@ -204,7 +223,10 @@ log "payments: second pass, fresh group (every msg_id a duplicate)"
 consume_pass dup "$BIN" "bench-dup-$RUN" 19203 bench_pipeline
 if [ -n "$BASE_BIN" ]; then
   log "payments (base build): first pass into a fresh database"
-  pipeline_db bench_pipeline_base >/dev/null
+  # Migrated by the base build when it has its orders: its payments writes
+  # its own schema (the inbox moved between builds, FINDINGS §26).
+  if [ -x "$BASE_BIN/orders" ]; then pipeline_db bench_pipeline_base "$BASE_BIN" >/dev/null
+  else pipeline_db bench_pipeline_base >/dev/null; fi
   consume_pass base "$BASE_BIN" "bench-base-$RUN" 19204 bench_pipeline_base
   charge_clock base bench_pipeline_base
   pipeline_drop_db bench_pipeline_base
@@ -277,7 +299,8 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
       URL=$DATABASE_URL
       mkdir -p "$LOGS/steady-$name"
       # The services of the build measured, with the point's settings;
-      # loadgen and recon stay this build's.
+      # loadgen stays this build's, recon is the measured build's (it reads
+      # that build's schema: the inbox moved between builds).
       new_bin=$BIN BIN=$steady_bin
       saved=() unsets=() sets=()
       [ "$envs" = - ] || IFS=, read -ra sets <<<"$envs"
@@ -306,7 +329,7 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
       cpu=$(python3 scripts/lib/cpu.py diff "$LOGS/steady-$name-cpu-a.json" "$LOGS/steady-$name-cpu-b.json" $((STEADY_SECONDS - 10)))
       batches=$(python3 scripts/lib/histo_delta.py "$LOGS/steady-$name-relay-a.txt" "$LOGS/steady-$name-relay-b.txt" \
         relay_batch_size relay_publish_duration_seconds relay_commit_to_publish_seconds)
-      DATABASE_URL=$RECON_DATABASE_URL "$BIN/recon" --wait-drained 180 >"$LOGS/steady-$name-recon.txt" \
+      DATABASE_URL=$RECON_DATABASE_URL "$steady_bin/recon" --wait-drained 180 >"$LOGS/steady-$name-recon.txt" \
         && clean=true || clean=false
       pipeline_stop
       record "$(q "$URL" "SELECT json_build_object('what', 'steady', 'rate', $rate, 'seconds', $STEADY_SECONDS,

@@ -8,6 +8,7 @@ None for what it did not measure.
 
 import json
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "experiments", "lib"))
@@ -70,13 +71,18 @@ def summarize(records):
     for r in records:
         by.setdefault(r["what"], []).append(r)
     out = {"command": "make bench-pipeline"}
-    drains = {d["build"]: d for d in by.get("relay_drain", [])}
+    # Each build's drains (several with BENCH_DRAIN_ROUNDS, in alternating
+    # order): the median rate, and every rate in the order run.
+    drains = {}
+    for d in by.get("relay_drain", []):
+        drains.setdefault(d["build"], []).append(rate(d["rows"], d["seconds"]))
     raw_p = by.get("raw_producer", [{}])[0].get("result", {})
-    new = drains.get("new", {})
-    out["rows"] = new.get("rows")
-    out["relay_rows_per_sec"] = rate(new["rows"], new["seconds"]) if new else None
+    out["rows"] = next((d["rows"] for d in by.get("relay_drain", [])), None)
+    out["relay_rows_per_sec"] = statistics.median(drains["new"]) if "new" in drains else None
+    out["relay_drains_rows_per_sec"] = drains
     if "base" in drains:
-        out["base_relay_rows_per_sec"] = rate(drains["base"]["rows"], drains["base"]["seconds"])
+        out["base_relay_rows_per_sec"] = statistics.median(drains["base"])
+        out["relay_vs_base"] = ratio(out["relay_rows_per_sec"], out["base_relay_rows_per_sec"])
     out["raw_producer"] = raw_p
     out["raw_producer_msgs_per_sec"] = raw_p.get("msgs_per_sec")
     out["relay_vs_raw_producer"] = ratio(out["relay_rows_per_sec"], raw_p.get("msgs_per_sec"))

@@ -184,6 +184,19 @@ class PipelineCpuPerOrder(unittest.TestCase):
         self.assertEqual(bench_pipeline.cpu_us_per_order(point)["kafka_jit_cores"], 0.31)
 
 
+class PipelineDrains(unittest.TestCase):
+    def test_each_builds_median_drain_and_their_ratio(self):
+        drain = lambda build, seconds: {"what": "relay_drain", "build": build, "rows": 1000, "seconds": seconds}
+        out = bench_pipeline.summarize([drain("new", 1.0), drain("base", 2.0), drain("base", 0.5),
+                                        drain("new", 4.0), drain("new", 2.0), drain("base", 1.0)])
+        self.assertEqual(out["relay_drains_rows_per_sec"], {"new": [1000, 250, 500], "base": [500, 2000, 1000]})
+        self.assertEqual((out["relay_rows_per_sec"], out["base_relay_rows_per_sec"]), (500, 1000))
+        self.assertEqual(out["relay_vs_base"], 0.5)
+        self.assertEqual(out["rows"], 1000)
+        alone = bench_pipeline.summarize([drain("new", 2.0)])
+        self.assertEqual((alone["relay_rows_per_sec"], "relay_vs_base" in alone), (500, False))
+
+
 def stmt(role, calls, exec_ms, rows=0, wal_records=0, wal_bytes=0.0, query="SELECT 1"):
     return {"role": role, "calls": calls, "exec_ms": exec_ms, "rows": rows,
             "wal_records": wal_records, "wal_bytes": wal_bytes, "query": query}

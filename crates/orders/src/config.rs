@@ -22,6 +22,7 @@ pub const SESSION_LIMITS: pipeline::config::SessionLimits = pipeline::config::Se
     // would make them commit one at a time (pipeline::outbox).
     defer_outbox_notify: true,
     asynchronous_commit: false,
+    ordered_reads: false,
 };
 
 /// Orders service settings; every flag is also an environment variable.

@@ -81,6 +81,7 @@ pub async fn run_on(
         custom_plans: false,
         defer_outbox_notify: false,
         asynchronous_commit: false,
+        ordered_reads: false,
     };
     let pool = pipeline::db::connect(&config.db, limits).await?;
     let metrics = Arc::new(PaymentsMetrics::new().context("register metrics")?);

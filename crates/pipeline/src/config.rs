@@ -74,6 +74,16 @@ pub struct SessionLimits {
     /// last few. Only for a session no client and no consumer offset relies
     /// on, whose lost commits are work done again: the relay's marks.
     pub asynchronous_commit: bool,
+    /// `enable_bitmapscan = off`: for a session that reads a queue's
+    /// oldest rows by walking its pending index in order (the relay). With
+    /// the statistics of a queue that is nearly empty, the planner prefers a
+    /// bitmap scan and a sort; a bitmap scan reads every entry of the index,
+    /// those of rows already published included (only an ordered index scan
+    /// marks them dead as it passes), so each read grew with the rows
+    /// published since the last vacuum: 1,600–1,900 entries and 5,600–6,500
+    /// heap pages to return 3–5 rows per shard at 1,000 orders/s
+    /// (FINDINGS.md §26).
+    pub ordered_reads: bool,
 }
 
 impl DbArgs {
@@ -102,6 +112,7 @@ impl DbArgs {
             custom_plans: defaults.custom_plans,
             defer_outbox_notify: defaults.defer_outbox_notify,
             asynchronous_commit: defaults.asynchronous_commit,
+            ordered_reads: defaults.ordered_reads,
         }
     }
 

@@ -95,7 +95,8 @@ impl ServiceRole {
 /// when the service asks for them, a custom plan for every statement
 /// ([`SessionLimits::custom_plans`]), the outbox trigger's `NOTIFY` off
 /// ([`SessionLimits::defer_outbox_notify`]) and commits that do not wait for
-/// their WAL's flush ([`SessionLimits::asynchronous_commit`]).
+/// their WAL's flush ([`SessionLimits::asynchronous_commit`]), and bitmap
+/// scans off ([`SessionLimits::ordered_reads`]).
 pub async fn connect(args: &DbArgs, defaults: SessionLimits) -> anyhow::Result<PgPool> {
     let base = PgConnectOptions::from_str(&args.database_url).context("parse DATABASE_URL")?;
     if args.db_migrate {
@@ -129,6 +130,9 @@ pub async fn connect(args: &DbArgs, defaults: SessionLimits) -> anyhow::Result<P
     }
     if limits.asynchronous_commit {
         options = options.options([("synchronous_commit", "off")]);
+    }
+    if limits.ordered_reads {
+        options = options.options([("enable_bitmapscan", "off")]);
     }
     PgPoolOptions::new()
         .max_connections(args.db_max_connections)

@@ -252,5 +252,8 @@ pub fn session_limits(config: &Config) -> pipeline::config::SessionLimits {
             && config.mode == Mode::Poll
             && config.sink == Sink::Kafka
             && !config.synchronous_commit,
+        // The passes read each shard's oldest pending rows by walking
+        // `outbox_pending_by_shard` in order (outbox.rs, `read_shards`).
+        ordered_reads: true,
     }
 }

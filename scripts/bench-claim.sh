@@ -3,9 +3,11 @@
 # backlog, when the statistics were taken while the outbox was empty (every
 # row published, ANALYZE, then the burst) and when they are fresh. "before"
 # is the claim and indexes up to migration 20261126 (an anti-join, a partial
-# index on id alone); "after" is crates/relay/src/outbox.rs::claim_shards's
-# query on the current migrations (which marks the rows it claims: each
-# claim is rolled back). Times are EXPLAIN ANALYZE's execution time, one run
+# index on id alone); "after" is crates/relay/src/outbox.rs::read_shards's
+# query on the current migrations (the relay's claim since it runs on the
+# library's engine: it reads a shard's oldest rows and marks nothing; FINDINGS
+# §16's "after" column was the claim before it, which marked what it took;
+# each claim is rolled back). Times are EXPLAIN ANALYZE's execution time, one run
 # per cell, on a scratch database (bench_claim). Settings: CLAIM_BACKLOGS
 # ("30000 300000": pending rows, as many published rows before them),
 # CLAIM_TIMEOUT_S (60: a claim cut off there prints "> 60000").
@@ -30,12 +32,12 @@ before="SELECT $cols FROM orders.outbox o
     AND NOT EXISTS (SELECT 1 FROM orders.outbox e WHERE e.aggregate_id = o.aggregate_id
                     AND e.published_at IS NULL AND e.id < o.id)
   ORDER BY o.id LIMIT 1000 FOR UPDATE OF o SKIP LOCKED"
-# The query of crates/relay/src/outbox.rs::claim_shards (which claim calls),
-# for shard 3 alone and a limit of 1000.
-after=$(sed -n '/^pub async fn claim_shards(/,/^}/p' crates/relay/src/outbox.rs \
-  | sed -n '/r#"WITH/,/"#,/p' | sed 's/^ *r#"//; s/"#,$//' \
+# The query of crates/relay/src/outbox.rs::read_shards, for shard 3 alone
+# and a limit of 1000.
+after=$(sed -n '/^pub async fn read_shards(/,/^}/p' crates/relay/src/outbox.rs \
+  | sed -n '/r#"SELECT/,/"#,/p' | sed 's/^ *r#"//; s/"#,$//' \
   | sed "s/\$1::int2\[\]/'{3}'::int2[]/; s/\$2/1000/" | tr '\n' ' ')
-case $after in *"NOT EXISTS"*"SKIP LOCKED"*) ;; *) echo "cannot read the claim's query from outbox.rs" >&2; exit 1 ;; esac
+case $after in *"NOT EXISTS"*"LIMIT 1000"*) ;; *) echo "cannot read the claim's query from outbox.rs" >&2; exit 1 ;; esac
 
 # The indexes before migration 20261127000001, and the current ones.
 old_indexes="DROP INDEX orders.outbox_pending_by_shard;

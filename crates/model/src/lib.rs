@@ -22,9 +22,9 @@
 //! | [`Action::OrdersCrash`] | orders killed before its commit or at crash point `commit` (after the commit, before the responses): every open request fails |
 //! | [`Action::Cancel`] | a second event of the same aggregate (`order.cancelled`), written with its outbox row in one transaction, so one key has two events in order |
 //! | [`Action::Acquire`] | the library relay's `LOCK_SHARDS` (`effectively::store::Relay`, as the relay binary runs it): the shard's lock, as a lease with an epoch |
-//! | [`Action::Claim`] | relay `outbox.rs` `claim`: the first pending row of the shard whose aggregate has no earlier pending row (batch of one) |
+//! | [`Action::Claim`] | relay `outbox.rs` `read_shards`: the shard's oldest pending row (batch of one; a key lives in one shard, so its aggregate has no earlier pending row) |
 //! | [`Action::Publish`] | the relay's sink (`engine.rs` `EventSink`, through the library's `KafkaSink`): the broker appends the row's message to its key's partition and acks; not fenced by the lease (a relay paused after its claim produces when it resumes, whatever the lease did meanwhile), unless [`Fence::Publish`] |
-//! | [`Action::Mark`] | the library relay's pass: the commit of the claim's transaction (the claim marks its rows, `outbox.rs` `claim_shards`; the settle puts back the rest, `engine.rs` `OrdersOutbox`), refused once the lease moved, since the session's end aborted that transaction |
+//! | [`Action::Mark`] | the library relay's pass: the commit of the claim's transaction (the settle marks what was delivered, `engine.rs` `OrdersOutbox`, `outbox.rs` `mark_published`), refused once the lease moved, since the session's end aborted that transaction |
 //! | [`Action::RelayCrash`] | relay killed after the claim (before the publish) or at crash point `publish` (after the ack, before the mark): the lock goes with its session |
 //! | [`Action::LeaseExpire`] | the holder's session ends while it is paused (chaos SIGSTOPs relays): its lock is released, the process does not know |
 //! | [`Action::Apply`], [`Action::Finish`] | payments `inbox.rs` `apply_batch` / `claim_and_charge`: inbox claim (`claim_inbox`) and charge (`insert_effects`) in one transaction; `unsafe_split.rs` `apply_batch` for the split variants |

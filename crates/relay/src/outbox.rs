@@ -57,9 +57,9 @@ impl PendingRow {
 /// marks the batch published, or by the rollback when the relay dies. It
 /// keeps one fan-out transaction per shard in flight, across every relay
 /// process, and a hung one's shard until its session ends. Per-key order
-/// rests on the claim's rows: a claimed row stays locked and pending until
-/// its transaction commits, so a concurrent claim skips it (`SKIP LOCKED`)
-/// and every later row of its key.
+/// rests on it: the fan-out reads its rows without locking them
+/// ([`read_shards`]), so no other fan-out may read the shard until this
+/// one's marks commit.
 pub async fn try_lock_shard(tx: &mut Transaction<'_, Postgres>, shard: i16) -> sqlx::Result<bool> {
     // pg_try_advisory_xact_lock is never NULL, but PostgreSQL reports no
     // nullability for a function's result.
@@ -71,109 +71,13 @@ pub async fn try_lock_shard(tx: &mut Transaction<'_, Postgres>, shard: i16) -> s
     .await
 }
 
-/// Claims up to `limit` rows of `shard` in id order: the first pending row
-/// of each aggregate, none that has failed.
-///
-/// The claim marks the rows it takes published, in the same statement: the
-/// mark commits with the claiming transaction, after the broker's acks, or
-/// rolls back with it. The webhook fan-out's claim: it moves the rows into
-/// `orders.webhook_deliveries` in the same transaction (the Kafka relay
-/// reads its rows with [`read_shards`] and marks what was delivered).
-///
-/// Per-key order: a row is taken only when no earlier row of its aggregate
-/// is pending, so one key is never in flight twice, and a failed row (which
-/// stays unpublished) holds back the later events of its own key and of no
-/// other. A key with a long backlog yields one row per claim and leaves the
-/// rest of the batch to the other keys, so it cannot starve its shard.
-///
-/// `FOR UPDATE SKIP LOCKED`: rows locked by anyone else (a manual fix-up, a
-/// relay of an older version) are skipped rather than waited for.
-///
-/// The plan must not depend on the statistics: a queue's statistics are
-/// often taken while it is empty, and a burst arrives before the next
-/// analyze. `OFFSET 0` keeps the `NOT EXISTS` a subquery run per candidate
-/// (PostgreSQL does not flatten a sublink with an OFFSET into a join), so
-/// each candidate costs one probe of `outbox_pending_by_aggregate`. As an
-/// anti-join, with statistics that said "no row pending", it scanned every
-/// pending row per candidate: a 1,000-row claim took minutes over a large
-/// backlog (FINDINGS.md §16; test `a_claim_after_an_empty_outbox_was_analyzed_…`).
-pub async fn claim(
-    conn: &mut PgConnection,
-    shard: i16,
-    limit: i64,
-) -> sqlx::Result<Vec<PendingRow>> {
-    Ok(claim_shards(conn, &[shard], limit).await?.rows)
-}
-
-/// What [`claim_shards`] took.
+/// What [`read_shards`] read.
 #[derive(Debug, Default)]
 pub struct Claim {
-    /// The rows, shard by shard (in the order given), each shard's in id order.
+    /// The rows, in id order.
     pub rows: Vec<PendingRow>,
     /// Some shard gave all its share of the limit: it may have more.
     pub full: bool,
-}
-
-/// [`claim`] over several shards in one statement (a group's pass,
-/// `relay --shard-groups`): up to `share` rows of each shard (the pass's
-/// equal share of `--batch-size`), claimed exactly as [`claim`] does, one
-/// ordered probe of `outbox_pending_by_shard` per shard. (One scan of
-/// `shard = ANY(..)` would have to sort every pending row of the shards
-/// before its `LIMIT`: over a backlog, all of them per claim.)
-pub async fn claim_shards(
-    conn: &mut PgConnection,
-    shards: &[i16],
-    share: i64,
-) -> sqlx::Result<Claim> {
-    let share = share.max(1);
-    let mut rows = sqlx::query!(
-        r#"WITH c AS (
-           SELECT s.n, c.id
-           FROM unnest($1::int2[]) WITH ORDINALITY AS s(shard, n),
-           LATERAL (
-             SELECT o.id
-             FROM orders.outbox o
-             WHERE o.shard = s.shard AND o.published_at IS NULL AND o.failed_at IS NULL
-               AND NOT EXISTS (SELECT 1 FROM orders.outbox e
-                               WHERE e.aggregate_id = o.aggregate_id
-                                 AND e.published_at IS NULL AND e.id < o.id
-                               OFFSET 0)
-             ORDER BY o.id LIMIT $2
-             FOR UPDATE OF o SKIP LOCKED) c)
-         UPDATE orders.outbox x SET published_at = now() FROM c WHERE x.id = c.id
-         RETURNING c.n AS "n!", x.shard AS "shard!", x.id AS "id!", x.aggregate_id AS "aggregate_id!",
-                   x.msg_id AS "msg_id!", x.event_type AS "event_type!", x.payload AS "payload!",
-                   x.created_at AS "created_at!", x.attempts AS "attempts!""#,
-        shards,
-        share
-    )
-    .fetch_all(conn)
-    .await?;
-    // RETURNING keeps no order: the shards as given, each in id order.
-    rows.sort_unstable_by_key(|row| (row.n, row.id));
-    let mut claim = Claim {
-        rows: Vec::with_capacity(rows.len()),
-        full: false,
-    };
-    let mut run = (None, 0_i64); // the current shard and its rows so far
-    for row in rows {
-        run = if run.0 == Some(row.shard) {
-            (run.0, run.1 + 1)
-        } else {
-            (Some(row.shard), 1)
-        };
-        claim.full |= run.1 >= share;
-        claim.rows.push(PendingRow {
-            id: row.id,
-            aggregate_id: row.aggregate_id,
-            msg_id: row.msg_id,
-            event_type: row.event_type,
-            payload: row.payload,
-            created_at: row.created_at,
-            attempts: row.attempts,
-        });
-    }
-    Ok(claim)
 }
 
 /// Reads up to `share` pending rows of each shard of `shards` in id order,
@@ -184,10 +88,17 @@ pub async fn claim_shards(
 /// every other pass off these shards, and its settle marks what was
 /// delivered ([`mark_published`]). `full`: some shard gave its whole share.
 ///
-/// The plan does not depend on the statistics, as in [`claim_shards`]: one
-/// ordered walk of `outbox_pending_by_shard` per shard, and `OFFSET 0`
-/// keeps the `NOT EXISTS` a probe of `outbox_pending_by_aggregate` per
-/// candidate.
+/// The plan must not depend on the statistics: a queue's statistics are
+/// often taken while it is empty, and a burst arrives before the next
+/// analyze. One ordered walk of `outbox_pending_by_shard` per shard (one
+/// scan of `shard = ANY(..)` would sort every pending row of the shards
+/// before its `LIMIT`), and `OFFSET 0` keeps the `NOT EXISTS` a subquery
+/// run per candidate (PostgreSQL does not flatten a sublink with an OFFSET
+/// into a join): one probe of `outbox_failed_by_aggregate` each. As an
+/// anti-join, with statistics that said "no row pending", the claim before
+/// it scanned every pending row per candidate: a 1,000-row claim took
+/// minutes over a large backlog (FINDINGS.md §16; test
+/// `a_claim_after_an_empty_outbox_was_analyzed_…`).
 pub async fn read_shards(
     conn: &mut PgConnection,
     shards: &[i16],

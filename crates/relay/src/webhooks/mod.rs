@@ -2,11 +2,13 @@
 //!
 //! Two stages, each at least once and each keeping per-key order:
 //!
-//! 1. **Fan-out.** The shard loop of the Kafka sink, with the same claim
-//!    (`outbox::claim`: the first pending row of each key, under the shard's
-//!    lock), writes one row per destination into `orders.webhook_deliveries`
-//!    and marks the outbox rows published, in the claim's transaction: the
-//!    hop from the outbox to the deliveries can neither lose nor double.
+//! 1. **Fan-out.** A loop over the shards that reads each one's oldest
+//!    pending rows as the Kafka relay's pass does (`outbox::read_shards`:
+//!    every row of a key among them, none behind a failed row), under the
+//!    shard's lock, writes one row per destination into
+//!    `orders.webhook_deliveries` and marks the outbox rows published, in
+//!    that transaction: the hop from the outbox to the deliveries can
+//!    neither lose nor double.
 //! 2. **Delivery**, per destination, each with its own loop, client, timeout
 //!    and concurrency, so a slow or dead destination delays no other. A
 //!    claim takes due deliveries whose key has no earlier open delivery to

@@ -1,7 +1,7 @@
 //! The sender: the fan-out of outbox rows into per-destination deliveries,
 //! and each destination's delivery loop, attempts and their records.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -220,12 +220,16 @@ impl Sender {
         }
     }
 
-    /// One shard: claim (which marks the rows published), write the
-    /// deliveries to every destination of `orders.webhook_destinations`
-    /// (read in this transaction, FOR KEY SHARE: a removal waits for this
-    /// commit), record the rows that are not JSON as failed, commit.
-    /// With no destination nothing is claimed: the rows wait. Returns how
-    /// many outbox rows moved.
+    /// One shard: read its oldest pending rows (every row of a key among
+    /// them, `outbox::read_shards`, as the Kafka relay's pass reads them),
+    /// write the deliveries to every destination of
+    /// `orders.webhook_destinations` (read in this transaction, FOR KEY
+    /// SHARE: a removal waits for this commit), mark the moved rows
+    /// published, record the rows that are not JSON as failed, commit.
+    /// A key whose row is not JSON moves none of its later rows: they stay
+    /// pending behind the failed one, as a refused row holds its key in
+    /// Kafka. With no destination nothing is read: the rows wait. Returns
+    /// how many outbox rows moved or failed.
     async fn fan_out_shard(&self, shard: i16, batch_size: i64) -> anyhow::Result<usize> {
         let mut tx = self.pool.begin().await.context("begin")?;
         if !outbox::try_lock_shard(&mut tx, shard)
@@ -245,16 +249,21 @@ impl Sender {
             tx.commit().await.context("commit empty fan-out")?;
             return Ok(0);
         }
-        let rows = outbox::claim(&mut tx, shard, batch_size)
+        let rows = outbox::read_shards(&mut tx, &[shard], batch_size)
             .await
-            .context("claim outbox batch")?;
+            .context("read outbox batch")?
+            .rows;
         if rows.is_empty() {
-            tx.commit().await.context("commit empty claim")?;
+            tx.commit().await.context("commit empty read")?;
             return Ok(0);
         }
         let mut ready: Vec<(&PendingRow, Vec<u8>)> = Vec::with_capacity(rows.len());
         let mut rejected = Vec::new();
+        let mut held = HashSet::new(); // keys with a row that is not JSON
         for row in &rows {
+            if held.contains(&row.aggregate_id) {
+                continue;
+            }
             match row.encode() {
                 Ok(body) => ready.push((row, body)),
                 Err(error) => {
@@ -264,6 +273,7 @@ impl Sender {
                         .inc();
                     tracing::warn!(outbox_id = row.id, msg_id = %row.msg_id, %error, "outbox payload is not JSON");
                     rejected.push((row.id, format!("payload is not JSON: {error}")));
+                    held.insert(row.aggregate_id);
                 }
             }
         }
@@ -296,22 +306,23 @@ impl Sender {
         .await
         .context("write the deliveries")?
         .rows_affected();
-        // The claim marked every row it took: the moved ones stay marked.
-        let moved = ready.len();
+        let moved: Vec<i64> = ready.iter().map(|(row, _)| row.id).collect();
+        outbox::mark_published(&mut tx, &moved)
+            .await
+            .context("mark the moved rows published")?;
         if !rejected.is_empty() {
-            // Not JSON: it never will be; failed at once (max attempts 1),
-            // which also unmarks it.
+            // Not JSON: it never will be; failed at once (max attempts 1).
             outbox::record_failures(&mut tx, &rejected, 1)
                 .await
                 .context("record unpublishable rows")?;
         }
         tx.commit().await.context("commit the fan-out")?;
         self.metrics.relay_webhook_fanned_out_total.inc_by(written);
-        self.metrics.relay_published_total.inc_by(moved as u64);
+        self.metrics.relay_published_total.inc_by(moved.len() as u64);
         self.metrics
             .relay_rows_failed_total
             .inc_by(rejected.len() as u64);
-        Ok(rows.len())
+        Ok(moved.len() + rejected.len())
     }
 
     /// One destination's deliveries: keeps up to its concurrency of attempts

@@ -192,7 +192,7 @@ pub async fn remove(pool: &PgPool, name: &str) -> anyhow::Result<u64> {
 /// Claims up to `limit` due deliveries of `destination` for one attempt
 /// each: none while the destination is disabled (a 410), and only those
 /// whose key has no earlier open delivery to it (`OFFSET 0` keeps the
-/// `NOT EXISTS` a probe per candidate, as in `outbox::claim`). Counts the
+/// `NOT EXISTS` a probe per candidate, as in `outbox::read_shards`). Counts the
 /// attempt and moves `next_attempt_at` a lease ahead.
 pub(super) async fn claim(
     pool: &PgPool,

@@ -812,6 +812,79 @@ async fn a_sender_killed_after_the_2xx_delivers_again() {
     assert_eq!(delivered_order(&hits)[&key], vec![0, 1, 2]);
 }
 
+/// A key's backlog moves to the deliveries in one pass (every row of a key
+/// the shard's read holds), but a row that is not JSON fails at once
+/// (`--sink http` gives it one attempt: no retry makes it JSON) and holds
+/// back its key's later rows, pending and never delivered; the rows before
+/// it and every other key's are delivered in order.
+#[tokio::test]
+async fn a_row_that_is_not_json_fails_and_holds_back_only_its_key() {
+    let db = TestDb::create().await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let (bad, good) = (Uuid::now_v7(), Uuid::now_v7());
+    for seq in 0..3 {
+        enqueue(&pool, bad, seq).await;
+    }
+    let mut conn = pool.acquire().await.expect("acquire");
+    Outbox
+        .enqueue_batch(
+            &mut conn,
+            &[OutboxMessage {
+                aggregate_id: bad,
+                msg_id: Uuid::now_v7(),
+                event_type: "test.event".into(),
+                payload: b"\xff{ not json".to_vec(),
+            }],
+        )
+        .await
+        .expect("enqueue");
+    drop(conn);
+    for seq in 4..6 {
+        enqueue(&pool, bad, seq).await;
+    }
+    for seq in 0..20 {
+        enqueue(&pool, good, seq).await;
+    }
+    let (r, url) = Receiver::start(|_| Reply::OK).await;
+    let relay = spawn_relay(config(&db, vec![r.destination("r", &url, "")], 1.0)).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            r.hits().len() >= 23 && count(&pool, OPEN).await == 0
+        })
+        .await,
+        "delivered {}",
+        r.hits().len()
+    );
+    let order = delivered_order(&r.hits());
+    assert_eq!(order[&bad], vec![0, 1, 2], "up to the row that is not JSON");
+    assert_eq!(order[&good], (0..20).collect::<Vec<_>>());
+    let rows: Vec<(i32, Option<String>, bool)> = sqlx::query_as(
+        "SELECT attempts, last_error, failed_at IS NOT NULL FROM orders.outbox \
+         WHERE published_at IS NULL ORDER BY id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("rows");
+    assert_eq!(rows.len(), 3, "the bad row and the two behind it");
+    assert_eq!((rows[0].0, rows[0].2), (1, true), "failed on its one attempt");
+    assert!(
+        rows[0].1.as_deref().unwrap_or("").contains("not JSON"),
+        "{:?}",
+        rows[0].1
+    );
+    assert!(
+        rows[1..].iter().all(|row| (row.0, row.2) == (0, false)),
+        "held back, never tried: {rows:?}"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM orders.webhook_deliveries").await,
+        23
+    );
+    assert_eq!(relay.metric("relay_rows_failed_total").await, 1.0);
+    assert_eq!(relay.metric("relay_published_total").await, 23.0);
+    relay.stop().await;
+}
+
 #[tokio::test]
 async fn the_http_sink_without_a_destination_or_with_wal_is_refused() {
     let db = TestDb::create().await;

@@ -194,7 +194,8 @@ pipeline_webhooks() {
   PIPELINE_PIDS+=($!)
   wait_http "http://$3/metrics" payments $! "$logs"
   DATABASE_URL=$RELAY_DATABASE_URL RELAY_METRICS_ADDR=$2 RELAY_SINK=http \
-    RELAY_WEBHOOK_DESTINATIONS="payments=http://$4/webhooks/orders,secret=$5" \
+    RELAY_WEBHOOK_DESTINATIONS="payments=http://$4/webhooks/orders,secret=$5,allow-http" \
+    RELAY_WEBHOOK_ALLOW_ADDRESSES=${4%:*} \
     "$BIN/relay" >"$logs/relay.log" 2>&1 &
   PIPELINE_PIDS+=($!)
   wait_http "http://$2/metrics" relay $! "$logs"

@@ -51,7 +51,7 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, instance: Instance) 
                     env.push((
                         env::RELAY_WEBHOOK_DESTINATIONS.into(),
                         format!(
-                            "payments=http://{}{WEBHOOK_PATH},secret={},timeout={}ms,max-attempts={}",
+                            "payments=http://{}{WEBHOOK_PATH},secret={},timeout={}ms,max-attempts={},allow-http",
                             config.webhook_proxy_addr,
                             secret.to_whsec(),
                             config.webhook_timeout_ms,
@@ -59,6 +59,13 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, instance: Instance) 
                         ),
                     ));
                 }
+                // Chaos's own proxy in front of the receiver: on this
+                // host, which the relay's webhooks may not reach unless
+                // allowed.
+                env.push((
+                    env::RELAY_WEBHOOK_ALLOW_ADDRESSES.into(),
+                    config.webhook_proxy_addr.ip().to_string(),
+                ));
                 env.push((
                     env::RELAY_WEBHOOK_SCHEDULE_SCALE.into(),
                     s(&config.webhook_schedule_scale),
@@ -327,9 +334,13 @@ mod tests {
         assert_eq!(
             get(&relay, env::RELAY_WEBHOOK_DESTINATIONS),
             Some(format!(
-                "payments=http://127.0.0.1:18404/webhooks/orders,secret={},timeout=10000ms,max-attempts=8",
+                "payments=http://127.0.0.1:18404/webhooks/orders,secret={},timeout=10000ms,max-attempts=8,allow-http",
                 secret.to_whsec()
             ))
+        );
+        assert_eq!(
+            get(&relay, env::RELAY_WEBHOOK_ALLOW_ADDRESSES).as_deref(),
+            Some("127.0.0.1")
         );
         assert_eq!(
             get(&payments, env::PAYMENTS_SOURCE).as_deref(),

@@ -17,6 +17,8 @@
 //!   response, as values;
 //! * [`webhook`]: Standard Webhooks signing and verification (HMAC-SHA256
 //!   over id, timestamp and raw body; a timestamp tolerance against replay);
+//! * `egress` (feature `webhooks`): where a webhook sender may connect,
+//!   a guard against server-side request forgery judged at connection time;
 //! * [`retry`]: the backoff the relay and the consumer loop wait by;
 //! * [`text`]: untrusted text made storable in a `text` column;
 //! * [`v7`]: the time a UUIDv7 id carries (the stores expire by it).
@@ -32,6 +34,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "webhooks")]
+pub mod egress;
 pub mod idempotency;
 pub mod retry;
 pub mod store;

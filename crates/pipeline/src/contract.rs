@@ -272,6 +272,9 @@ pub mod env {
     pub const RELAY_SINK: &str = "RELAY_SINK";
     /// Relay `--sink http`: the destinations (`;`-separated).
     pub const RELAY_WEBHOOK_DESTINATIONS: &str = "RELAY_WEBHOOK_DESTINATIONS";
+    /// Relay `--sink http`: the networks webhooks may reach besides public
+    /// addresses (comma-separated).
+    pub const RELAY_WEBHOOK_ALLOW_ADDRESSES: &str = "RELAY_WEBHOOK_ALLOW_ADDRESSES";
     /// Relay `--sink http`: the factor on every scheduled retry wait.
     pub const RELAY_WEBHOOK_SCHEDULE_SCALE: &str = "RELAY_WEBHOOK_SCHEDULE_SCALE";
     /// Payments: where the events come from (`kafka`, `http`).

@@ -148,6 +148,7 @@ async fn binary(rows: usize, keys: usize) -> anyhow::Result<f64> {
         wal_heartbeat_ms: 10_000,
         sink: Sink::Kafka,
         webhook_destination: Vec::new(),
+        webhook_allow_addresses: Vec::new(),
         webhook_schedule_scale: 1.0,
     };
     let started = Instant::now();

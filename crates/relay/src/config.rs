@@ -171,7 +171,8 @@ pub struct Config {
     /// optional `,secret=...` (more secrets: every request is signed with
     /// each, for a rotation), `,timeout=10s` (per attempt, at most 30s),
     /// `,concurrency=16` (attempts in flight), `,max-attempts=8` (at most
-    /// 8). Repeat the flag for more destinations; in the environment,
+    /// 8), `,allow-http` (the URL may be plain `http://`; otherwise only
+    /// `https://` is taken). Repeat the flag for more destinations; in the environment,
     /// separate them with `;`. At start-up each one missing from
     /// `orders.webhook_destinations`, the destinations every relay delivers
     /// to, is added; one already there (or removed) is left as the database
@@ -183,6 +184,21 @@ pub struct Config {
         hide_env_values = true
     )]
     pub webhook_destination: Vec<webhooks::Destination>,
+
+    /// `--sink http`: networks webhooks may reach besides public addresses,
+    /// comma-separated (`127.0.0.1/32`, `10.1.0.0/16`, `::1`). Every other
+    /// loopback, private, link-local, unique-local, shared or cloud-metadata
+    /// address is refused when the sender connects, after DNS resolution (a
+    /// name that resolves there is refused too, however it resolved when the
+    /// destination was added); a destination whose URL is such an address
+    /// does not start. Default: none (public addresses only).
+    #[arg(
+        long,
+        env = pipeline::contract::env::RELAY_WEBHOOK_ALLOW_ADDRESSES,
+        value_delimiter = ',',
+        value_parser = parse_net
+    )]
+    pub webhook_allow_addresses: Vec<ipnet::IpNet>,
 
     /// `--sink http`, for tests and experiments: every scheduled retry wait
     /// is multiplied by this (0.001 turns 4 h into 14 s). 1 for real: the
@@ -198,6 +214,14 @@ pub enum Command {
     /// The webhook deliveries of `--sink http`.
     #[command(subcommand)]
     Webhooks(webhooks::Admin),
+}
+
+/// A network (`10.0.0.0/8`) or one address (`127.0.0.1`, `::1`).
+fn parse_net(s: &str) -> Result<ipnet::IpNet, String> {
+    let s = s.trim();
+    s.parse::<ipnet::IpNet>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{s:?}: a network (10.0.0.0/8) or an address (127.0.0.1)"))
 }
 
 fn parse_scale(s: &str) -> Result<f64, String> {

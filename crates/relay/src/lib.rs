@@ -47,6 +47,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use effectively::egress::Egress;
 use effectively::store::Relay;
 use pipeline::crash::Crasher;
 use rdkafka::producer::Producer;
@@ -335,10 +336,18 @@ async fn run_webhooks(
             "the retry schedule is scaled down (--webhook-schedule-scale): for tests and experiments only"
         );
     }
+    let egress = config
+        .webhook_allow_addresses
+        .iter()
+        .fold(Egress::public_only(), |egress, net| egress.allow(*net));
+    if !egress.allowed().is_empty() {
+        tracing::info!(allowed = ?egress.allowed(), "webhooks may reach these networks besides public addresses");
+    }
     let sender = Arc::new(webhooks::Sender::new(
         pool.clone(),
         metrics.clone(),
         Arc::new(Crasher::new(config.crash.clone())),
+        egress,
         config.webhook_schedule_scale,
     ));
     let result = sender

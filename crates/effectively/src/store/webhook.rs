@@ -52,7 +52,11 @@ pub enum DestinationError {
 impl WebhookSink {
     /// A sink with no destination yet, sending with `client` (the user's:
     /// its timeouts, TLS roots, proxy). Give it a timeout: a send holds the
-    /// relay's shard until the answer.
+    /// relay's shard until the answer. When the destinations' URLs come
+    /// from someone else (a customer's endpoint), build the client with
+    /// [`Egress::client_builder`](crate::egress::Egress::client_builder) and
+    /// judge each URL with [`Egress::check_url`](crate::egress::Egress::check_url)
+    /// first, so no destination reaches the sender's own network.
     pub fn new(client: reqwest::Client) -> Self {
         Self {
             client,

@@ -44,7 +44,7 @@ pub enum Admin {
     /// events committed from now on out to it too (within
     /// `DESTINATIONS_REFRESH`), and delivers them.
     Add {
-        /// NAME=URL,secret=whsec_...[,secret=...][,timeout=10s][,concurrency=16][,max-attempts=8]
+        /// NAME=URL,secret=whsec_...[,secret=...][,timeout=10s][,concurrency=16][,max-attempts=8][,allow-http]
         destination: Destination,
     },
     /// Removes a destination: no later event is fanned out to it, and its

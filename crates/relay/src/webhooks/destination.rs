@@ -30,6 +30,9 @@ pub struct Destination {
     pub concurrency: usize,
     /// Attempts before a delivery fails (at most `webhook::MAX_ATTEMPTS`).
     pub max_attempts: u32,
+    /// Plain `http` allowed for it (`,allow-http`): the URL may be
+    /// `http://`; without it only `https://` is taken.
+    pub allow_http: bool,
     /// The text it was parsed from (secrets included), as stored in
     /// `orders.webhook_destinations.spec`.
     pub(super) spec: String,
@@ -39,24 +42,25 @@ impl fmt::Debug for Destination {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Destination")
             .field("name", &self.name)
-            .field("url", &self.url.as_str())
+            .field("url", &effectively::egress::redacted(&self.url))
             .field("secrets", &self.secrets.len())
             .field("timeout", &self.timeout)
             .field("concurrency", &self.concurrency)
             .field("max_attempts", &self.max_attempts)
+            .field("allow_http", &self.allow_http)
             .finish()
     }
 }
 
 /// `--webhook-destination`'s syntax, for its errors.
-const DESTINATION_SYNTAX: &str =
-    "NAME=URL,secret=whsec_...[,secret=...][,timeout=10s][,concurrency=16][,max-attempts=8]";
+const DESTINATION_SYNTAX: &str = "NAME=URL,secret=whsec_...[,secret=...][,timeout=10s][,concurrency=16][,max-attempts=8][,allow-http]";
 
 impl FromStr for Destination {
     type Err = String;
 
-    /// `NAME=URL,secret=whsec_…[,secret=…][,timeout=10s][,concurrency=16][,max-attempts=8]`.
-    /// The errors never quote a secret.
+    /// `NAME=URL,secret=whsec_…[,secret=…][,timeout=10s][,concurrency=16][,max-attempts=8][,allow-http]`.
+    /// The URL is `https`, or `http` with `allow-http`. The errors never
+    /// quote a secret, nor the URL's credentials or query.
     fn from_str(text: &str) -> Result<Self, String> {
         let mut parts = text.trim().split(',');
         let head = parts.next().unwrap_or_default();
@@ -75,7 +79,7 @@ impl FromStr for Destination {
             ));
         }
         let url = reqwest::Url::parse(url.trim())
-            .map_err(|e| format!("destination {name}: URL {:?}: {e}", url.trim()))?;
+            .map_err(|e| format!("destination {name}: the URL does not parse: {e}"))?;
         if !matches!(url.scheme(), "http" | "https") {
             return Err(format!("destination {name}: the URL must be http or https"));
         }
@@ -86,9 +90,14 @@ impl FromStr for Destination {
             timeout: DEFAULT_TIMEOUT,
             concurrency: DEFAULT_CONCURRENCY,
             max_attempts: webhook::MAX_ATTEMPTS,
+            allow_http: false,
             spec: text.trim().to_owned(),
         };
         for part in parts {
+            if part.trim() == "allow-http" {
+                destination.allow_http = true;
+                continue;
+            }
             let (key, value) = part.split_once('=').ok_or_else(|| {
                 format!("destination {name}: {part:?} is not key=value ({DESTINATION_SYNTAX})")
             })?;
@@ -137,6 +146,12 @@ impl FromStr for Destination {
                 }
             }
         }
+        if destination.url.scheme() == "http" && !destination.allow_http {
+            return Err(format!(
+                "destination {name}: the URL is plain http; use https, or add ,allow-http \
+                 (the requests and their signatures then cross the network unencrypted)"
+            ));
+        }
         if destination.secrets.is_empty() {
             return Err(format!(
                 "destination {name}: a secret=whsec_... is required (every request is signed)"
@@ -154,14 +169,20 @@ mod tests {
     fn a_destination_parses_with_its_defaults_and_refuses_what_is_wrong() {
         let secret = Secret::generate().to_whsec();
         let d: Destination =
-            format!("payments=http://127.0.0.1:9103/webhooks/orders,secret={secret}")
+            format!("payments=http://127.0.0.1:9103/webhooks/orders,secret={secret},allow-http")
                 .parse()
                 .expect("parses");
         assert_eq!(d.name, "payments");
         assert_eq!(d.url.as_str(), "http://127.0.0.1:9103/webhooks/orders");
         assert_eq!(
-            (d.timeout, d.concurrency, d.max_attempts, d.secrets.len()),
-            (DEFAULT_TIMEOUT, DEFAULT_CONCURRENCY, 8, 1)
+            (
+                d.timeout,
+                d.concurrency,
+                d.max_attempts,
+                d.secrets.len(),
+                d.allow_http
+            ),
+            (DEFAULT_TIMEOUT, DEFAULT_CONCURRENCY, 8, 1, true)
         );
         let other = Secret::generate().to_whsec();
         let d: Destination = format!(
@@ -170,8 +191,14 @@ mod tests {
         .parse()
         .expect("parses");
         assert_eq!(
-            (d.timeout, d.concurrency, d.max_attempts, d.secrets.len()),
-            (Duration::from_secs(2), 4, 3, 2)
+            (
+                d.timeout,
+                d.concurrency,
+                d.max_attempts,
+                d.secrets.len(),
+                d.allow_http
+            ),
+            (Duration::from_secs(2), 4, 3, 2, false)
         );
         assert!(
             !format!("{d:?}").contains(&secret[6..]),
@@ -179,21 +206,23 @@ mod tests {
         );
         for (text, wanted) in [
             ("payments", "NAME=URL"),
-            ("=http://x/,secret=S", "destination name"),
+            ("=https://x/,secret=S", "destination name"),
             ("p=ftp://x/,secret=S", "http or https"),
             ("p=not a url,secret=S", "URL"),
-            ("p=http://x/", "secret=whsec_"),
-            ("p=http://x/,secret=short", "base64"),
-            ("p=http://x/,secret=S,timeout=31s", "at most 30s"),
-            ("p=http://x/,secret=S,concurrency=0", "concurrency"),
-            ("p=http://x/,secret=S,max-attempts=9", "max-attempts"),
-            ("p=http://x/,secret=S,colour=blue", "unknown setting"),
+            ("p=https://x/", "secret=whsec_"),
+            ("p=https://x/,secret=short", "base64"),
+            ("p=https://x/,secret=S,timeout=31s", "at most 30s"),
+            ("p=https://x/,secret=S,concurrency=0", "concurrency"),
+            ("p=https://x/,secret=S,max-attempts=9", "max-attempts"),
+            ("p=https://x/,secret=S,colour=blue", "unknown setting"),
+            ("p=http://x/,secret=S", "allow-http"),
+            ("p=https://u:hunter2@[bad/h,secret=S", "does not parse"),
         ] {
             let text = text.replace("secret=S", &format!("secret={secret}"));
             let error = text.parse::<Destination>().expect_err(&text);
             assert!(error.contains(wanted), "{text}: {error}");
             assert!(
-                !error.contains(&secret[6..]),
+                !error.contains(&secret[6..]) && !error.contains("hunter2"),
                 "{text}: the error quotes no secret"
             );
         }

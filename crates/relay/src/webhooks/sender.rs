@@ -7,6 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
+use effectively::egress::Egress;
 use effectively::retry::Backoff;
 use effectively::webhook::{self};
 use pipeline::contract::CrashPoint;
@@ -46,6 +47,8 @@ pub struct Sender {
     pool: PgPool,
     metrics: Arc<RelayMetrics>,
     crasher: Arc<Crasher>,
+    /// Where the deliveries may connect (`--webhook-allow-addresses`).
+    egress: Egress,
     /// Every scheduled wait is multiplied by this (tests and experiments
     /// shrink the hours to seconds; 1 in production).
     scale: f64,
@@ -54,17 +57,19 @@ pub struct Sender {
 }
 
 impl Sender {
-    /// A sender on `pool`.
+    /// A sender on `pool` whose deliveries connect where `egress` permits.
     pub fn new(
         pool: PgPool,
         metrics: Arc<RelayMetrics>,
         crasher: Arc<Crasher>,
+        egress: Egress,
         scale: f64,
     ) -> Self {
         Self {
             pool,
             metrics,
             crasher,
+            egress,
             scale,
             skew_warned: Mutex::default(),
         }
@@ -318,7 +323,9 @@ impl Sender {
         }
         tx.commit().await.context("commit the fan-out")?;
         self.metrics.relay_webhook_fanned_out_total.inc_by(written);
-        self.metrics.relay_published_total.inc_by(moved.len() as u64);
+        self.metrics
+            .relay_published_total
+            .inc_by(moved.len() as u64);
         self.metrics
             .relay_rows_failed_total
             .inc_by(rejected.len() as u64);
@@ -335,8 +342,32 @@ impl Sender {
         wake: Arc<Notify>,
         cancel: CancellationToken,
     ) {
-        let client = match reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
+        // A URL whose host is an address the policy refuses never starts
+        // (its deliveries wait, pending, until the destination is changed or
+        // the address allowed); a name is judged by the resolver at each
+        // connection, so a name rebound to such an address is refused then.
+        if let Err(refused) = self
+            .egress
+            .check_url(&destination.url, destination.allow_http)
+        {
+            self.metrics
+                .relay_errors_total
+                .with_label_values(&["destinations"])
+                .inc();
+            tracing::error!(
+                destination = %destination.name,
+                error = %refused,
+                "not delivering to this destination: change its URL (relay webhooks add) \
+                 or allow its network (--webhook-allow-addresses)"
+            );
+            return;
+        }
+        // Redirects are not followed (their target is a URL nobody checked),
+        // and no proxy is taken from the environment (it would connect in
+        // the resolver's place).
+        let client = match self
+            .egress
+            .client_builder()
             .timeout(destination.timeout)
             .user_agent(concat!("effectively-relay/", env!("CARGO_PKG_VERSION")))
             .build()
@@ -720,7 +751,7 @@ mod tests {
             .expect("connect");
         let owner = PgPool::connect(&db.url).await.expect("connect");
         let secret = Secret::generate().to_whsec();
-        let d: Destination = format!("p=http://127.0.0.1:9/h,secret={secret}")
+        let d: Destination = format!("p=http://127.0.0.1:9/h,secret={secret},allow-http")
             .parse()
             .expect("destination");
         sqlx::query(
@@ -736,6 +767,7 @@ mod tests {
             pool.clone(),
             Arc::new(RelayMetrics::new().expect("metrics")),
             Arc::new(Crasher::default()),
+            Egress::public_only(),
             1.0,
         );
         let lease = Duration::from_secs(60);

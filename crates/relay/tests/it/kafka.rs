@@ -40,6 +40,7 @@ fn config(db: &TestDb, topic: &TestTopic, workers: u16, batch_size: i64) -> Conf
         wal_heartbeat_ms: 10_000,
         sink: Sink::Kafka,
         webhook_destination: Vec::new(),
+        webhook_allow_addresses: Vec::new(),
         webhook_schedule_scale: 1.0,
     }
 }

@@ -98,9 +98,12 @@ impl Receiver {
 
     /// The destination setting for this receiver.
     fn destination(&self, name: &str, url: &str, extra: &str) -> Destination {
-        format!("{name}={url},secret={}{extra}", self.secret.to_whsec())
-            .parse()
-            .expect("destination")
+        format!(
+            "{name}={url},secret={},allow-http{extra}",
+            self.secret.to_whsec()
+        )
+        .parse()
+        .expect("destination")
     }
 }
 
@@ -193,6 +196,8 @@ fn config(db: &TestDb, destinations: Vec<Destination>, scale: f64) -> Config {
         wal_heartbeat_ms: 10_000,
         sink: Sink::Http,
         webhook_destination: destinations,
+        // The receivers of these tests listen on loopback.
+        webhook_allow_addresses: vec!["127.0.0.1/32".parse().expect("net")],
         webhook_schedule_scale: scale,
     }
 }
@@ -777,8 +782,12 @@ async fn a_sender_killed_after_the_2xx_delivers_again() {
             .env("RELAY_SINK", "http")
             .env(
                 "RELAY_WEBHOOK_DESTINATIONS",
-                format!("r={url},secret={},timeout=1s", r.secret.to_whsec()),
+                format!(
+                    "r={url},secret={},timeout=1s,allow-http",
+                    r.secret.to_whsec()
+                ),
             )
+            .env("RELAY_WEBHOOK_ALLOW_ADDRESSES", "127.0.0.1")
             .env("RELAY_METRICS_ADDR", "127.0.0.1:0")
             .env("RELAY_POLL_INTERVAL_MS", "100")
             .env("RUST_LOG", "error")
@@ -866,7 +875,11 @@ async fn a_row_that_is_not_json_fails_and_holds_back_only_its_key() {
     .await
     .expect("rows");
     assert_eq!(rows.len(), 3, "the bad row and the two behind it");
-    assert_eq!((rows[0].0, rows[0].2), (1, true), "failed on its one attempt");
+    assert_eq!(
+        (rows[0].0, rows[0].2),
+        (1, true),
+        "failed on its one attempt"
+    );
     assert!(
         rows[0].1.as_deref().unwrap_or("").contains("not JSON"),
         "{:?}",
@@ -883,6 +896,70 @@ async fn a_row_that_is_not_json_fails_and_holds_back_only_its_key() {
     assert_eq!(relay.metric("relay_rows_failed_total").await, 1.0);
     assert_eq!(relay.metric("relay_published_total").await, 23.0);
     relay.stop().await;
+}
+
+/// With no allowlist, webhooks reach public addresses only: a destination
+/// whose URL is a loopback address never starts, and one whose URL is a
+/// name that resolves to loopback (`localhost`, the way a name rebound to
+/// an inside address would) is refused by the resolver at every
+/// connection: the receiver on 127.0.0.1 gets nothing. Allowed by the
+/// operator, both deliver, each event once per destination.
+#[tokio::test]
+async fn webhooks_never_reach_an_address_the_operator_did_not_allow() {
+    let db = TestDb::create().await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    // Three keys: a key's later delivery waits for its earlier one.
+    for _ in 0..3 {
+        enqueue(&pool, Uuid::now_v7(), 0).await;
+    }
+    let (r, url) = Receiver::start(|_| Reply::OK).await;
+    let by_name = url.replace("127.0.0.1", "localhost");
+    let destinations = vec![
+        r.destination("literal", &url, ""),
+        r.destination("name", &by_name, ""),
+    ];
+    let mut guarded = config(&db, destinations.clone(), 0.01);
+    guarded.webhook_allow_addresses = Vec::new();
+    let relay = spawn_relay(guarded).await;
+    let refused = "SELECT count(*) FROM orders.webhook_deliveries \
+                   WHERE destination = 'name' AND attempts >= 2 AND last_error LIKE '%loopback%'";
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            count(&pool, refused).await == 3
+                && relay
+                    .metric(r#"relay_errors_total{stage="destinations"}"#)
+                    .await
+                    >= 1.0
+        })
+        .await,
+        "the name refused at connection ({} deliveries), the literal not started",
+        count(&pool, refused).await
+    );
+    assert!(r.hits().is_empty(), "nothing reached the receiver");
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM orders.webhook_deliveries WHERE destination = 'literal' AND attempts = 0"
+        )
+        .await,
+        3,
+        "the literal's deliveries wait, never tried"
+    );
+    relay.stop().await;
+
+    let relay = spawn_relay(config(&db, destinations, 0.01)).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            count(&pool, OPEN).await == 0
+        })
+        .await,
+        "allowed, both deliver (open: {})",
+        count(&pool, OPEN).await
+    );
+    relay.stop().await;
+    let hits = r.hits();
+    assert_eq!(hits.len(), 6, "each event once per destination");
+    assert!(hits.iter().all(|h| h.authentic));
 }
 
 #[tokio::test]
@@ -1196,7 +1273,7 @@ async fn a_relay_s_flags_never_overwrite_or_bring_back_a_destination() {
     // The operator rotates a's secret and removes b.
     let new_secret = Secret::generate().to_whsec();
     let rotated_spec = format!(
-        "a={a_url},secret={new_secret},secret={}",
+        "a={a_url},secret={new_secret},secret={},allow-http",
         a.secret.to_whsec()
     );
     Admin::Add {

@@ -131,7 +131,9 @@ pipeline_wait_sql() {
 # pipeline_metric PORT NAME: the value of the unlabelled series NAME at
 # 127.0.0.1:PORT/metrics as an integer (0 when absent or not served yet).
 pipeline_metric() {
-  curl -fs "http://127.0.0.1:$1/metrics" 2>/dev/null | awk -v m="$2" '$1==m{v=int($2)} END{print v+0}'
+  # 0 while the service does not answer yet (a caller polling right after
+  # the start, under pipefail, would otherwise stop on curl's exit status).
+  { curl -fs "http://127.0.0.1:$1/metrics" 2>/dev/null || true; } | awk -v m="$2" '$1==m{v=int($2)} END{print v+0}'
 }
 
 # wait_http URL NAME PID LOGDIR: up to 30 s for a 200, failing at once if PID died.

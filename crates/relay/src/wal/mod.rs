@@ -42,6 +42,7 @@
 //! position, is [`settle`]; an insert's columns are decoded in [`decode`];
 //! the slot itself (its name, state and loss) is [`slot`].
 
+mod conninfo;
 mod decode;
 mod settle;
 mod slot;
@@ -167,12 +168,6 @@ async fn heartbeats(pool: PgPool, every: Duration, cancel: CancellationToken) {
     }
 }
 
-/// The URL of a replication connection to the same database.
-fn replication_url(url: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}replication=database")
-}
-
 /// One life of the stream: slot, drain, stream, until cancelled or broken.
 /// `Err`: the relay cannot go on (a lost slot, an undecodable row).
 async fn stream_once(
@@ -200,17 +195,16 @@ async fn stream_once(
         .with_binary(true)
         .with_messages(true)
         .with_feedback_interval(FEEDBACK_EVERY);
-    let mut stream =
-        match LogicalReplicationStream::new(&replication_url(&config.database_url), stream_config)
-            .await
-        {
-            Ok(stream) => stream,
-            Err(error) => {
-                return Ok(End::Retry(anyhow::anyhow!(
-                    "connect for replication: {error}"
-                )));
-            }
-        };
+    let url = conninfo::replication_url(&config.database_url, &conninfo::Libpq::process())
+        .with_context(|| conninfo::redacted(&config.database_url))?;
+    let mut stream = match LogicalReplicationStream::new(&url, stream_config).await {
+        Ok(stream) => stream,
+        Err(error) => {
+            return Ok(End::Retry(anyhow::anyhow!(
+                "connect for replication: {error}"
+            )));
+        }
+    };
     if let Err(error) = stream.ensure_replication_slot().await {
         return Ok(End::Retry(anyhow::anyhow!(
             "create replication slot {slot}: {error}"

@@ -54,8 +54,10 @@ test: ## the test command (installs cargo-nextest and sqlx-cli when missing, sta
 	scripts/check-sqlx.sh
 	python3 -m unittest discover -s experiments/lib
 	python3 -m unittest discover -s scripts/lib
-	$(CARGO) nextest run --workspace --no-fail-fast
-	$(CARGO) test -q --doc -p effectively --all-features
+	@# The env file `up` just wrote (make read it before the stack was up):
+	@# the tests' connections take the passwords and the CA from it (PGPASSFILE, ...).
+	. $(STACK_DIR)/env && $(CARGO) nextest run --workspace --no-fail-fast
+	. $(STACK_DIR)/env && $(CARGO) test -q --doc -p effectively --all-features
 	@# The library as it would be published: from its packaged sources alone,
 	@# with its default features (no pipeline crate, no database at build time).
 	$(CARGO) package -q -p effectively --allow-dirty

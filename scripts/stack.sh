@@ -52,6 +52,10 @@
 #                  namespace on its own address (root; scripts/lib/net.sh)
 #                  (default: the cluster's current mode, at first loopback)
 #   STACK_NET_PREFIX   the netns subnet's first three octets (10.213.7)
+#   STACK_SECURITY tls: PostgreSQL takes SCRAM passwords over TLS only; or
+#                  plaintext: the same passwords without TLS, to measure what
+#                  TLS costs (scripts/lib/pg-security.sh) (default: the
+#                  stack's current mode, at first tls)
 #   KAFKA_TOPIC, KAFKA_TOPIC_PARTITIONS  the topic `up` creates (order.events, 6)
 #   STACK_KAFKA_TOOL   a built kafka-tool to create it with (default: build
 #                      the debug one on first use)
@@ -105,6 +109,10 @@ apt_install() {
 . "$ROOT/scripts/lib/net.sh"
 net_check_request
 net_load
+# shellcheck source=scripts/lib/tls.sh
+. "$ROOT/scripts/lib/tls.sh"
+# shellcheck source=scripts/lib/pg-security.sh
+. "$ROOT/scripts/lib/pg-security.sh"
 
 # PostgreSQL refuses to run as root; run its binaries as the `postgres` user then.
 as_pg() {
@@ -139,9 +147,11 @@ pg_running() {
 }
 
 # psql ARGS... as the superuser, to the server's database `postgres`, stopping
-# at the first error, unaligned and tuples only.
+# at the first error, unaligned and tuples only: over the Unix socket as the
+# OS user that runs the server (the only way in without a password:
+# scripts/lib/pg-security.sh).
 admin_psql() {
-  psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -qAt "$@"
+  as_pg psql -h "$SOCK" -p "$PG_PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -qAt "$@"
 }
 
 pg_up() {
@@ -152,7 +162,7 @@ pg_up() {
     log "initdb $PGDATA"
     mkdir -p "$PGDATA"
     if [ "$(id -u)" = 0 ]; then chown postgres "$PGDATA"; fi
-    as_pg "$PG_BIN/initdb" -D "$PGDATA" -U postgres --auth=trust --encoding=UTF8 --locale=C.UTF-8 >"$LOGS/initdb.log" 2>&1 \
+    as_pg "$PG_BIN/initdb" -D "$PGDATA" -U postgres --auth-local=peer --auth-host=scram-sha-256 --encoding=UTF8 --locale=C.UTF-8 >"$LOGS/initdb.log" 2>&1 \
       || die "initdb failed, see $LOGS/initdb.log"
   fi
   if [ "$(id -u)" = 0 ]; then chown postgres "$SOCK" "$LOGS"; fi
@@ -160,8 +170,12 @@ pg_up() {
   # override it for a while (scripts/wal-slot-lost.sh) and RESET restores it.
   grep -q '^max_slot_wal_keep_size' "$PGDATA/postgresql.conf" \
     || echo "max_slot_wal_keep_size = 2GB  # scripts/stack.sh: the WAL a relay's slot may hold" >>"$PGDATA/postgresql.conf"
+  pg_configure
   if pg_running; then
     log "postgres already running on 127.0.0.1:$PG_PORT"
+    # pg_hba.conf and TLS as written now (a server an older stack.sh
+    # started trusted everyone).
+    as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" reload >/dev/null
     if [ "$(admin_psql -c 'SHOW wal_level' 2>/dev/null)" != logical ]; then
       log "postgres runs with wal_level other than logical (started by an older stack.sh): relay --mode wal needs it; restart the stack (scripts/stack.sh down; scripts/stack.sh up)"
     fi
@@ -188,6 +202,7 @@ pg_up() {
        -c checkpoint_timeout=15min -c recovery_init_sync_method=syncfs -c log_min_messages=warning" start >/dev/null \
       || die "postgres did not start, see $LOGS/postgres.log"
   fi
+  pg_set_passwords
   if [ "$(admin_psql -c "SELECT 1 FROM pg_database WHERE datname = '$DB'")" != 1 ]; then
     admin_psql -c "CREATE DATABASE \"$DB\"" >/dev/null
     log "created database $DB"
@@ -467,8 +482,10 @@ busiest_leader() {
 
 # DATABASE_URL is the owner's (the superuser's): migrations and the scripts'
 # own queries. Each service runs as its own role with the URL of its
-# *_DATABASE_URL (migrations/*_roles.sql creates the roles and grants them
-# their tables; no password: the server trusts 127.0.0.1).
+# *_DATABASE_URL (migrations/*_roles.sql grants the roles their tables). No
+# URL carries a password or TLS settings: libpq's environment does
+# (PGPASSFILE, PGSSLMODE, PGSSLROOTCERT: scripts/lib/pg-security.sh), so a
+# script may swap a URL's database (${URL%/*}/other) and keep both.
 write_env() {
   local base=127.0.0.1:$PG_PORT/$DB
   cat >"$ENV_FILE" <<ENV
@@ -484,6 +501,7 @@ export RECON_DATABASE_URL=postgres://effectively_recon@$base
 # one thread each for their tasks (--worker-threads) spent less CPU per order.
 export WORKER_THREADS=1
 ENV
+  pg_security_env >>"$ENV_FILE"
   if [ "$WITH_KAFKA" = 1 ] || node_pid 1 >/dev/null; then
     cat >>"$ENV_FILE" <<ENV
 export KAFKA_BOOTSTRAP_SERVERS=$(bootstrap_servers)

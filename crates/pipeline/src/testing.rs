@@ -104,6 +104,7 @@ impl TestDb {
     /// # Panics
     /// When the stack is down or the database cannot be created.
     pub async fn empty() -> Self {
+        require_libpq_env();
         let admin = stack_var("STACK_ADMIN_DATABASE_URL");
         let name = format!("test_{}", Uuid::new_v4().simple());
         let mut conn = PgConnection::connect(&admin)
@@ -120,14 +121,31 @@ impl TestDb {
     }
 
     /// This database's URL as `role`: the stack's URL for the role
-    /// (`ORDERS_DATABASE_URL`, ...; compose's carry passwords) with this
-    /// database, or, for a stack env file that has none, the owner's URL
-    /// with the role's name as the user and no password (the embedded stack
-    /// trusts 127.0.0.1).
+    /// (`ORDERS_DATABASE_URL`, ...; compose's carry passwords, the embedded
+    /// stack's password file has them) with this database, or, for a stack
+    /// env file that has none, the owner's URL with the role's name as the
+    /// user and no password (the password file's).
     pub fn url_as(&self, role: ServiceRole) -> String {
         match stack_var_opt(role.url_var()) {
             Some(url) => with_database(&url, &self.name),
             None => with_user(&self.url, role.name()),
+        }
+    }
+}
+
+/// The stack's passwords and CA reach every connection (sqlx's and the
+/// services' the tests start) through libpq's environment (`PGPASSFILE`,
+/// `PGSSLMODE`, `PGSSLROOTCERT`), which only the process's own environment
+/// can give: a test run outside `make test` without `. .stack/env` would
+/// fail to sign in, and says so here instead.
+fn require_libpq_env() {
+    for name in ["PGPASSFILE", "PGSSLMODE", "PGSSLROOTCERT"] {
+        if std::env::var_os(name).is_none() && stack_var_opt(name).is_some() {
+            panic!(
+                "{name} is in {} but not in this process's environment: run the tests with \
+                 `make test`, or `set -a; . .stack/env; set +a` first",
+                stack_env_file().display()
+            );
         }
     }
 }

@@ -666,8 +666,11 @@ async fn the_grants_give_each_role_its_part_and_nothing_more() {
     let (db, pool, fx) = store("shop_fx").await;
     let tag = Uuid::new_v4().simple().to_string();
     let (writer, relay, consumer) = (format!("w_{tag}"), format!("r_{tag}"), format!("c_{tag}"));
+    // The stack trusts nobody: each role signs in with a password (this
+    // test's own, dropped with the role).
+    let password = Uuid::new_v4().simple().to_string();
     for r in [&writer, &relay, &consumer] {
-        sqlx::query(&format!("CREATE ROLE \"{r}\" LOGIN"))
+        sqlx::query(&format!("CREATE ROLE \"{r}\" LOGIN PASSWORD '{password}'"))
             .execute(&pool)
             .await
             .expect("test step");
@@ -679,7 +682,7 @@ async fn the_grants_give_each_role_its_part_and_nothing_more() {
     let as_role = |r: &str| {
         let (scheme, rest) = db.url.split_once("://").expect("test step");
         let host = rest.split_once('@').map_or(rest, |(_, h)| h);
-        format!("{scheme}://{r}@{host}")
+        format!("{scheme}://{r}:{password}@{host}")
     };
     let w = PgPool::connect(&as_role(&writer)).await.expect("connect");
     let wfx = Effectively::postgres(w.clone())

@@ -5,5 +5,7 @@
 mod kafka_tool;
 // Each service role's rights in PostgreSQL, and nothing more.
 mod roles;
+// PostgreSQL trusts nobody: passwords, TLS, closed socket and data directory.
+mod pg_security;
 // Payments' inbox moved into the library's, on a database in use.
 mod inbox_move;

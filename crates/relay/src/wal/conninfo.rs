@@ -15,20 +15,23 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use url::Url;
 
+/// An environment variable's value, `None` when unset.
+type Var = Box<dyn Fn(&str) -> Option<String>>;
+
 /// Where libpq reads what a URL leaves out: the environment (`var`) and the
 /// home directory (for `~/.pgpass`).
-pub(super) struct Libpq<'a> {
+pub(super) struct Libpq {
     /// An environment variable's value.
-    pub(super) var: &'a dyn Fn(&str) -> Option<String>,
+    pub(super) var: Var,
     /// The user's home directory.
     pub(super) home: Option<PathBuf>,
 }
 
-impl Libpq<'_> {
+impl Libpq {
     /// The process's own environment.
-    pub(super) fn process() -> Libpq<'static> {
-        Libpq {
-            var: &|name| std::env::var(name).ok().filter(|v| !v.is_empty()),
+    pub(super) fn process() -> Self {
+        Self {
+            var: Box::new(|name| std::env::var(name).ok().filter(|v| !v.is_empty())),
             home: std::env::var_os("HOME").map(PathBuf::from),
         }
     }
@@ -41,7 +44,7 @@ impl Libpq<'_> {
 ///
 /// # Errors
 /// When `url` is not a URL.
-pub(super) fn replication_url(url: &str, env: &Libpq<'_>) -> anyhow::Result<String> {
+pub(super) fn replication_url(url: &str, env: &Libpq) -> anyhow::Result<String> {
     let mut parsed = Url::parse(url).context("the database URL is not a URL")?;
     let given: Vec<String> = parsed.query_pairs().map(|(k, _)| k.into_owned()).collect();
     let has = |key: &str| given.iter().any(|k| k == key);
@@ -71,9 +74,7 @@ pub(super) fn replication_url(url: &str, env: &Libpq<'_>) -> anyhow::Result<Stri
             query.append_pair("replication", "database");
         }
     }
-    // An empty query (nothing appended) leaves a bare `?`.
-    let out = parsed.to_string();
-    Ok(out.strip_suffix('?').map_or(out.clone(), str::to_owned))
+    Ok(parsed.to_string())
 }
 
 /// `url` with its password replaced by `***`, for errors and logs.
@@ -100,7 +101,7 @@ struct Target {
 impl Target {
     /// libpq's defaults for what the URL leaves out: `PGHOST` or `localhost`,
     /// `PGPORT` or 5432, the user's name for the database.
-    fn of(url: &Url, env: &Libpq<'_>) -> Self {
+    fn of(url: &Url, env: &Libpq) -> Self {
         let decode = |s: &str| {
             percent_encoding::percent_decode_str(s)
                 .decode_utf8_lossy()
@@ -194,8 +195,12 @@ mod tests {
 
     use super::*;
 
-    fn env<'a>(vars: &'a HashMap<&'a str, String>) -> impl Fn(&str) -> Option<String> + 'a {
-        move |name| vars.get(name).cloned()
+    /// libpq's environment holding `vars` only, and no home directory.
+    fn libpq(vars: HashMap<&'static str, String>) -> Libpq {
+        Libpq {
+            var: Box::new(move |name| vars.get(name).cloned()),
+            home: None,
+        }
     }
 
     fn passfile(text: &str, mode: u32) -> tempfile::NamedTempFile {
@@ -212,16 +217,11 @@ mod tests {
             "# comment\n127.0.0.1:25432:*:someone_else:no\n127.0.0.1:25432:*:effectively_relay:s3cr:t\n",
             0o600,
         );
-        let vars = HashMap::from([
+        let libpq = libpq(HashMap::from([
             ("PGPASSFILE", file.path().display().to_string()),
             ("PGSSLMODE", "verify-full".to_string()),
             ("PGSSLROOTCERT", "/stack/tls/ca.crt".to_string()),
-        ]);
-        let var = env(&vars);
-        let libpq = Libpq {
-            var: &var,
-            home: None,
-        };
+        ]));
         let url = replication_url(
             "postgres://effectively_relay@127.0.0.1:25432/effectively",
             &libpq,
@@ -237,16 +237,11 @@ mod tests {
     #[test]
     fn what_the_url_says_wins() {
         let file = passfile("*:*:*:*:from-file\n", 0o600);
-        let vars = HashMap::from([
+        let libpq = libpq(HashMap::from([
             ("PGPASSFILE", file.path().display().to_string()),
             ("PGPASSWORD", "from-env".to_string()),
             ("PGSSLMODE", "verify-full".to_string()),
-        ]);
-        let var = env(&vars);
-        let libpq = Libpq {
-            var: &var,
-            home: None,
-        };
+        ]));
         assert_eq!(
             replication_url("postgres://u:given@h:1/db?sslmode=disable", &libpq).expect("a URL"),
             "postgres://u:given@h:1/db?sslmode=disable&replication=database"
@@ -261,12 +256,10 @@ mod tests {
     #[test]
     fn a_password_file_others_can_read_is_not_read() {
         let file = passfile("*:*:*:*:leaked\n", 0o644);
-        let vars = HashMap::from([("PGPASSFILE", file.path().display().to_string())]);
-        let var = env(&vars);
-        let libpq = Libpq {
-            var: &var,
-            home: None,
-        };
+        let libpq = libpq(HashMap::from([(
+            "PGPASSFILE",
+            file.path().display().to_string(),
+        )]));
         assert_eq!(
             replication_url("postgres://u@h/db", &libpq).expect("a URL"),
             "postgres://u@h/db?replication=database"
@@ -290,12 +283,7 @@ mod tests {
             Some("right:colon\\slash")
         );
         // libpq's defaults: port 5432, the database named after the user.
-        let vars = HashMap::new();
-        let var = env(&vars);
-        let libpq = Libpq {
-            var: &var,
-            home: None,
-        };
+        let libpq = libpq(HashMap::new());
         let url = Url::parse("postgres://u@h").expect("a URL");
         assert_eq!(
             Target::of(&url, &libpq),

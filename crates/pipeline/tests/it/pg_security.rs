@@ -35,11 +35,19 @@ fn urls(db: &TestDb) -> Vec<(String, String)> {
     urls
 }
 
-fn code_of(error: &sqlx::Error) -> Option<String> {
-    match error {
+/// How the server refuses `options`: the SQLSTATE (when it answered with
+/// one) and the error. Panics, naming `what`, when it lets them in.
+async fn refusal(options: PgConnectOptions, what: &str) -> (Option<String>, sqlx::Error) {
+    let error = options
+        .connect()
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("{what}: let in"));
+    let code = match &error {
         sqlx::Error::Database(e) => e.code().map(|c| c.into_owned()),
         _ => None,
-    }
+    };
+    (code, error)
 }
 
 #[tokio::test]
@@ -58,18 +66,9 @@ async fn every_role_signs_in_with_its_own_password_and_no_other() {
         assert_eq!(user, role);
         let _ = conn.close().await;
         for wrong in ["", "wrong", "postgres"] {
-            let error = options
-                .clone()
-                .password(wrong)
-                .connect()
-                .await
-                .err()
-                .unwrap_or_else(|| panic!("{role} signed in with the password {wrong:?}"));
-            assert_eq!(
-                code_of(&error).as_deref(),
-                Some(INVALID_PASSWORD),
-                "{role} with {wrong:?}: {error}"
-            );
+            let what = format!("{role} with the password {wrong:?}");
+            let (code, error) = refusal(options.clone().password(wrong), &what).await;
+            assert_eq!(code.as_deref(), Some(INVALID_PASSWORD), "{what}: {error}");
         }
         // Another role's password is not this one's.
         let other = if role == "effectively_recon" {
@@ -77,18 +76,9 @@ async fn every_role_signs_in_with_its_own_password_and_no_other() {
         } else {
             "effectively_recon"
         };
-        let error = options
-            .clone()
-            .password(&password_of(other))
-            .connect()
-            .await
-            .err()
-            .unwrap_or_else(|| panic!("{role} signed in with {other}'s password"));
-        assert_eq!(
-            code_of(&error).as_deref(),
-            Some(INVALID_PASSWORD),
-            "{role}: {error}"
-        );
+        let what = format!("{role} with {other}'s password");
+        let (code, error) = refusal(options.clone().password(&password_of(other)), &what).await;
+        assert_eq!(code.as_deref(), Some(INVALID_PASSWORD), "{what}: {error}");
     }
 }
 
@@ -113,18 +103,10 @@ async fn tcp_without_tls_is_refused() {
     }
     let db = TestDb::create().await;
     for (role, url) in urls(&db) {
-        let error = PgConnectOptions::from_str(&url)
-            .expect("a URL")
-            .ssl_mode(PgSslMode::Disable)
-            .connect()
-            .await
-            .err()
-            .unwrap_or_else(|| panic!("{role} signed in without TLS"));
-        assert_eq!(
-            code_of(&error).as_deref(),
-            Some(NO_HBA_LINE),
-            "{role}: {error}"
-        );
+        let what = format!("{role} without TLS");
+        let options = PgConnectOptions::from_str(&url).expect("a URL");
+        let (code, error) = refusal(options.ssl_mode(PgSslMode::Disable), &what).await;
+        assert_eq!(code.as_deref(), Some(NO_HBA_LINE), "{what}: {error}");
         assert!(error.to_string().contains("no encryption"), "{error}");
     }
 }
@@ -137,7 +119,7 @@ async fn the_server_is_verified_against_the_stacks_ca_only() {
     }
     let db = TestDb::create().await;
     let options = PgConnectOptions::from_str(&db.url).expect("a URL");
-    // The stack's CA, by the name the certificate was issued for.
+    // The stack's CA.
     let mut conn = options
         .clone()
         .ssl_mode(PgSslMode::VerifyFull)
@@ -152,13 +134,13 @@ async fn the_server_is_verified_against_the_stacks_ca_only() {
     assert!(tls, "the connection is not TLS");
     let _ = conn.close().await;
     // The machine's public roots did not sign it: refused before any password.
-    let error = options
-        .clone()
-        .ssl_mode(PgSslMode::VerifyFull)
-        .ssl_root_cert("/etc/ssl/certs/ca-certificates.crt")
-        .connect()
-        .await
-        .expect_err("a server no public CA signed was accepted");
+    let (_, error) = refusal(
+        options
+            .ssl_mode(PgSslMode::VerifyFull)
+            .ssl_root_cert("/etc/ssl/certs/ca-certificates.crt"),
+        "a server no public CA signed, verified against the public roots",
+    )
+    .await;
     assert!(
         error.to_string().contains("UnknownIssuer"),
         "not refused for its issuer: {error}"

@@ -20,6 +20,21 @@ pub fn role_database_url(role: ServiceRole) -> Option<(String, String)> {
         .map(|url| (env::DATABASE_URL.to_owned(), url))
 }
 
+/// `KAFKA_CLIENT_CONFIG` for a child running as `service`: its own
+/// principal's client config file (`RELAY_KAFKA_CLIENT_CONFIG`,
+/// `PAYMENTS_KAFKA_CLIENT_CONFIG`) when chaos was given one, as the stack's
+/// env file gives them; else nothing, and the child inherits chaos's.
+pub fn kafka_client_config(service: ServiceName) -> Option<(String, String)> {
+    let own = match service {
+        ServiceName::Orders => return None,
+        ServiceName::Relay => "RELAY_KAFKA_CLIENT_CONFIG",
+        ServiceName::Payments => "PAYMENTS_KAFKA_CLIENT_CONFIG",
+    };
+    std::env::var(own)
+        .ok()
+        .map(|file| ("KAFKA_CLIENT_CONFIG".to_owned(), file))
+}
+
 /// How to run `instance` of the binaries in `bin_dir`, its files in `out`
 /// (named by [`Instance::label`]).
 pub fn service(config: &Config, bin_dir: &Path, out: &Path, instance: Instance) -> Spec {
@@ -32,6 +47,7 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, instance: Instance) 
         ServiceName::Relay => ServiceRole::Relay,
         ServiceName::Payments => ServiceRole::Payments,
     }));
+    env.extend(kafka_client_config(name));
     let mut armed_env = Vec::new();
     let s = |a: &dyn ToString| a.to_string();
     match name {

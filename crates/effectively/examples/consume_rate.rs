@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 
 use effectively::store::{Effectively, Handler, HandlerError, Record, consume_batches};
 use pipeline::testing::{TestDb, TestTopic};
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -28,10 +27,7 @@ use uuid::Uuid;
 async fn main() -> anyhow::Result<()> {
     let (records, batches) = bench::args(20_000, &[1, 16, 256])?;
     let topic = TestTopic::create(6).await;
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &topic.bootstrap_servers)
-        .set("linger.ms", "5")
-        .create()?;
+    let producer: FutureProducer = topic.client().set("linger.ms", "5").create()?;
     let sends = (0..records).map(|n| {
         let id = Uuid::now_v7().to_string();
         let payload = format!("{{\"cart\": {n}, \"total\": {}}}", n % 1000);
@@ -79,8 +75,8 @@ async fn run(topic: &TestTopic, records: usize, batch: usize) -> anyhow::Result<
     sqlx::query("CREATE TABLE invoices (cart int NOT NULL, total int NOT NULL)")
         .execute(&pool)
         .await?;
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &topic.bootstrap_servers)
+    let consumer: StreamConsumer = topic
+        .client()
         .set("group.id", format!("rate-{}", Uuid::new_v4()))
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")

@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 
 use effectively::store::{Effectively, Event, KafkaSink, Relay};
 use pipeline::testing::{TestDb, TestTopic};
-use rdkafka::ClientConfig;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -70,10 +69,8 @@ async fn run(rows: usize, keys: usize) -> anyhow::Result<(f64, String)> {
     sqlx::query("ANALYZE bench_fx.outbox")
         .execute(&pool)
         .await?;
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", &topic.bootstrap_servers)
-        .set("linger.ms", "5");
+    let mut config = topic.client();
+    config.set("linger.ms", "5");
     let mut relay = Relay::new(&fx, KafkaSink::new(&config)?);
     if let Ok(rows) = std::env::var("BENCH_RELAY_BATCH") {
         relay = relay.batch_size(rows.parse()?);

@@ -19,6 +19,8 @@
 //!   over id, timestamp and raw body; a timestamp tolerance against replay);
 //! * `egress` (feature `webhooks`): where a webhook sender may connect,
 //!   a guard against server-side request forgery judged at connection time;
+//! * `kafka_config` (feature `kafka`): a Kafka client's librdkafka
+//!   properties (TLS, SASL) from a file kept as a secret;
 //! * [`retry`]: the backoff the relay and the consumer loop wait by;
 //! * [`text`]: untrusted text made storable in a `text` column;
 //! * [`v7`]: the time a UUIDv7 id carries (the stores expire by it).
@@ -37,6 +39,8 @@
 #[cfg(feature = "webhooks")]
 pub mod egress;
 pub mod idempotency;
+#[cfg(feature = "kafka")]
+pub mod kafka_config;
 pub mod retry;
 pub mod store;
 pub mod text;

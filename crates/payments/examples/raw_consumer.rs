@@ -6,7 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 
 #[tokio::main]
@@ -24,13 +23,15 @@ async fn main() -> anyhow::Result<()> {
     // are timed on equal terms.
     let fetch_wait = std::env::var("PAYMENTS_FETCH_WAIT_MAX_MS")
         .unwrap_or_else(|_| payments::DEFAULT_FETCH_WAIT_MAX_MS.to_string());
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("fetch.wait.max.ms", &fetch_wait)
-        .set("group.id", format!("raw-{}", uuid::Uuid::new_v4().simple()))
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
-        .create()?;
+    // KAFKA_CLIENT_CONFIG: TLS and SASL, as payments takes them.
+    let client_file = std::env::var_os("KAFKA_CLIENT_CONFIG").map(std::path::PathBuf::from);
+    let consumer: StreamConsumer =
+        pipeline::kafka::client_config(&bootstrap, client_file.as_deref())?
+            .set("fetch.wait.max.ms", &fetch_wait)
+            .set("group.id", format!("raw-{}", uuid::Uuid::new_v4().simple()))
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .create()?;
     consumer.subscribe(&[&topic])?;
     // The clock starts at the first message: group assignment is not throughput.
     let first = consumer.recv().await?;

@@ -15,7 +15,7 @@ use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, GroupProtocol};
@@ -32,12 +32,12 @@ use crate::{dup, hold};
 /// no-op) and their offsets are dropped, never committed over the new
 /// owner's ([`Commits::take`]); the context is [`RebalanceContext`].
 pub fn subscribe(config: &Config, context: RebalanceContext) -> anyhow::Result<PaymentsConsumer> {
-    let mut client = ClientConfig::new();
+    // The client config file (TLS, SASL) first; these override it.
+    let mut client = config.kafka.client_config()?;
     if let Some(id) = &config.group_instance_id {
         client.set("group.instance.id", id);
     }
     client
-        .set("bootstrap.servers", &config.kafka.kafka_bootstrap_servers)
         .set("group.id", &config.group_id)
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")

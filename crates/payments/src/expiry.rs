@@ -220,7 +220,7 @@ pub async fn read_sources(
         HopSource::Webhook => return Ok(Sources::webhook(outbox, clock_skew)),
     };
     let configs = pipeline::kafka::topic_configs(
-        &kafka.kafka_bootstrap_servers,
+        &kafka.client_config()?,
         &kafka.kafka_topic,
         &["retention.ms", "segment.ms"],
     )

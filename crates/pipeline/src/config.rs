@@ -160,6 +160,16 @@ pub struct KafkaArgs {
     )]
     pub kafka_bootstrap_servers: String,
 
+    /// A file of librdkafka properties (`key=value` lines) for every Kafka
+    /// client the service makes: TLS and SASL (`security.protocol=SASL_SSL`,
+    /// `sasl.mechanism`, `sasl.username`, `sasl.password`,
+    /// `ssl.ca.location`), or any other property. It holds a password, so it
+    /// is refused when other users may read it (chmod 600). The embedded
+    /// stack writes one per principal in .stack/kafka/clients/ (relay,
+    /// payments, admin).
+    #[arg(long, env = "KAFKA_CLIENT_CONFIG", value_name = "FILE")]
+    pub kafka_client_config: Option<std::path::PathBuf>,
+
     /// The topic order events are published to.
     #[arg(long, env = "KAFKA_TOPIC", default_value = "order.events")]
     pub kafka_topic: String,

@@ -81,10 +81,13 @@ fn kafka(what: impl Into<String>) -> impl FnOnce(KafkaError) -> InspectError {
 /// with `group` set it reads and commits that group's offsets from outside.
 /// Without one it gets a throwaway group id (librdkafka wants one even for
 /// assigned partitions), under which it never commits.
-fn outside_consumer(bootstrap: &str, group: Option<&str>) -> Result<BaseConsumer, InspectError> {
+fn outside_consumer(
+    client: &ClientConfig,
+    group: Option<&str>,
+) -> Result<BaseConsumer, InspectError> {
     let throwaway = format!("kafka-tool-{}", uuid::Uuid::new_v4().simple());
-    ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    client
+        .clone()
         .set("group.id", group.unwrap_or(&throwaway))
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
@@ -199,12 +202,12 @@ pub fn show(bytes: Option<&[u8]>) -> String {
 /// read. Without `max`, `timeout` or `until_end` it follows the topic until
 /// the process is stopped.
 pub fn tail(
-    bootstrap: &str,
+    client: &ClientConfig,
     topic: &str,
     options: &TailOptions,
     mut each: impl FnMut(&Record) -> bool,
 ) -> Result<usize, InspectError> {
-    let consumer = outside_consumer(bootstrap, None)?;
+    let consumer = outside_consumer(client, None)?;
     let mut ids = partitions(&consumer, topic)?;
     if let Some(partition) = options.partition {
         if !ids.contains(&partition) {
@@ -335,10 +338,10 @@ impl std::fmt::Debug for Sender {
 impl Sender {
     /// A producer for `topic` (acks from all in-sync replicas, idempotent,
     /// so a retried send is not written twice). Checks that the topic exists.
-    pub fn new(bootstrap: &str, topic: &str) -> Result<Self, InspectError> {
-        partitions(&outside_consumer(bootstrap, None)?, topic)?;
-        let producer: ThreadedProducer<Deliveries> = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
+    pub fn new(client: &ClientConfig, topic: &str) -> Result<Self, InspectError> {
+        partitions(&outside_consumer(client, None)?, topic)?;
+        let producer: ThreadedProducer<Deliveries> = client
+            .clone()
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("message.timeout.ms", "30000")
@@ -420,8 +423,8 @@ pub struct GroupState {
 }
 
 /// `group`'s state; `None` when the broker does not know the group.
-pub fn group_state(bootstrap: &str, group: &str) -> Result<Option<GroupState>, InspectError> {
-    described(&outside_consumer(bootstrap, None)?, group)
+pub fn group_state(client: &ClientConfig, group: &str) -> Result<Option<GroupState>, InspectError> {
+    described(&outside_consumer(client, None)?, group)
 }
 
 fn described(consumer: &BaseConsumer, group: &str) -> Result<Option<GroupState>, InspectError> {
@@ -473,11 +476,11 @@ fn watermarks(
 
 /// `group`'s committed offsets in `topic` with each partition's watermarks.
 pub fn offsets(
-    bootstrap: &str,
+    client: &ClientConfig,
     group: &str,
     topic: &str,
 ) -> Result<Vec<PartitionOffsets>, InspectError> {
-    let consumer = outside_consumer(bootstrap, Some(group))?;
+    let consumer = outside_consumer(client, Some(group))?;
     let ids = partitions(&consumer, topic)?;
     let mut wanted = TopicPartitionList::new();
     for id in &ids {
@@ -522,13 +525,13 @@ pub enum ResetTo {
 /// the broker refuses meanwhile (a member that died is counted until its
 /// session times out).
 pub fn reset_offsets(
-    bootstrap: &str,
+    client: &ClientConfig,
     group: &str,
     topic: &str,
     to: ResetTo,
     wait: Option<Duration>,
 ) -> Result<Vec<(i32, i64)>, InspectError> {
-    let consumer = outside_consumer(bootstrap, Some(group))?;
+    let consumer = outside_consumer(client, Some(group))?;
     let deadline = Instant::now() + wait.unwrap_or_default();
     loop {
         match described(&consumer, group)? {

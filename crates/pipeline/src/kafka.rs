@@ -19,6 +19,9 @@ use rdkafka::types::RDKafkaErrorCode;
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
+mod client;
+pub use client::{ClientProperties, ClientPropertiesError, client_config, servers_of};
+
 /// A Kafka client's fatal state, for its `ClientContext::error` callback.
 ///
 /// librdkafka reports a fatal error when the client can no longer do its
@@ -124,16 +127,15 @@ pub enum TopicState {
 /// the topic `configs` (e.g. [`crate::contract::order_events_topic_configs`])
 /// unless it exists; an existing topic is left as it is.
 pub async fn ensure_topic(
-    bootstrap_servers: &str,
+    client: &ClientConfig,
     topic: &str,
     partitions: i32,
     replication: i32,
     configs: &[(&str, String)],
 ) -> anyhow::Result<TopicState> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap_servers)
-        .create()
-        .context("create kafka admin client")?;
+    let bootstrap_servers = servers_of(client);
+    let admin: AdminClient<DefaultClientContext> =
+        client.create().context("create kafka admin client")?;
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(15)));
     let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(replication));
     for (key, value) in configs {
@@ -155,11 +157,11 @@ pub async fn ensure_topic(
 /// key the broker does not report is absent: Kafka reports every key with
 /// its default, the embedded broker only the ones set on the topic.
 pub async fn topic_configs(
-    bootstrap_servers: &str,
+    client: &ClientConfig,
     topic: &str,
     keys: &[&str],
 ) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
-    Ok(topic_config_entries(bootstrap_servers, topic, keys)
+    Ok(topic_config_entries(client, topic, keys)
         .await?
         .into_iter()
         .filter_map(|e| e.value.map(|v| (e.name, v)))
@@ -169,14 +171,13 @@ pub async fn topic_configs(
 /// The config entries a broker reports for `topic` (only `keys`), with
 /// where each value comes from (the topic's own, or the brokers' default).
 async fn topic_config_entries(
-    bootstrap_servers: &str,
+    client: &ClientConfig,
     topic: &str,
     keys: &[&str],
 ) -> anyhow::Result<Vec<ConfigEntry>> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap_servers)
-        .create()
-        .context("create kafka admin client")?;
+    let bootstrap_servers = servers_of(client);
+    let admin: AdminClient<DefaultClientContext> =
+        client.create().context("create kafka admin client")?;
     let options = AdminOptions::new().request_timeout(Some(Duration::from_secs(15)));
     let results = admin
         .describe_configs(&[ResourceSpecifier::Topic(topic)], &options)
@@ -318,14 +319,12 @@ pub enum TopicCheck {
 /// Reads `topic`'s settings from the brokers: every partition's replicas
 /// (metadata) and its `min.insync.replicas` and `message.timestamp.type`
 /// (the configs).
-pub async fn topic_settings(bootstrap_servers: &str, topic: &str) -> anyhow::Result<TopicSettings> {
-    let (servers, name) = (bootstrap_servers.to_owned(), topic.to_owned());
+pub async fn topic_settings(client: &ClientConfig, topic: &str) -> anyhow::Result<TopicSettings> {
+    let (base, name) = (client.clone(), topic.to_owned());
     // rd_kafka_metadata blocks its thread.
     let replicas = tokio::task::spawn_blocking(move || -> anyhow::Result<(usize, i32)> {
-        let client: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", &servers)
-            .create()
-            .context("create kafka metadata client")?;
+        let servers = servers_of(&base);
+        let client: BaseProducer = base.create().context("create kafka metadata client")?;
         let metadata = client
             .client()
             .fetch_metadata(Some(&name), Duration::from_secs(15))
@@ -348,7 +347,7 @@ pub async fn topic_settings(bootstrap_servers: &str, topic: &str) -> anyhow::Res
     .await
     .context("read the topic's metadata (task)")??;
     let entries = topic_config_entries(
-        bootstrap_servers,
+        client,
         topic,
         &["min.insync.replicas", "message.timestamp.type"],
     )
@@ -390,7 +389,11 @@ pub async fn check_topic(
     service: &str,
     kafka: &crate::config::KafkaArgs,
 ) -> Result<TopicCheck, TopicRefusal> {
-    let settings = match topic_settings(&kafka.kafka_bootstrap_servers, &kafka.kafka_topic).await {
+    let client = match kafka.client_config() {
+        Ok(client) => client,
+        Err(error) => return Err(TopicRefusal(format!("{service}: {error:#}"))),
+    };
+    let settings = match topic_settings(&client, &kafka.kafka_topic).await {
         Ok(settings) => settings,
         Err(error) => return Ok(TopicCheck::Unreadable(error)),
     };

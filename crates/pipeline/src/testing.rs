@@ -188,6 +188,46 @@ pub struct TestTopic {
     pub bootstrap_servers: String,
 }
 
+/// A principal of the stack's Kafka cluster, each with its client config
+/// file (TLS, SASL) in the stack's env file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KafkaPrincipal {
+    /// The tools' (a super user): `KAFKA_CLIENT_CONFIG`.
+    Admin,
+    /// The relay's (writes the `order.events` topics): `RELAY_KAFKA_CLIENT_CONFIG`.
+    Relay,
+    /// Payments' (reads them, in its groups): `PAYMENTS_KAFKA_CLIENT_CONFIG`.
+    Payments,
+}
+
+impl KafkaPrincipal {
+    /// The env file's variable naming its client config file.
+    pub fn variable(self) -> &'static str {
+        match self {
+            Self::Admin => "KAFKA_CLIENT_CONFIG",
+            Self::Relay => "RELAY_KAFKA_CLIENT_CONFIG",
+            Self::Payments => "PAYMENTS_KAFKA_CLIENT_CONFIG",
+        }
+    }
+
+    /// Its client config file; `None` on a stack whose brokers take
+    /// anyone (`STACK_SECURITY=plaintext`).
+    pub fn client_config_file(self) -> Option<PathBuf> {
+        stack_var_opt(self.variable()).map(PathBuf::from)
+    }
+
+    /// A client configuration of the stack's brokers as this principal.
+    ///
+    /// # Panics
+    /// When the stack is not up, or its client config file is refused.
+    #[cfg(feature = "kafka")]
+    pub fn client(self) -> rdkafka::ClientConfig {
+        let file = self.client_config_file();
+        crate::kafka::client_config(&stack_var("KAFKA_BOOTSTRAP_SERVERS"), file.as_deref())
+            .unwrap_or_else(|e| panic!("{self:?}'s kafka client config: {e:#}"))
+    }
+}
+
 #[cfg(feature = "kafka")]
 impl TestTopic {
     /// Creates `test-<uuid>` with `partitions` partitions.
@@ -206,26 +246,64 @@ impl TestTopic {
     /// # Panics
     /// When the broker is down.
     pub async fn create_with(partitions: i32, replication: i32, configs: &[(&str, &str)]) -> Self {
+        Self::create_named(
+            format!("test-{}", Uuid::new_v4().simple()),
+            partitions,
+            replication,
+            configs,
+        )
+        .await
+    }
+
+    /// [`Self::create`] under the name the services' principals are granted
+    /// (`order.events.test-<uuid>`: the relay may write it, payments read
+    /// it), for tests of the ACLs.
+    ///
+    /// # Panics
+    /// When the broker is down.
+    pub async fn create_for_services(partitions: i32) -> Self {
+        let name = format!("order.events.test-{}", Uuid::new_v4().simple());
+        Self::create_named(name, partitions, -1, &[]).await
+    }
+
+    async fn create_named(
+        name: String,
+        partitions: i32,
+        replication: i32,
+        configs: &[(&str, &str)],
+    ) -> Self {
         let bootstrap_servers = stack_var("KAFKA_BOOTSTRAP_SERVERS");
-        let name = format!("test-{}", Uuid::new_v4().simple());
         let mut all: Vec<(&str, String)> = crate::contract::order_events_topic_configs()
             .into_iter()
             .filter(|(k, _)| !configs.iter().any(|(given, _)| given == k))
             .collect();
         all.extend(configs.iter().map(|(k, v)| (*k, (*v).to_owned())));
-        crate::kafka::ensure_topic(&bootstrap_servers, &name, partitions, replication, &all)
-            .await
-            .unwrap_or_else(|e| panic!("create topic {name}: {e:#} (is the stack up? `make up`)"));
+        crate::kafka::ensure_topic(
+            &KafkaPrincipal::Admin.client(),
+            &name,
+            partitions,
+            replication,
+            &all,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("create topic {name}: {e:#} (is the stack up? `make up`)"));
         Self {
             name,
             bootstrap_servers,
         }
     }
 
-    /// Kafka settings pointing at this topic.
+    /// Kafka settings pointing at this topic, as the admin principal (a
+    /// super user, so a test's topic and groups need no ACL).
     pub fn kafka_args(&self) -> crate::config::KafkaArgs {
+        self.kafka_args_as(KafkaPrincipal::Admin)
+    }
+
+    /// [`Self::kafka_args`] as `principal`.
+    pub fn kafka_args_as(&self, principal: KafkaPrincipal) -> crate::config::KafkaArgs {
         crate::config::KafkaArgs {
             kafka_bootstrap_servers: self.bootstrap_servers.clone(),
+            kafka_client_config: principal.client_config_file(),
             kafka_topic: self.name.clone(),
             // A single-node stack's topics have one replica; it says so in
             // its env file.
@@ -236,14 +314,18 @@ impl TestTopic {
         }
     }
 
+    /// A client configuration of the topic's brokers as the admin principal.
+    pub fn client(&self) -> rdkafka::ClientConfig {
+        KafkaPrincipal::Admin.client()
+    }
+
     /// Reads every message of the topic from the beginning until `count`
     /// have arrived or `timeout` passes, in per-partition order.
     pub async fn read_all(&self, count: usize, timeout: std::time::Duration) -> Vec<TopicMessage> {
-        use rdkafka::ClientConfig;
         use rdkafka::consumer::{Consumer, StreamConsumer};
         use rdkafka::message::{Headers, Message};
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &self.bootstrap_servers)
+        let consumer: StreamConsumer = self
+            .client()
             .set("group.id", format!("reader-{}", Uuid::new_v4().simple()))
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")

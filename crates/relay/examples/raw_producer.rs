@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use pipeline::contract::ORDER_CREATED;
 use pipeline::envelope::{Envelope, HEADER_EVENT_TYPE, HEADER_MSG_ID};
-use rdkafka::ClientConfig;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
@@ -60,9 +59,10 @@ async fn main() -> anyhow::Result<()> {
         ),
         Err(_) => None,
     };
-    let mut config = ClientConfig::new();
+    // KAFKA_CLIENT_CONFIG: TLS and SASL, as the relay takes them.
+    let client_file = std::env::var_os("KAFKA_CLIENT_CONFIG").map(std::path::PathBuf::from);
+    let mut config = pipeline::kafka::client_config(&bootstrap, client_file.as_deref())?;
     config
-        .set("bootstrap.servers", &bootstrap)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "10") // the relay's default --linger-ms

@@ -29,7 +29,6 @@ use pipeline::crash::CrashArgs;
 use pipeline::db::ServiceRole;
 use pipeline::outbox::{Outbox, OutboxMessage};
 use pipeline::testing::{Service, TestDb, TestTopic};
-use rdkafka::ClientConfig;
 use relay::{Config, Mode, Sink};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -197,9 +196,8 @@ async fn library(rows: usize, keys: usize) -> anyhow::Result<f64> {
     }
     sqlx::query("ANALYZE fx.outbox").execute(&pool).await?;
     // The binary's producer settings (`relay::producer`).
-    let mut config = ClientConfig::new();
+    let mut config = topic.client();
     config
-        .set("bootstrap.servers", &topic.bootstrap_servers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "10")

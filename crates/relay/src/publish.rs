@@ -53,11 +53,16 @@ impl ClientContext for RelayContext {
 /// the topic's limit itself, alone, and keeps its batches under it: the
 /// broker refuses a whole batch that is over the limit, every row in it
 /// (the sink sends a row refused so again: `KafkaSink::batch_refusals_under`).
-pub fn producer_config(config: &Config, max_message_bytes: usize) -> ClientConfig {
-    let mut client = ClientConfig::new();
+///
+/// It starts from the client config file (`--kafka-client-config`: TLS,
+/// SASL), whose properties these override.
+///
+/// # Errors
+/// When the client config file is refused ([`pipeline::kafka::ClientProperties::load`]).
+pub fn producer_config(config: &Config, max_message_bytes: usize) -> anyhow::Result<ClientConfig> {
+    let mut client = config.kafka.client_config()?;
     client
         .set("message.max.bytes", max_message_bytes.to_string())
-        .set("bootstrap.servers", &config.kafka.kafka_bootstrap_servers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("max.in.flight.requests.per.connection", "5")
@@ -67,7 +72,7 @@ pub fn producer_config(config: &Config, max_message_bytes: usize) -> ClientConfi
         .set("batch.num.messages", "10000")
         .set("compression.type", "lz4")
         .set("allow.auto.create.topics", "false");
-    client
+    Ok(client)
 }
 
 /// The relay's sink: [`producer_config`]'s producer with `context`, the
@@ -79,7 +84,7 @@ pub fn sink(
     metrics: Arc<RelayMetrics>,
 ) -> anyhow::Result<EventSink> {
     let counted = metrics.clone();
-    let kafka = KafkaSink::with_context(&producer_config(config, max_message_bytes), context)
+    let kafka = KafkaSink::with_context(&producer_config(config, max_message_bytes)?, context)
         .context("create kafka producer")?
         .batch_refusals_under(max_message_bytes)
         .on_error(move |error, row, judged| count_error(&counted, error, row, judged));
@@ -254,10 +259,11 @@ const KAFKA_DEFAULT_MAX_MESSAGE_BYTES: usize = 1_048_588;
 /// sends fail until it is, see [`producer`]).
 pub(crate) async fn topic_max_message_bytes(kafka: &pipeline::config::KafkaArgs) -> usize {
     const KEY: &str = "max.message.bytes";
-    match pipeline::kafka::topic_configs(&kafka.kafka_bootstrap_servers, &kafka.kafka_topic, &[KEY])
-        .await
-        .map(|configs| configs.get(KEY).and_then(|v| v.parse::<usize>().ok()))
-    {
+    let configs = match kafka.client_config() {
+        Ok(client) => pipeline::kafka::topic_configs(&client, &kafka.kafka_topic, &[KEY]).await,
+        Err(error) => Err(error.into()),
+    };
+    match configs.map(|configs| configs.get(KEY).and_then(|v| v.parse::<usize>().ok())) {
         Ok(Some(bytes)) => {
             tracing::info!(bytes, topic = %kafka.kafka_topic, "the topic's max.message.bytes");
             bytes

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use effectively::kafka_config::ClientProperties;
 use effectively::store::{Effectively, KafkaSink, Relay, consume};
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
@@ -36,6 +36,12 @@ struct Cli {
         default_value = "127.0.0.1:9092"
     )]
     kafka: String,
+    /// A file of librdkafka properties for the Kafka clients (`key=value`
+    /// lines): TLS and SASL, e.g. `security.protocol=sasl_ssl`,
+    /// `sasl.mechanism=SCRAM-SHA-512`, `sasl.username`, `sasl.password`,
+    /// `ssl.ca.location`. Refused when other users may read it.
+    #[arg(long, env = "KAFKA_CLIENT_CONFIG", value_name = "FILE")]
+    kafka_client_config: Option<std::path::PathBuf>,
     /// The topic of the checkouts' events (created beforehand).
     #[arg(long, env = "SHOP_TOPIC", default_value = "shop.checkouts")]
     topic: String,
@@ -82,8 +88,15 @@ async fn main() -> anyhow::Result<()> {
         let _ = tokio::signal::ctrl_c().await;
         stop.cancel();
     });
-    let mut kafka = ClientConfig::new();
-    kafka.set("bootstrap.servers", &cli.kafka);
+    let kafka = match cli
+        .kafka_client_config
+        .as_deref()
+        .filter(|p| !p.as_os_str().is_empty())
+    {
+        Some(file) => ClientProperties::load(file)?,
+        None => ClientProperties::default(),
+    }
+    .client_config(&cli.kafka);
     match cli.command {
         Command::Migrate => {
             sqlx::migrate!("./migrations").run(&pool).await?;

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use effectively::store::{Event, Handler, HandlerError, KafkaSink, Record, Relay, consume};
 use pipeline::testing::TestTopic;
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::PgPool;
@@ -43,8 +42,7 @@ async fn each_record_is_applied_once_and_what_cannot_be_is_dead_lettered() {
         .enqueue_batch(&pool, &events)
         .await
         .expect("enqueue");
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", &topic.bootstrap_servers);
+    let config = topic.client();
     let relay = Relay::new(&fx, KafkaSink::new(&config).expect("a producer"));
     assert_eq!(relay.relay_all().await.expect("relay").published, 40);
     sqlx::query("UPDATE billing_fx.outbox SET published_at = NULL")
@@ -70,8 +68,8 @@ async fn each_record_is_applied_once_and_what_cannot_be_is_dead_lettered() {
     .await
     .expect("produce a record without headers");
 
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &topic.bootstrap_servers)
+    let consumer: StreamConsumer = topic
+        .client()
         .set("group.id", format!("billing-{}", topic.name))
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")

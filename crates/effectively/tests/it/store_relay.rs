@@ -508,10 +508,8 @@ async fn a_commit_wakes_the_relay_without_waiting_for_its_poll() {
 /// A relay of `fx` through a `KafkaSink` to `topic`'s brokers, with one
 /// producer setting of the test's.
 fn kafka_relay(fx: &Effectively, topic: &TestTopic, setting: (&str, &str)) -> Relay<KafkaSink> {
-    let mut config = rdkafka::ClientConfig::new();
-    config
-        .set("bootstrap.servers", &topic.bootstrap_servers)
-        .set(setting.0, setting.1);
+    let mut config = topic.client();
+    config.set(setting.0, setting.1);
     Relay::new(fx, KafkaSink::new(&config).expect("a producer"))
 }
 

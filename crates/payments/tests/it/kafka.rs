@@ -14,7 +14,6 @@ use pipeline::crash::CrashArgs;
 use pipeline::db::ServiceRole;
 use pipeline::envelope::Envelope;
 use pipeline::testing::{Service, TestDb, TestTopic, eventually};
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::PgPool;
@@ -54,8 +53,8 @@ fn envelope(e: &Event) -> Vec<u8> {
 }
 
 async fn produce(topic: &TestTopic, messages: &[(String, Vec<u8>)]) {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &topic.bootstrap_servers)
+    let producer: FutureProducer = topic
+        .client()
         .set("enable.idempotence", "true")
         .create()
         .expect("producer");
@@ -78,7 +77,7 @@ async fn produce_events(topic: &TestTopic, events: &[Event]) {
     produce(topic, &messages).await;
 }
 
-fn config(db: &TestDb, topic: &TestTopic, group: &str) -> Config {
+pub(crate) fn config(db: &TestDb, topic: &TestTopic, group: &str) -> Config {
     let db_args = DbArgs::for_url(db.url_as(ServiceRole::Payments));
     Config {
         db: db_args,
@@ -488,8 +487,8 @@ async fn sigterm_under_a_steady_load_stops_within_seconds_and_commits_what_it_ap
         let topic = topic.clone();
         let stop = producing.clone();
         async move {
-            let producer: FutureProducer = ClientConfig::new()
-                .set("bootstrap.servers", &topic.bootstrap_servers)
+            let producer: FutureProducer = topic
+                .client()
                 .set("enable.idempotence", "true")
                 .set("linger.ms", "5")
                 .create()
@@ -572,10 +571,7 @@ async fn sigterm_under_a_steady_load_stops_within_seconds_and_commits_what_it_ap
 
 /// The end offset of partition 0 of `topic`: how many messages it holds.
 fn topic_end(topic: &TestTopic) -> i64 {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &topic.bootstrap_servers)
-        .create()
-        .expect("consumer");
+    let consumer: BaseConsumer = topic.client().create().expect("consumer");
     consumer
         .fetch_watermarks(&topic.name, 0, Duration::from_secs(10))
         .map(|(_, high)| high)
@@ -839,8 +835,8 @@ async fn a_static_member_fenced_once_joins_again_and_carries_on() {
     // A client with the member's id joins the group and goes away (a static
     // member's close does not leave the group): the coordinator fences the
     // member, as one that lost track of it does.
-    let intruder: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &topic.bootstrap_servers)
+    let intruder: BaseConsumer = topic
+        .client()
         .set("group.id", &group)
         .set("group.instance.id", "payments-1")
         .set("partition.assignment.strategy", "cooperative-sticky")
@@ -892,8 +888,8 @@ enum Expect {
 type Raw = (Option<Vec<u8>>, Option<Vec<u8>>);
 
 async fn produce_raw(topic: &TestTopic, messages: &[Raw]) {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &topic.bootstrap_servers)
+    let producer: FutureProducer = topic
+        .client()
         .set("enable.idempotence", "true")
         .create()
         .expect("producer");
@@ -1201,8 +1197,8 @@ async fn after_expiry_a_late_message_is_refused_not_applied() {
 /// The committed offset of partition 0 of `topic` for `group` (-1: none).
 fn committed_offset(topic: &TestTopic, group: &str) -> i64 {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", &topic.bootstrap_servers)
+    let consumer: BaseConsumer = topic
+        .client()
         .set("group.id", group)
         .create()
         .expect("consumer");
@@ -1360,8 +1356,8 @@ async fn an_event_the_inbox_cannot_record_yet_is_parked_and_only_its_order_waits
         amount_cents: 999,
     };
     const MALFORMED: usize = 2_000;
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", &topic.bootstrap_servers)
+    let producer: FutureProducer = topic
+        .client()
         .set("enable.idempotence", "true")
         .set("linger.ms", "20")
         .create()

@@ -47,6 +47,7 @@ fn config(db: &TestDb, secret: &Secret) -> Config {
         // Nothing listens there: over HTTP payments never asks a broker.
         kafka: KafkaArgs {
             kafka_bootstrap_servers: "127.0.0.1:9".into(),
+            kafka_client_config: None,
             kafka_topic: "unused".into(),
             allow_under_replicated_topic: false,
         },

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use pipeline::inspect::{self, Outgoing, ResetTo, Sender, Start, TailOptions, parse_duration};
 use pipeline::kafka::{TopicState, ensure_topic};
+use rdkafka::ClientConfig;
 
 /// The project's Kafka command-line tool, on the same client as the services
 /// (rdkafka), for what Kafka's own tools (`scripts/kafka.sh`) do not do:
@@ -33,6 +34,13 @@ struct Cli {
         default_value = "127.0.0.1:9092"
     )]
     bootstrap_servers: String,
+
+    /// A file of librdkafka properties (`key=value` lines) for the client:
+    /// TLS and SASL, e.g. the stack's admin principal
+    /// (.stack/kafka/clients/admin.properties, which `. .stack/env` sets).
+    /// Refused when other users may read it (it holds a password).
+    #[arg(long, global = true, env = "KAFKA_CLIENT_CONFIG", value_name = "FILE")]
+    client_config: Option<std::path::PathBuf>,
 
     #[command(subcommand)]
     command: Command,
@@ -228,17 +236,18 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let bootstrap = &cli.bootstrap_servers;
+    let client =
+        pipeline::kafka::client_config(&cli.bootstrap_servers, cli.client_config.as_deref())?;
     match cli.command {
-        Command::Create(args) => create(bootstrap, &args),
-        Command::Tail(args) => tail(bootstrap, &args),
-        Command::Produce(args) => produce(bootstrap, &args),
-        Command::Offsets(OffsetsCommand::Show(args)) => show(bootstrap, &args),
-        Command::Offsets(OffsetsCommand::Reset(args)) => reset(bootstrap, &args),
+        Command::Create(args) => create(&client, &args),
+        Command::Tail(args) => tail(&client, &args),
+        Command::Produce(args) => produce(&client, &args),
+        Command::Offsets(OffsetsCommand::Show(args)) => show(&client, &args),
+        Command::Offsets(OffsetsCommand::Reset(args)) => reset(&client, &args),
     }
 }
 
-fn create(bootstrap: &str, args: &CreateArgs) -> anyhow::Result<()> {
+fn create(client: &ClientConfig, args: &CreateArgs) -> anyhow::Result<()> {
     let topic = &args.topic.topic;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -250,7 +259,7 @@ fn create(bootstrap: &str, args: &CreateArgs) -> anyhow::Result<()> {
         .collect();
     configs.extend(args.configs.iter().map(|(k, v)| (k.as_str(), v.clone())));
     match runtime.block_on(ensure_topic(
-        bootstrap,
+        client,
         topic,
         args.partitions,
         args.replication,
@@ -265,7 +274,7 @@ fn create(bootstrap: &str, args: &CreateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn tail(bootstrap: &str, args: &TailArgs) -> anyhow::Result<()> {
+fn tail(client: &ClientConfig, args: &TailArgs) -> anyhow::Result<()> {
     let options = TailOptions {
         start: match args.from {
             StartAt::Start => Start::Beginning,
@@ -278,7 +287,7 @@ fn tail(bootstrap: &str, args: &TailArgs) -> anyhow::Result<()> {
     };
     let mut out = std::io::stdout().lock();
     let mut write_error = None;
-    let read = inspect::tail(bootstrap, &args.topic.topic, &options, |record| {
+    let read = inspect::tail(client, &args.topic.topic, &options, |record| {
         match writeln!(out, "{record}") {
             Ok(()) => true,
             Err(error) => {
@@ -299,9 +308,9 @@ fn tail(bootstrap: &str, args: &TailArgs) -> anyhow::Result<()> {
     }
 }
 
-fn produce(bootstrap: &str, args: &ProduceArgs) -> anyhow::Result<()> {
+fn produce(client: &ClientConfig, args: &ProduceArgs) -> anyhow::Result<()> {
     let topic = &args.topic.topic;
-    let mut sender = Sender::new(bootstrap, topic)?;
+    let mut sender = Sender::new(client, topic)?;
     let message = |value: Vec<u8>| Outgoing {
         key: args.key.as_ref().map(|k| k.as_bytes().to_vec()),
         headers: args
@@ -329,10 +338,10 @@ fn produce(bootstrap: &str, args: &ProduceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn show(bootstrap: &str, args: &ShowArgs) -> anyhow::Result<()> {
+fn show(client: &ClientConfig, args: &ShowArgs) -> anyhow::Result<()> {
     let topic = &args.topic.topic;
-    let state = inspect::group_state(bootstrap, &args.group)?;
-    let offsets = inspect::offsets(bootstrap, &args.group, topic)?;
+    let state = inspect::group_state(client, &args.group)?;
+    let offsets = inspect::offsets(client, &args.group, topic)?;
     let mut out = std::io::stdout().lock();
     match state {
         Some(s) => writeln!(
@@ -373,13 +382,13 @@ fn show(bootstrap: &str, args: &ShowArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn reset(bootstrap: &str, args: &ResetArgs) -> anyhow::Result<()> {
+fn reset(client: &ClientConfig, args: &ResetArgs) -> anyhow::Result<()> {
     let to = match args.to {
         To::Earliest => ResetTo::Earliest,
         To::Latest => ResetTo::Latest,
     };
     let topic = &args.topic.topic;
-    let done = inspect::reset_offsets(bootstrap, &args.group, topic, to, args.wait)?;
+    let done = inspect::reset_offsets(client, &args.group, topic, to, args.wait)?;
     for (partition, offset) in &done {
         println!("{topic} {partition} {offset}");
     }

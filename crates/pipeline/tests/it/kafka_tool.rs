@@ -6,7 +6,6 @@ use std::process::Output;
 use std::time::Duration;
 
 use pipeline::testing::TestTopic;
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
@@ -58,8 +57,8 @@ async fn produce_to_partition_0(topic: &TestTopic, count: usize) {
 /// A member of `group` subscribed to the topic that has read `count`
 /// messages and committed after them; still in the group until dropped.
 async fn member_that_read(topic: &TestTopic, group: &str, count: usize) -> StreamConsumer {
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &topic.bootstrap_servers)
+    let consumer: StreamConsumer = topic
+        .client()
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
@@ -225,13 +224,10 @@ async fn create_sets_the_pipeline_topic_configs() {
     )
     .await;
     assert_ok(&output, "create");
-    let configs = pipeline::kafka::topic_configs(
-        &topic.bootstrap_servers,
-        &name,
-        &["retention.ms", "segment.ms"],
-    )
-    .await
-    .expect("describe");
+    let configs =
+        pipeline::kafka::topic_configs(&topic.client(), &name, &["retention.ms", "segment.ms"])
+            .await
+            .expect("describe");
     assert_eq!(
         configs.get("retention.ms").map(String::as_str),
         Some("3600000")
@@ -242,7 +238,7 @@ async fn create_sets_the_pipeline_topic_configs() {
     );
     // TestTopic creates its topics with the contract's configs too.
     let configs = pipeline::kafka::topic_configs(
-        &topic.bootstrap_servers,
+        &topic.client(),
         &topic.name,
         &["retention.ms", "segment.ms"],
     )

@@ -10,7 +10,7 @@ use pipeline::crash::CrashArgs;
 use pipeline::db::ServiceRole;
 use pipeline::envelope::Envelope;
 use pipeline::outbox::{NOTIFY_CHANNEL, NOTIFY_SETTING, Outbox, OutboxMessage, shards_payload};
-use pipeline::testing::{Service, TestDb, TestTopic, TopicMessage, eventually};
+use pipeline::testing::{KafkaPrincipal, Service, TestDb, TestTopic, TopicMessage, eventually};
 use relay::{Config, Mode, Sink, run};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -633,7 +633,7 @@ async fn wal_mode_never_publishes_an_event_after_its_keys_predecessor_failed() {
     let name = format!("test-{}", Uuid::new_v4().simple());
     let mut configs = pipeline::contract::order_events_topic_configs().to_vec();
     configs.push(("max.message.bytes", "4096".into()));
-    pipeline::kafka::ensure_topic(&bootstrap_servers, &name, 3, -1, &configs)
+    pipeline::kafka::ensure_topic(&KafkaPrincipal::Admin.client(), &name, 3, -1, &configs)
         .await
         .expect("create the topic");
     let topic = TestTopic {
@@ -1106,7 +1106,7 @@ async fn wait_for_a_failed_send(relay: &Service) {
 /// Creates the [`missing_topic`] and waits until every row is published.
 async fn create_topic_and_drain(pool: &PgPool, topic: &TestTopic) {
     pipeline::kafka::ensure_topic(
-        &topic.bootstrap_servers,
+        &topic.client(),
         &topic.name,
         3,
         // The brokers' default replication (3): the relay checks the topic

@@ -176,6 +176,7 @@ fn config(db: &TestDb, destinations: Vec<Destination>, scale: f64) -> Config {
         // Nothing listens there: the http sink never asks a broker.
         kafka: KafkaArgs {
             kafka_bootstrap_servers: "127.0.0.1:9".into(),
+            kafka_client_config: None,
             kafka_topic: "unused".into(),
             allow_under_replicated_topic: false,
         },

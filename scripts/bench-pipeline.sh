@@ -140,7 +140,7 @@ drain() { # NAME BIN TOPIC ROUND → records relay_drain
   local name=$1 bin=$2 topic=$3 round=$4 t0 t1 pid port=19201 left
   log "relay ($name) draining $ROWS rows to $topic"
   t0=$(now)
-  DATABASE_URL=$RELAY_DATABASE_URL KAFKA_TOPIC=$topic RELAY_METRICS_ADDR=127.0.0.1:$port "$bin/relay" >"$LOGS/relay-$name.log" 2>&1 &
+  DATABASE_URL=$RELAY_DATABASE_URL KAFKA_CLIENT_CONFIG=${RELAY_KAFKA_CLIENT_CONFIG:-} KAFKA_TOPIC=$topic RELAY_METRICS_ADDR=127.0.0.1:$port "$bin/relay" >"$LOGS/relay-$name.log" 2>&1 &
   pid=$!
   PIDS+=("$pid")
   while [ "$(pipeline_metric "$port" relay_published_total)" -lt "$ROWS" ]; do
@@ -184,7 +184,7 @@ log "raw producer: $RAW_P"
 # --- 2. consumer throughput ------------------------------------------------------
 consume_pass() { # NAME BIN GROUP PORT DB → records consume
   local name=$1 bin=$2 group=$3 port=$4 db=$5 pid start="" n0=0 n=0 t
-  DATABASE_URL=${PAYMENTS_DATABASE_URL%/*}/$db KAFKA_TOPIC=$TOPIC PAYMENTS_GROUP_ID=$group PAYMENTS_METRICS_ADDR=127.0.0.1:$port \
+  DATABASE_URL=${PAYMENTS_DATABASE_URL%/*}/$db KAFKA_CLIENT_CONFIG=${PAYMENTS_KAFKA_CLIENT_CONFIG:-} KAFKA_TOPIC=$TOPIC PAYMENTS_GROUP_ID=$group PAYMENTS_METRICS_ADDR=127.0.0.1:$port \
     "$bin/payments" >"$LOGS/payments-$name.log" 2>&1 &
   pid=$!
   PIDS+=("$pid")
@@ -217,17 +217,17 @@ charge_clock() { # NAME DB
                    'seconds', EXTRACT(EPOCH FROM t1 - t0)) ORDER BY tenth) FROM t))")"
 }
 log "payments: first pass (every msg_id new)"
-consume_pass new "$BIN" "bench-new-$RUN" 19202 bench_pipeline
+consume_pass new "$BIN" "payments-bench-new-$RUN" 19202 bench_pipeline
 charge_clock new bench_pipeline
 log "payments: second pass, fresh group (every msg_id a duplicate)"
-consume_pass dup "$BIN" "bench-dup-$RUN" 19203 bench_pipeline
+consume_pass dup "$BIN" "payments-bench-dup-$RUN" 19203 bench_pipeline
 if [ -n "$BASE_BIN" ]; then
   log "payments (base build): first pass into a fresh database"
   # Migrated by the base build when it has its orders: its payments writes
   # its own schema (the inbox moved between builds, FINDINGS §26).
   if [ -x "$BASE_BIN/orders" ]; then pipeline_db bench_pipeline_base "$BASE_BIN" >/dev/null
   else pipeline_db bench_pipeline_base >/dev/null; fi
-  consume_pass base "$BASE_BIN" "bench-base-$RUN" 19204 bench_pipeline_base
+  consume_pass base "$BASE_BIN" "payments-bench-base-$RUN" 19204 bench_pipeline_base
   charge_clock base bench_pipeline_base
   pipeline_drop_db bench_pipeline_base
   pipeline_roles bench_pipeline
@@ -256,7 +256,7 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
     log "warm-up (not recorded): $warm_rate new orders/s, 30 s at a time, until the brokers' JIT takes < $WARMUP_JIT cores (at most $WARMUP_SECONDS s)"
     pipeline_fresh bench_steady "steady.warmup.$RUN" 2>/dev/null
     mkdir -p "$LOGS/steady-warmup"
-    pipeline_start "$LOGS/steady-warmup" 127.0.0.1:18180 127.0.0.1:15151 127.0.0.1:19181 127.0.0.1:19182 "steady-warmup-$RUN"
+    pipeline_start "$LOGS/steady-warmup" 127.0.0.1:18180 127.0.0.1:15151 127.0.0.1:19181 127.0.0.1:19182 "payments-steady-warmup-$RUN"
     while [ "$warmed" -lt "$WARMUP_SECONDS" ]; do
       python3 scripts/lib/cpu.py snap >"$LOGS/steady-warmup-cpu-a.json"
       "$BIN/loadgen" --http-url http://127.0.0.1:18180 --grpc-url http://127.0.0.1:15151 --rate "$warm_rate" \
@@ -309,7 +309,7 @@ if [ "${BENCH_SKIP_STEADY:-0}" != 1 ]; then
         if [ -n "${!var+x}" ]; then saved+=("$var=${!var}"); else unsets+=("$var"); fi
         export "${set?}"
       done
-      pipeline_start "$LOGS/steady-$name" 127.0.0.1:18180 127.0.0.1:15151 127.0.0.1:19181 127.0.0.1:19182 "steady-$name-$RUN"
+      pipeline_start "$LOGS/steady-$name" 127.0.0.1:18180 127.0.0.1:15151 127.0.0.1:19181 127.0.0.1:19182 "payments-steady-$name-$RUN"
       [ ${#unsets[@]} -eq 0 ] || unset "${unsets[@]}"
       [ ${#saved[@]} -eq 0 ] || export "${saved[@]}"
       BIN=$new_bin

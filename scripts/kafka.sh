@@ -26,12 +26,13 @@ usage() {
 }
 
 [ $# -gt 0 ] || { usage >&2; exit 2; }
+config_flag=--command-config
 case $1 in
   -h|--help|help) usage; exit 0 ;;
   topics) main=org.apache.kafka.tools.TopicCommand ;;
   consumer-groups) main=org.apache.kafka.tools.consumer.group.ConsumerGroupCommand ;;
-  console-consumer) main=org.apache.kafka.tools.consumer.ConsoleConsumer ;;
-  console-producer) main=org.apache.kafka.tools.ConsoleProducer ;;
+  console-consumer) main=org.apache.kafka.tools.consumer.ConsoleConsumer config_flag=--consumer.config ;;
+  console-producer) main=org.apache.kafka.tools.ConsoleProducer config_flag=--producer.config ;;
   metadata-quorum) main=org.apache.kafka.tools.MetadataQuorumCommand ;;
   get-offsets) main=org.apache.kafka.tools.GetOffsetShell ;;
   configs) main=kafka.admin.ConfigCommand ;;
@@ -40,16 +41,22 @@ esac
 shift
 [ -d "$LIBS" ] || { echo "kafka.sh: Kafka $VERSION is not resolved yet; run make up" >&2; exit 1; }
 
+if { [ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ] || [ -z "${KAFKA_JAVA_CLIENT_CONFIG:-}" ]; } && [ -f "$ROOT/.stack/env" ]; then
+  given=${KAFKA_BOOTSTRAP_SERVERS:-}
+  # shellcheck disable=SC1091
+  . "$ROOT/.stack/env"
+  KAFKA_BOOTSTRAP_SERVERS=${given:-${KAFKA_BOOTSTRAP_SERVERS:-}}
+fi
 args=("$@")
 case " $* " in
   *" --bootstrap-server "*|*" --bootstrap-server="*|*" --bootstrap-controller "*) ;;
   *)
-    if [ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ] && [ -f "$ROOT/.stack/env" ]; then
-      # shellcheck disable=SC1091
-      . "$ROOT/.stack/env"
-    fi
     [ -n "${KAFKA_BOOTSTRAP_SERVERS:-}" ] || { echo "kafka.sh: KAFKA_BOOTSTRAP_SERVERS unset and no .stack/env; run make up" >&2; exit 1; }
-    args=(--bootstrap-server "$KAFKA_BOOTSTRAP_SERVERS" "$@") ;;
+    args=(--bootstrap-server "$KAFKA_BOOTSTRAP_SERVERS" "${args[@]}") ;;
+esac
+case " $* " in
+  *" --command-config "*|*" --consumer.config "*|*" --producer.config "*) ;;
+  *) if [ -n "${KAFKA_JAVA_CLIENT_CONFIG:-}" ]; then args+=("$config_flag" "$KAFKA_JAVA_CLIENT_CONFIG"); fi ;;
 esac
 exec java -Dlog4j2.configurationFile="$ROOT/scripts/kafka/tools-log4j2.properties" -Djava.awt.headless=true \
   -cp "$LIBS/*" "$main" "${args[@]}"

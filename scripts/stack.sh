@@ -113,6 +113,8 @@ net_load
 . "$ROOT/scripts/lib/tls.sh"
 # shellcheck source=scripts/lib/pg-security.sh
 . "$ROOT/scripts/lib/pg-security.sh"
+# shellcheck source=scripts/lib/kafka-security.sh
+. "$ROOT/scripts/lib/kafka-security.sh"
 
 # PostgreSQL refuses to run as root; run its binaries as the `postgres` user then.
 as_pg() {
@@ -294,17 +296,16 @@ write_node_config() {
   local n=$1 dir voters= v rf=$KAFKA_NODES isr=$(( KAFKA_NODES >= 3 ? 2 : 1 ))
   dir=$(node_dir "$n")
   for v in $(seq 1 "$KAFKA_NODES"); do voters+=${voters:+,}$v@$(node_host "$v"):$(controller_port "$v"); done
-  mkdir -p "$dir"
-  cat >"$dir/server.properties" <<PROPS
+  # The node's directory and its config (which holds the brokers' and the
+  # quorum's passwords) are the stack user's alone.
+  (umask 077; mkdir -p "$dir")
+  chmod 0700 "$dir"
+  (umask 077; cat >"$dir/server.properties") <<PROPS
 # Written by scripts/stack.sh (node $n of $KAFKA_NODES); edits are overwritten.
 process.roles=broker,controller
 node.id=$n
 controller.quorum.voters=$voters
-listeners=PLAINTEXT://$(node_host "$n"):$(client_port "$n"),CONTROLLER://$(node_host "$n"):$(controller_port "$n")
-advertised.listeners=PLAINTEXT://$(node_host "$n"):$(client_port "$n")
-controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+$(kafka_security_props "$n")
 log.dirs=$dir/data
 num.network.threads=2
 num.io.threads=4
@@ -379,12 +380,22 @@ kafka_up() {
     log "the cluster runs on $NET, STACK_NET asks for $want: restarting it there on fresh storage"
     kafka_down
     [ "$NET" = netns ] && net_down
-    rm -rf "$KAFKA_DIR"/node-* "$KAFKA_DIR/cluster-id" "$KAFKA_DIR/nodes"
+    rm -rf "$KAFKA_DIR"/node-* "$KAFKA_DIR/cluster-id" "$KAFKA_DIR/nodes" "$KAFKA_DIR/acls"
+  fi
+  # The SCRAM credentials and the ACLs live in the metadata log: another
+  # mode (or a cluster from before this script secured it) is formatted again.
+  if [ -f "$KAFKA_DIR/cluster-id" ] && [ "$(cat "$KAFKA_DIR/security" 2>/dev/null || echo plaintext)" != "$SECURITY" ]; then
+    log "the cluster was formatted for STACK_SECURITY=$(cat "$KAFKA_DIR/security" 2>/dev/null || echo plaintext), the stack runs $SECURITY: formatting it again (its topics are lost)"
+    kafka_down
+    rm -rf "$KAFKA_DIR"/node-* "$KAFKA_DIR/cluster-id" "$KAFKA_DIR/nodes" "$KAFKA_DIR/acls"
   fi
   NET=$want NET_PREFIX=$want_prefix
   mkdir -p "$KAFKA_DIR" "$LOGS"
   echo "$NET $NET_PREFIX" >"$KAFKA_DIR/net"
   net_up
+  kafka_secrets
+  [ "$SECURITY" = plaintext ] || kafka_certs
+  kafka_client_files
   if [ -f "$KAFKA_DIR/nodes" ] && [ "$(cat "$KAFKA_DIR/nodes")" != "$KAFKA_NODES" ]; then
     die "$KAFKA_DIR holds a cluster of $(cat "$KAFKA_DIR/nodes") nodes, STACK_KAFKA_NODES asks for $KAFKA_NODES; stop the stack and delete $KAFKA_DIR to change it"
   fi
@@ -395,6 +406,7 @@ kafka_up() {
       || die "kafka.tools.StorageTool random-uuid failed"
     echo "$id" >"$KAFKA_DIR/cluster-id"
     echo "$KAFKA_NODES" >"$KAFKA_DIR/nodes"
+    echo "$SECURITY" >"$KAFKA_DIR/security"
   fi
   id=$(cat "$KAFKA_DIR/cluster-id")
   for n in $(seq 1 "$KAFKA_NODES"); do
@@ -403,16 +415,23 @@ kafka_up() {
     if [ ! -f "$(node_dir "$n")/data/meta.properties" ]; then
       # Every node of a static quorum is formatted with the same cluster id
       # (no --standalone: the voters are in controller.quorum.voters).
+      # The SCRAM principals' passwords go in an argument file (java
+      # @file), never in a process's arguments.
+      local argfile
+      argfile=$(umask 077; mktemp "$KAFKA_DIR/format-args.XXXXXX")
+      printf '%s\n' kafka.tools.StorageTool format -t "$id" -c "$(node_dir "$n")/server.properties" >"$argfile"
+      kafka_format_scram "$argfile"
       # shellcheck disable=SC2046
-      java $(java_props "$ROOT/scripts/kafka/tools-log4j2.properties") -cp "$KAFKA_LIBS/*" kafka.tools.StorageTool \
-        format -t "$id" -c "$(node_dir "$n")/server.properties" >>"$LOGS/kafka-format.log" 2>&1 \
-        || die "formatting kafka node $n failed, see $LOGS/kafka-format.log"
+      java $(java_props "$ROOT/scripts/kafka/tools-log4j2.properties") -cp "$KAFKA_LIBS/*" @"$argfile" >>"$LOGS/kafka-format.log" 2>&1 \
+        || { rm -f "$argfile"; die "formatting kafka node $n failed, see $LOGS/kafka-format.log"; }
+      rm -f "$argfile"
     fi
     start_node "$n"
     started+=("$n")
   done
   for n in "${started[@]}"; do wait_node_ready "$n"; done
   if [ "${#started[@]}" = 0 ]; then log "kafka: $KAFKA_NODES nodes already running ($(bootstrap_servers))"; fi
+  kafka_acls
   # Its own line: a build failure inside $(…) exits only the subshell.
   local tool
   tool=$(kafka_tool_bin) || exit 1
@@ -422,7 +441,7 @@ kafka_up() {
   # stamp its records (LogAppendTime). Retried: a node that just started may
   # not be unfenced everywhere yet.
   local tries=0
-  until KAFKA_BOOTSTRAP_SERVERS=$(bootstrap_servers) "$tool" create --topic "$TOPIC" --partitions "$PARTITIONS"; do
+  until KAFKA_BOOTSTRAP_SERVERS=$(bootstrap_servers) KAFKA_CLIENT_CONFIG=$KAFKA_CLIENTS/admin.properties "$tool" create --topic "$TOPIC" --partitions "$PARTITIONS"; do
     tries=$((tries + 1))
     [ "$tries" -lt 60 ] || die "could not create topic $TOPIC within 30 s"
     sleep 0.5
@@ -475,7 +494,8 @@ kafka_down() {
 busiest_leader() {
   # shellcheck disable=SC2046
   java $(java_props "$ROOT/scripts/kafka/tools-log4j2.properties") -cp "$KAFKA_LIBS/*" org.apache.kafka.tools.TopicCommand \
-    --bootstrap-server "$(bootstrap_servers)" --describe --topic "$TOPIC" 2>/dev/null \
+    --bootstrap-server "$(bootstrap_servers)" --command-config "$KAFKA_CLIENTS/admin-java.properties" \
+    --describe --topic "$TOPIC" 2>/dev/null \
     | grep -o 'Leader: [0-9]*' | awk '{c[$2]++} END {best=1; for (k in c) if (c[k] > c[best]) best=k; print best}' \
     || echo 1
 }
@@ -507,6 +527,7 @@ ENV
 export KAFKA_BOOTSTRAP_SERVERS=$(bootstrap_servers)
 export KAFKA_TOPIC=$TOPIC
 ENV
+    kafka_security_env >>"$ENV_FILE"
     # One node: every topic has one replica, which the relay and payments
     # refuse unless told this is a single-node stack.
     if [ "$KAFKA_NODES" = 1 ]; then
@@ -601,7 +622,7 @@ clean() {
   done
   log "dropped $n test databases"
   if [ "$WITH_KAFKA" = 1 ] && node_pid 1 >/dev/null; then
-    "$ROOT/scripts/kafka.sh" topics --delete --if-exists --topic 'test-.*|bench\..*' >/dev/null
+    "$ROOT/scripts/kafka.sh" topics --delete --if-exists --topic 'test-.*|order\.events\.test-.*|bench\..*' >/dev/null
     log "deleted the test and benchmark topics; $("$ROOT/scripts/kafka.sh" topics --list 2>/dev/null | grep -vc '^__') topics left"
   fi
 }

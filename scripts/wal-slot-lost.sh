@@ -30,7 +30,7 @@ trap restore EXIT
 SLOT=effectively_outbox_wal_slot_lost
 
 relay() { # relay LOG: the WAL relay on this database, in the background; sets PID
-  DATABASE_URL=$RELAY_DATABASE_URL RELAY_MODE=wal RELAY_METRICS_ADDR=127.0.0.1:0 RUST_LOG=info \
+  DATABASE_URL=$RELAY_DATABASE_URL KAFKA_CLIENT_CONFIG=${RELAY_KAFKA_CLIENT_CONFIG:-} RELAY_MODE=wal RELAY_METRICS_ADDR=127.0.0.1:0 RUST_LOG=info \
     "$BIN/relay" >"$LOGS/$1" 2>&1 &
   PID=$!
 }

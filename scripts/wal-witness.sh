@@ -57,7 +57,7 @@ trap cleanup EXIT
 
 say "1. the witness slot (test_decoding), then the WAL relay ($WORKERS × $BATCH) and its slot"
 q -c "SELECT pg_create_logical_replication_slot('$WITNESS', 'test_decoding')" >/dev/null
-DATABASE_URL=$RELAY_DATABASE_URL RELAY_MODE=wal RELAY_WORKERS=$WORKERS RELAY_BATCH_SIZE=$BATCH \
+DATABASE_URL=$RELAY_DATABASE_URL KAFKA_CLIENT_CONFIG=${RELAY_KAFKA_CLIENT_CONFIG:-} RELAY_MODE=wal RELAY_WORKERS=$WORKERS RELAY_BATCH_SIZE=$BATCH \
   RELAY_METRICS_ADDR=$METRICS RELAY_WAL_HEARTBEAT_MS=1000 RUST_LOG=warn,relay::wal=trace \
   "$BIN/relay" >"$OUT/relay.log" 2>&1 &
 PID=$!

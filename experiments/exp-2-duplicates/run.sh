@@ -46,7 +46,7 @@ drain() { # RATE KIND REP
   pipeline_db "$db"
   url=$DB_URL
   KAFKA_TOPIC=$TOPIC PAYMENTS_DUP_RATE=$p PAYMENTS_DUP_KIND=$kind RUST_LOG=warn \
-    pipeline_payments "$logs" 127.0.0.1:22102 "drain-$p-$kind-$rep-$(date +%s)" || true # a failed start fails the drain
+    pipeline_payments "$logs" 127.0.0.1:22102 "payments-drain-$p-$kind-$rep-$(date +%s)" || true # a failed start fails the drain
   pid=${PIPELINE_PIDS[-1]}
   ok=0
   for _ in $(seq 1 1200); do

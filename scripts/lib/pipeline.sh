@@ -167,7 +167,7 @@ pipeline_orders() {
 pipeline_start() {
   local logs=$1
   pipeline_orders "$logs" "$2" "$3"
-  DATABASE_URL=$RELAY_DATABASE_URL RELAY_METRICS_ADDR=$4 "$BIN/relay" >"$logs/relay.log" 2>&1 &
+  DATABASE_URL=$RELAY_DATABASE_URL KAFKA_CLIENT_CONFIG=${RELAY_KAFKA_CLIENT_CONFIG:-} RELAY_METRICS_ADDR=$4 "$BIN/relay" >"$logs/relay.log" 2>&1 &
   PIPELINE_PIDS+=($!)
   wait_http "http://$4/metrics" relay $! "$logs"
   pipeline_payments "$logs" "$5" "$6"
@@ -208,7 +208,8 @@ pipeline_webhooks() {
 # METRICS, and waits until it serves /metrics. pipeline_stop stops it.
 pipeline_payments() {
   export RUST_LOG=${RUST_LOG:-warn}
-  DATABASE_URL=$PAYMENTS_DATABASE_URL PAYMENTS_METRICS_ADDR=$2 PAYMENTS_GROUP_ID=$3 \
+  DATABASE_URL=$PAYMENTS_DATABASE_URL KAFKA_CLIENT_CONFIG=${PAYMENTS_KAFKA_CLIENT_CONFIG:-} \
+    PAYMENTS_METRICS_ADDR=$2 PAYMENTS_GROUP_ID=$3 \
     "$BIN/payments" >"$1/payments.log" 2>&1 &
   PIPELINE_PIDS+=($!)
   wait_http "http://$2/metrics" payments $! "$1"

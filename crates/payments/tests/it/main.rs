@@ -3,6 +3,8 @@
 
 // The consumer over Kafka.
 mod kafka;
+// The brokers' SASL and ACLs: what each principal may do.
+mod kafka_acl;
 // Property tests of decoding and dead-lettering.
 mod props;
 // The consumer over signed HTTP webhooks (`--source http`).

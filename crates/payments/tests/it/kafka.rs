@@ -19,10 +19,10 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-struct Event {
-    msg_id: Uuid,
-    order_id: Uuid,
-    amount_cents: i64,
+pub(crate) struct Event {
+    pub(crate) msg_id: Uuid,
+    pub(crate) order_id: Uuid,
+    pub(crate) amount_cents: i64,
 }
 
 fn events(n: usize) -> Vec<Event> {
@@ -35,7 +35,7 @@ fn events(n: usize) -> Vec<Event> {
         .collect()
 }
 
-fn envelope(e: &Event) -> Vec<u8> {
+pub(crate) fn envelope(e: &Event) -> Vec<u8> {
     let payload = format!(
         r#"{{"order_id":"{}","account_id":7,"amount_cents":{},"status":"created"}}"#,
         e.order_id, e.amount_cents

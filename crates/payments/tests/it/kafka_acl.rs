@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use payments::run;
-use pipeline::envelope::Envelope;
 use pipeline::testing::{KafkaPrincipal, Service, TestDb, TestTopic, eventually, stack_var_opt};
 use rdkafka::ClientConfig;
 use rdkafka::Offset;
@@ -32,19 +31,11 @@ fn secured() -> bool {
 }
 
 fn order_created(order_id: Uuid, amount_cents: i64) -> Vec<u8> {
-    let payload = format!(
-        r#"{{"order_id":"{order_id}","account_id":7,"amount_cents":{amount_cents},"status":"created"}}"#
-    );
-    Envelope::new(
-        Uuid::now_v7(),
-        "order.created".into(),
+    crate::kafka::envelope(&crate::kafka::Event {
+        msg_id: Uuid::now_v7(),
         order_id,
-        chrono::Utc::now(),
-        payload.as_bytes(),
-    )
-    .expect("envelope")
-    .encode()
-    .expect("encode")
+        amount_cents,
+    })
 }
 
 /// Sends one record with `client` (no idempotence: a refused principal's

@@ -500,6 +500,22 @@ busiest_leader() {
     || echo 1
 }
 
+# The key that seals the webhook destinations' specs (their signing secrets)
+# in orders.webhook_destinations (relay --webhook-secrets-key-file): 32
+# random bytes, made once, 0600. Rotating: put a new line first
+# (`relay webhooks keygen --id k2`), keep the old one after it, run `relay
+# webhooks rekey`, then drop the old line.
+WEBHOOK_KEY_FILE=$PG_SECRETS/webhook-secrets.key
+webhook_secrets_key() {
+  (umask 077; mkdir -p "$PG_SECRETS")
+  [ -s "$WEBHOOK_KEY_FILE" ] && return
+  local tmp
+  tmp=$(umask 077; mktemp "$PG_SECRETS/webhook-secrets.XXXXXX")
+  { echo "# Written by scripts/stack.sh: ID:BASE64, the first line seals (relay --webhook-secrets-key-file)"
+    printf 'k1:%s\n' "$(openssl rand -base64 32)"; } >"$tmp" || die "openssl could not make the webhook secrets key"
+  mv "$tmp" "$WEBHOOK_KEY_FILE"
+}
+
 # DATABASE_URL is the owner's (the superuser's): migrations and the scripts'
 # own queries. Each service runs as its own role with the URL of its
 # *_DATABASE_URL (migrations/*_roles.sql grants the roles their tables). No
@@ -522,6 +538,11 @@ export RECON_DATABASE_URL=postgres://effectively_recon@$base
 export WORKER_THREADS=1
 ENV
   pg_security_env >>"$ENV_FILE"
+  webhook_secrets_key
+  cat >>"$ENV_FILE" <<ENV
+# The relay seals the webhook destinations' signing secrets at rest with this key (0600).
+export RELAY_WEBHOOK_SECRETS_KEY_FILE=$WEBHOOK_KEY_FILE
+ENV
   if [ "$WITH_KAFKA" = 1 ] || node_pid 1 >/dev/null; then
     cat >>"$ENV_FILE" <<ENV
 export KAFKA_BOOTSTRAP_SERVERS=$(bootstrap_servers)

@@ -149,6 +149,7 @@ async fn binary(rows: usize, keys: usize) -> anyhow::Result<f64> {
         webhook_destination: Vec::new(),
         webhook_allow_addresses: Vec::new(),
         webhook_schedule_scale: 1.0,
+        webhook_secrets: Default::default(),
     };
     let started = Instant::now();
     let service = Service::spawn("relay", |metrics, cancel| {

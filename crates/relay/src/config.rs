@@ -206,6 +206,11 @@ pub struct Config {
     #[arg(long, env = pipeline::contract::env::RELAY_WEBHOOK_SCHEDULE_SCALE, default_value_t = 1.0,
           value_parser = parse_scale)]
     pub webhook_schedule_scale: f64,
+
+    /// `--sink http` and `relay webhooks`: the keys that seal the
+    /// destinations' specs at rest.
+    #[command(flatten)]
+    pub webhook_secrets: webhooks::SecretsArgs,
 }
 
 /// The relay's operator commands.

@@ -299,7 +299,24 @@ async fn run_webhooks(
         metrics.clone(),
         work.clone(),
     )));
-    let flags = webhooks::add_missing(&pool, &config.webhook_destination)
+    let specs = webhooks::Specs::from_args(&config.webhook_secrets)?;
+    if let webhooks::Specs::Sealed(ring) = &specs {
+        tracing::info!(
+            key = ring.current(),
+            "the destinations' specs are sealed at rest"
+        );
+        let plain = webhooks::plaintext(&pool)
+            .await
+            .context("read orders.webhook_destinations")?;
+        if !plain.is_empty() {
+            tracing::warn!(destinations = ?plain, "these destinations' signing secrets are stored in plaintext: `relay webhooks rekey` seals them");
+        }
+    } else {
+        tracing::warn!(
+            "--unsafe-plaintext-webhook-secrets: the destinations' signing secrets are stored in plaintext"
+        );
+    }
+    let flags = webhooks::add_missing(&pool, &specs, &config.webhook_destination)
         .await
         .context("add the --webhook-destination flags to orders.webhook_destinations")?;
     if !flags.added.is_empty() {
@@ -319,7 +336,7 @@ async fn run_webhooks(
              (`relay webhooks add` brings one back)"
         );
     }
-    let destinations = webhooks::active(&pool)
+    let destinations = webhooks::active(&pool, &specs)
         .await
         .context("read orders.webhook_destinations")?;
     if destinations.is_empty() {
@@ -345,6 +362,7 @@ async fn run_webhooks(
     }
     let sender = Arc::new(webhooks::Sender::new(
         pool.clone(),
+        specs,
         metrics.clone(),
         Arc::new(Crasher::new(config.crash.clone())),
         egress,

@@ -15,8 +15,13 @@ fn main() -> anyhow::Result<()> {
 async fn serve(config: Config) -> anyhow::Result<()> {
     pipeline::telemetry::init();
     if let Some(relay::Command::Webhooks(admin)) = &config.command {
+        if let Some(text) = admin.offline() {
+            print!("{text}");
+            return Ok(());
+        }
+        let specs = relay::webhooks::Specs::from_args(&config.webhook_secrets)?;
         let pool = pipeline::db::connect(&config.db, relay::session_limits(&config)).await?;
-        let result = admin.run(&pool).await;
+        let result = admin.run(&pool, &specs).await;
         pool.close().await;
         return result.map(|text| print!("{text}"));
     }

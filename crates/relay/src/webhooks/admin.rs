@@ -6,7 +6,8 @@ use effectively::webhook;
 use sqlx::PgPool;
 
 use super::destination::{DESTINATIONS_REFRESH, Destination};
-use super::store::{remove, upsert};
+use super::sealed::{Keyring, Specs};
+use super::store::{rekey, remove, upsert};
 
 /// `relay webhooks ...`: what an operator does with the deliveries.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -56,6 +57,19 @@ pub enum Admin {
         /// The destination's name.
         #[arg(long)]
         destination: String,
+    },
+    /// Seals every destination's spec again under the current key (the
+    /// first of --webhook-secrets-key-file): after a new key was put first
+    /// in the file, with the old one kept after it; the old line may go
+    /// once this has run. A spec stored in plaintext (before sealing, or
+    /// with --unsafe-plaintext-webhook-secrets) is sealed too.
+    Rekey,
+    /// Prints a new key line (`ID:BASE64`, 32 random bytes) for
+    /// --webhook-secrets-key-file; touches nothing.
+    Keygen {
+        /// The key's id.
+        #[arg(long, default_value = "k1")]
+        id: String,
     },
 }
 
@@ -141,9 +155,34 @@ fn parse_since(s: &str) -> Result<DateTime<Utc>, String> {
 }
 
 impl Admin {
-    /// Runs the command; returns what to print.
-    pub async fn run(&self, pool: &PgPool) -> anyhow::Result<String> {
+    /// Whether the command needs no database (`keygen`).
+    pub fn offline(&self) -> Option<String> {
         match self {
+            Admin::Keygen { id } => Some(format!("{}\n", Keyring::generate_line(id))),
+            _ => None,
+        }
+    }
+
+    /// Runs the command, the specs stored as `specs` says (`rekey` needs
+    /// keys); returns what to print.
+    pub async fn run(&self, pool: &PgPool, specs: &Specs) -> anyhow::Result<String> {
+        match self {
+            Admin::Keygen { .. } => Ok(self.offline().unwrap_or_default()),
+            Admin::Rekey => {
+                let Specs::Sealed(ring) = specs else {
+                    anyhow::bail!(
+                        "rekey needs the keys: --webhook-secrets-key-file or RELAY_WEBHOOK_SECRETS_KEY"
+                    );
+                };
+                let done = rekey(pool, ring).await?;
+                Ok(format!(
+                    "{} destination specs sealed again under key {} ({}), {} already under it\n",
+                    done.resealed.len(),
+                    ring.current(),
+                    done.resealed.join(", "),
+                    done.current
+                ))
+            }
             Admin::Replay {
                 failed: _,
                 destination,
@@ -165,7 +204,7 @@ impl Admin {
                 horizon,
             } => enable(pool, destination, horizon).await,
             Admin::Add { destination } => {
-                upsert(pool, std::slice::from_ref(destination)).await?;
+                upsert(pool, specs, std::slice::from_ref(destination)).await?;
                 Ok(format!(
                     "destination {} delivers to {}; running relays take it within {}\n",
                     destination.name,

@@ -33,7 +33,8 @@ pub struct Destination {
     /// Plain `http` allowed for it (`,allow-http`): the URL may be
     /// `http://`; without it only `https://` is taken.
     pub allow_http: bool,
-    /// The text it was parsed from (secrets included), as stored in
+    /// The text it was parsed from (secrets included, a `secret-file`
+    /// replaced by its secret), as stored, sealed, in
     /// `orders.webhook_destinations.spec`.
     pub(super) spec: String,
 }
@@ -53,14 +54,39 @@ impl fmt::Debug for Destination {
 }
 
 /// `--webhook-destination`'s syntax, for its errors.
-const DESTINATION_SYNTAX: &str = "NAME=URL,secret=whsec_...[,secret=...][,timeout=10s][,concurrency=16][,max-attempts=8][,allow-http]";
+const DESTINATION_SYNTAX: &str = "NAME=URL,secret=whsec_...|secret-file=PATH[,secret=...][,timeout=10s][,concurrency=16][,max-attempts=8][,allow-http]";
+
+/// The secret in the file at `path` (its first line, trimmed), which other
+/// users may not read: `secret-file=PATH` keeps the secret out of the
+/// command line and the environment.
+fn secret_from_file(name: &str, path: &str) -> Result<String, String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path)
+            .map_err(|e| format!("destination {name}: secret-file {path}: {e}"))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            return Err(format!(
+                "destination {name}: secret-file {path}: other users may read it (mode {:o}): chmod 600 {path}",
+                mode & 0o777
+            ));
+        }
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("destination {name}: secret-file {path}: {e}"))?;
+    Ok(text.lines().next().unwrap_or_default().trim().to_owned())
+}
 
 impl FromStr for Destination {
     type Err = String;
 
-    /// `NAME=URL,secret=whsec_…[,secret=…][,timeout=10s][,concurrency=16][,max-attempts=8][,allow-http]`.
-    /// The URL is `https`, or `http` with `allow-http`. The errors never
-    /// quote a secret, nor the URL's credentials or query.
+    /// `NAME=URL,secret=whsec_…[,secret=…][,timeout=10s][,concurrency=16][,max-attempts=8][,allow-http]`,
+    /// a secret also as `secret-file=PATH` (read now, the file 0600; the
+    /// spec then holds the secret). The URL is `https`, or `http` with
+    /// `allow-http`. The errors never quote a secret, nor the URL's
+    /// credentials or query.
     fn from_str(text: &str) -> Result<Self, String> {
         let mut parts = text.trim().split(',');
         let head = parts.next().unwrap_or_default();
@@ -91,18 +117,29 @@ impl FromStr for Destination {
             concurrency: DEFAULT_CONCURRENCY,
             max_attempts: webhook::MAX_ATTEMPTS,
             allow_http: false,
-            spec: text.trim().to_owned(),
+            spec: head.trim().to_owned(),
         };
         for part in parts {
             if part.trim() == "allow-http" {
                 destination.allow_http = true;
+                destination.spec.push_str(",allow-http");
                 continue;
             }
             let (key, value) = part.split_once('=').ok_or_else(|| {
                 format!("destination {name}: {part:?} is not key=value ({DESTINATION_SYNTAX})")
             })?;
-            let value = value.trim();
-            match key.trim() {
+            let (key, mut value) = (key.trim(), value.trim().to_owned());
+            // The stored spec holds the secret itself: every relay reads it
+            // from the database, not from this host's file.
+            let key = if key == "secret-file" {
+                value = secret_from_file(name, &value)?;
+                "secret"
+            } else {
+                key
+            };
+            destination.spec.push_str(&format!(",{key}={value}"));
+            let value = value.as_str();
+            match key {
                 "secret" => destination
                     .secrets
                     .push(Secret::parse(value).map_err(|e| format!("destination {name}: {e}"))?),
@@ -226,5 +263,40 @@ mod tests {
                 "{text}: the error quotes no secret"
             );
         }
+    }
+
+    #[test]
+    fn a_secret_file_is_read_into_the_spec_and_must_be_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let secret = Secret::generate().to_whsec();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("payments.secret");
+        std::fs::write(&path, format!("{secret}\n")).expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let text = format!(
+            "p=https://example.com/h, secret-file={} ,timeout=2s",
+            path.display()
+        );
+        let d: Destination = text.parse().expect("parses");
+        assert_eq!(d.secrets.len(), 1);
+        assert_eq!(
+            d.spec,
+            format!("p=https://example.com/h,secret={secret},timeout=2s")
+        );
+        let again: Destination = d.spec.parse().expect("the spec parses again");
+        assert_eq!(again.spec, d.spec, "the spec is its own normal form");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let exposed = text.parse::<Destination>().expect_err("0644");
+        assert!(
+            exposed.contains("chmod 600") && !exposed.contains(&secret[6..]),
+            "{exposed}"
+        );
+        let missing = format!(
+            "p=https://example.com/h,secret-file={}/nope",
+            dir.path().display()
+        )
+        .parse::<Destination>()
+        .expect_err("missing");
+        assert!(missing.contains("nope"), "{missing}");
     }
 }

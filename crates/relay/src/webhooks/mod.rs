@@ -34,15 +34,20 @@
 //!    counted by status (`relay_webhook_responses_total`), and its `Date`
 //!    gives the receiver's clock skew (`relay_webhook_clock_skew_seconds`,
 //!    a WARN past [`CLOCK_SKEW_WARN`]).
+//!
+//! The destinations' specs (their signing secrets) are stored sealed: see
+//! [`Specs`] (`sealed.rs`).
 
 mod admin;
 mod answer;
 mod destination;
+mod sealed;
 mod sender;
 mod store;
 
 pub use admin::{Admin, ReceiverHorizon, replay_failed};
 pub use answer::{CLOCK_SKEW_WARN, Outcome, clock_skew, judge, next_wait};
 pub use destination::{DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT, DESTINATIONS_REFRESH, Destination};
+pub use sealed::{KEY_ENV, Keyring, SealError, SecretsArgs, Specs, is_sealed};
 pub use sender::Sender;
-pub use store::{Added, active, add_missing, expire, remove, upsert};
+pub use store::{Added, Rekeyed, active, add_missing, expire, plaintext, rekey, remove, upsert};

@@ -26,6 +26,7 @@ use super::answer::{
     CLOCK_SKEW_WARN, Outcome, clock_skew, describe, error_body, hint, judge, next_wait, retry_after,
 };
 use super::destination::{DESTINATIONS_REFRESH, Destination};
+use super::sealed::Specs;
 use super::store::{Claimed, active, claim};
 
 /// The least time between two clock-skew warnings for one destination (the
@@ -45,6 +46,8 @@ const RECORD_TRIES: u32 = 8;
 /// What the sender's loops share.
 pub struct Sender {
     pool: PgPool,
+    /// How the destinations' specs are stored (sealed under the relay's keys).
+    specs: Specs,
     metrics: Arc<RelayMetrics>,
     crasher: Arc<Crasher>,
     /// Where the deliveries may connect (`--webhook-allow-addresses`).
@@ -60,6 +63,7 @@ impl Sender {
     /// A sender on `pool` whose deliveries connect where `egress` permits.
     pub fn new(
         pool: PgPool,
+        specs: Specs,
         metrics: Arc<RelayMetrics>,
         crasher: Arc<Crasher>,
         egress: Egress,
@@ -67,6 +71,7 @@ impl Sender {
     ) -> Self {
         Self {
             pool,
+            specs,
             metrics,
             crasher,
             egress,
@@ -101,7 +106,7 @@ impl Sender {
         // name -> (its spec, its loop's cancel)
         let mut running: HashMap<String, (String, CancellationToken)> = HashMap::new();
         loop {
-            match active(&self.pool).await {
+            match active(&self.pool, &self.specs).await {
                 Ok(destinations) => {
                     let names: Vec<&str> = destinations.iter().map(|d| d.name.as_str()).collect();
                     running.retain(|name, (_, stop)| {
@@ -765,6 +770,7 @@ mod tests {
         .expect("delivery");
         let sender = Sender::new(
             pool.clone(),
+            Specs::Plaintext,
             Arc::new(RelayMetrics::new().expect("metrics")),
             Arc::new(Crasher::default()),
             Egress::public_only(),

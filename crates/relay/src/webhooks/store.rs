@@ -8,6 +8,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::destination::Destination;
+use super::sealed::{Keyring, Specs};
 
 /// A delivery claimed for one attempt.
 #[derive(Debug, Clone)]
@@ -65,10 +66,22 @@ pub struct Added {
 /// never brings back what `relay webhooks remove` removed (before, every
 /// relay's start re-applied its flags: a removed destination came back and a
 /// rotated secret was reverted). A row an older relay registered by name
-/// only (no spec, not removed) takes the flag's spec.
-pub async fn add_missing(pool: &PgPool, destinations: &[Destination]) -> sqlx::Result<Added> {
+/// only (no spec, not removed) takes the flag's spec. The specs are stored
+/// sealed (`specs`), so a stored one is compared with its flag here, opened,
+/// not in SQL (two seals of one spec differ).
+///
+/// # Errors
+/// The database's, or a stored spec that does not open.
+pub async fn add_missing(
+    pool: &PgPool,
+    specs: &Specs,
+    destinations: &[Destination],
+) -> anyhow::Result<Added> {
     let names: Vec<&str> = destinations.iter().map(|d| d.name.as_str()).collect();
-    let specs: Vec<&str> = destinations.iter().map(|d| d.spec.as_str()).collect();
+    let sealed: Vec<String> = destinations
+        .iter()
+        .map(|d| specs.seal(&d.name, &d.spec))
+        .collect();
     let added: Vec<String> = sqlx::query_scalar(
         "INSERT INTO orders.webhook_destinations AS w (destination, spec) \
          SELECT * FROM unnest($1::text[], $2::text[]) \
@@ -77,17 +90,15 @@ pub async fn add_missing(pool: &PgPool, destinations: &[Destination]) -> sqlx::R
          RETURNING w.destination",
     )
     .bind(&names)
-    .bind(&specs)
+    .bind(&sealed)
     .fetch_all(pool)
     .await?;
-    let kept: Vec<(String, bool, bool)> = sqlx::query_as(
-        "SELECT w.destination, w.removed_at IS NOT NULL, w.spec IS DISTINCT FROM f.spec \
-         FROM orders.webhook_destinations w \
-         JOIN unnest($1::text[], $2::text[]) AS f(destination, spec) USING (destination) \
-         WHERE w.destination <> ALL($3::text[]) ORDER BY w.destination",
+    let kept: Vec<(String, bool, Option<String>)> = sqlx::query_as(
+        "SELECT destination, removed_at IS NOT NULL, spec FROM orders.webhook_destinations \
+         WHERE destination = ANY($1::text[]) AND destination <> ALL($2::text[]) \
+         ORDER BY destination",
     )
     .bind(&names)
-    .bind(&specs)
     .bind(&added)
     .fetch_all(pool)
     .await?;
@@ -95,10 +106,17 @@ pub async fn add_missing(pool: &PgPool, destinations: &[Destination]) -> sqlx::R
         added,
         ..Added::default()
     };
-    for (name, removed, differs) in kept {
+    for (name, removed, stored) in kept {
         if removed {
             out.removed.push(name);
-        } else if differs {
+            continue;
+        }
+        let flag = destinations
+            .iter()
+            .find(|d| d.name == name)
+            .map(|d| d.spec.as_str());
+        let stored = stored.map(|s| specs.open(&name, &s)).transpose()?;
+        if stored.as_deref() != flag {
             out.differing.push(name);
         }
     }
@@ -108,10 +126,18 @@ pub async fn add_missing(pool: &PgPool, destinations: &[Destination]) -> sqlx::R
 /// `relay webhooks add`, the operator's command: adds `destinations` to
 /// `orders.webhook_destinations`, or replaces the spec of those there (a
 /// removed one is added again: its later events are fanned out to it; its
-/// failed deliveries wait for `relay webhooks replay`).
-pub async fn upsert(pool: &PgPool, destinations: &[Destination]) -> sqlx::Result<()> {
+/// failed deliveries wait for `relay webhooks replay`). The specs are
+/// stored sealed (`specs`).
+pub async fn upsert(
+    pool: &PgPool,
+    specs: &Specs,
+    destinations: &[Destination],
+) -> sqlx::Result<()> {
     let names: Vec<&str> = destinations.iter().map(|d| d.name.as_str()).collect();
-    let specs: Vec<&str> = destinations.iter().map(|d| d.spec.as_str()).collect();
+    let sealed: Vec<String> = destinations
+        .iter()
+        .map(|d| specs.seal(&d.name, &d.spec))
+        .collect();
     sqlx::query!(
         "INSERT INTO orders.webhook_destinations (destination, spec) \
          SELECT * FROM unnest($1::text[], $2::text[]) \
@@ -120,7 +146,7 @@ pub async fn upsert(pool: &PgPool, destinations: &[Destination]) -> sqlx::Result
                                 AND orders.webhook_destinations.spec IS NOT NULL \
                            THEN orders.webhook_destinations.added_at ELSE now() END",
         &names as &[&str],
-        &specs as &[&str]
+        &sealed as &[String]
     )
     .execute(pool)
     .await?;
@@ -128,9 +154,10 @@ pub async fn upsert(pool: &PgPool, destinations: &[Destination]) -> sqlx::Result
 }
 
 /// The destinations fanned out to: in `orders.webhook_destinations`, with a
-/// spec, not removed. A spec that no longer parses (written by another
-/// version) is left out with an ERROR.
-pub async fn active(pool: &PgPool) -> sqlx::Result<Vec<Destination>> {
+/// spec, not removed. A spec that does not open (a key the relay lacks) or
+/// no longer parses (written by another version) is left out with an
+/// ERROR.
+pub async fn active(pool: &PgPool, specs: &Specs) -> sqlx::Result<Vec<Destination>> {
     let rows = sqlx::query!(
         r#"SELECT destination, spec AS "spec!" FROM orders.webhook_destinations
            WHERE spec IS NOT NULL AND removed_at IS NULL ORDER BY destination"#
@@ -139,18 +166,80 @@ pub async fn active(pool: &PgPool) -> sqlx::Result<Vec<Destination>> {
     .await?;
     Ok(rows
         .into_iter()
-        .filter_map(|r| match r.spec.parse::<Destination>() {
-            Ok(d) if d.name == r.destination => Some(d),
-            Ok(d) => {
-                tracing::error!(destination = r.destination, named = d.name, "a destination's spec names another destination; not delivering to it");
-                None
-            }
-            Err(error) => {
-                tracing::error!(destination = r.destination, %error, "a destination's spec does not parse; not delivering to it");
-                None
+        .filter_map(|r| {
+            let spec = match specs.open(&r.destination, &r.spec) {
+                Ok(spec) => spec,
+                Err(error) => {
+                    tracing::error!(destination = r.destination, %error, "not delivering to it");
+                    return None;
+                }
+            };
+            match spec.parse::<Destination>() {
+                Ok(d) if d.name == r.destination => Some(d),
+                Ok(d) => {
+                    tracing::error!(destination = r.destination, named = d.name, "a destination's spec names another destination; not delivering to it");
+                    None
+                }
+                Err(error) => {
+                    tracing::error!(destination = r.destination, %error, "a destination's spec does not parse; not delivering to it");
+                    None
+                }
             }
         })
         .collect())
+}
+
+/// The destinations whose specs are stored in plaintext (written before
+/// sealing, or with `--unsafe-plaintext-webhook-secrets`).
+pub async fn plaintext(pool: &PgPool) -> sqlx::Result<Vec<String>> {
+    sqlx::query_scalar(
+        "SELECT destination FROM orders.webhook_destinations \
+         WHERE spec IS NOT NULL AND spec NOT LIKE 'sealed:v1:%' ORDER BY destination",
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// What [`rekey`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Rekeyed {
+    /// Specs sealed again under the current key (sealed under an older key,
+    /// or in plaintext before).
+    pub resealed: Vec<String>,
+    /// Specs already under the current key.
+    pub current: usize,
+}
+
+/// `relay webhooks rekey`: every stored spec not sealed under the current
+/// key (an older key's, or plaintext) sealed again under it, in one
+/// transaction (the rows locked). Nothing is changed if one does not open.
+///
+/// # Errors
+/// The database's, or a spec no key of the ring opens.
+pub async fn rekey(pool: &PgPool, ring: &Keyring) -> anyhow::Result<Rekeyed> {
+    let mut tx = pool.begin().await?;
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT destination, spec FROM orders.webhook_destinations \
+         WHERE spec IS NOT NULL ORDER BY destination FOR UPDATE",
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut out = Rekeyed::default();
+    for (name, stored) in rows {
+        if ring.is_current(&stored) {
+            out.current += 1;
+            continue;
+        }
+        let spec = ring.open(&name, &stored)?;
+        sqlx::query("UPDATE orders.webhook_destinations SET spec = $2 WHERE destination = $1")
+            .bind(&name)
+            .bind(ring.seal(&name, &spec))
+            .execute(&mut *tx)
+            .await?;
+        out.resealed.push(name);
+    }
+    tx.commit().await?;
+    Ok(out)
 }
 
 /// Removes `name`: no later event is fanned out to it, and its pending

@@ -42,6 +42,7 @@ fn config(db: &TestDb, topic: &TestTopic, workers: u16, batch_size: i64) -> Conf
         webhook_destination: Vec::new(),
         webhook_allow_addresses: Vec::new(),
         webhook_schedule_scale: 1.0,
+        webhook_secrets: Default::default(),
     }
 }
 

@@ -20,7 +20,7 @@ use pipeline::db::ServiceRole;
 use pipeline::envelope::Envelope;
 use pipeline::outbox::{Outbox, OutboxMessage};
 use pipeline::testing::{Service, TestDb, eventually};
-use relay::webhooks::{Admin, Destination, ReceiverHorizon};
+use relay::webhooks::{Admin, Destination, Keyring, ReceiverHorizon, SecretsArgs, Specs};
 use relay::{Config, Mode, Sink, run};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -200,7 +200,24 @@ fn config(db: &TestDb, destinations: Vec<Destination>, scale: f64) -> Config {
         // The receivers of these tests listen on loopback.
         webhook_allow_addresses: vec!["127.0.0.1/32".parse().expect("net")],
         webhook_schedule_scale: scale,
+        webhook_secrets: secrets_args(),
     }
+}
+
+/// The stack's sealing key (.stack/secrets/webhook-secrets.key), as the
+/// relay takes it.
+fn secrets_args() -> SecretsArgs {
+    SecretsArgs {
+        webhook_secrets_key_file: Some(
+            pipeline::testing::stack_var("RELAY_WEBHOOK_SECRETS_KEY_FILE").into(),
+        ),
+        unsafe_plaintext_webhook_secrets: false,
+    }
+}
+
+/// How the relay stores the specs, with the stack's key.
+fn specs() -> Specs {
+    Specs::from_args(&secrets_args()).expect("the stack's webhook secrets key")
 }
 
 /// The relay on `config`, in this process.
@@ -636,7 +653,7 @@ async fn refusals_and_errors_fail_after_the_last_attempt_and_gone_disables_the_d
         horizon: ReceiverHorizon::default(),
     };
     assert_eq!(
-        replay.run(&as_relay).await.expect("replay"),
+        replay.run(&as_relay, &specs()).await.expect("replay"),
         "2 failed deliveries queued again\n"
     );
     let enable = Admin::Enable {
@@ -644,7 +661,7 @@ async fn refusals_and_errors_fail_after_the_last_attempt_and_gone_disables_the_d
         horizon: ReceiverHorizon::default(),
     };
     assert_eq!(
-        enable.run(&as_relay).await.expect("enable"),
+        enable.run(&as_relay, &specs()).await.expect("enable"),
         "destination gone enabled\n"
     );
     assert!(
@@ -652,7 +669,7 @@ async fn refusals_and_errors_fail_after_the_last_attempt_and_gone_disables_the_d
             destination: "nowhere".into(),
             horizon: ReceiverHorizon::default(),
         }
-        .run(&as_relay)
+        .run(&as_relay, &specs())
         .await
         .is_err()
     );
@@ -675,7 +692,10 @@ async fn refusals_and_errors_fail_after_the_last_attempt_and_gone_disables_the_d
         .await,
         2
     );
-    let status = Admin::Status.run(&as_relay).await.expect("status");
+    let status = Admin::Status
+        .run(&as_relay, &specs())
+        .await
+        .expect("status");
     assert!(
         status
             .lines()
@@ -1043,7 +1063,10 @@ async fn replays_and_enables_refuse_events_past_the_receivers_horizon() {
             ..ReceiverHorizon::default()
         },
     };
-    let refused = replay(false).run(&as_relay).await.expect_err("refused");
+    let refused = replay(false)
+        .run(&as_relay, &specs())
+        .await
+        .expect_err("refused");
     let cutoff = humantime::format_duration(ReceiverHorizon::default().cutoff()).to_string();
     assert!(
         format!("{refused:#}").contains(&format!(
@@ -1054,7 +1077,7 @@ async fn replays_and_enables_refuse_events_past_the_receivers_horizon() {
     );
     assert_eq!(failed().await, 3, "nothing was replayed");
     assert_eq!(
-        replay(true).run(&as_relay).await.expect("replay"),
+        replay(true).run(&as_relay, &specs()).await.expect("replay"),
         "1 failed deliveries queued again\n2 left failed: their events are past the receiver's horizon\n"
     );
     assert_eq!(failed().await, 2, "the old and the late one stay failed");
@@ -1066,7 +1089,10 @@ async fn replays_and_enables_refuse_events_past_the_receivers_horizon() {
             ..ReceiverHorizon::default()
         },
     };
-    assert!(enable(false).run(&as_relay).await.is_err(), "refused");
+    assert!(
+        enable(false).run(&as_relay, &specs()).await.is_err(),
+        "refused"
+    );
     assert_eq!(
         count(
             &owner,
@@ -1077,7 +1103,7 @@ async fn replays_and_enables_refuse_events_past_the_receivers_horizon() {
         "still disabled"
     );
     assert_eq!(
-        enable(true).run(&as_relay).await.expect("enable"),
+        enable(true).run(&as_relay, &specs()).await.expect("enable"),
         "destination gone enabled\n1 waiting deliveries marked failed: their events are past the receiver's horizon\n"
     );
     assert_eq!(failed().await, 3);
@@ -1118,7 +1144,7 @@ async fn destinations_added_and_removed_in_the_database_are_followed_by_running_
     let added = Admin::Add {
         destination: b.destination("b", &b_url, ""),
     }
-    .run(&relay_pool)
+    .run(&relay_pool, &specs())
     .await
     .expect("add b");
     assert!(added.contains("destination b delivers to"), "{added}");
@@ -1166,7 +1192,7 @@ async fn destinations_added_and_removed_in_the_database_are_followed_by_running_
     let removed = Admin::Remove {
         destination: "c".into(),
     }
-    .run(&relay_pool)
+    .run(&relay_pool, &specs())
     .await
     .expect("remove c");
     assert!(
@@ -1208,14 +1234,17 @@ async fn destinations_added_and_removed_in_the_database_are_followed_by_running_
     let error = Admin::Remove {
         destination: "c".into(),
     }
-    .run(&relay_pool)
+    .run(&relay_pool, &specs())
     .await
     .expect_err("already removed");
     assert!(
         error.to_string().contains("no destination \"c\""),
         "{error}"
     );
-    let status = Admin::Status.run(&relay_pool).await.expect("status");
+    let status = Admin::Status
+        .run(&relay_pool, &specs())
+        .await
+        .expect("status");
     assert!(
         status
             .lines()
@@ -1268,6 +1297,8 @@ async fn a_relay_s_flags_never_overwrite_or_bring_back_a_destination() {
         "the relay's flag adds a"
     );
     let first = spec("a").await.expect("a's spec");
+    assert!(!first.contains(&a.secret.to_whsec()), "sealed at rest");
+    let first = specs().open("a", &first).expect("opens");
     assert!(first.contains(&a.secret.to_whsec()), "the flag added a");
     relay.stop().await;
 
@@ -1280,17 +1311,17 @@ async fn a_relay_s_flags_never_overwrite_or_bring_back_a_destination() {
     Admin::Add {
         destination: rotated_spec.parse().expect("destination"),
     }
-    .run(&relay_pool)
+    .run(&relay_pool, &specs())
     .await
     .expect("rotate a");
     Admin::Remove {
         destination: "b".into(),
     }
-    .run(&relay_pool)
+    .run(&relay_pool, &specs())
     .await
     .expect("remove b");
 
-    let added = relay::webhooks::add_missing(&relay_pool, &flags)
+    let added = relay::webhooks::add_missing(&relay_pool, &specs(), &flags)
         .await
         .expect("flags");
     assert_eq!(
@@ -1307,7 +1338,9 @@ async fn a_relay_s_flags_never_overwrite_or_bring_back_a_destination() {
         eventually(Duration::from_secs(20), || async { a.hits().len() == 1 }).await,
         "a gets the event: the relay is past its start-up"
     );
-    let kept = spec("a").await.expect("a's spec");
+    let kept = specs()
+        .open("a", &spec("a").await.expect("a's spec"))
+        .expect("opens");
     assert!(kept.contains(&new_secret), "the rotation stays");
     assert_ne!(kept, first);
     let removed: i64 = count(
@@ -1327,4 +1360,162 @@ async fn a_relay_s_flags_never_overwrite_or_bring_back_a_destination() {
     );
     assert!(b.hits().is_empty());
     relay.stop().await;
+}
+
+/// `relay webhooks add|rekey` as the relay's role, with the sealing keys of
+/// `keys` (none: neither the file nor the environment's).
+fn relay_webhooks(
+    db: &TestDb,
+    keys: Option<&std::path::Path>,
+    args: &[&str],
+) -> std::process::Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_relay"));
+    command
+        .arg("webhooks")
+        .args(args)
+        .env("DATABASE_URL", db.url_as(ServiceRole::Relay))
+        .env_remove("RELAY_WEBHOOK_SECRETS_KEY_FILE")
+        .env_remove(relay::webhooks::KEY_ENV)
+        .env_remove("RELAY_UNSAFE_PLAINTEXT_WEBHOOK_SECRETS");
+    if let Some(file) = keys {
+        command.env("RELAY_WEBHOOK_SECRETS_KEY_FILE", file);
+    }
+    command.output().expect("run relay webhooks")
+}
+
+/// A key file of `lines` (0600) in `dir`.
+fn key_file(dir: &std::path::Path, name: &str, lines: &[&str]) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, lines.join("\n")).expect("write");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    path
+}
+
+/// What `keys` reads of the destinations: their secrets, by name.
+async fn readable(pool: &PgPool, keys: &std::path::Path) -> Vec<(String, usize)> {
+    let specs = Specs::from_args(&SecretsArgs {
+        webhook_secrets_key_file: Some(keys.to_owned()),
+        unsafe_plaintext_webhook_secrets: false,
+    })
+    .expect("keys");
+    relay::webhooks::active(pool, &specs)
+        .await
+        .expect("active")
+        .into_iter()
+        .map(|d| (d.name, d.secrets.len()))
+        .collect()
+}
+
+#[tokio::test]
+async fn destination_secrets_are_sealed_at_rest_rotated_by_rekey_and_need_a_key() {
+    let db = TestDb::create().await;
+    let owner = PgPool::connect(&db.url).await.expect("connect");
+    let relay_pool = PgPool::connect(&db.url_as(ServiceRole::Relay))
+        .await
+        .expect("connect as the relay");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (old, new) = (Keyring::generate_line("old"), Keyring::generate_line("new"));
+    let old_only = key_file(dir.path(), "old.key", &[&old]);
+    let rotating = key_file(dir.path(), "rotating.key", &[&new, &old]);
+    let new_only = key_file(dir.path(), "new.key", &[&new]);
+    let secret = Secret::generate().to_whsec();
+    // The secret from a file: it is in no process's arguments.
+    let secret_file = key_file(dir.path(), "p.secret", &[&secret]);
+    let spec = format!(
+        "p=https://hooks.example.com/orders,secret-file={}",
+        secret_file.display()
+    );
+    let stored = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT spec FROM orders.webhook_destinations WHERE destination = 'p'",
+        )
+        .fetch_optional(&owner)
+        .await
+        .expect("spec")
+    };
+
+    let refused = relay_webhooks(&db, None, &["add", &spec]);
+    assert!(!refused.status.success(), "added without a key");
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("--webhook-secrets-key-file"), "{why}");
+    assert_eq!(stored().await, None, "nothing stored");
+
+    let added = relay_webhooks(&db, Some(&old_only), &["add", &spec]);
+    assert!(
+        added.status.success(),
+        "{}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    let sealed = stored().await.expect("stored");
+    assert!(sealed.starts_with("sealed:v1:old:"), "{sealed}");
+    assert!(
+        !sealed.contains(&secret[6..]) && !sealed.contains("example.com"),
+        "neither the secret nor the URL in the database"
+    );
+    assert_eq!(
+        readable(&relay_pool, &old_only).await,
+        vec![("p".into(), 1)]
+    );
+    assert!(
+        readable(&relay_pool, &new_only).await.is_empty(),
+        "another key opens nothing"
+    );
+
+    // An older relay's plaintext row, next to it.
+    sqlx::query(
+        "INSERT INTO orders.webhook_destinations (destination, spec) VALUES ('legacy', $1)",
+    )
+    .bind(format!(
+        "legacy=https://legacy.example.com/h,secret={secret}"
+    ))
+    .execute(&owner)
+    .await
+    .expect("a plaintext row");
+    assert_eq!(
+        relay::webhooks::plaintext(&relay_pool)
+            .await
+            .expect("plaintext"),
+        vec!["legacy"]
+    );
+
+    // The rotation: the new key first, the old one kept; rekey; the old one dropped.
+    let rekeyed = relay_webhooks(&db, Some(&rotating), &["rekey"]);
+    assert!(
+        rekeyed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rekeyed.stderr)
+    );
+    let said = String::from_utf8_lossy(&rekeyed.stdout);
+    assert!(
+        said.starts_with("2 destination specs sealed again under key new"),
+        "{said}"
+    );
+    assert!(
+        stored()
+            .await
+            .expect("stored")
+            .starts_with("sealed:v1:new:")
+    );
+    assert!(
+        relay::webhooks::plaintext(&relay_pool)
+            .await
+            .expect("plaintext")
+            .is_empty()
+    );
+    assert_eq!(
+        readable(&relay_pool, &new_only).await,
+        vec![("legacy".into(), 1), ("p".into(), 1)],
+        "the new key alone reads both"
+    );
+    assert!(
+        readable(&relay_pool, &old_only).await.is_empty(),
+        "the old key reads nothing now"
+    );
+    let again = relay_webhooks(&db, Some(&new_only), &["rekey"]);
+    let said = String::from_utf8_lossy(&again.stdout);
+    assert!(
+        said.starts_with("0 destination specs sealed again"),
+        "{said}"
+    );
 }

@@ -10,7 +10,7 @@ STACK_DIR ?= $(CURDIR)/.stack
 export STACK_DIR
 -include $(STACK_DIR)/env
 
-.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-library bench-library-relay bench-relay-ab bench-inbox bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness key-expiry demo demo-webhooks \
+.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-security bench-library bench-library-relay bench-relay-ab bench-inbox bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness key-expiry demo demo-webhooks \
         check-config check-dashboards plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 exp-10-long accept
 
 help: ## list the targets
@@ -91,6 +91,9 @@ bench-orders: ## benchmark POST /orders against the pgbench ceiling (see FINDING
 
 bench-pipeline: ## relay drain and consumer throughput vs raw rdkafka, commit→effect latency (see FINDINGS.md)
 	@scripts/bench-pipeline.sh
+
+bench-security: ## what TLS and SASL cost: bench-pipeline on the secured stack and in plaintext, side by side, the modes alternating (BENCH_SECURITY_ROUNDS; see FINDINGS.md)
+	@scripts/bench-security.sh
 
 bench-library: ## the library's consumer loop, records/s by batch size (BENCH_LIBRARY_RECORDS, BENCH_LIBRARY_BATCHES; see FINDINGS.md)
 	@scripts/stack.sh up >/dev/null

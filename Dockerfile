@@ -5,13 +5,14 @@
 #
 # Build needs: the Rust toolchain; rdkafka's bundled librdkafka (rdkafka-sys)
 # is compiled with its configure script + make by a C/C++ compiler and links
-# the system zlib (found by pkg-config). protox compiles proto/ in pure Rust,
+# the system zlib and OpenSSL (TLS and SASL/SCRAM to the brokers; found by
+# pkg-config). protox compiles proto/ in pure Rust,
 # so no protoc. sqlx checks the SQL of its query macros against the committed
 # offline data (.sqlx/; .cargo/config.toml sets SQLX_OFFLINE), so no database
 # at build time.
 FROM rust:1.95.0-bookworm AS builder
 RUN apt-get update \
- && apt-get install -y --no-install-recommends build-essential pkg-config zlib1g-dev \
+ && apt-get install -y --no-install-recommends build-essential pkg-config zlib1g-dev libssl-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
@@ -30,9 +31,10 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && for bin in orders relay payments recon loadgen kafka-tool; do cp "target/release/$bin" /out/; done
 
 FROM debian:bookworm-slim
-# curl: the compose healthchecks; zlib1g (librdkafka's one shared dependency) is in the base image.
+# curl: the compose healthchecks; librdkafka's shared dependencies: zlib1g is in the base image,
+# libssl3 named here (ca-certificates pulls it in too).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates curl \
+ && apt-get install -y --no-install-recommends ca-certificates curl libssl3 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home app
 COPY --from=builder /out/ /usr/local/bin/

@@ -11,7 +11,9 @@
 #                                    package dclint (pinned) into .tools/; prints its path
 #   scripts/tools.sh cargo-tools     what `make test` runs besides cargo: cargo-nextest and
 #                                    sqlx-cli (pinned; built from crates.io into ~/.cargo/bin
-#                                    once per machine, a few minutes each), clippy and rustfmt
+#                                    once per machine, a few minutes each), clippy and rustfmt,
+#                                    and OpenSSL's headers for librdkafka (Debian's libssl-dev,
+#                                    with apt when absent; needs root)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -81,6 +83,14 @@ compose_schema() {
 # an installed binary is never rebuilt, so only a machine's first run pays.
 SQLX_CLI_VERSION=0.8.6
 cargo_tools() {
+  # librdkafka (rdkafka-sys, built with the workspace) links the system's
+  # OpenSSL for TLS and SASL/SCRAM: its headers come from Debian's libssl-dev.
+  if ! pkg-config --exists openssl 2>/dev/null; then
+    [ "$(id -u)" = 0 ] || die "OpenSSL's headers not found (pkg-config openssl); install Debian's libssl-dev and pkg-config (needs root)"
+    log "installing Debian's libssl-dev and pkg-config (librdkafka's TLS)"
+    { DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libssl-dev pkg-config; } >/dev/null \
+      || die "apt-get install libssl-dev pkg-config failed"
+  fi
   if ! command -v cargo-nextest >/dev/null 2>&1; then
     log "installing cargo-nextest from crates.io (once per machine)"
     cargo install cargo-nextest --locked >&2 || die "cargo install cargo-nextest failed"

@@ -183,6 +183,23 @@ impl ClientProperties {
     }
 }
 
+/// The base configuration of a client of `bootstrap_servers`, with the
+/// properties of the client config file at `file` (none when `None` or
+/// empty: an empty `KAFKA_CLIENT_CONFIG` is no file).
+///
+/// # Errors
+/// As [`ClientProperties::load`].
+pub fn client_config(
+    bootstrap_servers: &str,
+    file: Option<&Path>,
+) -> Result<ClientConfig, ClientPropertiesError> {
+    Ok(match file.filter(|p| !p.as_os_str().is_empty()) {
+        Some(path) => ClientProperties::load(path)?,
+        None => ClientProperties::default(),
+    }
+    .client_config(bootstrap_servers))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

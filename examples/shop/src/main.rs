@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use effectively::kafka_config::ClientProperties;
+use effectively::kafka_config;
 use effectively::store::{Effectively, KafkaSink, Relay, consume};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use sqlx::postgres::PgPoolOptions;
@@ -88,15 +88,7 @@ async fn main() -> anyhow::Result<()> {
         let _ = tokio::signal::ctrl_c().await;
         stop.cancel();
     });
-    let kafka = match cli
-        .kafka_client_config
-        .as_deref()
-        .filter(|p| !p.as_os_str().is_empty())
-    {
-        Some(file) => ClientProperties::load(file)?,
-        None => ClientProperties::default(),
-    }
-    .client_config(&cli.kafka);
+    let kafka = kafka_config::client_config(&cli.kafka, cli.kafka_client_config.as_deref())?;
     match cli.command {
         Command::Migrate => {
             sqlx::migrate!("./migrations").run(&pool).await?;

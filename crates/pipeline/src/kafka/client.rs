@@ -6,27 +6,8 @@
 //! picked up by the next client, and its values are never logged nor put
 //! in an error.
 
-use std::path::Path;
-
-pub use effectively::kafka_config::{ClientProperties, ClientPropertiesError};
+pub use effectively::kafka_config::{ClientProperties, ClientPropertiesError, client_config};
 use rdkafka::ClientConfig;
-
-/// The base configuration of a client of `bootstrap_servers`, with the
-/// properties of the client config file at `properties` (none when `None`
-/// or empty: an empty `KAFKA_CLIENT_CONFIG` is no file).
-///
-/// # Errors
-/// As [`ClientProperties::load`].
-pub fn client_config(
-    bootstrap_servers: &str,
-    properties: Option<&Path>,
-) -> Result<ClientConfig, ClientPropertiesError> {
-    Ok(match properties.filter(|p| !p.as_os_str().is_empty()) {
-        Some(path) => ClientProperties::load(path)?,
-        None => ClientProperties::default(),
-    }
-    .client_config(bootstrap_servers))
-}
 
 impl crate::config::KafkaArgs {
     /// The base configuration of every client the service makes: its
@@ -51,6 +32,8 @@ pub fn servers_of(config: &ClientConfig) -> &str {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     #[test]

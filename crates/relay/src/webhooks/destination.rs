@@ -60,22 +60,8 @@ const DESTINATION_SYNTAX: &str = "NAME=URL,secret=whsec_...|secret-file=PATH[,se
 /// users may not read: `secret-file=PATH` keeps the secret out of the
 /// command line and the environment.
 fn secret_from_file(name: &str, path: &str) -> Result<String, String> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path)
-            .map_err(|e| format!("destination {name}: secret-file {path}: {e}"))?
-            .permissions()
-            .mode();
-        if mode & 0o077 != 0 {
-            return Err(format!(
-                "destination {name}: secret-file {path}: other users may read it (mode {:o}): chmod 600 {path}",
-                mode & 0o777
-            ));
-        }
-    }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("destination {name}: secret-file {path}: {e}"))?;
+    let text = super::sealed::read_private(std::path::Path::new(path))
+        .map_err(|why| format!("destination {name}: secret-file {why}"))?;
     Ok(text.lines().next().unwrap_or_default().trim().to_owned())
 }
 

@@ -155,25 +155,9 @@ impl Keyring {
     /// # Errors
     /// When it cannot be read, other users may read it, or it does not parse.
     pub fn load(path: &Path) -> Result<Self, SealError> {
-        let shown = path.display();
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(path)
-                .map_err(|e| SealError::Keys(format!("{shown}: {e}")))?
-                .permissions()
-                .mode();
-            if mode & 0o077 != 0 {
-                return Err(SealError::Keys(format!(
-                    "{shown}: other users may read it (mode {:o}): chmod 600 {shown}",
-                    mode & 0o777
-                )));
-            }
-        }
-        let text =
-            std::fs::read_to_string(path).map_err(|e| SealError::Keys(format!("{shown}: {e}")))?;
+        let text = read_private(path).map_err(SealError::Keys)?;
         Self::parse(&text).map_err(|e| match e {
-            SealError::Keys(why) => SealError::Keys(format!("{shown}: {why}")),
+            SealError::Keys(why) => SealError::Keys(format!("{}: {why}", path.display())),
             other => other,
         })
     }
@@ -261,6 +245,27 @@ impl Keyring {
             .and_then(|rest| rest.split_once(':'))
             .is_some_and(|(id, _)| id == self.current())
     }
+}
+
+/// The text of the file at `path`, which must be its owner's alone (it
+/// holds a key or a secret); the error names the file and what is wrong.
+pub(super) fn read_private(path: &Path) -> Result<String, String> {
+    let shown = path.display();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path)
+            .map_err(|e| format!("{shown}: {e}"))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            return Err(format!(
+                "{shown}: other users may read it (mode {:o}): chmod 600 {shown}",
+                mode & 0o777
+            ));
+        }
+    }
+    std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))
 }
 
 /// Whether `stored` is sealed at all.

@@ -121,43 +121,53 @@ kafka_format_scram() {
   done
 }
 
+# write_private FILE: standard input into FILE (0600), whole or not at all
+# (a temporary file beside it, renamed).
+write_private() {
+  local tmp
+  tmp=$(umask 077; mktemp "$1.XXXXXX")
+  cat >"$tmp" && mv "$tmp" "$1"
+}
+
+# librdkafka_properties PRINCIPAL: its librdkafka properties.
+librdkafka_properties() {
+  echo "# Written by scripts/stack.sh: the $1 principal's librdkafka properties (--kafka-client-config)."
+  if [ "$SECURITY" = plaintext ]; then
+    echo "security.protocol=plaintext"
+    return
+  fi
+  echo "security.protocol=sasl_ssl"
+  echo "sasl.mechanism=$KAFKA_MECHANISM"
+  echo "sasl.username=$1"
+  echo "sasl.password=$(kafka_password "$1")"
+  echo "ssl.ca.location=$TLS_CA"
+  echo "ssl.endpoint.identification.algorithm=https"
+}
+
+# java_admin_properties: the admin principal's properties for Kafka's Java tools.
+java_admin_properties() {
+  echo "# Written by scripts/stack.sh: the admin principal for Kafka's Java tools (scripts/kafka.sh)."
+  if [ "$SECURITY" = plaintext ]; then
+    echo "security.protocol=PLAINTEXT"
+    return
+  fi
+  echo "security.protocol=SASL_SSL"
+  echo "sasl.mechanism=$KAFKA_MECHANISM"
+  echo "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username=\"admin\" password=\"$(kafka_password admin)\";"
+  echo "ssl.truststore.type=PEM"
+  echo "ssl.truststore.location=$TLS_CA"
+}
+
 # kafka_client_files: each principal's librdkafka properties, and the Java
 # tools' admin properties.
 kafka_client_files() {
   (umask 077; mkdir -p "$KAFKA_CLIENTS")
   chmod 0700 "$KAFKA_CLIENTS"
-  local p tmp
+  local p
   for p in admin relay payments; do
-    tmp=$(umask 077; mktemp "$KAFKA_CLIENTS/$p.XXXXXX")
-    {
-      echo "# Written by scripts/stack.sh: the $p principal's librdkafka properties (--kafka-client-config)."
-      if [ "$SECURITY" = plaintext ]; then
-        echo "security.protocol=plaintext"
-      else
-        echo "security.protocol=sasl_ssl"
-        echo "sasl.mechanism=$KAFKA_MECHANISM"
-        echo "sasl.username=$p"
-        echo "sasl.password=$(kafka_password "$p")"
-        echo "ssl.ca.location=$TLS_CA"
-        echo "ssl.endpoint.identification.algorithm=https"
-      fi
-    } >"$tmp"
-    mv "$tmp" "$KAFKA_CLIENTS/$p.properties"
+    librdkafka_properties "$p" | write_private "$KAFKA_CLIENTS/$p.properties"
   done
-  tmp=$(umask 077; mktemp "$KAFKA_CLIENTS/admin-java.XXXXXX")
-  {
-    echo "# Written by scripts/stack.sh: the admin principal for Kafka's Java tools (scripts/kafka.sh)."
-    if [ "$SECURITY" = plaintext ]; then
-      echo "security.protocol=PLAINTEXT"
-    else
-      echo "security.protocol=SASL_SSL"
-      echo "sasl.mechanism=$KAFKA_MECHANISM"
-      echo "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username=\"admin\" password=\"$(kafka_password admin)\";"
-      echo "ssl.truststore.type=PEM"
-      echo "ssl.truststore.location=$TLS_CA"
-    fi
-  } >"$tmp"
-  mv "$tmp" "$KAFKA_CLIENTS/admin-java.properties"
+  java_admin_properties | write_private "$KAFKA_CLIENTS/admin-java.properties"
 }
 
 # kafka_acl ARGS...: Kafka's AclCommand as the admin principal.

@@ -94,10 +94,13 @@ done
 [ -z "$PG_SETTINGS" ] || echo "$PG_SETTINGS" >"$OUT/pg-settings.txt" # summary.json records them
 
 DATABASE_URL=$ORDERS_DATABASE_URL RUST_LOG=warn ORDERS_HTTP_ADDR=127.0.0.1:18280 ORDERS_GRPC_ADDR=127.0.0.1:15251 \
-  "$ORDERS_BIN" >"$OUT/orders.log" 2>&1 &
+  ORDERS_METRICS_ADDR=127.0.0.1:18281 "$ORDERS_BIN" >"$OUT/orders.log" 2>&1 &
 ORDERS=$!
 trap 'kill $ORDERS 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do curl -fs http://127.0.0.1:18280/metrics >/dev/null 2>&1 && break; sleep 0.1; done
+# orders_metrics: its metrics, on their own address (a build older than that
+# serves them on the HTTP port).
+orders_metrics() { curl -fs http://127.0.0.1:18281/metrics 2>/dev/null || curl -fs http://127.0.0.1:18280/metrics; }
+for _ in $(seq 1 100); do orders_metrics >/dev/null 2>&1 && break; sleep 0.1; done
 # A warm-up at the first point's rate, not recorded: the first load after
 # orders starts opens its connections, and one slow second is enough to
 # fail a 15 s point.
@@ -118,7 +121,7 @@ FROM pg_stat_activity WHERE usename = 'effectively_orders' AND state <> 'idle' G
 
 # The writers' batches so far: a line "unix-time batches requests" from orders' histogram.
 batches() {
-  curl -fs http://127.0.0.1:18280/metrics | awk -v t="$(date +%s.%N)" \
+  orders_metrics | awk -v t="$(date +%s.%N)" \
     '/^orders_write_batch_size_count /{c=$2} /^orders_write_batch_size_sum /{s=$2} END{print t, c, s}'
 }
 

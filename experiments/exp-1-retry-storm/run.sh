@@ -44,6 +44,7 @@ RETRY_RATE=0.15
 ZIPF_S=1.1
 HTTP=127.0.0.1:21080
 GRPC=127.0.0.1:21051
+ORDERS_METRICS=$(orders_metrics_addr "$HTTP")
 RELAY_METRICS=127.0.0.1:21101
 PAYMENTS_METRICS=127.0.0.1:21102
 LOGS=$RES/logs
@@ -80,12 +81,12 @@ for rate in $RATES; do
   tag=$rate-pipeline
   mkdir -p "$LOGS/$tag"
   say "$rate intents/s, pipeline (chaos without faults: orders + relay + payments), $SECS s, then recon"
-  sample_load "$LOGS/$tag" "http://$HTTP/metrics" "http://$RELAY_METRICS/metrics" "http://$PAYMENTS_METRICS/metrics" &
+  sample_load "$LOGS/$tag" "http://$ORDERS_METRICS/metrics" "http://$RELAY_METRICS/metrics" "http://$PAYMENTS_METRICS/metrics" &
   sampler=$!
   rc=0
   # shellcheck disable=SC2046 # load_args is words by design
   exp_chaos "$tag" --rate "$rate" --duration "$SECS" --protocol mixed $(load_args "$rate") \
-    --drain-timeout "$DRAIN" --http-addr "$HTTP" --grpc-addr "$GRPC" \
+    --drain-timeout "$DRAIN" --http-addr "$HTTP" --grpc-addr "$GRPC" --orders-metrics-addr "$ORDERS_METRICS" \
     --relay-metrics-addr "$RELAY_METRICS" --payments-metrics-addr "$PAYMENTS_METRICS" \
     --loadgen-arg=--key-prefix --loadgen-arg="exp1r$rate" >"$LOGS/$tag/chaos.txt" 2>&1 || rc=$?
   # Done long before chaos (load < load + drain + recon), unless chaos failed at start.
@@ -108,7 +109,7 @@ for rate in $RATES; do
     say "$rate intents/s, orders alone ${args[*]:-(check on)}, $SECS s"
     pipeline_db "$db"
     pipeline_orders "$dir" "$HTTP" "$GRPC" "${args[@]}"
-    sample_load "$dir" "http://$HTTP/metrics" &
+    sample_load "$dir" "http://$ORDERS_METRICS/metrics" &
     sampler=$!
     lrc=0
     # shellcheck disable=SC2046

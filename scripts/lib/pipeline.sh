@@ -136,10 +136,12 @@ pipeline_metric() {
   { curl -fs "http://127.0.0.1:$1/metrics" 2>/dev/null || true; } | awk -v m="$2" '$1==m{v=int($2)} END{print v+0}'
 }
 
-# wait_http URL NAME PID LOGDIR: up to 30 s for a 200, failing at once if PID died.
+# wait_http URLS NAME PID LOGDIR: up to 30 s for a 200 from one of URLS
+# (space-separated), failing at once if PID died.
 wait_http() {
+  local url
   for _ in $(seq 1 300); do
-    curl -fs -o /dev/null "$1" && return 0
+    for url in $1; do curl -fs -o /dev/null "$url" && return 0; done
     kill -0 "$3" 2>/dev/null || { echo "$2 exited at start; see $4/$2.log" >&2; return 1; }
     sleep 0.1
   done
@@ -147,17 +149,28 @@ wait_http() {
   return 1
 }
 
+# orders_metrics_addr HTTP: where pipeline_orders serves orders' metrics for
+# the HTTP address HTTP (127.0.0.1:PORT): ORDERS_METRICS_ADDR when set, else
+# the next port (PORT+1). The metrics are off the public port.
+orders_metrics_addr() {
+  local port=${1##*:}
+  echo "${ORDERS_METRICS_ADDR:-127.0.0.1:$((port + 1))}"
+}
+
 # pipeline_orders LOGDIR HTTP GRPC [ARGS...]: starts orders alone, as its own
-# role, on those 127.0.0.1 addresses (with ARGS, e.g. --no-idempotency) and
-# waits until it serves /metrics. pipeline_stop stops it.
+# role, on those 127.0.0.1 addresses (with ARGS, e.g. --no-idempotency), its
+# metrics on orders_metrics_addr HTTP, and waits until it serves /metrics.
+# pipeline_stop stops it.
 pipeline_orders() {
-  local logs=$1 http=$2 grpc=$3
+  local logs=$1 http=$2 grpc=$3 metrics
+  metrics=$(orders_metrics_addr "$2")
   shift 3
   export RUST_LOG=${RUST_LOG:-warn}
   DATABASE_URL=$ORDERS_DATABASE_URL ORDERS_HTTP_ADDR=$http ORDERS_GRPC_ADDR=$grpc \
-    "$BIN/orders" "$@" >"$logs/orders.log" 2>&1 &
+    ORDERS_METRICS_ADDR=$metrics "$BIN/orders" "$@" >"$logs/orders.log" 2>&1 &
   PIPELINE_PIDS+=($!)
-  wait_http "http://$http/metrics" orders $! "$logs"
+  # An older build (BENCH_BASE_BIN) serves its metrics on the HTTP port.
+  wait_http "http://$metrics/metrics http://$http/metrics" orders $! "$logs"
 }
 
 # pipeline_start LOGDIR HTTP GRPC RELAY_METRICS PAYMENTS_METRICS GROUP: starts the

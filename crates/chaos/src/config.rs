@@ -424,6 +424,14 @@ pub struct Config {
     #[arg(long, env = "CHAOS_GRPC_ADDR", default_value = "127.0.0.1:18451")]
     pub grpc_addr: SocketAddr,
 
+    /// Orders metrics address (of the first instance).
+    #[arg(
+        long,
+        env = "CHAOS_ORDERS_METRICS_ADDR",
+        default_value = "127.0.0.1:18400"
+    )]
+    pub orders_metrics_addr: SocketAddr,
+
     /// Relay metrics address (of the first instance; see --relays).
     #[arg(
         long,
@@ -671,6 +679,7 @@ impl Config {
                 ServiceName::Orders => {
                     take(self.http_addr, "--http-addr", Some(i))?;
                     take(self.grpc_addr, "--grpc-addr", Some(i))?;
+                    take(self.orders_metrics_addr, "--orders-metrics-addr", Some(i))?;
                 }
                 ServiceName::Relay => {
                     take(self.relay_metrics_addr, "--relay-metrics-addr", Some(i))?
@@ -751,11 +760,11 @@ impl Config {
         (!points.is_empty()).then(|| points.join(","))
     }
 
-    /// The address `instance` serves `/metrics` on (orders: its HTTP
-    /// address). Checked by [`Self::validate`] to exist.
+    /// The address `instance` serves `/metrics` on. Checked by
+    /// [`Self::validate`] to exist.
     pub fn metrics_addr(&self, instance: Instance) -> SocketAddr {
         let base = match instance.service {
-            ServiceName::Orders => self.http_addr,
+            ServiceName::Orders => self.orders_metrics_addr,
             ServiceName::Relay => self.relay_metrics_addr,
             ServiceName::Payments => self.payments_metrics_addr,
         };

@@ -55,6 +55,10 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, instance: Instance) 
             let (http, grpc) = config.orders_addr(instance);
             env.push((env::ORDERS_HTTP_ADDR.into(), s(&http)));
             env.push((env::ORDERS_GRPC_ADDR.into(), s(&grpc)));
+            env.push((
+                env::ORDERS_METRICS_ADDR.into(),
+                s(&config.metrics_addr(instance)),
+            ));
         }
         ServiceName::Relay => {
             env.push((
@@ -251,7 +255,11 @@ mod tests {
             get(&specs[1], env::ORDERS_GRPC_ADDR).as_deref(),
             Some("127.0.0.1:18551")
         );
-        assert_eq!(specs[1].metrics_url, "http://127.0.0.1:18580/metrics");
+        assert_eq!(
+            get(&specs[1], env::ORDERS_METRICS_ADDR).as_deref(),
+            Some("127.0.0.1:18500")
+        );
+        assert_eq!(specs[1].metrics_url, "http://127.0.0.1:18500/metrics");
         assert_eq!(
             get(&specs[4], env::RELAY_METRICS_ADDR).as_deref(),
             Some("127.0.0.1:18601")

@@ -49,9 +49,16 @@ pub struct Config {
     #[command(flatten)]
     pub crash: CrashArgs,
 
-    /// Address of the HTTP API (POST /orders, GET /orders/{id}, GET /metrics).
+    /// Address of the HTTP API (POST /orders, GET /orders/{id}).
     #[arg(long, env = pipeline::contract::env::ORDERS_HTTP_ADDR, default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
+
+    /// Address of GET /metrics (Prometheus text), off the public HTTP port:
+    /// the API's clients never see the service's counters, and a scraper
+    /// needs no way in to the API. Keep it on a network only the scraper
+    /// reaches.
+    #[arg(long, env = pipeline::contract::env::ORDERS_METRICS_ADDR, default_value = "127.0.0.1:9100")]
+    pub metrics_addr: SocketAddr,
 
     /// Address of the gRPC API (orders.v1.Orders).
     #[arg(long, env = pipeline::contract::env::ORDERS_GRPC_ADDR, default_value = "127.0.0.1:50051")]

@@ -1,4 +1,5 @@
-//! HTTP front end (axum): `POST /orders`, `GET /orders/{id}`, `GET /metrics`.
+//! HTTP front end (axum): `POST /orders`, `GET /orders/{id}`. The metrics
+//! are served on an address of their own (`--metrics-addr`), not here.
 //! Every error, an unknown route or a method a route does not take included,
 //! is JSON with a code (see [`ApiError`]). The connections are served by
 //! `pipeline::serve` (a header read timeout, a cap on connections); the
@@ -35,11 +36,10 @@ struct AppState {
 /// timeout of `request_timeout` on its routes (from the request's head to
 /// its response, the body's reading included: past it, 408
 /// `request_timeout`). Routes that do not read the body (an unknown one, a
-/// method not allowed, `/metrics`) answer at once, and an unread body
-/// closes the connection.
+/// method not allowed) answer at once, and an unread body closes the
+/// connection.
 pub fn router(api: OrdersApi, max_body_bytes: usize, request_timeout: Duration) -> Router {
     let metrics = Arc::new(api.metrics().clone());
-    let registry = metrics.registry.clone();
     Router::new()
         .route("/orders", post(create_order))
         .route("/orders/{id}", get(get_order))
@@ -50,9 +50,8 @@ pub fn router(api: OrdersApi, max_body_bytes: usize, request_timeout: Duration) 
             api,
             max_body_bytes,
         })
-        .merge(pipeline::metrics::router(registry))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
-        // After the merge, so that /metrics gets it too; axum adds `Allow`.
+        // axum adds `Allow`.
         .method_not_allowed_fallback(|method: Method| async move {
             ApiError::MethodNotAllowed(method.to_string())
         })

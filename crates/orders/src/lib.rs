@@ -32,14 +32,30 @@ use crate::metrics::OrdersMetrics;
 use crate::store::Store;
 use crate::writer::{WriteQueue, WriterSettings};
 
-/// Runs both servers on the given listeners until `cancel` fires, then drains
-/// in-flight requests (up to the shutdown timeout).
+/// Where the service listens: its two APIs and, apart from them, its metrics.
+#[derive(Debug)]
+pub struct Listeners {
+    /// The HTTP API (`POST /orders`, `GET /orders/{id}`).
+    pub http: TcpListener,
+    /// The gRPC API (`orders.v1.Orders`).
+    pub grpc: TcpListener,
+    /// `GET /metrics`.
+    pub metrics: TcpListener,
+}
+
+/// Runs both servers and the metrics endpoint on the given listeners until
+/// `cancel` fires, then drains in-flight requests (up to the shutdown
+/// timeout).
 pub async fn run(
     config: Config,
-    http: TcpListener,
-    grpc: TcpListener,
+    listeners: Listeners,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
+    let Listeners {
+        http,
+        grpc,
+        metrics: metrics_listener,
+    } = listeners;
     if config.no_idempotency {
         tracing::warn!(
             "--no-idempotency: the idempotency check is OFF; every retry creates a duplicate \
@@ -109,6 +125,8 @@ pub async fn run(
         ))
     };
     let (writes, writers) = WriteQueue::start(store.clone(), settings, metrics.clone());
+    let metrics_server =
+        pipeline::metrics::spawn_server(metrics_listener, metrics.registry.clone(), cancel.clone());
     let api = OrdersApi::new(store, writes, metrics);
 
     let request_timeout = Duration::from_millis(config.request_timeout_ms);
@@ -182,6 +200,7 @@ pub async fn run(
     let _ = expiry.await;
     clock_watch.abort();
     let _ = clock_watch.await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), metrics_server).await;
     pool.close().await;
     first.context("server task panicked")?
 }

@@ -34,6 +34,19 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let grpc = TcpListener::bind(config.grpc_addr)
         .await
         .with_context(|| format!("bind grpc {}", config.grpc_addr))?;
-    tracing::info!(http = %config.http_addr, grpc = %config.grpc_addr, "orders listening");
-    orders::run(config, http, grpc, pipeline::shutdown::on_signal()).await
+    let metrics = TcpListener::bind(config.metrics_addr)
+        .await
+        .with_context(|| format!("bind metrics {}", config.metrics_addr))?;
+    tracing::info!(
+        http = %config.http_addr,
+        grpc = %config.grpc_addr,
+        metrics = %config.metrics_addr,
+        "orders listening"
+    );
+    let listeners = orders::Listeners {
+        http,
+        grpc,
+        metrics,
+    };
+    orders::run(config, listeners, pipeline::shutdown::on_signal()).await
 }

@@ -10,7 +10,7 @@ use prometheus::{
 };
 
 /// Everything the Orders service counts. Registered in one [`Registry`],
-/// served at `GET /metrics` on the HTTP port.
+/// served at `GET /metrics` on the metrics address (`--metrics-addr`).
 #[derive(Debug, Clone)]
 pub struct OrdersMetrics {
     /// The registry holding these metrics.

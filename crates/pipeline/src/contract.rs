@@ -256,6 +256,8 @@ pub mod env {
     pub const ORDERS_HTTP_ADDR: &str = "ORDERS_HTTP_ADDR";
     /// Orders: the gRPC listen address.
     pub const ORDERS_GRPC_ADDR: &str = "ORDERS_GRPC_ADDR";
+    /// Orders: the metrics listen address (off the public HTTP port).
+    pub const ORDERS_METRICS_ADDR: &str = "ORDERS_METRICS_ADDR";
     /// Relay: the metrics listen address.
     pub const RELAY_METRICS_ADDR: &str = "RELAY_METRICS_ADDR";
     /// Relay: the broker ack timeout of one message, in ms.

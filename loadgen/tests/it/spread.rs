@@ -25,23 +25,23 @@ struct Orders {
 
 impl Orders {
     async fn start(db: &TestDb) -> Self {
-        let (http, grpc) = (free_addr(), free_addr());
+        let (http, grpc, metrics) = (free_addr(), free_addr(), free_addr());
         let child = Command::new(workspace_bin("orders"))
             .env("DATABASE_URL", db.url_as(ServiceRole::Orders))
             .env("ORDERS_HTTP_ADDR", &http)
             .env("ORDERS_GRPC_ADDR", &grpc)
+            .env("ORDERS_METRICS_ADDR", &metrics)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
             .expect("spawn orders");
-        let url = format!("http://{http}/metrics");
         let up = eventually(Duration::from_secs(30), || async {
             tokio::net::TcpStream::connect(&http).await.is_ok()
         })
         .await;
-        assert!(up, "orders at {url} came up");
+        assert!(up, "orders at {http} came up");
         Self {
             http: format!("http://{http}"),
             grpc: format!("http://{grpc}"),

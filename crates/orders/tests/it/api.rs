@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 struct TestApp {
     http: String,
+    metrics: String,
     http_addr: SocketAddr,
     grpc: SocketAddr,
     client: reqwest::Client,
@@ -55,6 +56,10 @@ impl TestApp {
     ) -> Self {
         let http = TcpListener::bind("127.0.0.1:0").await.expect("bind http");
         let grpc = TcpListener::bind("127.0.0.1:0").await.expect("bind grpc");
+        let metrics = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind metrics");
+        let metrics_addr = metrics.local_addr().expect("metrics addr");
         let http_addr = http.local_addr().expect("http addr");
         let grpc_addr = grpc.local_addr().expect("grpc addr");
         // The service's own role: the grants are proven by every test here.
@@ -65,6 +70,7 @@ impl TestApp {
             crash: pipeline::crash::CrashArgs::default(),
             http_addr,
             grpc_addr,
+            metrics_addr,
             max_body_bytes: 1024,
             shutdown_timeout_secs: 5,
             writers,
@@ -85,9 +91,15 @@ impl TestApp {
         };
         tune(&mut config);
         let cancel = CancellationToken::new();
-        let task = tokio::spawn(run(config, http, grpc, cancel.clone()));
+        let listeners = orders::Listeners {
+            http,
+            grpc,
+            metrics,
+        };
+        let task = tokio::spawn(run(config, listeners, cancel.clone()));
         Self {
             http: format!("http://{http_addr}"),
+            metrics: format!("http://{metrics_addr}/metrics"),
             http_addr,
             grpc: grpc_addr,
             client: reqwest::Client::new(),
@@ -704,9 +716,20 @@ async fn metrics_count_requests_and_idempotency_outcomes() {
     app.create("m1", BODY).await;
     app.create("m1", r#"{"account_id": 1, "amount_cents": 1}"#)
         .await;
-    let text = app
+    let public = app
         .client
         .get(format!("{}/metrics", app.http))
+        .send()
+        .await
+        .expect("public /metrics");
+    assert_eq!(
+        public.status(),
+        StatusCode::NOT_FOUND,
+        "the metrics are off the public port"
+    );
+    let text = app
+        .client
+        .get(&app.metrics)
         .send()
         .await
         .expect("metrics")
@@ -949,11 +972,12 @@ async fn a_full_write_queue_answers_503_and_the_retry_succeeds() {
 #[tokio::test]
 async fn a_crash_between_commit_and_response_is_healed_by_the_retry() {
     let db = TestDb::create().await;
-    let (port, grpc_port) = (free_port(), free_port());
+    let (port, grpc_port, metrics_port) = (free_port(), free_port(), free_port());
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_orders"))
         .env("DATABASE_URL", db.url_as(ServiceRole::Orders))
         .env("ORDERS_HTTP_ADDR", format!("127.0.0.1:{port}"))
         .env("ORDERS_GRPC_ADDR", format!("127.0.0.1:{grpc_port}"))
+        .env("ORDERS_METRICS_ADDR", format!("127.0.0.1:{metrics_port}"))
         .env("CRASH_POINT", "commit")
         .env("CRASH_EVERY", "1")
         .env("RUST_LOG", "error")
@@ -963,7 +987,11 @@ async fn a_crash_between_commit_and_response_is_healed_by_the_retry() {
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{port}");
     let up = pipeline::testing::eventually(Duration::from_secs(20), || async {
-        client.get(format!("{url}/metrics")).send().await.is_ok()
+        client
+            .get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+            .send()
+            .await
+            .is_ok()
     })
     .await;
     assert!(up, "orders came up");

@@ -27,6 +27,7 @@ impl Stack {
         let db = TestDb::create().await;
         let topic = TestTopic::create(6).await;
         let (http, grpc, relay_m, pay_m) = (free_port(), free_port(), free_port(), free_port());
+        let orders_m = free_port();
         // Each service as its own role.
         let env = |cmd: &mut Command, role: ServiceRole| {
             cmd.env("DATABASE_URL", db.url_as(role))
@@ -41,7 +42,8 @@ impl Stack {
         env(&mut orders, ServiceRole::Orders);
         orders
             .env("ORDERS_HTTP_ADDR", format!("127.0.0.1:{http}"))
-            .env("ORDERS_GRPC_ADDR", format!("127.0.0.1:{grpc}"));
+            .env("ORDERS_GRPC_ADDR", format!("127.0.0.1:{grpc}"))
+            .env("ORDERS_METRICS_ADDR", format!("127.0.0.1:{orders_m}"));
         let mut relay = Command::new(bin("relay"));
         env(&mut relay, ServiceRole::Relay);
         relay.env("RELAY_METRICS_ADDR", format!("127.0.0.1:{relay_m}"));
@@ -56,7 +58,9 @@ impl Stack {
             .collect();
         let http = format!("http://127.0.0.1:{http}");
         let up = eventually(Duration::from_secs(20), || async {
-            reqwest::get(format!("{http}/metrics")).await.is_ok()
+            reqwest::get(format!("http://127.0.0.1:{orders_m}/metrics"))
+                .await
+                .is_ok()
         })
         .await;
         assert!(up, "orders came up");

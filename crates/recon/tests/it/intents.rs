@@ -23,6 +23,7 @@ async fn start_orders(db: &TestDb, request_timeout_ms: u64) -> (String, Child) {
         .env("DATABASE_URL", db.url_as(ServiceRole::Orders))
         .env("ORDERS_HTTP_ADDR", &http)
         .env("ORDERS_GRPC_ADDR", &grpc)
+        .env("ORDERS_METRICS_ADDR", format!("127.0.0.1:{}", free_port()))
         .env("ORDERS_REQUEST_TIMEOUT_MS", request_timeout_ms.to_string())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())

@@ -187,6 +187,28 @@ pub struct KafkaArgs {
     pub allow_under_replicated_topic: bool,
 }
 
+/// The text of the file at `path`, which must be its owner's alone (it
+/// holds a key, a secret or a token: no group or other permission bits);
+/// the error names the file and what is wrong, never its content.
+pub fn read_private(path: &std::path::Path) -> Result<String, String> {
+    let shown = path.display();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path)
+            .map_err(|e| format!("{shown}: {e}"))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            return Err(format!(
+                "{shown}: other users may read it (mode {:o}): chmod 600 {shown}",
+                mode & 0o777
+            ));
+        }
+    }
+    std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;

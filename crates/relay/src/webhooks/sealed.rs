@@ -247,25 +247,10 @@ impl Keyring {
     }
 }
 
-/// The text of the file at `path`, which must be its owner's alone (it
-/// holds a key or a secret); the error names the file and what is wrong.
+/// The text of the file at `path`, which must be its owner's alone
+/// ([`pipeline::config::read_private`]).
 pub(super) fn read_private(path: &Path) -> Result<String, String> {
-    let shown = path.display();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path)
-            .map_err(|e| format!("{shown}: {e}"))?
-            .permissions()
-            .mode();
-        if mode & 0o077 != 0 {
-            return Err(format!(
-                "{shown}: other users may read it (mode {:o}): chmod 600 {shown}",
-                mode & 0o777
-            ));
-        }
-    }
-    std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))
+    pipeline::config::read_private(path)
 }
 
 /// Whether `stored` is sealed at all.

@@ -21,6 +21,10 @@ fi
 [[ $WARMUP =~ ^[0-9]+$ ]] || { echo "accept: EXP_WARMUP must be a whole number of seconds" >&2; exit 2; }
 RELAY_METRICS=127.0.0.1:18401 PAYMENTS_METRICS=127.0.0.1:18402
 LOGS=$RES/logs/accept
+# The client authenticates with a bearer token, as a service adopting orders
+# would run it: its keys are its caller's (recon's intents check reads them
+# in that scope). EXP_AUTH=off runs it unauthenticated.
+[ "${EXP_AUTH:-on}" = off ] || exp_auth accept
 
 # The sampler starts on the fresh database, before chaos starts the services,
 # and counts from the moment both answer /metrics (as loadgen starts).

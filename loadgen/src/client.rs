@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, ETAG, LOCATION};
+use http::header::{AUTHORIZATION, CONTENT_TYPE, ETAG, LOCATION};
 use http::{HeaderValue, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
@@ -19,6 +19,7 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use uuid::Uuid;
 
+use crate::config::Token;
 use crate::keys::Body;
 use crate::outcome::{Answer, HttpReply, Outcome, Success, grpc_code_name, parse_created};
 use crate::proto;
@@ -36,11 +37,26 @@ pub(crate) struct HttpTarget {
     client: Client<HttpConnector, Full<Bytes>>,
     orders: Uri,
     probe: Uri,
+    authorization: Option<HeaderValue>,
+}
+
+/// `Bearer TOKEN`, marked sensitive (kept out of hyper's debug output).
+fn bearer(token: &Token) -> anyhow::Result<HeaderValue> {
+    let mut value = HeaderValue::from_str(&format!("Bearer {}", token.value))
+        .context("--token-file: the token is not a valid header value")?;
+    value.set_sensitive(true);
+    Ok(value)
 }
 
 impl HttpTarget {
-    /// A client for `base_url` (no trailing slash).
-    pub(crate) fn new(base_url: &str, connect_timeout: Duration) -> anyhow::Result<Self> {
+    /// A client for `base_url` (no trailing slash), every request carrying
+    /// `token` when given.
+    pub(crate) fn new(
+        base_url: &str,
+        connect_timeout: Duration,
+        token: Option<&Token>,
+    ) -> anyhow::Result<Self> {
+        let authorization = token.map(bearer).transpose()?;
         let orders: Uri = format!("{base_url}/orders")
             .parse()
             .with_context(|| format!("--http-url {base_url:?} is not a valid URL"))?;
@@ -59,6 +75,7 @@ impl HttpTarget {
             client,
             orders,
             probe,
+            authorization,
         })
     }
 
@@ -67,12 +84,15 @@ impl HttpTarget {
         let Ok(key) = HeaderValue::from_str(key) else {
             return Outcome::NotSent;
         };
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(Method::POST)
             .uri(self.orders.clone())
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header(IDEMPOTENCY_KEY, key)
-            .body(Full::new(Bytes::from(body.to_json())));
+            .header(IDEMPOTENCY_KEY, key);
+        if let Some(authorization) = &self.authorization {
+            request = request.header(AUTHORIZATION, authorization.clone());
+        }
+        let request = request.body(Full::new(Bytes::from(body.to_json())));
         let Ok(request) = request else {
             return Outcome::NotSent;
         };
@@ -113,9 +133,13 @@ impl HttpTarget {
     /// `GET /orders/{nil uuid}` must be a 404 (which also proves the service
     /// reaches its database).
     pub(crate) async fn probe(&self, timeout: Duration) -> anyhow::Result<()> {
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(Method::GET)
-            .uri(self.probe.clone())
+            .uri(self.probe.clone());
+        if let Some(authorization) = &self.authorization {
+            request = request.header(AUTHORIZATION, authorization.clone());
+        }
+        let request = request
             .body(Full::new(Bytes::new()))
             .context("build the probe request")?;
         let response = tokio::time::timeout(timeout, self.client.request(request))
@@ -147,6 +171,7 @@ impl HttpTarget {
 #[derive(Debug, Clone)]
 pub(crate) struct GrpcTarget {
     client: OrdersClient<Channel>,
+    authorization: Option<MetadataValue<tonic::metadata::Ascii>>,
 }
 
 impl GrpcTarget {
@@ -156,7 +181,16 @@ impl GrpcTarget {
         url: &str,
         connect_timeout: Duration,
         max_in_flight: usize,
+        token: Option<&Token>,
     ) -> anyhow::Result<Self> {
+        let authorization = token
+            .map(|token| {
+                let mut value = MetadataValue::try_from(format!("Bearer {}", token.value))
+                    .context("--token-file: the token is not valid gRPC metadata")?;
+                value.set_sensitive(true);
+                anyhow::Ok(value)
+            })
+            .transpose()?;
         let endpoint = Endpoint::from_shared(url.to_owned())
             .with_context(|| format!("--grpc-url {url:?} is not a valid URL"))?
             .connect_timeout(connect_timeout)
@@ -170,6 +204,7 @@ impl GrpcTarget {
             .with_context(|| format!("cannot connect to gRPC {url}"))?;
         Ok(Self {
             client: OrdersClient::new(channel),
+            authorization,
         })
     }
 
@@ -183,6 +218,11 @@ impl GrpcTarget {
             return Outcome::NotSent;
         };
         request.metadata_mut().insert(IDEMPOTENCY_KEY, key);
+        if let Some(authorization) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", authorization.clone());
+        }
         // Cloning a client clones the channel handle, not the connection.
         let mut client = self.client.clone();
         match client.create(request).await {
@@ -211,9 +251,14 @@ impl GrpcTarget {
     /// `Get` of the nil UUID must be NOT_FOUND.
     pub(crate) async fn probe(&self, timeout: Duration) -> anyhow::Result<()> {
         let mut client = self.client.clone();
-        let request = tonic::Request::new(proto::GetOrderRequest {
+        let mut request = tonic::Request::new(proto::GetOrderRequest {
             order_id: PROBE_ORDER_ID.to_owned(),
         });
+        if let Some(authorization) = &self.authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", authorization.clone());
+        }
         let result = tokio::time::timeout(timeout, client.get(request))
             .await
             .with_context(|| format!("no gRPC answer within {timeout:?}"))?;

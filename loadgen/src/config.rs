@@ -230,12 +230,22 @@ pub(crate) struct Config {
     #[arg(long, env = "LOADGEN_MINUTE_CSV")]
     pub(crate) minute_csv: Option<PathBuf>,
 
+    /// A file holding the bearer token every request carries (`orders
+    /// --auth-tokens-file`; `orders new-token` mints one), readable by its
+    /// owner only. The token's caller (`CALLER.SECRET`) scopes the keys:
+    /// the --intents, --ambiguous and --failed lines name it, so `recon
+    /// --intents` reads each key in its caller's scope.
+    #[arg(long, env = "LOADGEN_TOKEN_FILE")]
+    pub(crate) token_file: Option<PathBuf>,
+
     /// Write the client-side ground truth: one line `{key}\t{order_id}` per
-    /// distinct key that got a success, sorted by key (byte order).
+    /// distinct key that got a success, sorted by key (byte order); with
+    /// --token-file, `{key}\t{order_id}\t{caller}`.
     #[arg(long, env = "LOADGEN_INTENTS")]
     pub(crate) intents: Option<PathBuf>,
 
-    /// Write the ambiguous keys, one per line, sorted: no success, but at
+    /// Write the ambiguous keys, one per line (`{key}\t{caller}` with
+    /// --token-file), sorted: no success, but at
     /// least one send that may have committed (timed out or broke after it
     /// may have reached the service, or answered 408 or 5xx, which orders
     /// may give for a request it commits). Each holds 0 or 1 order.
@@ -243,7 +253,8 @@ pub(crate) struct Config {
     #[arg(long, env = "LOADGEN_AMBIGUOUS")]
     pub(crate) ambiguous: Option<PathBuf>,
 
-    /// Write the refused keys, one per line, sorted: no success, and every
+    /// Write the refused keys, one per line (`{key}\t{caller}` with
+    /// --token-file), sorted: no success, and every
     /// send refused before anything was written (a 4xx other than 408 and
     /// 409) or never sent. Each must hold no order (`recon --intents`
     /// checks). Default when --intents is given: `{intents}.failed`.
@@ -312,6 +323,50 @@ pub(crate) struct Settings {
     pub(crate) failed: Option<PathBuf>,
     /// Progress display.
     pub(crate) progress: ProgressMode,
+    /// The bearer token every request carries.
+    pub(crate) token: Option<Token>,
+}
+
+/// A bearer token (`CALLER.SECRET`).
+#[derive(Clone)]
+pub(crate) struct Token {
+    /// The whole token.
+    pub(crate) value: String,
+    /// Its caller: the scope of the keys.
+    pub(crate) caller: String,
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Token")
+            .field("caller", &self.caller)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Token {
+    /// The token in the file at `path` (its first line, trimmed); the file
+    /// must be its owner's alone.
+    fn read(path: &std::path::Path) -> anyhow::Result<Self> {
+        let text = pipeline::config::read_private(path).map_err(anyhow::Error::msg)?;
+        let value = text.lines().next().unwrap_or_default().trim().to_owned();
+        let caller = match value.split_once('.') {
+            Some((caller, secret))
+                if !caller.is_empty()
+                    && !secret.is_empty()
+                    && caller
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') =>
+            {
+                caller.to_owned()
+            }
+            _ => bail!(
+                "{}: not a token (CALLER.SECRET on the first line; `orders new-token` mints one)",
+                path.display()
+            ),
+        };
+        Ok(Self { value, caller })
+    }
 }
 
 /// The run parameters as written to the JSON report.
@@ -387,6 +442,12 @@ impl Config {
             }
             None => keys::random_prefix(),
         };
+        let token = self
+            .token_file
+            .as_deref()
+            .map(Token::read)
+            .transpose()
+            .context("--token-file")?;
         let http_urls = urls("--http-url", &self.http_url)?;
         let grpc_urls = urls("--grpc-url", &self.grpc_url)?;
         let beside_intents = |suffix: &str| {
@@ -426,6 +487,7 @@ impl Config {
             ambiguous,
             failed,
             progress: self.progress,
+            token,
         })
     }
 }

@@ -609,18 +609,24 @@ pub(crate) struct KeyLines {
 }
 
 /// The ground truth of the run: every key in the file its fate puts it in
-/// (a key answered 409 in none: it belongs to another request).
-pub(crate) fn key_lines(collector: &Collector, keys: &KeySpace) -> KeyLines {
+/// (a key answered 409 in none: it belongs to another request). With
+/// `caller` (the token's), each line ends with a tab and it: the scope of
+/// the keys.
+pub(crate) fn key_lines(collector: &Collector, keys: &KeySpace, caller: Option<&str>) -> KeyLines {
     let mut lines = KeyLines::default();
+    let scoped = |line: String| match caller {
+        Some(caller) => format!("{line}\t{caller}"),
+        None => line,
+    };
     for (&index, state) in &collector.keys {
         if let Some(order_id) = state.order_id() {
             lines
                 .intents
-                .push(format!("{}\t{order_id}", keys.key(index)));
+                .push(scoped(format!("{}\t{order_id}", keys.key(index))));
         } else if state.is_ambiguous() {
-            lines.ambiguous.push(keys.key(index));
+            lines.ambiguous.push(scoped(keys.key(index)));
         } else if state.is_refused() {
-            lines.failed.push(keys.key(index));
+            lines.failed.push(scoped(keys.key(index)));
         }
     }
     lines.intents.sort_unstable();
@@ -1040,7 +1046,7 @@ mod tests {
             &Outcome::Failed(Answer::Http(409)),
             1,
         );
-        let lines = key_lines(&c, &space);
+        let lines = key_lines(&c, &space, None);
         assert_eq!(
             lines.intents,
             vec![
@@ -1051,6 +1057,11 @@ mod tests {
         );
         assert_eq!(lines.ambiguous, vec!["p-3", "p-5", "p-6"]);
         assert_eq!(lines.failed, vec!["p-4", "p-8"]);
+        // With a token, every line names its caller: the keys' scope.
+        let scoped = key_lines(&c, &space, Some("shop"));
+        assert_eq!(scoped.intents[0], format!("p-10\t{a}\tshop"));
+        assert_eq!(scoped.ambiguous[0], "p-3\tshop");
+        assert_eq!(scoped.failed, vec!["p-4\tshop", "p-8\tshop"]);
         let counts = c.key_counts();
         assert_eq!(
             (

@@ -394,7 +394,8 @@ fn write_outputs(
         failure = failure.or(report::write_minute_csv(path, &collector.seconds).err());
     }
     if settings.intents.is_some() || settings.ambiguous.is_some() || settings.failed.is_some() {
-        let lines = report::key_lines(collector, keys);
+        let caller = settings.token.as_ref().map(|t| t.caller.as_str());
+        let lines = report::key_lines(collector, keys, caller);
         for (path, lines) in [
             (&settings.intents, &lines.intents),
             (&settings.ambiguous, &lines.ambiguous),

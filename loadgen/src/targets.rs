@@ -58,7 +58,7 @@ impl Targets {
         let mut http = Vec::new();
         if settings.uses_http() {
             for url in &settings.http_urls {
-                let target = HttpTarget::new(url, settings.timeout)?;
+                let target = HttpTarget::new(url, settings.timeout, settings.token.as_ref())?;
                 target.probe(probe_timeout).await.with_context(|| {
                     format!("HTTP target {url} is not reachable or not the Orders service")
                 })?;
@@ -68,9 +68,14 @@ impl Targets {
         let mut grpc = Vec::new();
         if settings.uses_grpc() {
             for url in &settings.grpc_urls {
-                let target = GrpcTarget::connect(url, probe_timeout, settings.max_in_flight)
-                    .await
-                    .with_context(|| format!("gRPC target {url} is not reachable"))?;
+                let target = GrpcTarget::connect(
+                    url,
+                    probe_timeout,
+                    settings.max_in_flight,
+                    settings.token.as_ref(),
+                )
+                .await
+                .with_context(|| format!("gRPC target {url} is not reachable"))?;
                 target.probe(probe_timeout).await.with_context(|| {
                     format!("gRPC target {url} is not reachable or not the Orders service")
                 })?;

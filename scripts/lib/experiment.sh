@@ -62,6 +62,21 @@ exp_chaos() {
   return $status
 }
 
+# exp_auth CALLER: from here on the experiment's orders authenticate their
+# callers (ORDERS_AUTH_TOKENS_FILE) and its loadgen sends as CALLER
+# (LOADGEN_TOKEN_FILE), with a token minted by `orders new-token` into
+# RES/logs/auth (0600, the run's alone). Chaos's children inherit both; the
+# intents files name the caller, so recon reads each key in its scope.
+exp_auth() {
+  local dir=$RES/logs/auth
+  mkdir -p "$dir"
+  chmod 700 "$dir"
+  rm -f "$dir/tokens" "$dir/$1.token"
+  (umask 077 && "$BIN/orders" new-token "$1" --append-to "$dir/tokens" >"$dir/$1.token")
+  export ORDERS_AUTH_TOKENS_FILE=$dir/tokens LOADGEN_TOKEN_FILE=$dir/$1.token
+  say "callers authenticate: loadgen sends as $1 (orders --auth-tokens-file $dir/tokens)"
+}
+
 # exp_json FILE EXPR: a value from a JSON file (python expression over `d`).
 # exp_netns: the Kafka nodes in network namespaces from here on
 # (STACK_NET=netns: the next `up` restarts the cluster there, on fresh

@@ -9,10 +9,11 @@ use pipeline::idempotency::{IdempotencyKey, StoredResponse};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::auth::{Authenticator, Caller};
 use crate::error::ApiError;
 use crate::metrics::OrdersMetrics;
 use crate::order::{CreateOrder, NewOrder};
-use crate::store::{Create, OrderRow, Store};
+use crate::store::{Create, OrderRow, ScopedKey, Store};
 use crate::writer::WriteQueue;
 
 /// The JSON body of a created order (201).
@@ -39,16 +40,37 @@ pub struct OrdersApi {
     store: Arc<Store>,
     writes: WriteQueue,
     metrics: Arc<OrdersMetrics>,
+    auth: Arc<Authenticator>,
 }
 
 impl OrdersApi {
-    /// Wires the store (reads), the writers' queue (creates) and the metrics.
+    /// Wires the store (reads), the writers' queue (creates) and the
+    /// metrics; every caller anonymous until [`Self::with_auth`].
     pub fn new(store: Arc<Store>, writes: WriteQueue, metrics: Arc<OrdersMetrics>) -> Self {
         Self {
             store,
             writes,
             metrics,
+            auth: Arc::new(Authenticator::off()),
         }
+    }
+
+    /// Who may call: requests authenticate against `auth`.
+    pub fn with_auth(mut self, auth: Arc<Authenticator>) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    /// The caller of a request whose `Authorization` value (HTTP header,
+    /// gRPC metadata) is `authorization`; a refusal is counted by reason.
+    pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Caller, ApiError> {
+        self.auth.authenticate(authorization).map_err(|reason| {
+            self.metrics
+                .auth_refusals_total
+                .with_label_values(&[reason.label()])
+                .inc();
+            ApiError::Unauthenticated(reason)
+        })
     }
 
     /// The metrics.
@@ -56,17 +78,22 @@ impl OrdersApi {
         &self.metrics
     }
 
-    /// Creates an order idempotently; returns the response to give (the new
-    /// one, or the stored one on a replay).
+    /// Creates an order idempotently for `caller` (its key in the caller's
+    /// scope); returns the response to give (the new one, or the stored one
+    /// on a replay).
     pub async fn create(
         &self,
+        caller: &Caller,
         key: &IdempotencyKey,
         request: &CreateOrder,
     ) -> Result<StoredResponse, ApiError> {
         let order = NewOrder::new(request)?;
         let response = created_response(order.order_id());
         let create = Create {
-            key: key.clone(),
+            key: ScopedKey {
+                caller: caller.clone(),
+                key: key.clone(),
+            },
             fingerprint: request.fingerprint(),
             order,
             response: response.clone(),

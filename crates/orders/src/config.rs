@@ -2,6 +2,7 @@
 //! variable) and its database session limits.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
@@ -35,7 +36,10 @@ pub const SESSION_LIMITS: pipeline::config::SessionLimits = pipeline::config::Se
         Every create carries a client-chosen idempotency key (HTTP header Idempotency-Key, gRPC \
         metadata idempotency-key). Retries of a key return the first response; the same key with \
         a different request is refused (HTTP 409, gRPC ALREADY_EXISTS). The order and its outbox \
-        event commit in one PostgreSQL transaction; the relay publishes them later."
+        event commit in one PostgreSQL transaction; the relay publishes them later.\n\n\
+        With --auth-tokens-file every request needs a bearer token, and its caller scopes the \
+        idempotency keys (the same key from two callers is two orders). `orders new-token CALLER` \
+        mints a token (`orders new-token --help`)."
 )]
 pub struct Config {
     #[command(flatten)]
@@ -63,6 +67,16 @@ pub struct Config {
     /// Address of the gRPC API (orders.v1.Orders).
     #[arg(long, env = pipeline::contract::env::ORDERS_GRPC_ADDR, default_value = "127.0.0.1:50051")]
     pub grpc_addr: SocketAddr,
+
+    /// Bearer tokens: every request must carry one (`Authorization: Bearer
+    /// CALLER.SECRET`; gRPC metadata `authorization`), else 401
+    /// `unauthenticated` (gRPC UNAUTHENTICATED). The file holds one line per
+    /// token, `CALLER sha256:HEX` (the token's digest, never the token;
+    /// `orders new-token` writes it); SIGHUP re-reads it. The caller scopes
+    /// its idempotency keys. Unset: no authentication, every caller shares
+    /// one key scope.
+    #[arg(long, env = "ORDERS_AUTH_TOKENS_FILE")]
+    pub auth_tokens_file: Option<PathBuf>,
 
     /// Largest accepted request body in bytes; larger ones get 413.
     #[arg(long, env = "ORDERS_MAX_BODY_BYTES", default_value_t = 16 * 1024)]
@@ -198,4 +212,24 @@ pub struct Config {
     /// where the orders matter: recon reports drift for every retried key.
     #[arg(long, env = "ORDERS_NO_IDEMPOTENCY")]
     pub no_idempotency: bool,
+}
+
+/// `orders new-token`: mints a bearer token for a caller.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "orders new-token",
+    about = "Mint a bearer token for CALLER: the token on stdout (shown once), its line for --auth-tokens-file appended to --append-to (made 0600) or written to stderr",
+    long_about = "Mint a bearer token for CALLER: CALLER.SECRET, 256 random bits in base64url, on \
+        stdout (it is shown once; the service keeps only its digest). Its line for the tokens file \
+        (`CALLER sha256:HEX`) is appended to --append-to, a file made 0600 when new, or written to \
+        stderr. Rotate by minting a second token for the caller, moving the caller to it, deleting \
+        the old line and sending orders SIGHUP."
+)]
+pub struct NewToken {
+    /// The caller's name: 1 to 64 ASCII letters, digits, '_' or '-'.
+    pub caller: String,
+
+    /// The tokens file to append the token's line to.
+    #[arg(long)]
+    pub append_to: Option<PathBuf>,
 }

@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use pipeline::idempotency::KeyError;
 use serde_json::json;
 
+use crate::auth::AuthError;
 use crate::order::InvalidOrder;
 use crate::store::StoreError;
 use crate::writer::WriteError;
@@ -15,6 +16,10 @@ use crate::writer::WriteError;
 /// Everything a request can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
+    /// No valid bearer token (`--auth-tokens-file`); the answer does not say
+    /// which of [`AuthError`]'s reasons (the metric does).
+    #[error("authentication required: send Authorization: Bearer TOKEN with a valid token")]
+    Unauthenticated(AuthError),
     /// Missing or malformed idempotency key.
     #[error("{0}")]
     InvalidKey(#[from] KeyError),
@@ -71,6 +76,7 @@ impl ApiError {
     /// Machine-readable error code for the JSON body.
     pub fn code(&self) -> &'static str {
         match self {
+            ApiError::Unauthenticated(_) => "unauthenticated",
             ApiError::InvalidKey(KeyError::Missing) => "missing_idempotency_key",
             ApiError::InvalidKey(_) => "invalid_idempotency_key",
             ApiError::UnsupportedMediaType => "unsupported_media_type",
@@ -91,6 +97,7 @@ impl ApiError {
     /// HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
+            ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             ApiError::InvalidKey(_)
             | ApiError::UnreadableBody(_)
             | ApiError::MalformedJson(_)
@@ -112,6 +119,7 @@ impl ApiError {
     pub fn to_status(&self) -> tonic::Status {
         let message = self.to_string();
         match self {
+            ApiError::Unauthenticated(_) => tonic::Status::unauthenticated(message),
             ApiError::InvalidKey(_)
             | ApiError::UnsupportedMediaType
             | ApiError::PayloadTooLarge(_)
@@ -164,6 +172,11 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         self.log();
         let body = json!({ "error": { "code": self.code(), "message": self.to_string() } });
+        if let ApiError::Unauthenticated(_) = self {
+            // RFC 6750: the scheme to use.
+            let challenge = [(axum::http::header::WWW_AUTHENTICATE, "Bearer")];
+            return (self.status(), challenge, Json(body)).into_response();
+        }
         (self.status(), Json(body)).into_response()
     }
 }

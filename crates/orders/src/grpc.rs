@@ -41,10 +41,20 @@ impl OrdersGrpc {
             .observe(start.elapsed().as_secs_f64());
     }
 
+    /// The caller of a call, from its `authorization` metadata.
+    fn authenticate(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<crate::auth::Caller, ApiError> {
+        self.api
+            .authenticate(metadata.get("authorization").map(|v| v.as_bytes()))
+    }
+
     async fn create_inner(
         &self,
         request: Request<proto::CreateOrderRequest>,
     ) -> Result<proto::CreateOrderResponse, ApiError> {
+        let caller = self.authenticate(request.metadata())?;
         let key = request
             .metadata()
             .get(IDEMPOTENCY_KEY)
@@ -55,7 +65,7 @@ impl OrdersGrpc {
             account_id: message.account_id,
             amount_cents: message.amount_cents,
         };
-        let stored = self.api.create(&key, &create).await?;
+        let stored = self.api.create(&caller, &key, &create).await?;
         // Stored in the HTTP form (whichever protocol came first); the body
         // is the same JSON either way.
         let body: CreatedBody = serde_json::from_slice(&stored.body)
@@ -88,10 +98,12 @@ impl Orders for OrdersGrpc {
         request: Request<proto::GetOrderRequest>,
     ) -> Result<Response<proto::Order>, Status> {
         let start = Instant::now();
+        let caller = self.authenticate(request.metadata());
         let id = request.into_inner().order_id;
-        let result = match Uuid::parse_str(&id) {
-            Err(_) => Err(ApiError::NotFound(format!("no order {id}"))),
-            Ok(order_id) => self.api.get(order_id).await,
+        let result = match (caller, Uuid::parse_str(&id)) {
+            (Err(error), _) => Err(error),
+            (Ok(_), Err(_)) => Err(ApiError::NotFound(format!("no order {id}"))),
+            (Ok(_), Ok(order_id)) => self.api.get(order_id).await,
         }
         .map(|o| {
             Response::new(proto::Order {

@@ -74,6 +74,7 @@ async fn create_inner(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<StoredResponse, ApiError> {
+    let caller = authenticate(state, headers)?;
     if !is_json(headers) {
         return Err(ApiError::UnsupportedMediaType);
     }
@@ -99,7 +100,16 @@ async fn create_inner(
             "the body must be a JSON object".into(),
         ));
     }
-    state.api.create(&key, &request).await
+    state.api.create(&caller, &key, &request).await
+}
+
+/// The caller of the request, from its `Authorization` header.
+fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<crate::auth::Caller, ApiError> {
+    state.api.authenticate(
+        headers
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes),
+    )
 }
 
 /// `application/json`, optionally with parameters such as `charset=utf-8`.
@@ -134,8 +144,12 @@ fn stored_into_response(stored: StoredResponse) -> Response {
 /// included, names no order: 404 like an unknown UUID.
 async fn get_order(
     State(state): State<AppState>,
+    headers: HeaderMap,
     id: Result<Path<String>, PathRejection>,
 ) -> Response {
+    if let Err(error) = authenticate(&state, &headers) {
+        return error.into_response();
+    }
     let Ok(Path(id)) = id else {
         return ApiError::NotFound("no such order".into()).into_response();
     };

@@ -3,6 +3,7 @@
 //! to Kafka; the relay does, after the commit.
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod grpc;
@@ -27,6 +28,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::OrdersApi;
+use crate::auth::Authenticator;
 use crate::config::{Config, SESSION_LIMITS};
 use crate::metrics::OrdersMetrics;
 use crate::store::Store;
@@ -61,6 +63,20 @@ pub async fn run(
             "--no-idempotency: the idempotency check is OFF; every retry creates a duplicate \
              order (measurement baseline only, never for real orders)"
         );
+    }
+    let auth = Arc::new(match &config.auth_tokens_file {
+        Some(path) => Authenticator::from_file(path).map_err(anyhow::Error::msg)?,
+        None => Authenticator::off(),
+    });
+    match auth.counts() {
+        Some((tokens, callers)) => tracing::info!(
+            tokens,
+            callers,
+            "callers authenticate with bearer tokens; each caller's idempotency keys are its own"
+        ),
+        None => tracing::warn!(
+            "no --auth-tokens-file: callers are not authenticated and share one idempotency key scope"
+        ),
     }
     let pool = pipeline::db::connect(&config.db, SESSION_LIMITS).await?;
     let metrics = Arc::new(OrdersMetrics::new().context("register metrics")?);
@@ -127,7 +143,8 @@ pub async fn run(
     let (writes, writers) = WriteQueue::start(store.clone(), settings, metrics.clone());
     let metrics_server =
         pipeline::metrics::spawn_server(metrics_listener, metrics.registry.clone(), cancel.clone());
-    let api = OrdersApi::new(store, writes, metrics);
+    let api = OrdersApi::new(store, writes, metrics).with_auth(auth.clone());
+    let reload = tokio::spawn(reload_on_hangup(auth, cancel.child_token()));
 
     let request_timeout = Duration::from_millis(config.request_timeout_ms);
     let header_read_timeout = Duration::from_millis(config.header_read_timeout_ms);
@@ -200,7 +217,46 @@ pub async fn run(
     let _ = expiry.await;
     clock_watch.abort();
     let _ = clock_watch.await;
+    reload.abort();
+    let _ = reload.await;
     let _ = tokio::time::timeout(Duration::from_secs(1), metrics_server).await;
     pool.close().await;
     first.context("server task panicked")?
+}
+
+/// Re-reads the tokens file on each SIGHUP until `cancel` fires; a file that
+/// does not parse leaves the tokens in use (and says why).
+async fn reload_on_hangup(auth: Arc<Authenticator>, cancel: CancellationToken) {
+    if !auth.is_on() {
+        return;
+    }
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut hangups = match signal(SignalKind::hangup()) {
+            Ok(hangups) => hangups,
+            Err(error) => {
+                tracing::warn!(%error, "no SIGHUP handler: the tokens file is read at start only");
+                return;
+            }
+        };
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                got = hangups.recv() => if got.is_none() { return },
+            }
+            match auth.reload() {
+                Ok(Some((tokens, callers))) => {
+                    tracing::info!(tokens, callers, "SIGHUP: the tokens file read again")
+                }
+                Ok(None) => {}
+                Err(error) => tracing::error!(
+                    %error,
+                    "SIGHUP: the tokens file does not read; the tokens in use stay"
+                ),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    cancel.cancelled().await;
 }

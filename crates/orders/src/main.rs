@@ -10,6 +10,11 @@ use tokio::net::TcpListener;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
+    if std::env::args_os().nth(1).is_some_and(|a| a == "new-token") {
+        return new_token(orders::config::NewToken::parse_from(
+            std::env::args_os().skip(1),
+        ));
+    }
     let config = Config::parse();
     let runtime = config
         .runtime
@@ -49,4 +54,25 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         metrics,
     };
     orders::run(config, listeners, pipeline::shutdown::on_signal()).await
+}
+
+/// `orders new-token CALLER [--append-to FILE]`.
+fn new_token(args: orders::config::NewToken) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let (token, line) = orders::auth::new_token(&args.caller).map_err(anyhow::Error::msg)?;
+    match &args.append_to {
+        Some(path) => {
+            let mut options = std::fs::OpenOptions::new();
+            options.create(true).append(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+            let mut file = options
+                .open(path)
+                .with_context(|| format!("open {}", path.display()))?;
+            writeln!(file, "{line}").with_context(|| format!("append to {}", path.display()))?;
+        }
+        None => eprintln!("{line}"),
+    }
+    println!("{token}");
+    Ok(())
 }

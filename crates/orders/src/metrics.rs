@@ -46,6 +46,9 @@ pub struct OrdersMetrics {
     /// start-up and every minute (`pipeline::clock`): the order ids and
     /// msg_ids minted here carry this host's time.
     pub clock_skew_seconds: Gauge,
+    /// Requests refused for want of a valid bearer token
+    /// (`--auth-tokens-file`), by reason: `missing`, `malformed`, `unknown`.
+    pub auth_refusals_total: IntCounterVec,
 }
 
 impl OrdersMetrics {
@@ -119,6 +122,17 @@ impl OrdersMetrics {
             "The database's clock minus this host's, in seconds (ids minted here carry this host's time)",
         )?;
         registry.register(Box::new(clock_skew_seconds.clone()))?;
+        let auth_refusals_total = IntCounterVec::new(
+            Opts::new(
+                "orders_auth_refusals_total",
+                "Requests refused for want of a valid bearer token, by reason (missing, malformed, unknown)",
+            ),
+            &["reason"],
+        )?;
+        for reason in crate::auth::AuthError::ALL {
+            auth_refusals_total.with_label_values(&[reason.label()]);
+        }
+        registry.register(Box::new(auth_refusals_total.clone()))?;
         registry.register(Box::new(write_batch_size.clone()))?;
         registry.register(Box::new(write_inflight.clone()))?;
         registry.register(Box::new(write_abandoned_total.clone()))?;
@@ -143,6 +157,7 @@ impl OrdersMetrics {
             write_errors_total,
             keys_expired_total,
             clock_skew_seconds,
+            auth_refusals_total,
         })
     }
 }

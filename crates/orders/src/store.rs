@@ -9,13 +9,13 @@
 //! * a failed request leaves no key behind, and its retry can succeed;
 //! * a retry finds the key and gets the first response, with nothing written.
 //!
-//! The statement takes a batch of requests with distinct keys; putting
-//! concurrent requests into batches is the writer's job (`writer.rs`).
+//! The statement takes a batch of requests with distinct keys (a key is a
+//! caller's: [`ScopedKey`]); putting concurrent requests into batches is the
+//! writer's job (`writer.rs`).
 
 use chrono::{DateTime, Utc};
 use effectively::store::{ClaimRow, KeyClaim};
 use pipeline::contract::CrashPoint;
-use pipeline::contract::KEY_SCOPE;
 use pipeline::crash::Crasher;
 use pipeline::idempotency::{self, ClaimStrategy, Fingerprint, IdempotencyKey, StoredResponse};
 use pipeline::outbox::Notifier;
@@ -24,6 +24,7 @@ use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use crate::auth::Caller;
 use crate::order::{NewOrder, ORDER_STATUS_CREATED};
 
 /// A failure to inject inside the write transaction, for tests and chaos runs.
@@ -145,11 +146,33 @@ impl StoreError {
     }
 }
 
+/// An idempotency key as the store claims it: the client's key in its
+/// caller's scope (the same key from two callers is two keys).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ScopedKey {
+    /// Whose key: its scope in `fx.idempotency_keys`.
+    pub caller: Caller,
+    /// The key the client sent.
+    pub key: IdempotencyKey,
+}
+
+impl ScopedKey {
+    /// The key the client sent, as text.
+    pub fn as_str(&self) -> &str {
+        self.key.as_str()
+    }
+
+    /// The scope of the key (the caller's).
+    pub fn scope(&self) -> &str {
+        self.caller.scope()
+    }
+}
+
 /// One create request as the write transaction takes it.
 #[derive(Debug, Clone)]
 pub struct Create {
-    /// The client's idempotency key.
-    pub key: IdempotencyKey,
+    /// The client's idempotency key, in its caller's scope.
+    pub key: ScopedKey,
     /// The request's fingerprint, stored with the key.
     pub fingerprint: Fingerprint,
     /// The order to write if the key is new.
@@ -247,6 +270,8 @@ impl Store {
         let (claims, shards) = if locked || self.fault != InjectFault::None {
             let mut tx = self.pool.begin().await?;
             if locked {
+                // By the key alone: one key of two callers waits for the
+                // other's lock, which costs time and nothing else.
                 let keys: Vec<&str> = batch.iter().map(|c| c.key.as_str()).collect();
                 idempotency::lock_keys(&mut tx, &keys).await?;
             }
@@ -347,6 +372,7 @@ async fn write_statement(
     batch: &[&Create],
     no_idempotency: bool,
 ) -> Result<(Vec<Option<KeyClaim>>, u16), StoreError> {
+    let mut scopes = Vec::with_capacity(batch.len());
     let mut keys = Vec::with_capacity(batch.len());
     let mut hashes = Vec::with_capacity(batch.len());
     let mut order_ids = Vec::with_capacity(batch.len());
@@ -360,6 +386,7 @@ async fn write_statement(
     let mut payloads = Vec::with_capacity(batch.len());
     for create in batch {
         let event = create.order.created_event()?;
+        scopes.push(create.key.scope());
         keys.push(create.key.as_str());
         hashes.push(create.fingerprint.as_bytes().as_slice());
         order_ids.push(create.order.order_id());
@@ -378,18 +405,18 @@ async fn write_statement(
         r#"WITH input AS (
                SELECT * FROM unnest($1::text[], $2::bytea[], $3::uuid[], $4::int4[], $5::text[],
                                     $6::bytea[], $7::int8[], $8::int8[], $9::uuid[], $10::text[],
-                                    $11::bytea[])
-                   WITH ORDINALITY AS u(k, h, o, c, hd, b, a, m, msg, typ, p, n)
+                                    $11::bytea[], $14::text[])
+                   WITH ORDINALITY AS u(k, h, o, c, hd, b, a, m, msg, typ, p, sc, n)
            ), taken AS (
                INSERT INTO fx.idempotency_keys AS t
                    (scope, key, request_hash, response_status, response_headers, response_body,
                     reference)
-               SELECT $14, k, h, c::int2, hd::jsonb, b, o::text FROM input WHERE NOT $12
-               ORDER BY k
+               SELECT sc, k, h, c::int2, hd::jsonb, b, o::text FROM input WHERE NOT $12
+               ORDER BY sc, k
                ON CONFLICT (scope, key) DO NOTHING
-               RETURNING t.key
+               RETURNING t.scope, t.key
            ), fresh AS (
-               SELECT * FROM input WHERE $12 OR k IN (SELECT key FROM taken)
+               SELECT * FROM input WHERE $12 OR (sc, k) IN (SELECT scope, key FROM taken)
            ), placed AS (
                INSERT INTO orders.orders (order_id, account_id, amount_cents, status)
                SELECT o, a, m, $13 FROM fresh
@@ -407,8 +434,8 @@ async fn write_statement(
            FROM input AS i
            LEFT JOIN LATERAL (
                SELECT * FROM fx.idempotency_keys AS t
-               WHERE NOT $12 AND i.k NOT IN (SELECT key FROM taken)
-                 AND t.scope = $14 AND t.key = i.k
+               WHERE NOT $12 AND (i.sc, i.k) NOT IN (SELECT scope, key FROM taken)
+                 AND t.scope = i.sc AND t.key = i.k
                LIMIT 1
            ) AS s ON true
            ORDER BY i.n"#,
@@ -425,7 +452,7 @@ async fn write_statement(
         &payloads,
         no_idempotency,
         ORDER_STATUS_CREATED,
-        KEY_SCOPE,
+        &scopes as &[&str],
     )
     .fetch_all(&mut *conn)
     .await?;

@@ -35,14 +35,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use effectively::store::KeyClaim;
-use pipeline::idempotency::{Fingerprint, IdempotencyKey, StoredResponse};
+use pipeline::idempotency::{Fingerprint, StoredResponse};
 use prometheus::IntGauge;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::metrics::OrdersMetrics;
-use crate::store::{Create, Store};
+use crate::store::{Create, ScopedKey, Store};
 
 /// Coalescing settings.
 #[derive(Debug, Clone, Copy)]
@@ -206,10 +206,10 @@ struct Shared {
 
 /// The keys in the writers' batches, each with the jobs parked behind it.
 #[derive(Default)]
-struct InFlight(std::sync::Mutex<HashMap<IdempotencyKey, Vec<Job>>>);
+struct InFlight(std::sync::Mutex<HashMap<ScopedKey, Vec<Job>>>);
 
 impl InFlight {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<IdempotencyKey, Vec<Job>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<ScopedKey, Vec<Job>>> {
         // A panic elsewhere cannot leave the map half-updated: every change
         // is one insert, push or remove.
         self.0
@@ -237,7 +237,7 @@ impl InFlight {
 /// [`WriteError::Dropped`]) rather than leaving them parked forever.
 struct Held<'a> {
     in_flight: &'a InFlight,
-    keys: Vec<IdempotencyKey>,
+    keys: Vec<ScopedKey>,
 }
 
 impl<'a> Held<'a> {
@@ -458,8 +458,8 @@ fn settle_deferred(deferred: &mut VecDeque<Job>, batch: &[Job], claims: &[KeyCla
     if deferred.is_empty() {
         return;
     }
-    let waiting: HashSet<&IdempotencyKey> = deferred.iter().map(|d| &d.create.key).collect();
-    let settled: HashMap<IdempotencyKey, Settled> = batch
+    let waiting: HashSet<&ScopedKey> = deferred.iter().map(|d| &d.create.key).collect();
+    let settled: HashMap<ScopedKey, Settled> = batch
         .iter()
         .zip(claims)
         .filter(|(job, _)| waiting.contains(&job.create.key))
@@ -513,7 +513,10 @@ mod tests {
         let order_id = order.order_id();
         let job = Job {
             create: Create {
-                key: IdempotencyKey::parse(key.as_bytes()).expect("key"),
+                key: ScopedKey {
+                    caller: crate::auth::Caller::anonymous(),
+                    key: pipeline::idempotency::IdempotencyKey::parse(key.as_bytes()).expect("key"),
+                },
                 fingerprint: Fingerprint::new("test", body.as_bytes()),
                 order,
                 response: StoredResponse {

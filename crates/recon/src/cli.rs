@@ -225,6 +225,7 @@ impl Findings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ClientKey;
 
     fn findings(intents: Option<IntentsReport>) -> Findings {
         Findings {
@@ -295,15 +296,15 @@ mod tests {
         let id = uuid::Uuid::now_v7();
         std::fs::write(&path, format!("k-1\t{id}\n")).expect("write intents");
         let alone = read_intents(&path).expect("intents alone");
-        assert_eq!(alone.succeeded, vec![("k-1".to_owned(), id)]);
+        assert_eq!(alone.succeeded, vec![(ClientKey::shared("k-1"), id)]);
         assert!(alone.ambiguous.is_empty());
         std::fs::write(dir.join("intents.txt.ambiguous"), "k-2\n").expect("write ambiguous");
         let both = read_intents(&path).expect("both");
-        assert_eq!(both.ambiguous, vec!["k-2".to_owned()]);
+        assert_eq!(both.ambiguous, vec![ClientKey::shared("k-2")]);
         assert!(both.failed.is_empty());
         std::fs::write(dir.join("intents.txt.failed"), "k-3\n").expect("write failed");
         let all = read_intents(&path).expect("all three");
-        assert_eq!(all.failed, vec!["k-3".to_owned()]);
+        assert_eq!(all.failed, vec![ClientKey::shared("k-3")]);
         std::fs::write(&path, "no tab\n").expect("write garbage");
         let error = read_intents(&path).expect_err("garbage").to_string();
         assert!(error.starts_with(&path.display().to_string()), "{error}");

@@ -2,12 +2,49 @@
 //! `--failed` files) against the database: every key the client saw succeed
 //! must have exactly the order it was given, a key whose fate the client
 //! cannot know may have 0 or 1 order, and a key the service refused must
-//! have none.
+//! have none. A line may end with the caller (a tab, then its name: a
+//! client with a bearer token): its key is read in that caller's scope; a
+//! line without one, in the shared scope of unauthenticated callers.
 
 use pipeline::contract::KEY_SCOPE;
 use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
+
+/// A client's key in its caller's scope (`fx.idempotency_keys.scope`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientKey {
+    /// The caller's name, or `''` ([`KEY_SCOPE`]) for a client without one.
+    pub scope: String,
+    /// The key.
+    pub key: String,
+}
+
+impl ClientKey {
+    /// `key` in the shared scope.
+    pub fn shared(key: &str) -> Self {
+        Self {
+            scope: KEY_SCOPE.to_owned(),
+            key: key.to_owned(),
+        }
+    }
+
+    /// `key` in `caller`'s scope.
+    pub fn of(caller: &str, key: &str) -> Self {
+        Self {
+            scope: caller.to_owned(),
+            key: key.to_owned(),
+        }
+    }
+
+    /// `key[<TAB>caller]`.
+    fn parse(line: &str) -> Self {
+        match line.split_once('\t') {
+            Some((key, caller)) => Self::of(caller.trim(), key),
+            None => Self::shared(line),
+        }
+    }
+}
 
 /// The client's side of the story (loadgen `--intents`): keys that got a
 /// success, with the order id they were given, keys whose fate the client
@@ -16,29 +53,30 @@ use uuid::Uuid;
 #[derive(Debug, Clone, Default)]
 pub struct ClientIntents {
     /// (key, order id the client received).
-    pub succeeded: Vec<(String, Uuid)>,
+    pub succeeded: Vec<(ClientKey, Uuid)>,
     /// Keys with no success and a send that may have committed: 0 or 1 order.
-    pub ambiguous: Vec<String>,
+    pub ambiguous: Vec<ClientKey>,
     /// Keys whose every send was refused before anything was written (a 4xx
     /// other than 408 and 409) or never sent: no order.
-    pub failed: Vec<String>,
+    pub failed: Vec<ClientKey>,
 }
 
-/// One key per line, blank lines skipped.
-fn key_list(text: Option<&str>) -> Vec<String> {
+/// One key per line (`key[<TAB>caller]`), blank lines skipped.
+fn key_list(text: Option<&str>) -> Vec<ClientKey> {
     text.map(|text| {
         text.lines()
             .map(str::trim)
             .filter(|l| !l.is_empty())
-            .map(str::to_owned)
+            .map(ClientKey::parse)
             .collect()
     })
     .unwrap_or_default()
 }
 
 impl ClientIntents {
-    /// Parses loadgen's intents file (`key<TAB>order_id` per line) and,
-    /// optionally, its ambiguous and failed files (one key per line).
+    /// Parses loadgen's intents file (`key<TAB>order_id[<TAB>caller]` per
+    /// line) and, optionally, its ambiguous and failed files (one
+    /// `key[<TAB>caller]` per line).
     pub fn parse(
         intents: &str,
         ambiguous: Option<&str>,
@@ -50,12 +88,22 @@ impl ClientIntents {
             .enumerate()
             .filter(|(_, l)| !l.trim().is_empty())
         {
-            let (key, id) = line
-                .split_once('\t')
-                .ok_or_else(|| format!("intents line {}: expected key<TAB>order_id", n + 1))?;
+            let mut fields = line.trim_end_matches(['\r', '\n']).split('\t');
+            let (Some(key), Some(id), caller, None) =
+                (fields.next(), fields.next(), fields.next(), fields.next())
+            else {
+                return Err(format!(
+                    "intents line {}: expected key<TAB>order_id[<TAB>caller]",
+                    n + 1
+                ));
+            };
             let id = Uuid::parse_str(id.trim())
                 .map_err(|e| format!("intents line {}: order id: {e}", n + 1))?;
-            out.succeeded.push((key.to_owned(), id));
+            let key = match caller {
+                Some(caller) => ClientKey::of(caller.trim(), key),
+                None => ClientKey::shared(key),
+            };
+            out.succeeded.push((key, id));
         }
         out.ambiguous = key_list(ambiguous);
         out.failed = key_list(failed);
@@ -132,13 +180,23 @@ impl IntentsReport {
     }
 }
 
+/// The scopes and the keys of `keys`, as two arrays to bind.
+fn columns(keys: &[&ClientKey]) -> (Vec<String>, Vec<String>) {
+    keys.iter()
+        .map(|k| (k.scope.clone(), k.key.clone()))
+        .unzip()
+}
+
 /// How many of `keys` the database holds (a key row is written with its
 /// order, in one transaction, so a key row is an order).
-async fn keys_with_an_order(pool: &PgPool, keys: &[String]) -> sqlx::Result<i64> {
+async fn keys_with_an_order(pool: &PgPool, keys: &[ClientKey]) -> sqlx::Result<i64> {
+    let (scopes, keys) = columns(&keys.iter().collect::<Vec<_>>());
     sqlx::query_scalar!(
-        r#"SELECT count(*) AS "committed!" FROM fx.idempotency_keys WHERE scope = $1 AND key = ANY($2)"#,
-        KEY_SCOPE,
-        keys
+        r#"SELECT count(*) AS "committed!"
+           FROM unnest($1::text[], $2::text[]) AS c(scope, key)
+           JOIN fx.idempotency_keys k ON k.scope = c.scope AND k.key = c.key"#,
+        &scopes,
+        &keys
     )
     .fetch_one(pool)
     .await
@@ -146,7 +204,7 @@ async fn keys_with_an_order(pool: &PgPool, keys: &[String]) -> sqlx::Result<i64>
 
 /// Compares the client's ground truth with the database.
 pub async fn check_intents(pool: &PgPool, client: &ClientIntents) -> sqlx::Result<IntentsReport> {
-    let keys: Vec<&str> = client.succeeded.iter().map(|(k, _)| k.as_str()).collect();
+    let (scopes, keys) = columns(&client.succeeded.iter().map(|(k, _)| k).collect::<Vec<_>>());
     let ids: Vec<Uuid> = client.succeeded.iter().map(|(_, id)| *id).collect();
     // count(*) is never NULL, but PostgreSQL reports no nullability for an
     // aggregate: hence the "!".
@@ -163,16 +221,14 @@ pub async fn check_intents(pool: &PgPool, client: &ClientIntents) -> sqlx::Resul
                   count(*) FILTER (WHERE k.key IS NOT NULL
                                     AND (k.reference IS DISTINCT FROM c.id::text
                                          OR o.order_id IS NULL)) AS "wrong!"
-           FROM unnest($1::text[], $2::uuid[]) AS c(key, id)
+           FROM unnest($1::text[], $2::uuid[], $3::text[]) AS c(key, id, scope)
            CROSS JOIN orders.key_policy f
-           LEFT JOIN fx.idempotency_keys k ON k.scope = $3 AND k.key = c.key
+           LEFT JOIN fx.idempotency_keys k ON k.scope = c.scope AND k.key = c.key
            LEFT JOIN orders.orders o ON o.order_id = effectively.uuid_of(k.reference)
            LEFT JOIN orders.orders given ON given.order_id = c.id"#,
-        // Borrowed keys encode as text[] like owned ones; the macro's check
-        // only knows `&[String]` for text[], so the type is stated.
-        &keys as &[&str],
+        &keys,
         &ids,
-        KEY_SCOPE
+        &scopes
     )
     .fetch_one(pool)
     .await?;
@@ -204,11 +260,25 @@ mod tests {
             Some("\np-4\n"),
         )
         .expect("parse");
-        assert_eq!(parsed.succeeded, vec![("p-1".to_owned(), id)]);
-        assert_eq!(parsed.ambiguous, vec!["p-2".to_owned(), "p-3".to_owned()]);
-        assert_eq!(parsed.failed, vec!["p-4".to_owned()]);
+        assert_eq!(parsed.succeeded, vec![(ClientKey::shared("p-1"), id)]);
+        assert_eq!(
+            parsed.ambiguous,
+            vec![ClientKey::shared("p-2"), ClientKey::shared("p-3")]
+        );
+        assert_eq!(parsed.failed, vec![ClientKey::shared("p-4")]);
+        // A caller's lines: its keys in its scope.
+        let scoped = ClientIntents::parse(
+            &format!("p-1\t{id}\tshop\n"),
+            Some("p-2\tshop\n"),
+            Some("p-4\tbilling\n"),
+        )
+        .expect("parse");
+        assert_eq!(scoped.succeeded, vec![(ClientKey::of("shop", "p-1"), id)]);
+        assert_eq!(scoped.ambiguous, vec![ClientKey::of("shop", "p-2")]);
+        assert_eq!(scoped.failed, vec![ClientKey::of("billing", "p-4")]);
         assert!(ClientIntents::parse("no-tab-here", None, None).is_err());
         assert!(ClientIntents::parse("k\tnot-a-uuid", None, None).is_err());
+        assert!(ClientIntents::parse(&format!("k\t{id}\tshop\tmore"), None, None).is_err());
     }
 
     #[test]

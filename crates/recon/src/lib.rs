@@ -33,6 +33,6 @@ pub mod seed;
 mod sql;
 
 pub use diff::{id_ranges, reconcile, reconcile_in_parts, wait_drained};
-pub use intents::{ClientIntents, IntentsReport, check_intents};
+pub use intents::{ClientIntents, ClientKey, IntentsReport, check_intents};
 pub use report::{DeadLetters, Delta, Floors, Part, Policy, Report, Responses};
 pub use sql::{DEAD_LETTERS_SQL, DRAINED_SQL, FLOORS_SQL, PART_SQL, RESPONSES_SQL};

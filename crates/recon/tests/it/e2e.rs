@@ -10,7 +10,7 @@ use pipeline::db::ServiceRole;
 use pipeline::testing::{
     TestDb, TestTopic, eventually, free_port, series_value, workspace_bin as bin,
 };
-use recon::Policy;
+use recon::{ClientKey, Policy};
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
@@ -143,6 +143,13 @@ async fn recon(pool: &PgPool) -> recon::Report {
     recon::reconcile(&mut conn).await.expect("recon")
 }
 
+/// The client's successes, each key in the shared scope (no caller).
+fn shared(seen: &[(String, uuid::Uuid)]) -> Vec<(ClientKey, uuid::Uuid)> {
+    seen.iter()
+        .map(|(key, id)| (ClientKey::shared(key), *id))
+        .collect()
+}
+
 #[tokio::test]
 async fn orders_with_retries_flow_to_exactly_one_charge_each() {
     let stack = Stack::start().await;
@@ -159,8 +166,8 @@ async fn orders_with_retries_flow_to_exactly_one_charge_each() {
 
     // The client's ground truth agrees with the database ...
     let client = recon::ClientIntents {
-        succeeded: seen.clone(),
-        ambiguous: vec!["e2e-1".into(), "never-sent".into()],
+        succeeded: shared(&seen),
+        ambiguous: vec![ClientKey::shared("e2e-1"), ClientKey::shared("never-sent")],
         failed: vec![],
     };
     let intents = recon::check_intents(&pool, &client).await.expect("intents");
@@ -173,7 +180,7 @@ async fn orders_with_retries_flow_to_exactly_one_charge_each() {
     let bad = recon::check_intents(
         &pool,
         &recon::ClientIntents {
-            succeeded: tampered,
+            succeeded: shared(&tampered),
             ambiguous: vec![],
             failed: vec![],
         },
@@ -796,7 +803,7 @@ async fn keys_that_outlive_the_key_floor_are_not_drift() {
         .map(|i| (format!("seed-{i}"), uuid::Uuid::from_u128(i)))
         .collect();
     let client = recon::ClientIntents {
-        succeeded: succeeded.clone(),
+        succeeded: shared(&succeeded),
         ambiguous: vec![],
         failed: vec![],
     };
@@ -807,7 +814,7 @@ async fn keys_that_outlive_the_key_floor_are_not_drift() {
     let lost = recon::check_intents(
         &pool,
         &recon::ClientIntents {
-            succeeded,
+            succeeded: shared(&succeeded),
             ambiguous: vec![],
             failed: vec![],
         },

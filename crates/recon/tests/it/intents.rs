@@ -1,7 +1,8 @@
 //! `recon --intents` against what the real loadgen wrote, with the real
 //! orders: a key orders answered 408 for and committed all the same is
 //! ambiguous (0 or 1 order), not drift; a key the client was refused that
-//! has an order is drift.
+//! has an order is drift; two authenticated callers sending the same keys
+//! make two intents of each, each checked in its caller's scope.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -15,11 +16,24 @@ use tokio::process::{Child, Command};
 /// One orders process on a fresh port, its routes giving up after
 /// `request_timeout_ms`; killed when dropped.
 async fn start_orders(db: &TestDb, request_timeout_ms: u64) -> (String, Child) {
+    start_orders_with(db, request_timeout_ms, None).await
+}
+
+/// [`start_orders`], with `--auth-tokens-file tokens` when given.
+async fn start_orders_with(
+    db: &TestDb,
+    request_timeout_ms: u64,
+    tokens: Option<&Path>,
+) -> (String, Child) {
     let (http, grpc) = (
         format!("127.0.0.1:{}", free_port()),
         format!("127.0.0.1:{}", free_port()),
     );
-    let child = Command::new(workspace_bin("orders"))
+    let mut orders = Command::new(workspace_bin("orders"));
+    if let Some(tokens) = tokens {
+        orders.env("ORDERS_AUTH_TOKENS_FILE", tokens);
+    }
+    let child = orders
         .env("DATABASE_URL", db.url_as(ServiceRole::Orders))
         .env("ORDERS_HTTP_ADDR", &http)
         .env("ORDERS_GRPC_ADDR", &grpc)
@@ -217,6 +231,137 @@ async fn a_refused_key_that_has_an_order_is_drift() {
         .await
         .expect("check intents");
     assert!(checked.is_clean(), "{}", checked.table());
+    pool.close().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `orders new-token CALLER --append-to tokens`: the token, in a file of its
+/// own (0600) for loadgen.
+async fn mint(tokens: &Path, caller: &str, dir: &Path) -> PathBuf {
+    let out = Command::new(workspace_bin("orders"))
+        .args(["new-token", caller, "--append-to"])
+        .arg(tokens)
+        .output()
+        .await
+        .expect("run orders new-token");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8(out.stdout).expect("utf-8");
+    assert!(token.starts_with(&format!("{caller}.")), "{token}");
+    let file = dir.join(format!("{caller}.token"));
+    std::fs::write(&file, token).expect("write token");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let mode = std::fs::metadata(tokens)
+            .expect("tokens")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "new-token makes the tokens file 0600");
+    }
+    file
+}
+
+/// One loadgen run against `http`: 40 intents, retries of a third of them,
+/// keys `same-1..`, with `token` when given; its output.
+async fn send_as(http: &str, token: Option<&Path>, intents: &Path) -> std::process::Output {
+    let mut loadgen = Command::new(workspace_bin("loadgen"));
+    if let Some(token) = token {
+        loadgen.arg("--token-file").arg(token);
+    }
+    loadgen
+        .args(["--http-url", http, "--protocol", "http"])
+        .args(["--rate", "40", "--duration", "1", "--zipf-s", "0"])
+        .args(["--retry-rate", "0.3", "--key-prefix", "same", "--seed", "7"])
+        .args(["--progress", "off"])
+        .arg("--intents")
+        .arg(intents)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run loadgen")
+}
+
+#[tokio::test]
+async fn two_callers_with_the_same_keys_are_two_intents_each_checked_in_its_scope() {
+    let db = TestDb::create().await;
+    let dir = scratch(&db);
+    let tokens = dir.join("tokens");
+    let shop = mint(&tokens, "shop", &dir).await;
+    let billing = mint(&tokens, "billing", &dir).await;
+    let (http, _orders) = start_orders_with(&db, 30_000, Some(&tokens)).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+
+    // No token: loadgen's probe is refused (401), and it says so.
+    let anonymous = send_as(&http, None, &dir.join("anonymous.txt")).await;
+    assert!(!anonymous.status.success());
+    let stderr = String::from_utf8_lossy(&anonymous.stderr);
+    assert!(stderr.contains("401"), "{stderr}");
+
+    // The same keys and bodies from two callers.
+    let mut checked = Vec::new();
+    for (caller, token) in [("shop", &shop), ("billing", &billing)] {
+        let intents = dir.join(format!("{caller}.txt"));
+        let out = send_as(&http, Some(token), &intents).await;
+        assert!(
+            out.status.success(),
+            "{caller}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = std::fs::read_to_string(&intents).expect("intents");
+        assert!(
+            text.lines().all(|l| l.ends_with(&format!("\t{caller}"))),
+            "every line names its caller:\n{text}"
+        );
+        let client = recon::cli::read_intents(&intents).expect("read intents");
+        let report = recon::check_intents(&pool, &client)
+            .await
+            .expect("check intents");
+        assert!(report.is_clean(), "{caller}:\n{}", report.table());
+        assert!(report.matched >= 30, "{}", report.table());
+        checked.push((client, report));
+    }
+    // Two intents per key: two key rows, two orders.
+    let (keys, scopes, orders): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT scope),
+                (SELECT count(*) FROM orders.orders)
+         FROM fx.idempotency_keys WHERE key LIKE 'same-%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    let succeeded = checked[0].1.matched + checked[1].1.matched;
+    assert_eq!(scopes, 2);
+    assert_eq!(keys, orders, "one order per key row");
+    assert!(
+        keys >= succeeded,
+        "{keys} key rows for {succeeded} successes"
+    );
+
+    // One caller's successes read in the other's scope: every one of them
+    // maps to another order. The scope is what tells them apart.
+    let mut crossed = checked[0].0.clone();
+    for (key, _) in &mut crossed.succeeded {
+        key.scope = "billing".into();
+    }
+    let wrong = recon::check_intents(&pool, &crossed)
+        .await
+        .expect("check intents");
+    assert!(!wrong.is_clean());
+    assert!(wrong.wrong_order > 0, "{}", wrong.table());
+    assert_eq!(
+        wrong.wrong_order + wrong.missing_in_db,
+        checked[0].1.matched,
+        "{}",
+        wrong.table()
+    );
     pool.close().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -10,7 +10,7 @@ STACK_DIR ?= $(CURDIR)/.stack
 export STACK_DIR
 -include $(STACK_DIR)/env
 
-.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-security bench-library bench-library-relay bench-relay-ab bench-inbox bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness key-expiry demo demo-webhooks \
+.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-security bench-library bench-library-relay bench-relay-ab bench-inbox bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness pg-ha-check key-expiry demo demo-webhooks \
         check-config check-dashboards plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 exp-10-long accept
 
 help: ## list the targets
@@ -115,6 +115,9 @@ bench-recon: ## recon's time on 1M and 10M consistent orders (BENCH_RECON_SIZES;
 
 bench-relay-sweep: ## relay drain rate by workers and batch size (after bench-pipeline)
 	@scripts/bench-relay-sweep.sh
+
+pg-ha-check: ## the HA database (STACK_PG=ha: 3 PostgreSQL nodes under Patroni, HAProxy in front) on a stack of its own, a switchover and a kill -9 failover under writes: no acknowledged write lost (PG_HA_SYNC=off: asynchronous)
+	@scripts/pg-ha-check.sh
 
 wal-slot-lost: ## the WAL relay's slot invalidated (max_slot_wal_keep_size lowered for a minute): its error, then its way out loses nothing
 	@scripts/wal-slot-lost.sh

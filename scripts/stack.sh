@@ -56,6 +56,14 @@
 #                  plaintext: the same passwords without TLS, to measure what
 #                  TLS costs (scripts/lib/pg-security.sh) (default: the
 #                  stack's current mode, at first tls)
+#   STACK_PG       single: one PostgreSQL node; or ha: three under Patroni
+#                  (etcd, synchronous replication) behind HAProxy on the
+#                  same port (scripts/lib/pg-ha.sh) (default: the stack's
+#                  current mode, at first single)
+#   STACK_PG_SYNC  ha only: on (synchronous mode, no acknowledged commit
+#                  lost at failover) or off (asynchronous, the
+#                  counter-example) (default: the cluster's current mode, at
+#                  first on)
 #   KAFKA_TOPIC, KAFKA_TOPIC_PARTITIONS  the topic `up` creates (order.events, 6)
 #   STACK_KAFKA_TOOL   a built kafka-tool to create it with (default: build
 #                      the debug one on first use)
@@ -113,6 +121,8 @@ net_load
 . "$ROOT/scripts/lib/tls.sh"
 # shellcheck source=scripts/lib/pg-security.sh
 . "$ROOT/scripts/lib/pg-security.sh"
+# shellcheck source=scripts/lib/pg-ha.sh
+. "$ROOT/scripts/lib/pg-ha.sh"
 # shellcheck source=scripts/lib/kafka-security.sh
 . "$ROOT/scripts/lib/kafka-security.sh"
 
@@ -144,19 +154,65 @@ ensure_pg_user() {
   id postgres >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin postgres
 }
 
-pg_running() {
+pg_single_running() {
   [ -f "$PGDATA/postmaster.pid" ] && as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" status >/dev/null 2>&1
 }
+
+# Which PostgreSQL the stack runs: `single` (one node, the default) or `ha`
+# (three under Patroni behind HAProxy: scripts/lib/pg-ha.sh). `up` records
+# it; a command without STACK_PG keeps it.
+PG_MODE=${STACK_PG:-$(cat "$STACK_DIR/pg-mode" 2>/dev/null || echo single)}
+case $PG_MODE in
+  single | ha) ;;
+  *) echo "stack: error: STACK_PG must be single or ha, got '$PG_MODE'" >&2; exit 2 ;;
+esac
+
+pg_running() { if [ "$PG_MODE" = ha ]; then ha_running; else pg_single_running; fi; }
 
 # psql ARGS... as the superuser, to the server's database `postgres`, stopping
 # at the first error, unaligned and tuples only: over the Unix socket as the
 # OS user that runs the server (the only way in without a password:
 # scripts/lib/pg-security.sh).
 admin_psql() {
-  as_pg psql -h "$SOCK" -p "$PG_PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -qAt "$@"
+  if [ "$PG_MODE" = ha ]; then
+    local n
+    n=$(ha_leader) || die "no primary in the cluster (scripts/stack.sh status)"
+    as_pg psql -h "$(ha_sock "$n")" -p "$(ha_pg_port "$n")" -U postgres -d postgres -v ON_ERROR_STOP=1 -qAt "$@"
+  else
+    as_pg psql -h "$SOCK" -p "$PG_PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -qAt "$@"
+  fi
 }
 
+# pg_up: the stack's PostgreSQL (the single node or the cluster) running,
+# its roles' passwords set, the database there.
 pg_up() {
+  if [ "$PG_MODE" = ha ]; then
+    ha_up
+  else
+    if ha_pid "$HA_DIR/etcd.pid" >/dev/null; then
+      log "stopping the postgres cluster: STACK_PG=single runs one node on 127.0.0.1:$PG_PORT"
+      ha_down
+    fi
+    pg_single_up
+  fi
+  echo "$PG_MODE" >"$STACK_DIR/pg-mode"
+  pg_set_passwords
+  if [ "$(admin_psql -c "SELECT 1 FROM pg_database WHERE datname = '$DB'")" != 1 ]; then
+    admin_psql -c "CREATE DATABASE \"$DB\"" >/dev/null
+    log "created database $DB"
+  fi
+  # The view over pg_stat_statements, in the admin database the benchmarks
+  # read it from (it shows every database's statements). A server started
+  # before the library was preloaded answers without it until restarted.
+  admin_psql -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null 2>&1 || true
+}
+
+pg_down() {
+  if ha_pid "$HA_DIR/etcd.pid" >/dev/null; then ha_down; fi
+  pg_single_down
+}
+
+pg_single_up() {
   ensure_postgres_installed
   ensure_pg_user
   mkdir -p "$STACK_DIR" "$SOCK" "$LOGS"
@@ -173,7 +229,7 @@ pg_up() {
   grep -q '^max_slot_wal_keep_size' "$PGDATA/postgresql.conf" \
     || echo "max_slot_wal_keep_size = 2GB  # scripts/stack.sh: the WAL a relay's slot may hold" >>"$PGDATA/postgresql.conf"
   pg_configure
-  if pg_running; then
+  if pg_single_running; then
     log "postgres already running on 127.0.0.1:$PG_PORT"
     # pg_hba.conf and TLS as written now (a server an older stack.sh
     # started trusted everyone).
@@ -204,20 +260,11 @@ pg_up() {
        -c checkpoint_timeout=15min -c recovery_init_sync_method=syncfs -c log_min_messages=warning" start >/dev/null \
       || die "postgres did not start, see $LOGS/postgres.log"
   fi
-  pg_set_passwords
-  if [ "$(admin_psql -c "SELECT 1 FROM pg_database WHERE datname = '$DB'")" != 1 ]; then
-    admin_psql -c "CREATE DATABASE \"$DB\"" >/dev/null
-    log "created database $DB"
-  fi
-  # The view over pg_stat_statements, in the admin database the benchmarks
-  # read it from (it shows every database's statements). A server started
-  # before the library was preloaded answers without it until restarted.
-  admin_psql -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null 2>&1 || true
 }
 
-pg_down() {
+pg_single_down() {
   find_pg_bin || return 0
-  if pg_running; then
+  if pg_single_running; then
     as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -m fast -w -t 60 stop >/dev/null
     log "postgres stopped"
   else
@@ -599,6 +646,7 @@ crash() {
   down_s=$(ms_to_s "$down_ms")
   case "$what" in
     postgres)
+      [ "$PG_MODE" = single ] || die "crash postgres: the single node only; the cluster's faults (STACK_PG=ha) are not built yet"
       find_pg_bin && pg_running || die "postgres is not running"
       as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -m immediate -w -t 60 stop >/dev/null
       log "postgres crashed (pg_ctl stop -m immediate); down for ${down_ms} ms"
@@ -666,7 +714,10 @@ case "${1:-}" in
   clean) find_pg_bin || die "PostgreSQL is not installed: scripts/stack.sh up"; clean ;;
   down) kafka_down; if [ "$NET" = netns ]; then net_down; else net_heal_all quiet; fi; pg_down ;;
   status)
-    if find_pg_bin && pg_running; then echo "postgres: running on 127.0.0.1:$PG_PORT"; else echo "postgres: stopped"; fi
+    if [ "$PG_MODE" = ha ]; then
+      ha_status
+      if ha_pid "$HA_DIR/haproxy.pid" >/dev/null; then echo "haproxy: 127.0.0.1:$PG_PORT -> pg$(ha_leader || echo '?')"; else echo "haproxy: stopped"; fi
+    elif find_pg_bin && pg_running; then echo "postgres: running on 127.0.0.1:$PG_PORT"; else echo "postgres: stopped"; fi
     for n in $(seq 1 "$KAFKA_NODES"); do
       if node_pid "$n" >/dev/null; then echo "kafka node $n: running on $(node_host "$n"):$(client_port "$n")"; else echo "kafka node $n: stopped"; fi
     done

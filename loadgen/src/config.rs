@@ -350,20 +350,11 @@ impl Token {
     fn read(path: &std::path::Path) -> anyhow::Result<Self> {
         let text = pipeline::config::read_private(path).map_err(anyhow::Error::msg)?;
         let value = text.lines().next().unwrap_or_default().trim().to_owned();
-        let caller = match value.split_once('.') {
-            Some((caller, secret))
-                if !caller.is_empty()
-                    && !secret.is_empty()
-                    && caller
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') =>
-            {
-                caller.to_owned()
-            }
-            _ => bail!(
+        let Some(caller) = pipeline::contract::token_caller(&value).map(str::to_owned) else {
+            bail!(
                 "{}: not a token (CALLER.SECRET on the first line; `orders new-token` mints one)",
                 path.display()
-            ),
+            );
         };
         Ok(Self { value, caller })
     }

@@ -275,10 +275,7 @@ ha_up() {
   pg_secrets
   [ -s "$PG_SECRETS/replicator.password" ] ||
     (umask 077 && openssl rand -hex 24 >"$PG_SECRETS/replicator.password") || die "openssl could not make a password"
-  if [ "$SECURITY" = tls ]; then
-    tls_issue postgres 127.0.0.1 "IP:127.0.0.1,DNS:localhost"
-    if [ "$(id -u)" = 0 ]; then chown postgres "$TLS_DIR/postgres.key"; fi
-  fi
+  pg_tls_files
   # The single node and the cluster share the port: one at a time.
   if pg_single_running; then
     log "stopping the single-node postgres: STACK_PG=ha runs the cluster on 127.0.0.1:$PG_PORT"

@@ -59,17 +59,22 @@ pg_secrets() {
   mv "$tmp" "$PG_PASSFILE"
 }
 
+# pg_tls_files: with STACK_SECURITY=tls, the server's certificate from the
+# stack's CA (for 127.0.0.1 and localhost), its key the server's to read.
+pg_tls_files() {
+  [ "$SECURITY" = tls ] || return 0
+  tls_issue postgres 127.0.0.1 "IP:127.0.0.1,DNS:localhost"
+  if [ "$(id -u)" = 0 ]; then chown postgres "$TLS_DIR/postgres.key"; fi
+}
+
 # pg_configure: the server's authentication and TLS files, before it starts
 # (or before a reload).
 pg_configure() {
   echo "$SECURITY" >"$STACK_DIR/security"
   pg_secrets
+  pg_tls_files
   local ssl=off
-  if [ "$SECURITY" = tls ]; then
-    tls_issue postgres 127.0.0.1 "IP:127.0.0.1,DNS:localhost"
-    ssl=on
-    if [ "$(id -u)" = 0 ]; then chown postgres "$TLS_DIR/postgres.key"; fi
-  fi
+  [ "$SECURITY" = tls ] && ssl=on
   local host=hostssl
   [ "$SECURITY" = plaintext ] && host=host
   as_pg tee "$PGDATA/pg_hba.conf" >/dev/null <<HBA

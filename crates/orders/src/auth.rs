@@ -32,8 +32,7 @@ use rand::RngCore as _;
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
 
-/// The longest caller name.
-pub const MAX_CALLER_LEN: usize = 64;
+pub use pipeline::contract::{MAX_CALLER_LEN, validate_caller};
 
 /// The caller of one request: the scope of its idempotency keys.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -56,26 +55,6 @@ impl Caller {
     pub fn scope(&self) -> &str {
         &self.0
     }
-}
-
-/// A caller's name: 1 to 64 ASCII letters, digits, `_` or `-` (so never the
-/// anonymous scope `''`, and never a dot, which ends it in a token).
-pub fn validate_caller(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > MAX_CALLER_LEN {
-        return Err(format!(
-            "a caller's name has 1 to {MAX_CALLER_LEN} characters, not {}",
-            name.len()
-        ));
-    }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
-    {
-        return Err(format!(
-            "a caller's name has ASCII letters, digits, '_' and '-' only, not {c:?}"
-        ));
-    }
-    Ok(())
 }
 
 /// Why a request was not authenticated: the label of
@@ -139,7 +118,8 @@ impl Tokens {
             let hex = digest
                 .strip_prefix("sha256:")
                 .ok_or_else(|| at("the digest must start with `sha256:`".into()))?;
-            let bytes = decode_hex(hex).ok_or_else(|| {
+            let mut bytes = [0u8; 32];
+            hex::decode_to_slice(hex, &mut bytes).map_err(|_| {
                 at("the digest must be 64 hexadecimal digits after `sha256:`".into())
             })?;
             by_caller.entry(caller.to_owned()).or_default().push(bytes);
@@ -157,10 +137,7 @@ impl Tokens {
 
     /// The caller whose token `token` is.
     pub fn check(&self, token: &str) -> Result<Caller, AuthError> {
-        let (name, secret) = token.split_once('.').ok_or(AuthError::Malformed)?;
-        if validate_caller(name).is_err() || secret.is_empty() {
-            return Err(AuthError::Malformed);
-        }
+        let name = pipeline::contract::token_caller(token).ok_or(AuthError::Malformed)?;
         let given = digest(token);
         let known = self.by_caller.get(name).ok_or(AuthError::Unknown)?;
         // Every digest of the caller compared, in constant time each.
@@ -174,19 +151,6 @@ impl Tokens {
             Err(AuthError::Unknown)
         }
     }
-}
-
-fn decode_hex(hex: &str) -> Option<[u8; 32]> {
-    let bytes = hex.as_bytes();
-    if bytes.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, pair) in bytes.chunks(2).enumerate() {
-        let text = std::str::from_utf8(pair).ok()?;
-        out[i] = u8::from_str_radix(text, 16).ok()?;
-    }
-    Some(out)
 }
 
 /// Who may call: everyone (authentication off), or the holders of the
@@ -270,8 +234,7 @@ pub fn new_token(caller: &str) -> Result<(String, String), String> {
     let mut secret = [0u8; 32];
     rand::rng().fill_bytes(&mut secret);
     let token = format!("{caller}.{}", URL_SAFE_NO_PAD.encode(secret));
-    let hex: String = digest(&token).iter().map(|b| format!("{b:02x}")).collect();
-    let line = format!("{caller} sha256:{hex}");
+    let line = format!("{caller} sha256:{}", hex::encode(digest(&token)));
     Ok((token, line))
 }
 

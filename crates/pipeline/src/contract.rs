@@ -117,6 +117,38 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// an identity of their own to scope their keys by.
 pub const KEY_SCOPE: &str = "";
 
+/// The longest name of an orders caller (`orders --auth-tokens-file`).
+pub const MAX_CALLER_LEN: usize = 64;
+
+/// An orders caller's name: 1 to [`MAX_CALLER_LEN`] ASCII letters, digits,
+/// `_` or `-` (so never the anonymous scope [`KEY_SCOPE`], and never a dot,
+/// which ends it in a token). Shared by orders (its tokens file, its
+/// callers) and loadgen (the caller its intents files name).
+pub fn validate_caller(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_CALLER_LEN {
+        return Err(format!(
+            "a caller's name has 1 to {MAX_CALLER_LEN} characters, not {}",
+            name.len()
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+    {
+        return Err(format!(
+            "a caller's name has ASCII letters, digits, '_' and '-' only, not {c:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// The caller of a bearer token `CALLER.SECRET` (a valid name, a secret that
+/// is not empty); `None` when the token has not that shape.
+pub fn token_caller(token: &str) -> Option<&str> {
+    let (name, secret) = token.split_once('.')?;
+    (validate_caller(name).is_ok() && !secret.is_empty()).then_some(name)
+}
+
 /// The status of a created order's response (201 Created).
 pub const ORDER_CREATED_STATUS: u16 = 201;
 

@@ -137,16 +137,27 @@ def replayed(text):
     return int(m.group(1)) if m else None
 
 
-def replay_checks(c, replay_text, after):
-    """The checks of the replay run C, the replay's output and recon after it."""
+def applied_anyway(text):
+    """How many failed deliveries had been applied all the same (their order
+    has its charge: an attempt timed out at the sender after the receiver
+    committed, the later ones were refused); None if unread."""
+    m = re.fullmatch(r"\s*(\d+)\s*", text or "")
+    return int(m.group(1)) if m else None
+
+
+def replay_checks(c, replay_text, after, applied):
+    """The checks of the replay run C, the replay's output, recon after it and
+    APPLIED, the failed deliveries whose order was charged all the same."""
     r = chaos_report(c)
     failed = r.get("failed_deliveries", 0)
     drift = (c.get("recon") or {}).get("drift") or []
     n = replayed(replay_text)
     return {
         "replay: deliveries failed after their last attempt": failed > 0,
-        "replay: recon called them drift (failed_deliveries), each an order without its charge, none doubled": (
-            "failed_deliveries" in drift and r.get("orders_without_charge") == failed
+        "replay: recon called them drift (failed_deliveries), each an order without its charge "
+        "unless applied before its sender gave up, none doubled": (
+            "failed_deliveries" in drift and applied is not None and 0 <= applied <= failed
+            and r.get("orders_without_charge") == failed - applied
             and r.get("double_charges", -1) == 0),
         "replay: every failed delivery queued again": n is not None and n == failed,
         "replay: recon CLEAN after the replay (each order charged once)": bool(after and after.get("clean")),
@@ -169,7 +180,8 @@ def main(argv):
     write_csv(os.path.join(res, "schedule.csv"), table)
     after = load_json(os.path.join(res, "replay-recon.json"))
     checks = faults_checks(faults, table, min_kills, 3 if mode == "quick" else 4)
-    checks.update(replay_checks(replay, read_text(os.path.join(res, "replay.txt")), after))
+    applied = applied_anyway(read_text(os.path.join(res, "replay-applied.txt")))
+    checks.update(replay_checks(replay, read_text(os.path.join(res, "replay.txt")), after, applied))
     t = faults.get("totals") or {}
     summary = {
         "experiment": "exp-9-webhooks",
@@ -189,6 +201,7 @@ def main(argv):
         "schedule": table,
         "replay": {
             "failed_deliveries": chaos_report(replay).get("failed_deliveries"),
+            "applied_before_given_up": applied,
             "replayed": replayed(read_text(os.path.join(res, "replay.txt"))),
             "recon_after": {"clean": (after or {}).get("clean"), "drift": (after or {}).get("drift")},
         },
@@ -207,7 +220,8 @@ def main(argv):
               f"(x0.8-1.2: {row['earliest_ms']}-{row['latest_ms']}), observed {row['count']}: "
               f"min {row['observed_min_ms']} p50 {row['observed_p50_ms']} max {row['observed_max_ms']} ms")
     rp = summary["replay"]
-    print(f"exp-9 replay: {rp['failed_deliveries']} failed, {rp['replayed']} replayed, "
+    print(f"exp-9 replay: {rp['failed_deliveries']} failed ({rp['applied_before_given_up']} applied before "
+          f"the sender gave up), {rp['replayed']} replayed, "
           f"recon after: {'CLEAN' if rp['recon_after']['clean'] else rp['recon_after']['drift']}")
     print(f"exp-9: {summary['verdict']} ({mode}; {res}/summary.json)")
     return exit_code(summary)

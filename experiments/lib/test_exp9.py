@@ -82,12 +82,27 @@ class Exp9Test(unittest.TestCase):
         rec["report"]["failed_deliveries"] = 7
         rec["drift"] = ["orders_without_charge", "failed_deliveries"]
         c = chaos(1, rec)
-        ok = exp9.replay_checks(c, "7 failed deliveries queued again\n", {"clean": True})
+        ok = exp9.replay_checks(c, "7 failed deliveries queued again\n", {"clean": True}, 0)
         self.assertEqual([k for k, v in ok.items() if not v], [])
         self.assertEqual(exp9.replayed("no"), None)
-        partial = exp9.replay_checks(c, "6 failed deliveries queued again\n", {"clean": False})
+        partial = exp9.replay_checks(c, "6 failed deliveries queued again\n", {"clean": False}, 0)
         self.assertEqual(len([k for k, v in partial.items() if not v]), 2)
 
+    def test_a_failed_delivery_applied_before_its_sender_gave_up(self):
+        rec = recon(lost=5, clean=False)
+        rec["report"]["failed_deliveries"] = 7
+        rec["drift"] = ["orders_without_charge", "failed_deliveries"]
+        c = chaos(1, rec)
+        drift = [k for k in exp9.replay_checks(c, "7 failed deliveries queued again\n", {"clean": True}, 0)
+                 if k.startswith("replay: recon called them drift")][0]
+        ok = exp9.replay_checks(c, "7 failed deliveries queued again\n", {"clean": True}, 2)
+        self.assertEqual([k for k, v in ok.items() if not v], [], "5 uncharged + 2 applied = 7 failed")
+        for applied in (0, 1, 3, None, 8):
+            got = exp9.replay_checks(c, "7 failed deliveries queued again\n", {"clean": True}, applied)
+            self.assertFalse(got[drift], f"applied {applied}: 5 uncharged does not add up to 7 failed")
+        self.assertEqual(exp9.applied_anyway("2\n"), 2)
+        self.assertEqual(exp9.applied_anyway(""), None)
+        self.assertEqual(exp9.applied_anyway("ERROR"), None)
 
 if __name__ == "__main__":
     unittest.main()

@@ -162,8 +162,10 @@ pub enum ErrorClass {
 /// now, rather than anything about the request: the connection is lost or
 /// cannot be made (I/O, TLS, SQLSTATE class `08`), the pool is exhausted or
 /// closed, the server is out of resources (`53`), shutting down or restarting
-/// (`57P01`..`57P03`), or the transaction lost a serialization or deadlock
-/// race (`40001`, `40P01`). A request that failed so can be retried as is.
+/// (`57P01`..`57P03`), a standby (`25006`: a session still on the node a
+/// switchover demoted, until the proxy moves it), or the transaction lost a
+/// serialization or deadlock race (`40001`, `40P01`). A request that failed
+/// so can be retried as is: nothing of it committed.
 pub fn is_unavailable(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Io(_)
@@ -174,7 +176,7 @@ pub fn is_unavailable(error: &sqlx::Error) -> bool {
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
             code.starts_with("08")
                 || code.starts_with("53")
-                || ["57P01", "57P02", "57P03", "40001", "40P01"].contains(&code.as_ref())
+                || ["57P01", "57P02", "57P03", "25006", "40001", "40P01"].contains(&code.as_ref())
         }),
         _ => false,
     }

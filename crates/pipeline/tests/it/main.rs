@@ -9,3 +9,5 @@ mod roles;
 mod pg_security;
 // Payments' inbox moved into the library's, on a database in use.
 mod inbox_move;
+// A write the failing-over cluster refuses is retryable.
+mod failover;

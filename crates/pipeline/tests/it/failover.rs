@@ -1,0 +1,57 @@
+//! What a service's write meets while the PostgreSQL cluster fails over, as
+//! [`pipeline::db::is_unavailable`] reads it, against the real server.
+//! Right after a switchover, until the proxy moves its connections, a
+//! session can still be on the demoted node, now a standby: every write
+//! there fails with SQLSTATE 25006 (read_only_sql_transaction), nothing of
+//! it committed. That is "the database cannot take writes now", to be
+//! retried as is (orders answers 503), not an error of the request.
+
+use pipeline::db::{ErrorClass, ServiceRole, classify, is_unavailable};
+use pipeline::testing::TestDb;
+use sqlx::{Connection, PgConnection};
+
+#[tokio::test]
+async fn a_write_a_standby_refuses_is_unavailable_and_retryable() {
+    let db = TestDb::create().await;
+    let mut conn = PgConnection::connect(&db.url_as(ServiceRole::Orders))
+        .await
+        .expect("connect as orders");
+    // A hot standby answers every write so; a read-only session is the same
+    // refusal with the same SQLSTATE on a server that can be the primary.
+    sqlx::query("SET default_transaction_read_only = on")
+        .execute(&mut conn)
+        .await
+        .expect("read-only session");
+    let error = sqlx::query(
+        "INSERT INTO orders.orders (order_id, account_id, amount_cents, status) \
+         VALUES (gen_random_uuid(), 1, 100, 'created')",
+    )
+    .execute(&mut conn)
+    .await
+    .expect_err("a read-only session refuses the write");
+    let code = error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.into_owned());
+    assert_eq!(code.as_deref(), Some("25006"), "{error}");
+    assert!(
+        is_unavailable(&error),
+        "a standby's refusal is retryable: {error}"
+    );
+    assert_eq!(classify(&error), ErrorClass::Transient);
+
+    // A request's own fault on the same session stays what it is.
+    sqlx::query("SET default_transaction_read_only = off")
+        .execute(&mut conn)
+        .await
+        .expect("read-write again");
+    let error = sqlx::query("INSERT INTO orders.orders (order_id) VALUES (NULL)")
+        .execute(&mut conn)
+        .await
+        .expect_err("not null");
+    assert!(
+        !is_unavailable(&error),
+        "a constraint violation is not: {error}"
+    );
+    assert_eq!(classify(&error), ErrorClass::Deterministic);
+}

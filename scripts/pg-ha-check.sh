@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # make pg-ha-check: the HA database (STACK_PG=ha, scripts/lib/pg-ha.sh) on a
 # stack of its own (.stack/ha-check, its own ports, no Kafka), under a write
-# loop through HAProxy, through two faults:
+# loop through HAProxy, through three faults (after a check of what ends a
+# commit's wait for its standby, on a throwaway server: syncrep_wait below):
 #  1. a planned switchover to the synchronous standby (patronictl);
 #  2. a failover: the primary's Patroni and postmaster killed -9 at once,
 #     so the leader key expires and Patroni promotes the synchronous standby;
-#     the killed node then comes back (`up`) and rejoins as a replica.
+#     the killed node then comes back and rejoins as a replica;
+#  3. the synchronous standby killed -9 with its Patroni for
+#     PG_HA_STANDBY_DOWN_MS (15 s): commits wait until Patroni names the
+#     other replica synchronous (the longest stall is printed).
 # After each: how long no write was accepted, and every write the loop saw
 # acknowledged read back from the new primary. With synchronous replication
 # (PG_HA_SYNC=on, the default) none may be missing: the check fails if one
@@ -21,6 +25,7 @@ export STACK_DIR=$ROOT/.stack/ha-check STACK_KAFKA=0 STACK_PG=ha STACK_PG_SYNC=$
 export STACK_PG_PORT=26432 STACK_HA_PG_PORT=26441 STACK_HA_REST_PORT=28101 STACK_HA_ETCD_PORT=22479
 WRITERS=${PG_HA_WRITERS:-3}
 SECONDS_AFTER=${PG_HA_SECONDS:-40}
+STANDBY_DOWN_MS=${PG_HA_STANDBY_DOWN_MS:-15000}
 OUT=$STACK_DIR/check
 say() { printf '\n== %s\n' "$*"; }
 fail() { echo "pg-ha-check: FAIL: $*" >&2; exit 1; }
@@ -76,7 +81,7 @@ writers() {
 # judge TAG FAULT_AT: how long after the fault the first write was
 # accepted again; every acknowledged id read back.
 judge() {
-  local tag=$1 at=$2 acked missing gap
+  local tag=$1 at=$2 acked missing gap stall
   cat "$OUT/$tag".acked.* 2>/dev/null | sort >"$OUT/$tag.acked"
   cat "$OUT/$tag".refused.* 2>/dev/null | sort -g >"$OUT/$tag.refused" || true
   acked=$(wc -l <"$OUT/$tag.acked")
@@ -86,21 +91,70 @@ judge() {
   gap=$(cat "$OUT/$tag".times.* | awk -v at="$at" -v last="$(awk -v at="$at" '$1 > at { l = $1 } END { printf "%.6f", l + 0 }' "$OUT/$tag.refused")" '
     $1 > at && $1 > last && (!first || $1 < first) { first = $1 } END { if (!first) print "none"; else printf "%.1f", first - at }')
   [ "$gap" != none ] || fail "no write accepted again within $SECONDS_AFTER s of the $tag"
-  printf '  %-11s acknowledged %6d  missing after it %3d  refused %4d  writes accepted again %5s s after the fault  new primary pg%s\n' \
-    "$tag" "$acked" "$missing" "$(wc -l <"$OUT/$tag.refused")" "$gap" "$(ha_leader || echo '?')"
-  echo "$tag $acked $missing $gap" >>"$OUT/summary.txt"
+  # The longest wait between two acknowledgements, any loop's, after the
+  # fault (a commit waiting for a standby is refused by nothing: it stalls).
+  stall=$(cat "$OUT/$tag".times.* | sort -g | awk -v at="$at" '$1 > at { if (prev && $1 - prev > m) m = $1 - prev; prev = $1 } END { printf "%.1f", m }')
+  printf '  %-12s acknowledged %6d  missing after it %3d  refused %4d  writes accepted again %5s s after the fault  longest stall %5s s  primary pg%s\n' \
+    "$tag" "$acked" "$missing" "$(wc -l <"$OUT/$tag.refused")" "$gap" "$stall" "$(ha_leader || echo '?')"
+  echo "$tag $acked $missing $gap $stall" >>"$OUT/summary.txt"
   if [ "$missing" != 0 ] && [ "$STACK_PG_SYNC" = on ]; then
     fail "$missing acknowledged writes missing after the $tag (synchronous mode)"
   fi
 }
 
+# syncrep_wait: what ends a commit's wait for its synchronous standby, on a
+# server of its own whose synchronous standby never comes (so every commit
+# waits): the services' statement and idle-in-transaction timeouts do not
+# (PostgreSQL stops the statement's timer before it commits); a cancel does,
+# and reports the commit done, only committed locally (the hazard: no
+# service sends one, sqlx has no cancel request); a terminate closes the
+# connection with no COMMIT acknowledged (the client sees an ambiguous
+# failure and retries with its key).
+syncrep_wait() {
+  local dir=$STACK_DIR/syncrep bin
+  bin=$(dirname "$(readlink -f "$(ls /usr/lib/postgresql/*/bin/pg_ctl | sort -V | tail -1)")")
+  rm -rf "$dir"; mkdir -p "$dir"; chmod 0700 "$dir"; chown postgres "$dir"
+  runuser -u postgres -- "$bin/initdb" -D "$dir/data" -A trust -U postgres >"$dir/initdb.log" 2>&1 || fail "initdb (see $dir/initdb.log)"
+  runuser -u postgres -- "$bin/pg_ctl" -D "$dir/data" -l "$dir/log" -w -o \
+    "-p 26499 -k $dir -c listen_addresses='' -c synchronous_standby_names=nobody" start >/dev/null || fail "the throwaway server (see $dir/log)"
+  local P=(psql -h "$dir" -p 26499 -U postgres -d postgres -X)
+  local rc1 rc3
+  PGOPTIONS='-c synchronous_commit=local' "${P[@]}" -qc "CREATE TABLE w (id int)"
+  # 1. The services' session limits, at 1 s: the commit still waits at 4 s.
+  timeout 4 "${P[@]}" -c "SET statement_timeout = '1s'" -c "SET idle_in_transaction_session_timeout = '1s'" \
+    -c "BEGIN" -c "INSERT INTO w VALUES (1)" -c "COMMIT" >"$dir/timeouts.out" 2>&1 && rc1=0 || rc1=$?
+  # 2. A cancel (pg_cancel_backend) of a waiting commit.
+  "${P[@]}" -c "BEGIN" -c "INSERT INTO w VALUES (2)" -c "COMMIT" >"$dir/cancel.out" 2>&1 &
+  local waiter=$!
+  sleep 1.5
+  PGOPTIONS='-c synchronous_commit=local' "${P[@]}" -qAtc "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'" >/dev/null
+  wait "$waiter" || true
+  # 3. A terminate (pg_terminate_backend) of a waiting commit.
+  "${P[@]}" -c "BEGIN" -c "INSERT INTO w VALUES (3)" -c "COMMIT" >"$dir/terminate.out" 2>&1 &
+  waiter=$!
+  sleep 1.5
+  PGOPTIONS='-c synchronous_commit=local' "${P[@]}" -qAtc "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'" >/dev/null
+  wait "$waiter" && rc3=0 || rc3=$?
+  runuser -u postgres -- "$bin/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null
+  { [ "$rc1" = 124 ] && ! grep -qx COMMIT "$dir/timeouts.out"; } ||
+    fail "a commit waiting for its standby returned (exit $rc1) under 1 s statement and idle-in-transaction timeouts: $(cat "$dir/timeouts.out")"
+  echo "  statement_timeout, idle_in_transaction_session_timeout 1 s: the commit still waits at 4 s"
+  { grep -qx COMMIT "$dir/cancel.out" && grep -q "canceling wait for synchronous replication" "$dir/cancel.out"; } ||
+    fail "PostgreSQL no longer acknowledges a cancelled wait as a commit (README's HA section says it does): $(cat "$dir/cancel.out")"
+  echo "  pg_cancel_backend: COMMIT acknowledged, only committed locally (WARNING: $(grep -o 'canceling wait[^.]*' "$dir/cancel.out"))"
+  { [ "$rc3" != 0 ] && ! grep -qx COMMIT "$dir/terminate.out"; } ||
+    fail "a terminated wait acknowledged its commit: $(cat "$dir/terminate.out")"
+  echo "  pg_terminate_backend: the connection closed, no COMMIT acknowledged (exit $rc3)"
+}
+
+say "0. what ends a commit's wait for its synchronous standby"
+syncrep_wait
+
 say "1. switchover (planned) under $WRITERS write loops"
 writers switchover
 sleep 3
-leader=$(ha_leader)
 at=$(date +%s.%N)
-patronictl -c "$STACK_DIR/ha/pg$leader/patroni.yml" switchover --leader "pg$leader" --force >"$OUT/switchover.log" 2>&1 ||
-  fail "patronictl switchover (see $OUT/switchover.log)"
+stack pg switchover >"$OUT/switchover.log" 2>&1 || fail "stack.sh pg switchover (see $OUT/switchover.log)"
 wait
 wait_for 60 "SELECT NOT pg_is_in_recovery()" || fail "no writable primary within 60 s of the switchover"
 judge switchover "$at"
@@ -109,14 +163,22 @@ wait_for 120 "SELECT count(*) = 2 FROM pg_stat_replication WHERE state = 'stream
 say "2. failover: the primary's Patroni and postmaster killed -9"
 writers failover
 sleep 3
-leader=$(ha_leader)
 at=$(date +%s.%N)
-kill -9 "$(cat "$STACK_DIR/ha/pg$leader/patroni.pid")" "$(head -1 "$STACK_DIR/ha/pg$leader/data/postmaster.pid")"
+# The old primary is started again once another took over (stack.sh pg failover).
+stack pg failover 0 >"$OUT/failover.log" 2>&1 || fail "stack.sh pg failover (see $OUT/failover.log)"
 wait
 wait_for 60 "SELECT NOT pg_is_in_recovery()" || fail "no writable primary within 60 s of the failover"
 judge failover "$at"
-say "the killed node pg$leader back (stack up): it rejoins as a replica"
-stack up >/dev/null
-wait_for 120 "SELECT count(*) = 2 FROM pg_stat_replication WHERE state = 'streaming'" || fail "pg$leader back as a replica within 120 s"
+wait_for 120 "SELECT count(*) = 2 FROM pg_stat_replication WHERE state = 'streaming'" || fail "$(cat "$OUT/failover.log") : the old primary back as a replica within 120 s"
 q "SELECT application_name || ' ' || sync_state FROM pg_stat_replication ORDER BY 1" | sed 's/^/  standby /'
+
+say "3. the synchronous standby killed -9 with its Patroni, down ${STANDBY_DOWN_MS} ms"
+writers standby-loss
+sleep 3
+at=$(date +%s.%N)
+stack pg standby-loss "$STANDBY_DOWN_MS" >"$OUT/standby-loss.log" 2>&1 || fail "stack.sh pg standby-loss (see $OUT/standby-loss.log)"
+sed 's/^/  /' "$OUT/standby-loss.log" | tail -1
+wait
+judge standby-loss "$at"
+wait_for 120 "SELECT count(*) = 2 FROM pg_stat_replication WHERE state = 'streaming'" || fail "the standby back within 120 s"
 echo "pg-ha-check: PASS (synchronous $STACK_PG_SYNC; $OUT/summary.txt)"

@@ -24,6 +24,22 @@
 #                            kill -9 two of the three Kafka nodes at once (the
 #                            busiest leader and the next), start both again:
 #                            chaos --fault broker-quorum-loss
+#                            (STACK_PG=ha: kill -9 of the primary's postmaster;
+#                            its Patroni restarts it in place, no failover)
+#   scripts/stack.sh pg failover [DOWN_MS]
+#                            STACK_PG=ha: kill -9 the primary's Patroni and
+#                            postmaster; once a standby is promoted and takes
+#                            writes (and DOWN_MS is over), start the old node
+#                            again as a replica: chaos --fault pg-failover
+#   scripts/stack.sh pg switchover
+#                            STACK_PG=ha: a planned switchover (patronictl):
+#                            chaos --fault pg-switchover
+#   scripts/stack.sh pg standby-loss [DOWN_MS]
+#                            STACK_PG=ha: kill -9 the synchronous standby (and
+#                            its Patroni) for DOWN_MS: chaos --fault
+#                            pg-standby-loss
+#   scripts/stack.sh pg check
+#                            STACK_PG=ha: a primary, every replica streaming
 #   scripts/stack.sh pause broker [MS [NODE]]
 #                            SIGSTOP a Kafka node for MS (15000), SIGCONT:
 #                            chaos --fault broker-pause (the ISR shrinks)
@@ -189,7 +205,7 @@ pg_up() {
   if [ "$PG_MODE" = ha ]; then
     ha_up
   else
-    if ha_pid "$HA_DIR/etcd.pid" >/dev/null; then
+    if ha_any; then
       log "stopping the postgres cluster: STACK_PG=single runs one node on 127.0.0.1:$PG_PORT"
       ha_down
     fi
@@ -208,7 +224,7 @@ pg_up() {
 }
 
 pg_down() {
-  if ha_pid "$HA_DIR/etcd.pid" >/dev/null; then ha_down; fi
+  if ha_any; then ha_down; fi
   pg_single_down
 }
 
@@ -646,7 +662,18 @@ crash() {
   down_s=$(ms_to_s "$down_ms")
   case "$what" in
     postgres)
-      [ "$PG_MODE" = single ] || die "crash postgres: the single node only; the cluster's faults (STACK_PG=ha) are not built yet"
+      if [ "$PG_MODE" = ha ]; then
+        # The primary's postmaster only: its Patroni restarts it in place
+        # (no failover: the leader key never expires).
+        local leader pid
+        leader=$(ha_leader) || die "postgres is not running"
+        pid=$(ha_postmaster_pid "$leader") || die "pg$leader's postmaster is not running"
+        kill -9 "$pid"
+        log "postgres pg$leader (the primary) kill -9'd; its Patroni restarts it"
+        sleep "$down_s"
+        ha_wait_primary 120 || die "no primary within 120 s of the crash, see $LOGS/patroni-*.log"
+        return
+      fi
       find_pg_bin && pg_running || die "postgres is not running"
       as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -m immediate -w -t 60 stop >/dev/null
       log "postgres crashed (pg_ctl stop -m immediate); down for ${down_ms} ms"
@@ -677,6 +704,21 @@ crash() {
       wait_node_ready "$first"
       wait_node_ready "$second" ;;
     *) die "crash what? postgres, broker or quorum, got '$what'" ;;
+  esac
+}
+
+# The cluster's own faults (STACK_PG=ha): see the usage at the top.
+pg_cmd() {
+  local what=${1:-} down_ms=${2:-2000}
+  [[ $down_ms =~ ^[0-9]+$ ]] || die "DOWN_MS must be a number of milliseconds, got '$down_ms'"
+  find_pg_bin || die "PostgreSQL is not installed: scripts/stack.sh up"
+  [ "$PG_MODE" = ha ] || die "pg $what: the PostgreSQL cluster's faults need STACK_PG=ha (this stack runs one node: STACK_PG=ha scripts/stack.sh up)"
+  case "$what" in
+    failover) ha_failover "$(ms_to_s "$down_ms")" ;;
+    switchover) ha_switchover ;;
+    standby-loss) ha_standby_loss "$(ms_to_s "$down_ms")" ;;
+    check) ha_check ;;
+    *) die "pg what? failover, switchover, standby-loss or check, got '$what'" ;;
   esac
 }
 
@@ -725,5 +767,6 @@ case "${1:-}" in
   crash) shift; crash "$@" ;;
   pause) shift; pause "$@" ;;
   net) shift; net_cmd "$@" ;;
-  *) echo "usage: $0 up|down|status|fetch|clean|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]|net partition|lag|cut|heal|check|status ..." >&2; exit 2 ;;
+  pg) shift; pg_cmd "$@" ;;
+  *) echo "usage: $0 up|down|status|fetch|clean|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]|pg failover|switchover|standby-loss|check [DOWN_MS]|net partition|lag|cut|heal|check|status ..." >&2; exit 2 ;;
 esac

@@ -50,22 +50,30 @@ ha_rest_port() { echo $((HA_REST_BASE + $1 - 1)); }
 ha_node_dir() { echo "$HA_DIR/pg$1"; }
 ha_sock() { echo "$(ha_node_dir "$1")/sock"; }
 
-# ha_pid FILE: the pid in FILE if that process runs.
+# ha_pid FILE: the pid in FILE if that process runs and is the cluster's
+# (its command line names a file under HA_DIR: a pid reused by another
+# process, or a zombie not yet reaped, whose command line is empty, is not).
 ha_pid() {
   local pid
   pid=$(cat "$1" 2>/dev/null) || return 1
-  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+  [[ $pid =~ ^[0-9]+$ ]] && tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF "$HA_DIR/" && echo "$pid"
 }
 
 # ha_spawn LOG CMD...: CMD in the background as the OS user postgres, its
 # output appended to LOG; $! is CMD's own pid (every step execs the next).
+# Without the caller's libpq settings (PGSSLROOTCERT, PGPASSFILE, ...: make
+# exports another stack's, and Patroni's pg_rewind then checked the leader's
+# certificate against that stack's CA): its configuration says all it needs.
 ha_spawn() {
-  local log=$1
+  local log=$1 unset=() v
   shift
+  for v in $(compgen -e); do
+    case $v in PG*) unset+=(-u "$v") ;; esac
+  done
   if [ "$(id -u)" = 0 ]; then
-    (exec setpriv --reuid=postgres --regid=postgres --init-groups -- "$@" >>"$log" 2>&1) &
+    (exec env "${unset[@]}" setpriv --reuid=postgres --regid=postgres --init-groups -- "$@" >>"$log" 2>&1) &
   else
-    (exec "$@" >>"$log" 2>&1) &
+    (exec env "${unset[@]}" "$@" >>"$log" 2>&1) &
   fi
 }
 
@@ -156,9 +164,12 @@ postgresql:
   pgpass: $dir/pgpass
   use_unix_socket: true
   authentication:
+    # The superuser over TCP: pg_rewind's connection to the new primary.
     superuser:
       username: postgres
       password: '$(cat "$PG_SECRETS/postgres.password")'
+      sslmode: $([ "$SECURITY" = tls ] && echo verify-full || echo disable)
+      sslrootcert: $TLS_CA
     replication:
       username: replicator
       password: '$(cat "$PG_SECRETS/replicator.password")'
@@ -263,6 +274,15 @@ ha_wait_primary() {
 
 ha_running() { ha_leader >/dev/null; }
 
+# ha_any: whether any process of the cluster runs (etcd, HAProxy, a Patroni).
+ha_any() {
+  local f
+  for f in "$HA_DIR/etcd.pid" "$HA_DIR/haproxy.pid" "$HA_DIR"/pg*/patroni.pid; do
+    ha_pid "$f" >/dev/null && return 0
+  done
+  return 1
+}
+
 ha_up() {
   ensure_postgres_installed
   ensure_pg_user
@@ -315,8 +335,123 @@ ha_down() {
       sleep 0.1
     done
   done
-  if pid=$(ha_pid "$HA_DIR/etcd.pid"); then kill "$pid"; fi
+  if pid=$(ha_pid "$HA_DIR/etcd.pid"); then
+    kill "$pid"
+    for _ in $(seq 1 100); do
+      ha_pid "$HA_DIR/etcd.pid" >/dev/null || break
+      sleep 0.1
+    done
+  fi
   log "postgres cluster stopped"
+}
+
+# --- the cluster's faults (scripts/stack.sh pg ..., chaos --fault pg-*) -------
+
+# ha_postmaster_pid N: node N's postmaster, if it runs.
+ha_postmaster_pid() {
+  local pid
+  pid=$(head -1 "$(ha_node_dir "$1")/data/postmaster.pid" 2>/dev/null) || return 1
+  [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
+}
+
+# ha_kill_node N: kill -9 node N's Patroni and its postmaster at once (the
+# machine lost, as far as the cluster can tell): nothing restarts it.
+ha_kill_node() {
+  local n=$1 pids=() pid
+  if pid=$(ha_pid "$(ha_node_dir "$n")/patroni.pid"); then pids+=("$pid"); fi
+  if pid=$(ha_postmaster_pid "$n"); then pids+=("$pid"); fi
+  [ "${#pids[@]}" -gt 0 ] || die "pg$n is not running"
+  kill -9 "${pids[@]}"
+}
+
+# ha_sync_standby: the number of the node Patroni holds as the synchronous
+# standby now (fails when there is none: asynchronous, or none chosen yet).
+ha_sync_standby() {
+  local n
+  n=$(curl -fs "http://127.0.0.1:$(ha_rest_port "$(ha_leader)")/cluster" 2>/dev/null | python3 -c '
+import json, sys
+for m in json.load(sys.stdin).get("members", []):
+    if m.get("role") == "sync_standby":
+        print(m["name"].removeprefix("pg")); break' 2>/dev/null) && [ -n "$n" ] && echo "$n"
+}
+
+# ha_streaming COUNT SECONDS: until COUNT replicas stream from the primary.
+ha_streaming() {
+  local want=$1 deadline=$(($(date +%s) + $2)) n
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    if n=$(ha_leader) && [ "$(as_pg psql -h "$(ha_sock "$n")" -p "$(ha_pg_port "$n")" -U postgres -d postgres -qAt \
+      -c "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'" 2>/dev/null)" -ge "$want" ]; then
+      return
+    fi
+    sleep 0.5
+  done
+  return 1
+}
+
+# ha_failover DOWN_MS: the primary lost (its Patroni and postmaster kill -9'd)
+# until another node is the primary and takes writes (after the leader key's
+# TTL) and for DOWN_MS at least; then its Patroni started again: it rewinds
+# its node and follows the new primary. Prints "pgOLD -> pgNEW".
+ha_failover() {
+  local down_s=$1 old new start
+  old=$(ha_leader) || die "pg failover: no primary to lose"
+  start=$(date +%s.%N)
+  ha_kill_node "$old"
+  log "pg$old (the primary) kill -9'd with its Patroni"
+  local deadline=$(($(date +%s) + 120))
+  while :; do
+    new=$(ha_leader) && [ "$new" != "$old" ] && ha_wait_primary 1 && break
+    [ "$(date +%s)" -lt "$deadline" ] || die "pg failover: no new primary within 120 s, see $LOGS/patroni-*.log"
+    sleep 0.2
+  done
+  log "pg$new is the primary $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s after"
+  sleep "$(awk -v a="$start" -v b="$(date +%s.%N)" -v d="$down_s" 'BEGIN { r = d - (b - a); printf "%.3f", (r > 0 ? r : 0) }')"
+  ha_node_up "$old"
+  echo "pg$old -> pg$new"
+}
+
+# ha_switchover: a planned switchover (patronictl) to the synchronous standby
+# (or to any replica, asynchronous); until the new primary takes writes.
+# Prints "pgOLD -> pgNEW".
+ha_switchover() {
+  local old new
+  old=$(ha_leader) || die "pg switchover: no primary"
+  ha_streaming 1 60 || die "pg switchover: no replica streams to switch to"
+  patronictl -c "$(ha_node_dir "$old")/patroni.yml" switchover --leader "pg$old" --force >>"$LOGS/patronictl.log" 2>&1 ||
+    die "pg switchover: patronictl failed, see $LOGS/patronictl.log"
+  local deadline=$(($(date +%s) + 120))
+  while :; do
+    new=$(ha_leader) && [ "$new" != "$old" ] && ha_wait_primary 1 && break
+    [ "$(date +%s)" -lt "$deadline" ] || die "pg switchover: no new primary within 120 s"
+    sleep 0.2
+  done
+  echo "pg$old -> pg$new"
+}
+
+# ha_standby_loss DOWN_MS: the synchronous standby lost (kill -9 with its
+# Patroni) for DOWN_MS, then started again. Meanwhile commits wait for a
+# standby until Patroni names the other replica synchronous. Prints "pgN
+# (synchronous standby) lost; synchronous now pgM" (M: none if Patroni named
+# none before it came back).
+ha_standby_loss() {
+  local down_s=$1 lost n next=none
+  lost=$(ha_sync_standby) || lost=$(curl -fs "http://127.0.0.1:$(ha_rest_port "$(ha_leader)")/cluster" 2>/dev/null |
+    python3 -c '
+import json, sys
+print(next(m["name"].removeprefix("pg") for m in json.load(sys.stdin).get("members", []) if m.get("role") in ("replica", "sync_standby")))' 2>/dev/null) ||
+    die "pg standby-loss: no standby to lose"
+  ha_kill_node "$lost"
+  log "pg$lost (the $([ "$HA_SYNC" = on ] && echo synchronous || echo asynchronous) standby) kill -9'd with its Patroni; down for $down_s s"
+  sleep "$down_s"
+  if n=$(ha_sync_standby) && [ "$n" != "$lost" ]; then next=pg$n; fi
+  ha_node_up "$lost"
+  echo "pg$lost (standby) lost; synchronous meanwhile: $next"
+}
+
+# ha_check: the cluster is up with a primary and both replicas streaming.
+ha_check() {
+  ha_wait_primary 5 || die "pg check: no primary (STACK_PG=ha scripts/stack.sh up)"
+  ha_streaming $((HA_NODES - 1)) 60 || die "pg check: not every replica streams from pg$(ha_leader)"
 }
 
 # ha_status: one line per node, as Patroni sees it.

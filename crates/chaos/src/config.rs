@@ -15,6 +15,20 @@ pub enum Fault {
     /// connection cut), down for `--fault-down-ms`, then started again
     /// (`STACK_SCRIPT crash postgres`).
     PgCrash,
+    /// The PostgreSQL cluster's primary lost (`STACK_PG=ha`): its Patroni
+    /// and postmaster kill -9'd, so the leader key expires and Patroni
+    /// promotes the synchronous standby; HAProxy then sends connections
+    /// there. The old node starts again once the new primary takes writes
+    /// and `--fault-down-ms` is over, and rejoins as a replica
+    /// (`STACK_SCRIPT pg failover`).
+    PgFailover,
+    /// A planned switchover of the cluster's primary to the synchronous
+    /// standby (`STACK_SCRIPT pg switchover`, patronictl).
+    PgSwitchover,
+    /// The cluster's synchronous standby kill -9'd with its Patroni for
+    /// `--fault-down-ms` (`STACK_SCRIPT pg standby-loss`): commits wait until
+    /// Patroni names the other replica synchronous.
+    PgStandbyLoss,
     /// One Kafka node kill -9'd (the leader of most of the topic's
     /// partitions), down for `--fault-down-ms`, then started again
     /// (`STACK_SCRIPT crash broker`): leaders move to the other two, the
@@ -93,6 +107,9 @@ impl Fault {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::PgCrash => "pg-crash",
+            Self::PgFailover => "pg-failover",
+            Self::PgSwitchover => "pg-switchover",
+            Self::PgStandbyLoss => "pg-standby-loss",
             Self::BrokerKill => "broker-kill",
             Self::BrokerQuorumLoss => "broker-quorum-loss",
             Self::BrokerPause => "broker-pause",
@@ -124,6 +141,14 @@ impl Fault {
     /// Whether this is a network fault (root, iptables, `STACK_SCRIPT net`).
     pub fn is_network(self) -> bool {
         self.cuts_one_instance() || self.needs_netns()
+    }
+
+    /// Whether this fault needs the PostgreSQL cluster (`STACK_PG=ha`).
+    pub fn needs_pg_cluster(self) -> bool {
+        matches!(
+            self,
+            Self::PgFailover | Self::PgSwitchover | Self::PgStandbyLoss
+        )
     }
 
     /// Whether this fault exists only with `--transport http`.
@@ -309,7 +334,9 @@ pub struct Config {
 
     /// The script that crashes and restarts PostgreSQL and the Kafka nodes:
     /// `SCRIPT crash postgres|broker|quorum DOWN_MS`, `SCRIPT pause broker
-    /// MS` and the network faults' `SCRIPT net partition|lag|cut|heal ...`
+    /// MS`, the PostgreSQL cluster's `SCRIPT pg failover|switchover|
+    /// standby-loss|check [DOWN_MS]` and the network faults' `SCRIPT net
+    /// partition|lag|cut|heal ...`
     /// (the embedded stack's
     /// `scripts/stack.sh` has it; for another stack, write one that does the
     /// same).

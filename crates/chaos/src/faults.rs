@@ -1,4 +1,5 @@
-//! Infrastructure faults (`--fault`): PostgreSQL crashed, one Kafka node
+//! Infrastructure faults (`--fault`): PostgreSQL crashed, the PostgreSQL
+//! cluster's primary lost or switched over, its synchronous standby lost, one Kafka node
 //! killed, two of three killed (quorum loss), one paused out of the ISR, the
 //! relay hung, the consumer group's offsets reset, the payments group
 //! scaled; and the network's: a Kafka node partitioned from the others,
@@ -169,10 +170,15 @@ pub async fn run(
     records
 }
 
-/// Before a run with network faults: whether the stack can make them
-/// (`SCRIPT net check [netns]`: root, iptables, and the Kafka nodes in
-/// network namespaces for broker-partition and net-lag).
+/// Before a run with the PostgreSQL cluster's faults or network faults:
+/// whether the stack can make them (`SCRIPT pg check`: the cluster up with
+/// every replica streaming; `SCRIPT net check [netns]`: root, iptables, and
+/// the Kafka nodes in network namespaces for broker-partition and net-lag).
 pub async fn preflight(config: &Config) -> anyhow::Result<()> {
+    if config.fault.iter().any(|f| f.needs_pg_cluster()) {
+        // A primary and every replica streaming (`SCRIPT pg check`).
+        stack_run(&config.stack_script, &["pg", "check"]).await?;
+    }
     if !config.fault.iter().any(|f| f.is_network()) {
         return Ok(());
     }
@@ -205,6 +211,20 @@ async fn inject(
         Fault::PgCrash => stack_crash(&config.stack_script, "postgres", config.fault_down_ms)
             .await
             .map(|()| None),
+        // They say which node was lost and which took over.
+        Fault::PgFailover | Fault::PgSwitchover | Fault::PgStandbyLoss => {
+            let what = match fault {
+                Fault::PgFailover => "failover",
+                Fault::PgSwitchover => "switchover",
+                _ => "standby-loss",
+            };
+            stack_run(
+                &config.stack_script,
+                &["pg", what, &config.fault_down_ms.to_string()],
+            )
+            .await
+            .map(|said| (!said.is_empty()).then_some(said))
+        }
         Fault::BrokerKill => stack_crash(&config.stack_script, "broker", config.fault_down_ms)
             .await
             .map(|()| None),

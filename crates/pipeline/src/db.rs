@@ -158,9 +158,13 @@ pub enum ErrorClass {
     Transient,
 }
 
+/// How sqlx words a TLS request the stream's end answered.
+const SSL_REQUEST_UNANSWERED: &str = "unexpected response from SSLRequest: 0x00";
+
 /// Whether `error` says the database is unreachable or refusing work for
 /// now, rather than anything about the request: the connection is lost or
-/// cannot be made (I/O, TLS, SQLSTATE class `08`), the pool is exhausted or
+/// cannot be made (I/O, TLS, closed before it answered the TLS request,
+/// SQLSTATE class `08`), the pool is exhausted or
 /// closed, the server is out of resources (`53`), shutting down or restarting
 /// (`57P01`..`57P03`), a standby (`25006`: a session still on the node a
 /// switchover demoted, until the proxy moves it), or the transaction lost a
@@ -168,6 +172,10 @@ pub enum ErrorClass {
 /// so can be retried as is: nothing of it committed.
 pub fn is_unavailable(error: &sqlx::Error) -> bool {
     match error {
+        // The stream ended before the server answered the TLS request: sqlx
+        // reads the end of it as a 0x00 answer. A proxy with no primary to
+        // send the connection to (HAProxy mid-failover) closes it so.
+        sqlx::Error::Protocol(message) => message.starts_with(SSL_REQUEST_UNANSWERED),
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::PoolTimedOut

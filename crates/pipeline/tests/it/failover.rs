@@ -55,3 +55,47 @@ async fn a_write_a_standby_refuses_is_unavailable_and_retryable() {
     );
     assert_eq!(classify(&error), ErrorClass::Deterministic);
 }
+
+/// HAProxy with no primary to send a connection to (mid-failover) accepts
+/// it and closes it: the client's TLS request is answered by the end of the
+/// stream. That is the database unreachable, not a broken server: retryable
+/// (orders answered 500 to it in experiment 11 until it was).
+#[tokio::test]
+async fn a_connection_the_proxy_closes_before_tls_is_unavailable() {
+    use sqlx::ConnectOptions;
+    use sqlx::postgres::{PgConnectOptions, PgSslMode};
+    use tokio::io::AsyncReadExt;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let proxy = tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            // It reads what the client sent (the 8-byte SSLRequest), finds
+            // no server for it, and closes.
+            let mut request = [0u8; 8];
+            let _ = stream.read_exact(&mut request).await;
+            drop(stream);
+        }
+    });
+    for mode in [PgSslMode::Require, PgSslMode::VerifyFull, PgSslMode::Prefer] {
+        let error = PgConnectOptions::new()
+            .host("127.0.0.1")
+            .port(port)
+            .username("orders")
+            .ssl_mode(mode)
+            .connect()
+            .await
+            .expect_err("the proxy closes every connection");
+        assert!(
+            is_unavailable(&error),
+            "{mode:?}: a connection closed before TLS is unavailable: {error:?}"
+        );
+        assert_eq!(classify(&error), ErrorClass::Transient);
+    }
+    proxy.abort();
+}

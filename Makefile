@@ -11,7 +11,7 @@ export STACK_DIR
 -include $(STACK_DIR)/env
 
 .PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-security bench-library bench-library-relay bench-relay-ab bench-inbox bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness pg-ha-check key-expiry demo demo-webhooks \
-        check-config check-dashboards plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 exp-10-long accept
+        check-config check-dashboards plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 exp-10-long exp-11 accept
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -169,6 +169,9 @@ exp-10: ## scale-out: every service as several instances, the payments group sca
 
 exp-10-long: ## experiment 10's long run: an hour of every crash point, kill -9 from outside, every infrastructure and network fault, duplicates; no shard or partition stalled
 	@QUICK=$(QUICK) experiments/exp-10-scale-out/long.sh
+
+exp-11: ## the database fails over: the pipeline under load on the PostgreSQL cluster (STACK_PG=ha) through a failover, a switchover, the synchronous standby lost, the primary crashed in place
+	@QUICK=$(QUICK) experiments/exp-11-failover/run.sh
 
 chaos: ## chaos --help: the pipeline under load, duplicates and kill -9, then recon
 	@$(CARGO) run -q --release -p chaos -- --help

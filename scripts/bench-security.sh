@@ -13,7 +13,7 @@
 # warmed up, the first of the next on brokers the run before warmed. With
 # an even number of rounds each mode gets as many runs of each kind; the
 # table gives every run, in order, next to the medians, and the warmth
-# matters more than the mode for the brokers' throughput (FINDINGS §28):
+# matters more than the mode for the brokers' throughput (FINDINGS §27):
 # compare the runs pair by pair.
 #
 # Results: bench/results/security-RUN.json (each run's summary and, per

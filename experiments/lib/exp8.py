@@ -18,9 +18,13 @@ POINTS = ["commit", "publish", "claim", "effect"]
 EACH_FAULT_MIN = 6
 
 
-def run_checks(c, tag, min_per_fault, min_kills=None):
+def run_checks(c, tag, min_per_fault, min_kills=None, faults=None, points=None):
     """The checks of one chaos run C; MIN_KILLS None: the run had no kills
-    (the each-fault run), so no kill checks."""
+    (the each-fault run), so no kill checks. FAULTS and POINTS: the fault
+    kinds and crash points the run armed (this experiment's by default;
+    experiment 11 judges its own with them)."""
+    faults = FAULTS if faults is None else faults
+    points = POINTS if points is None else points
     r = chaos_report(c)
     intents = chaos_intents(c)
     f = c.get("faults") or {}
@@ -37,7 +41,7 @@ def run_checks(c, tag, min_per_fault, min_kills=None):
     # that one is "unobserved", not unrecovered.
     log = c.get("fault_log") or []
     last = log[-1] if log else None
-    for name in FAULTS:
+    for name in faults:
         got = f.get(name) or {}
         unobserved = int(bool(last and last["fault"] == name and last.get("recovery_ms") is None
                               and last.get("error") is None))
@@ -48,7 +52,7 @@ def run_checks(c, tag, min_per_fault, min_kills=None):
     if min_kills is not None:
         d = deaths(c)
         checks[f"{tag}: at least {min_kills} kill -9 (crash points and random kills)"] = c["kills_total"] >= min_kills
-        for p in POINTS:
+        for p in points:
             checks[f"{tag}: crash point {p} fired"] = d.get(f"crash_point:{p}", 0) > 0
         checks[f"{tag}: injected duplicates absorbed (inbox hits > 0)"] = c["totals"].get("inbox_hits", 0) > 0
     return checks
@@ -95,16 +99,16 @@ def judge(mixed, each_fault, mode, min_kills, min_per_fault):
             "verdict": verdict(checks)}
 
 
-def run_line(tag, run):
+def run_line(tag, run, faults=None, experiment="exp-8"):
     """One line per run: kills, each fault's recoveries, what the client saw."""
     parts = []
-    for name in FAULTS:
+    for name in FAULTS if faults is None else faults:
         f = (run["faults"] or {}).get(name) or {}
         rec = f.get("recovery_ms") or {}
         parts.append(f"{name} {f.get('recovered', 0)}/{f.get('injected', 0)} recovered, "
                      f"p50 {rec.get('p50')} ms max {rec.get('max')} ms")
     cl = run["client"]
-    return (f"exp-8 {tag}: {run['kills_total']} kill -9, " + "; ".join(parts)
+    return (f"{experiment} {tag}: {run['kills_total']} kill -9, " + "; ".join(parts)
             + f"; client saw HTTP {cl['http_status']} gRPC {cl['grpc_codes']}, {cl['timeouts']} timeouts, "
             f"{cl['error_retries_sent']} error retries; {run['distinct_orders']} orders, recon exit {run['recon_exit']}")
 

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Experiment 11: the database fails over. The pipeline under load on the
+# PostgreSQL cluster (STACK_PG=ha: three nodes under Patroni behind HAProxy,
+# synchronous replication) through its faults, mixed with kill -9 at every
+# crash point and duplicate delivery. See README.md beside this file.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+HERE=$ROOT/experiments/exp-11-failover
+# The stack's PostgreSQL mode before this run, put back after it (the other
+# experiments run on the single node).
+BEFORE=$(cat "${STACK_DIR:-$ROOT/.stack}/pg-mode" 2>/dev/null || echo single)
+restore() { STACK_PG=$BEFORE "$ROOT/scripts/stack.sh" up >/dev/null || echo "exp-11: could not put the stack back to STACK_PG=$BEFORE" >&2; }
+trap restore EXIT
+export STACK_PG=ha STACK_PG_SYNC=on
+# shellcheck source=scripts/lib/experiment.sh
+. "$ROOT/scripts/lib/experiment.sh"
+exp_init "$HERE"
+"$ROOT/scripts/stack.sh" pg check
+
+FAULTS=pg-failover,pg-switchover,pg-standby-loss,pg-crash
+POINTS=commit,publish,claim,effect
+# Every run's load lasts until its faults are done (each injected and
+# recovered): a failover waits out the leader key's 20 s TTL.
+if [ "$MODE" = quick ]; then
+  RATE=${EXP_RATE:-150} DURATION=${EXP_DURATION:-60} MAX_DURATION=${EXP_MAX_DURATION:-420}
+  COUNT=4 INTERVAL=3000..5000 MIN_KILLS=2 MIN_PER_FAULT=1
+else
+  RATE=${EXP_RATE:-300} DURATION=${EXP_DURATION:-900} MAX_DURATION=${EXP_MAX_DURATION:-2400}
+  COUNT=20 INTERVAL=15000..30000 MIN_KILLS=20 MIN_PER_FAULT=5
+fi
+
+# The synchronous run: no acknowledged commit may be lost, so recon must be
+# CLEAN and every key the client saw succeed must have its one order.
+exp_chaos sync --rate "$RATE" --duration "$DURATION" --max-duration "$MAX_DURATION" --retry-rate 0.15 \
+  --protocol mixed --seed 11 --dup-rate 0.05 --fault "$FAULTS" --fault-count "$COUNT" \
+  --fault-interval-ms "$INTERVAL" --fault-down-ms 5000 --crash-point "$POINTS" --crash-probability 0.01 \
+  --loadgen-arg=--retry-on-error --loadgen-arg=20 --loadgen-arg=--retry-on-error-delay-ms --loadgen-arg=2000 || true
+
+python3 "$ROOT/experiments/lib/exp11.py" "$RES" "$MODE" "$MIN_KILLS" "$MIN_PER_FAULT"

@@ -375,6 +375,16 @@ for m in json.load(sys.stdin).get("members", []):
         print(m["name"].removeprefix("pg")); break' 2>/dev/null) && [ -n "$n" ] && echo "$n"
 }
 
+# ha_wait_sync SECONDS: until Patroni holds a node as the synchronous standby.
+ha_wait_sync() {
+  local deadline=$(($(date +%s) + $1))
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    ha_sync_standby >/dev/null && return
+    sleep 0.5
+  done
+  return 1
+}
+
 # ha_streaming COUNT SECONDS: until COUNT replicas stream from the primary.
 ha_streaming() {
   local want=$1 deadline=$(($(date +%s) + $2)) n
@@ -384,6 +394,20 @@ ha_streaming() {
       return
     fi
     sleep 0.5
+  done
+  return 1
+}
+
+# ha_new_primary OLD: until a node other than OLD is the primary and takes
+# writes (at most 120 s); prints its number.
+ha_new_primary() {
+  local old=$1 new deadline=$(($(date +%s) + 120))
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    if new=$(ha_leader) && [ "$new" != "$old" ] && ha_wait_primary 1; then
+      echo "$new"
+      return
+    fi
+    sleep 0.2
   done
   return 1
 }
@@ -398,12 +422,7 @@ ha_failover() {
   start=$(date +%s.%N)
   ha_kill_node "$old"
   log "pg$old (the primary) kill -9'd with its Patroni"
-  local deadline=$(($(date +%s) + 120))
-  while :; do
-    new=$(ha_leader) && [ "$new" != "$old" ] && ha_wait_primary 1 && break
-    [ "$(date +%s)" -lt "$deadline" ] || die "pg failover: no new primary within 120 s, see $LOGS/patroni-*.log"
-    sleep 0.2
-  done
+  new=$(ha_new_primary "$old") || die "pg failover: no new primary within 120 s, see $LOGS/patroni-*.log"
   log "pg$new is the primary $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s after"
   sleep "$(awk -v a="$start" -v b="$(date +%s.%N)" -v d="$down_s" 'BEGIN { r = d - (b - a); printf "%.3f", (r > 0 ? r : 0) }')"
   ha_node_up "$old"
@@ -417,14 +436,16 @@ ha_switchover() {
   local old new
   old=$(ha_leader) || die "pg switchover: no primary"
   ha_streaming 1 60 || die "pg switchover: no replica streams to switch to"
-  patronictl -c "$(ha_node_dir "$old")/patroni.yml" switchover --leader "pg$old" --force >>"$LOGS/patronictl.log" 2>&1 ||
-    die "pg switchover: patronictl failed, see $LOGS/patronictl.log"
-  local deadline=$(($(date +%s) + 120))
-  while :; do
-    new=$(ha_leader) && [ "$new" != "$old" ] && ha_wait_primary 1 && break
-    [ "$(date +%s)" -lt "$deadline" ] || die "pg switchover: no new primary within 120 s"
-    sleep 0.2
-  done
+  # Synchronous: Patroni switches over to the synchronous standby only, and
+  # refuses (412) until it has named one.
+  if [ "$HA_SYNC" = on ]; then ha_wait_sync 60 || die "pg switchover: no synchronous standby within 60 s"; fi
+  local said
+  # patronictl exits 0 when Patroni refuses: its words say.
+  said=$(patronictl -c "$(ha_node_dir "$old")/patroni.yml" switchover --leader "pg$old" --force 2>&1) ||
+    die "pg switchover: patronictl failed: $said"
+  echo "$said" >>"$LOGS/patronictl.log"
+  if grep -q "Switchover failed" <<<"$said"; then die "pg switchover: $(grep "Switchover failed" <<<"$said")"; fi
+  new=$(ha_new_primary "$old") || die "pg switchover: no new primary within 120 s, see $LOGS/patroni-*.log"
   echo "pg$old -> pg$new"
 }
 
@@ -452,6 +473,7 @@ print(next(m["name"].removeprefix("pg") for m in json.load(sys.stdin).get("membe
 ha_check() {
   ha_wait_primary 5 || die "pg check: no primary (STACK_PG=ha scripts/stack.sh up)"
   ha_streaming $((HA_NODES - 1)) 60 || die "pg check: not every replica streams from pg$(ha_leader)"
+  if [ "$HA_SYNC" = on ]; then ha_wait_sync 60 || die "pg check: no synchronous standby within 60 s"; fi
 }
 
 # ha_status: one line per node, as Patroni sees it.

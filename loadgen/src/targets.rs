@@ -23,6 +23,34 @@ use crate::verify::Via;
 /// Shortest time the reachability probe is given.
 const MIN_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long an instance is probed again before the run gives up on it: one
+/// that is being restarted (chaos kills and restarts instances from the
+/// start of its load) answers within this; one that is down or is not the
+/// Orders service fails the run with the last probe's error.
+const PROBE_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The pause between two probes of one instance.
+const PROBE_PAUSE: Duration = Duration::from_millis(200);
+
+/// Runs `probe` until it succeeds or `patience` has passed; the last error
+/// then.
+async fn patiently<T, F, Fut>(patience: Duration, mut probe: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        match probe().await {
+            Ok(value) => return Ok(value),
+            Err(error) if tokio::time::Instant::now() + PROBE_PAUSE >= deadline => {
+                return Err(error);
+            }
+            Err(_) => tokio::time::sleep(PROBE_PAUSE).await,
+        }
+    }
+}
+
 /// One instance's counts.
 #[derive(Debug, Default)]
 struct Counts {
@@ -52,33 +80,40 @@ pub(crate) struct TargetReport {
 
 impl Targets {
     /// Builds a client for every URL of the protocols in use and probes each
-    /// once, so an unreachable instance fails the run fast and clearly.
+    /// (for up to [`PROBE_PATIENCE`]), so an unreachable instance fails the
+    /// run clearly before its clock starts.
     pub(crate) async fn connect(settings: &Settings) -> anyhow::Result<Self> {
         let probe_timeout = settings.timeout.max(MIN_PROBE_TIMEOUT);
         let mut http = Vec::new();
         if settings.uses_http() {
             for url in &settings.http_urls {
                 let target = HttpTarget::new(url, settings.timeout, settings.token.as_ref())?;
-                target.probe(probe_timeout).await.with_context(|| {
-                    format!("HTTP target {url} is not reachable or not the Orders service")
-                })?;
+                patiently(PROBE_PATIENCE, || target.probe(probe_timeout))
+                    .await
+                    .with_context(|| {
+                        format!("HTTP target {url} is not reachable or not the Orders service")
+                    })?;
                 http.push((url.clone(), target, Counts::default()));
             }
         }
         let mut grpc = Vec::new();
         if settings.uses_grpc() {
             for url in &settings.grpc_urls {
-                let target = GrpcTarget::connect(
-                    url,
-                    probe_timeout,
-                    settings.max_in_flight,
-                    settings.token.as_ref(),
-                )
+                let target = patiently(PROBE_PATIENCE, || {
+                    GrpcTarget::connect(
+                        url,
+                        probe_timeout,
+                        settings.max_in_flight,
+                        settings.token.as_ref(),
+                    )
+                })
                 .await
                 .with_context(|| format!("gRPC target {url} is not reachable"))?;
-                target.probe(probe_timeout).await.with_context(|| {
-                    format!("gRPC target {url} is not reachable or not the Orders service")
-                })?;
+                patiently(PROBE_PATIENCE, || target.probe(probe_timeout))
+                    .await
+                    .with_context(|| {
+                        format!("gRPC target {url} is not reachable or not the Orders service")
+                    })?;
                 grpc.push((url.clone(), target, Counts::default()));
             }
         }
@@ -185,6 +220,38 @@ mod tests {
     use rand::SeedableRng;
 
     use super::*;
+
+    #[tokio::test]
+    async fn an_instance_being_restarted_is_probed_again_and_one_that_stays_down_fails() {
+        let mut tries = 0;
+        let got = patiently(Duration::from_secs(5), || {
+            tries += 1;
+            let n = tries;
+            async move {
+                if n < 3 {
+                    anyhow::bail!("connection refused ({n})")
+                }
+                Ok(n)
+            }
+        })
+        .await;
+        assert_eq!(got.expect("up on the third probe"), 3);
+
+        let mut tries = 0;
+        let error = patiently(Duration::from_millis(700), || {
+            tries += 1;
+            let n = tries;
+            async move { anyhow::bail!("connection refused ({n})") as anyhow::Result<()> }
+        })
+        .await
+        .expect_err("never up");
+        assert!(tries >= 3, "probed again meanwhile: {tries}");
+        assert_eq!(
+            error.to_string(),
+            format!("connection refused ({tries})"),
+            "the last error"
+        );
+    }
 
     #[test]
     fn round_robin_takes_each_protocols_instances_in_turn() {

@@ -39,7 +39,8 @@
 #                            its Patroni) for DOWN_MS: chaos --fault
 #                            pg-standby-loss
 #   scripts/stack.sh pg check
-#                            STACK_PG=ha: a primary, every replica streaming
+#                            STACK_PG=ha: a primary, every replica streaming,
+#                            a synchronous standby (STACK_PG_SYNC=on)
 #   scripts/stack.sh pause broker [MS [NODE]]
 #                            SIGSTOP a Kafka node for MS (15000), SIGCONT:
 #                            chaos --fault broker-pause (the ISR shrinks)

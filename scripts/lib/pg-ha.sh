@@ -364,16 +364,21 @@ ha_kill_node() {
   kill -9 "${pids[@]}"
 }
 
-# ha_sync_standby: the number of the node Patroni holds as the synchronous
-# standby now (fails when there is none: asynchronous, or none chosen yet).
-ha_sync_standby() {
+# ha_member ROLE...: the number of the first node Patroni's /cluster (asked
+# of the primary) lists in one of ROLEs (leader, sync_standby, replica).
+ha_member() {
   local n
   n=$(curl -fs "http://127.0.0.1:$(ha_rest_port "$(ha_leader)")/cluster" 2>/dev/null | python3 -c '
 import json, sys
+roles = sys.argv[1:]
 for m in json.load(sys.stdin).get("members", []):
-    if m.get("role") == "sync_standby":
-        print(m["name"].removeprefix("pg")); break' 2>/dev/null) && [ -n "$n" ] && echo "$n"
+    if m.get("role") in roles:
+        print(m["name"].removeprefix("pg")); break' "$@" 2>/dev/null) && [ -n "$n" ] && echo "$n"
 }
+
+# ha_sync_standby: the number of the node Patroni holds as the synchronous
+# standby now (fails when there is none: asynchronous, or none chosen yet).
+ha_sync_standby() { ha_member sync_standby; }
 
 # ha_wait_sync SECONDS: until Patroni holds a node as the synchronous standby.
 ha_wait_sync() {
@@ -450,17 +455,13 @@ ha_switchover() {
 }
 
 # ha_standby_loss DOWN_MS: the synchronous standby lost (kill -9 with its
-# Patroni) for DOWN_MS, then started again. Meanwhile commits wait for a
-# standby until Patroni names the other replica synchronous. Prints "pgN
-# (synchronous standby) lost; synchronous now pgM" (M: none if Patroni named
-# none before it came back).
+# Patroni; asynchronous: a replica) for DOWN_MS, then started again.
+# Meanwhile commits wait for a standby until Patroni names the other replica
+# synchronous. Prints "pgN (standby) lost; synchronous meanwhile: pgM" (none
+# if Patroni named none before it came back).
 ha_standby_loss() {
   local down_s=$1 lost n next=none
-  lost=$(ha_sync_standby) || lost=$(curl -fs "http://127.0.0.1:$(ha_rest_port "$(ha_leader)")/cluster" 2>/dev/null |
-    python3 -c '
-import json, sys
-print(next(m["name"].removeprefix("pg") for m in json.load(sys.stdin).get("members", []) if m.get("role") in ("replica", "sync_standby")))' 2>/dev/null) ||
-    die "pg standby-loss: no standby to lose"
+  lost=$(ha_sync_standby) || lost=$(ha_member replica) || die "pg standby-loss: no standby to lose"
   ha_kill_node "$lost"
   log "pg$lost (the $([ "$HA_SYNC" = on ] && echo synchronous || echo asynchronous) standby) kill -9'd with its Patroni; down for $down_s s"
   sleep "$down_s"
@@ -469,7 +470,8 @@ print(next(m["name"].removeprefix("pg") for m in json.load(sys.stdin).get("membe
   echo "pg$lost (standby) lost; synchronous meanwhile: $next"
 }
 
-# ha_check: the cluster is up with a primary and both replicas streaming.
+# ha_check: the cluster is up with a primary, every replica streaming and
+# (synchronous) a synchronous standby.
 ha_check() {
   ha_wait_primary 5 || die "pg check: no primary (STACK_PG=ha scripts/stack.sh up)"
   ha_streaming $((HA_NODES - 1)) 60 || die "pg check: not every replica streams from pg$(ha_leader)"

@@ -85,6 +85,11 @@ impl ClientProperties {
     /// with `#` or `!` skipped, spaces around the key and the value trimmed,
     /// the value everything after the first `=`.
     ///
+    /// A relative path in a `*.location` property (`ssl.ca.location=ca.crt`)
+    /// is relative to the file's own folder, not to the working directory,
+    /// so one file works wherever its folder is mounted (compose gives the
+    /// same folder to a container and to the host).
+    ///
     /// # Errors
     /// When the file cannot be read, other users may read or write it
     /// (group access is the operator's call), or a line is refused
@@ -106,14 +111,21 @@ impl ClientProperties {
             }
         }
         let text = std::fs::read_to_string(path).map_err(io)?;
-        Self::parse(&text).map_err(|e| match e {
+        let mut properties = Self::parse(&text).map_err(|e| match e {
             ClientPropertiesError::Line { line, why, .. } => ClientPropertiesError::Line {
                 path: Some(path.to_owned()),
                 line,
                 why,
             },
             other => other,
-        })
+        })?;
+        let folder = path.parent().unwrap_or(Path::new("."));
+        for (key, value) in &mut properties.0 {
+            if let Some(resolved) = relative_location(folder, key, value) {
+                *value = resolved;
+            }
+        }
+        Ok(properties)
     }
 
     /// [`Self::load`]'s parser, on the text of a file.
@@ -181,6 +193,21 @@ impl ClientProperties {
         }
         config
     }
+}
+
+/// `value` of `key` resolved against `folder` when it is a path property
+/// (`ssl.ca.location`, `ssl.key.location`, ...) holding a relative path;
+/// `None` otherwise (`ssl.ca.location=probe` is librdkafka's word for the
+/// system's CAs, not a file).
+fn relative_location(folder: &Path, key: &str, value: &str) -> Option<String> {
+    if !key.ends_with(".location") || value.is_empty() || value == "probe" {
+        return None;
+    }
+    let path = Path::new(value);
+    if path.is_absolute() {
+        return None;
+    }
+    Some(folder.join(path).to_string_lossy().into_owned())
 }
 
 /// The base configuration of a client of `bootstrap_servers`, with the
@@ -293,6 +320,21 @@ mod tests {
                 path.display()
             )
         );
+        std::fs::write(
+            &path,
+            "ssl.ca.location=ca.crt\nssl.key.location=/abs/client.key\nssl.crl.location=probe\n",
+        )
+        .expect("write");
+        let config = ClientProperties::load(&path)
+            .expect("relative paths")
+            .client_config("h:1");
+        assert_eq!(
+            config.get("ssl.ca.location"),
+            Some(dir.join("ca.crt").to_str().expect("utf-8")),
+            "relative to the file's folder"
+        );
+        assert_eq!(config.get("ssl.key.location"), Some("/abs/client.key"));
+        assert_eq!(config.get("ssl.crl.location"), Some("probe"));
         let missing = ClientProperties::load(&dir.join("nope"))
             .expect_err("missing")
             .to_string();

@@ -31,10 +31,11 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && for bin in orders relay payments recon loadgen kafka-tool; do cp "target/release/$bin" /out/; done
 
 FROM debian:bookworm-slim
-# curl: the compose healthchecks; librdkafka's shared dependencies: zlib1g is in the base image,
-# libssl3 named here (ca-certificates pulls it in too).
+# curl: the compose healthchecks; openssl: the compose `secrets` service makes the
+# stack's CA, certificates and passwords (scripts/compose/secrets.sh); librdkafka's
+# shared dependencies: zlib1g is in the base image, libssl3 named here.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates curl libssl3 \
+ && apt-get install -y --no-install-recommends ca-certificates curl libssl3 openssl \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home app
 COPY --from=builder /out/ /usr/local/bin/

@@ -11,7 +11,7 @@ export STACK_DIR
 -include $(STACK_DIR)/env
 
 .PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-security bench-library bench-library-relay bench-relay-ab bench-inbox bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness pg-ha-check key-expiry demo demo-webhooks \
-        check-config check-dashboards plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 exp-10-long exp-11 accept
+        check-config check-compose check-dashboards plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 exp-10-long exp-11 accept
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -178,6 +178,10 @@ chaos: ## chaos --help: the pipeline under load, duplicates and kill -9, then re
 
 check-config: ## validate docker-compose.yml (Compose Spec schema) and the Prometheus configs (promtool), no Docker
 	@scripts/check-config.sh
+
+check-compose: ## compose's security without Docker: its own scripts and settings in network namespaces (TLS, SCRAM, ACLs, refusals, the pipeline to recon CLEAN)
+	@cargo build -q -p orders -p relay -p payments -p recon -p loadgen -p pipeline
+	@scripts/check-compose.sh
 
 check-dashboards: ## check-config, then a short real run scraped by Prometheus: every Grafana panel query must return data
 	@scripts/check-dashboards.sh

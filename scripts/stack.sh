@@ -8,6 +8,7 @@
 #   scripts/stack.sh down    stop (idempotent)
 #   scripts/stack.sh status  say what runs
 #   scripts/stack.sh fetch   install and download what `up` needs, start nothing
+#   scripts/stack.sh paths   where fetch put PostgreSQL's binaries and Kafka's jars (PG_BIN=, KAFKA_LIBS=)
 #   scripts/stack.sh clean   remove what tests and benchmarks leave behind: the
 #                            tests' databases (test_*) and the tests' and
 #                            benchmarks' topics (test-*, bench.*). Left there,
@@ -754,6 +755,11 @@ case "${1:-}" in
     ensure_fault_tools
     ensure_postgres_installed; if [ "$WITH_KAFKA" = 1 ]; then ensure_kafka; fi
     log "fetched: PostgreSQL ${PG_BIN:-installed}${KAFKA_LIBS:+, Kafka $KAFKA_VERSION in $KAFKA_LIBS}" ;;
+  paths)
+    # Where `fetch` put PostgreSQL's binaries and Kafka's jars, as shell
+    # assignments (scripts/check-compose.sh runs them without the stack).
+    ensure_postgres_installed; ensure_kafka
+    echo "PG_BIN=$PG_BIN"; echo "KAFKA_LIBS=$KAFKA_LIBS" ;;
   clean) find_pg_bin || die "PostgreSQL is not installed: scripts/stack.sh up"; clean ;;
   down) kafka_down; if [ "$NET" = netns ]; then net_down; else net_heal_all quiet; fi; pg_down ;;
   status)
@@ -769,5 +775,5 @@ case "${1:-}" in
   pause) shift; pause "$@" ;;
   net) shift; net_cmd "$@" ;;
   pg) shift; pg_cmd "$@" ;;
-  *) echo "usage: $0 up|down|status|fetch|clean|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]|pg failover|switchover|standby-loss|check [DOWN_MS]|net partition|lag|cut|heal|check|status ..." >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|fetch|paths|clean|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]|pg failover|switchover|standby-loss|check [DOWN_MS]|net partition|lag|cut|heal|check|status ..." >&2; exit 2 ;;
 esac

@@ -7,7 +7,9 @@ Needs jsonschema and PyYAML (the project's venv, `scripts/tools.sh venv`).
 
 Checks beyond the schema: every image has a pinned tag (not `latest`); every
 depends_on names a service; every published port binds 127.0.0.1; every
-bind-mounted file or folder and the build context's Dockerfile exist.
+bind-mounted file or folder (but what the `secrets` service makes in
+./.compose/) and the build context's Dockerfile exist; no environment
+value holds a password (in a URL or a *PASSWORD variable): secrets are files.
 `${VAR:-default}` is interpolated with the default (or the environment) first,
 as `docker compose config` would.
 """
@@ -21,6 +23,8 @@ import jsonschema
 import yaml
 
 # `$$` is a literal `$` (e.g. in a shell command); `${VAR}`, `${VAR:-default}`, `${VAR-default}`.
+# scheme://user:password@host
+PASSWORD_IN_URL = re.compile(r"\w+://[^/@:\s]+:[^/@\s]+@")
 INTERPOLATION = re.compile(r"\$\$|\$\{(\w+)(?::?-([^}]*))?\}")
 
 
@@ -54,8 +58,16 @@ def semantic_errors(compose, base):
                 errors.append(f"{name}: port {port!r} is not published on 127.0.0.1 only")
         for vol in svc.get("volumes", []):
             source = vol.get("source") if isinstance(vol, dict) else vol.split(":")[0]
-            if source.startswith((".", "/")) and not os.path.exists(os.path.join(base, source)):
+            # ./.compose/ is made at run time, by the `secrets` service.
+            made_at_run_time = source.startswith("./.compose/")
+            if source.startswith((".", "/")) and not made_at_run_time and not os.path.exists(os.path.join(base, source)):
                 errors.append(f"{name}: bind-mount source {source!r} does not exist")
+        env = svc.get("environment", {})
+        for key, value in (env.items() if isinstance(env, dict) else []):
+            if isinstance(value, str) and PASSWORD_IN_URL.search(value):
+                errors.append(f"{name}: {key} carries a password in a URL (use a password file)")
+            if key.endswith("PASSWORD"):
+                errors.append(f"{name}: {key} holds a password in the compose file (use {key}_FILE)")
         build = svc.get("build")
         if build is not None:
             context = build if isinstance(build, str) else build.get("context", ".")

@@ -190,6 +190,7 @@ for n in 1 2 3; do
   mapfile -t env < <(compose env "kafka-$n" "$S/kafka")
   in_ns "kafka-$n" env -i PATH="$PATH" "${env[@]}" KAFKA_HEAP_OPTS="-Xms256m -Xmx256m" \
     KAFKA_HOME="$KAFKA_HOME" KAFKA_DATA="$WORK/kafka-$n/data" KAFKA_CONF="$WORK/kafka-$n/conf" SECRETS="$S/kafka" \
+    GROUP_SESSIONS="$ROOT/scripts/kafka/group-sessions.properties" \
     bash scripts/compose/kafka-node.sh >"$WORK/kafka-$n.log" 2>&1 &
   PIDS+=($!)
 done

@@ -385,12 +385,7 @@ transaction.state.log.replication.factor=$rf
 transaction.state.log.min.isr=$isr
 transaction.state.log.num.partitions=6
 replica.lag.time.max.ms=10000
-group.initial.rebalance.delay.ms=0
-group.min.session.timeout.ms=1000
-group.consumer.session.timeout.ms=10000
-group.consumer.min.session.timeout.ms=1000
-group.consumer.heartbeat.interval.ms=1000
-group.consumer.min.heartbeat.interval.ms=500
+$(grep -v '^#' "$ROOT/scripts/kafka/group-sessions.properties")
 auto.create.topics.enable=false
 PROPS
 }

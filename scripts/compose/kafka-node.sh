@@ -14,13 +14,15 @@
 #
 # Environment: NODE_ID (1..3), HOST_PORT (its published port), CLUSTER_ID,
 # KAFKA_HOME (/opt/kafka), KAFKA_DATA (/var/lib/kafka/data), SECRETS
-# (/secrets), and KAFKA_CONF, a folder for server.properties (0600: it holds
+# (/secrets), GROUP_SESSIONS (/kafka/group-sessions.properties, the
+# project's scripts/kafka/group-sessions.properties), and KAFKA_CONF, a folder for server.properties (0600: it holds
 # the broker's and the controller's passwords; default a private temp folder).
 set -euo pipefail
 : "${NODE_ID:?NODE_ID is this node's id, 1 to 3}" "${HOST_PORT:?HOST_PORT is its port on the host}" "${CLUSTER_ID:?CLUSTER_ID is the cluster's id}"
 KAFKA_HOME=${KAFKA_HOME:-/opt/kafka}
 KAFKA_DATA=${KAFKA_DATA:-/var/lib/kafka/data}
 SECRETS=${SECRETS:-/secrets}
+GROUP_SESSIONS=${GROUP_SESSIONS:-/kafka/group-sessions.properties}
 MECHANISM=SCRAM-SHA-512
 umask 077
 KAFKA_CONF=${KAFKA_CONF:-$(mktemp -d)}
@@ -64,14 +66,9 @@ min.insync.replicas=2
 offsets.topic.replication.factor=3
 transaction.state.log.replication.factor=3
 transaction.state.log.min.isr=2
-group.initial.rebalance.delay.ms=0
-# Group sessions as the embedded stack's (scripts/stack.sh says why).
-group.min.session.timeout.ms=1000
-group.consumer.session.timeout.ms=10000
-group.consumer.min.session.timeout.ms=1000
-group.consumer.heartbeat.interval.ms=1000
-group.consumer.min.heartbeat.interval.ms=500
 PROPS
+# Group sessions as the embedded stack's.
+cat "$GROUP_SESSIONS" >>"$CONF"
 
 if [ ! -f "$KAFKA_DATA/meta.properties" ]; then
   # The SCRAM principals' passwords go in an argument file (java @file),

@@ -91,10 +91,13 @@ pub async fn run_on(
     }
     // Partitions ahead exist before the first claim; then the maintenance
     // keeps them (and expires the old ones) while payments runs.
+    // A database failing over right after the connect is waited for here too.
     let lifecycle = config.lifecycle();
-    expiry::extend(&pool, lifecycle.ahead, lifecycle.granule)
-        .await
-        .context("create the inbox partitions ahead")?;
+    pipeline::db::patiently(config.db.connect_patience(), || {
+        expiry::extend(&pool, lifecycle.ahead, lifecycle.granule)
+    })
+    .await
+    .context("create the inbox partitions ahead")?;
     let maintenance = tokio::spawn(expiry::maintain(
         pool.clone(),
         config.hop(),

@@ -30,6 +30,14 @@ pub struct DbArgs {
     #[arg(long, env = "DB_TEST_BEFORE_ACQUIRE", default_value_t = true, action = clap::ArgAction::Set)]
     pub db_test_before_acquire: bool,
 
+    /// How long a service starting up keeps trying to reach PostgreSQL while
+    /// it is unavailable (refused, no primary behind the proxy mid-failover,
+    /// shutting down, in recovery), in milliseconds, before it exits with the
+    /// last error; 0: one try. Any other error (a wrong password, no such
+    /// database) fails at once.
+    #[arg(long, env = "DB_CONNECT_PATIENCE_MS", default_value_t = 30_000)]
+    pub db_connect_patience_ms: u64,
+
     /// Apply the embedded migrations at start-up (safe with several processes:
     /// the migrator takes an advisory lock). Only for a DATABASE_URL of the
     /// schemas' owner: the services' own roles may not change the schema, so
@@ -94,6 +102,7 @@ impl DbArgs {
             db_max_connections: 32,
             db_acquire_timeout_ms: 5_000,
             db_test_before_acquire: true,
+            db_connect_patience_ms: 30_000,
             db_migrate: false,
             db_statement_timeout_ms: None,
             db_idle_in_transaction_timeout_ms: None,
@@ -119,6 +128,11 @@ impl DbArgs {
     /// The pool acquire timeout as a [`Duration`].
     pub fn acquire_timeout(&self) -> Duration {
         Duration::from_millis(self.db_acquire_timeout_ms)
+    }
+
+    /// [`Self::db_connect_patience_ms`].
+    pub fn connect_patience(&self) -> Duration {
+        Duration::from_millis(self.db_connect_patience_ms)
     }
 }
 

@@ -6,6 +6,7 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::PgPoolOptions;
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use sqlx::postgres::PgConnectOptions;
 
@@ -99,13 +100,16 @@ impl ServiceRole {
 /// scans off ([`SessionLimits::ordered_reads`]).
 pub async fn connect(args: &DbArgs, defaults: SessionLimits) -> anyhow::Result<PgPool> {
     let base = PgConnectOptions::from_str(&args.database_url).context("parse DATABASE_URL")?;
+    let patience = args.connect_patience();
     if args.db_migrate {
-        let migrating = PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(args.acquire_timeout())
-            .connect_with(base.clone())
-            .await
-            .context("connect to postgres to migrate (is the stack up? `make up`)")?;
+        let migrating = patiently(patience, || {
+            PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(args.acquire_timeout())
+                .connect_with(base.clone())
+        })
+        .await
+        .context("connect to postgres to migrate (is the stack up? `make up`)")?;
         migrate(&migrating).await?;
         migrating.close().await;
     }
@@ -134,13 +138,41 @@ pub async fn connect(args: &DbArgs, defaults: SessionLimits) -> anyhow::Result<P
     if limits.ordered_reads {
         options = options.options([("enable_bitmapscan", "off")]);
     }
-    PgPoolOptions::new()
-        .max_connections(args.db_max_connections)
-        .acquire_timeout(args.acquire_timeout())
-        .test_before_acquire(args.db_test_before_acquire)
-        .connect_with(options)
-        .await
-        .context("connect to postgres (is the stack up? `make up`)")
+    patiently(patience, || {
+        PgPoolOptions::new()
+            .max_connections(args.db_max_connections)
+            .acquire_timeout(args.acquire_timeout())
+            .test_before_acquire(args.db_test_before_acquire)
+            .connect_with(options.clone())
+    })
+    .await
+    .context("connect to postgres (is the stack up? `make up`)")
+}
+
+/// `attempt` again while it fails with an error [`is_unavailable`] calls
+/// retryable, for up to `patience` (backing off from 100 ms to 2 s), then
+/// its last error: a service started while the database fails over or
+/// restarts waits for it instead of exiting. Any other error at once.
+pub async fn patiently<T, F, Fut>(patience: Duration, mut attempt: F) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match attempt().await {
+            Ok(value) => return Ok(value),
+            Err(error)
+                if is_unavailable(&error) && tokio::time::Instant::now() + pause < deadline =>
+            {
+                tracing::warn!(%error, retry_in_ms = pause.as_millis() as u64, "postgres unavailable; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            Err(error) => return Err(error),
+        }
+    }
 }
 
 /// What a failed database call says about retrying the same work.
@@ -204,5 +236,62 @@ pub fn classify(error: &sqlx::Error) -> ErrorClass {
         },
         sqlx::Error::Encode(_) => ErrorClass::Deterministic,
         _ => ErrorClass::Transient,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    fn refused() -> sqlx::Error {
+        sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unavailable_database_is_tried_again_until_it_answers_or_patience_ends() {
+        let tries = Cell::new(0);
+        let attempt = || {
+            tries.set(tries.get() + 1);
+            let n = tries.get();
+            async move { if n < 4 { Err(refused()) } else { Ok(n) } }
+        };
+        assert_eq!(
+            patiently(Duration::from_secs(30), attempt)
+                .await
+                .expect("answers"),
+            4
+        );
+
+        tries.set(0);
+        let always = || {
+            tries.set(tries.get() + 1);
+            async { Err::<(), _>(refused()) }
+        };
+        let started = tokio::time::Instant::now();
+        let error = patiently(Duration::from_secs(5), always)
+            .await
+            .expect_err("never answers");
+        assert!(is_unavailable(&error), "{error}");
+        assert!(
+            started.elapsed() <= Duration::from_secs(5),
+            "within its patience"
+        );
+        assert!(tries.get() > 3, "tried again: {}", tries.get());
+
+        tries.set(0);
+        assert!(patiently(Duration::ZERO, always).await.is_err());
+        assert_eq!(tries.get(), 1, "no patience: one try");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn any_other_error_fails_at_once() {
+        let tries = Cell::new(0);
+        let wrong = || {
+            tries.set(tries.get() + 1);
+            async { Err::<(), _>(sqlx::Error::Configuration("no such database".into())) }
+        };
+        assert!(patiently(Duration::from_secs(30), wrong).await.is_err());
+        assert_eq!(tries.get(), 1);
     }
 }

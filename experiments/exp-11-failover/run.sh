@@ -6,14 +6,11 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 HERE=$ROOT/experiments/exp-11-failover
-# The stack's PostgreSQL mode before this run, put back after it (the other
-# experiments run on the single node).
-BEFORE=$(cat "${STACK_DIR:-$ROOT/.stack}/pg-mode" 2>/dev/null || echo single)
-restore() { STACK_PG=$BEFORE "$ROOT/scripts/stack.sh" up >/dev/null || echo "exp-11: could not put the stack back to STACK_PG=$BEFORE" >&2; }
-trap restore EXIT
-export STACK_PG=ha STACK_PG_SYNC=on
 # shellcheck source=scripts/lib/experiment.sh
 . "$ROOT/scripts/lib/experiment.sh"
+# The cluster, synchronous; the stack's PostgreSQL put back after the run (the
+# other experiments run on the single node).
+exp_pg_cluster on
 exp_init "$HERE"
 "$ROOT/scripts/stack.sh" pg check
 

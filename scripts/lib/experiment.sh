@@ -78,19 +78,36 @@ exp_auth() {
 }
 
 # exp_json FILE EXPR: a value from a JSON file (python expression over `d`).
+# What the stack is put back to when the experiment exits (exp_restore):
+# the settings exp_netns and exp_pg_cluster changed, as they were.
+EXP_RESTORE=()
+
 # exp_netns: the Kafka nodes in network namespaces from here on
 # (STACK_NET=netns: the next `up` restarts the cluster there, on fresh
 # storage, if it runs elsewhere), and the stack back on the network it was on
 # when the experiment exits.
 exp_netns() {
-  EXP_NET_WAS=$(cut -d' ' -f1 "${STACK_DIR:-$ROOT/.stack}/kafka/net" 2>/dev/null || echo loopback)
-  [ "$EXP_NET_WAS" = netns ] || trap exp_net_restore EXIT
+  local was
+  was=$(cut -d' ' -f1 "${STACK_DIR:-$ROOT/.stack}/kafka/net" 2>/dev/null || echo loopback)
+  [ "$was" = netns ] || { EXP_RESTORE+=("STACK_NET=$was"); trap exp_restore EXIT; }
   export STACK_NET=netns
 }
 
-exp_net_restore() {
-  say "stack back on $EXP_NET_WAS"
-  env -u KAFKA_TOPIC STACK_NET="$EXP_NET_WAS" "$ROOT/scripts/stack.sh" up >/dev/null || true
+# exp_pg_cluster [SYNC]: PostgreSQL as the 3-node cluster under Patroni from
+# here on (STACK_PG=ha, synchronous replication unless SYNC is off), and the
+# stack back to the PostgreSQL it ran when the experiment exits.
+exp_pg_cluster() {
+  local was
+  was=$(cat "${STACK_DIR:-$ROOT/.stack}/pg-mode" 2>/dev/null || echo single)
+  [ "$was" = ha ] || { EXP_RESTORE+=("STACK_PG=$was"); trap exp_restore EXIT; }
+  export STACK_PG=ha STACK_PG_SYNC=${1:-on}
+}
+
+exp_restore() {
+  [ "${#EXP_RESTORE[@]}" -gt 0 ] || return 0
+  say "stack back to ${EXP_RESTORE[*]}"
+  env -u KAFKA_TOPIC "${EXP_RESTORE[@]}" "$ROOT/scripts/stack.sh" up >/dev/null \
+    || echo "could not put the stack back to ${EXP_RESTORE[*]}" >&2
 }
 
 exp_json() {

@@ -539,13 +539,16 @@ stop_node() {
 }
 
 kafka_down() {
-  local n any=0
+  local n any=0 stopping=()
   for n in $(seq 1 "$KAFKA_NODES"); do
     node_pid "$n" >/dev/null && any=1
     # In parallel: the last two nodes of three wait for each other's quorum.
     stop_node "$n" &
+    stopping+=($!)
   done
-  wait
+  # These only: this shell may also be the parent of the PostgreSQL
+  # cluster's daemons it started in the same `up`, which never exit.
+  wait "${stopping[@]}"
   [ "$any" = 1 ] || log "kafka not running"
 }
 

@@ -61,9 +61,15 @@ cleanup() {
   if [ "${CHECK_COMPOSE_KEEP:-0}" = 1 ]; then echo "check-compose: kept $WORK" >&2; else rm -rf "$WORK"; fi
 }
 
-# net_remove: the namespaces, veth pairs and bridge (an earlier run's too).
+# net_remove: every process still in the namespaces (a service a subshell
+# started), the namespaces, veth pairs and bridge (an earlier run's too).
 net_remove() {
-  local n i=0
+  local n i=0 pids
+  for n in $NSS; do
+    pids=$(ip netns pids "$(ns "$n")" 2>/dev/null || true)
+    # shellcheck disable=SC2086
+    [ -z "$pids" ] || { kill -9 $pids 2>/dev/null || true; sleep 0.5; }
+  done
   for n in $NSS; do
     i=$((i + 1))
     ip netns del "$(ns "$n")" 2>/dev/null || true

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Experiment 10's long run: one chaos run that mixes everything at once for
 # an hour (full mode): every crash point, kill -9 of any instance of any
-# service, every infrastructure fault in turn (PostgreSQL crashed, Kafka
+# service, every infrastructure fault in turn (PostgreSQL crashed, failed over
+# to its synchronous standby, switched over, its standby lost; Kafka
 # nodes killed, paused, partitioned, the relay hung, the payments group
 # scaled, latency and loss on the wire, a relay cut off from the brokers, a
 # payments instance cut off from PostgreSQL) and duplicate delivery. Then the
@@ -22,6 +23,8 @@ if [ -n "${STACK_ENV_FILE:-}" ]; then
   exit 2
 fi
 exp_netns
+# PostgreSQL as the 3-node cluster under Patroni (synchronous), for its faults.
+exp_pg_cluster on
 exp_init "$HERE"
 
 # Quick mode runs in CI on debug builds, which serve about 390 orders/s on
@@ -69,7 +72,7 @@ exp_chaos long --orders 2 --relays 3 --payments 6 --static-membership false --ra
   --loadgen-arg=--retry-on-error-delay-ms --loadgen-arg=500 --dup-rate 0.05 \
   --crash-point commit,publish,claim,effect --crash-probability "$CRASH_P" \
   --random-kill orders,relay --kill-interval-ms 400..800 \
-  --fault pg-crash,broker-kill,broker-partition,payments-scale,net-lag,broker-pause,relay-cut,broker-quorum-loss,payments-db-cut,relay-pause \
+  --fault "$(python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import longrun; print(",".join(longrun.FAULTS))' "$ROOT/experiments/lib")" \
   --payments-scale 1,6,2,6 --fault-interval-ms "$INTERVAL" --net-fault-ms "$NET_FAULT_MS" \
   --broker-pause-ms "$PAUSE_MS" --relay-pause-ms "$PAUSE_MS" || true
 unset EXP_PREPARE

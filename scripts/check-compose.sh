@@ -13,7 +13,7 @@
 # under /secrets or /opt/kafka in the compose file is read as that
 # container's folder of the secrets or the local Kafka. Then it checks:
 #   - every secrets folder is 0700 and its files 0600, owned by the user of
-#     its container;
+#     its container, and the Kafka data volumes the nodes' user's;
 #   - PostgreSQL refuses a plaintext connection, a role without its
 #     password and one with another role's, and takes each role with TLS
 #     verified (verify-full) and its own folder's password file;
@@ -131,8 +131,9 @@ done
 
 say "secrets (scripts/compose/secrets.sh)"
 PG_UID=$(id -u postgres)
-SECRETS_DIR=$WORK/secrets HOST_UID=$(id -u) COMPOSE_PG_UID=$PG_UID \
-  KAFKA_SECRETS_AT=$WORK/secrets/kafka scripts/compose/secrets.sh
+for n in 1 2 3; do mkdir -p "$WORK/kafka-$n/data" "$WORK/kafka-$n/conf"; done
+SECRETS_DIR=$WORK/secrets HOST_UID=$(id -u) COMPOSE_PG_UID=$PG_UID KAFKA_SECRETS_AT=$WORK/secrets/kafka \
+  KAFKA_VOLUMES="$WORK/kafka-1/data $WORK/kafka-2/data $WORK/kafka-3/data" scripts/compose/secrets.sh
 S=$WORK/secrets
 for dir in postgres kafka grafana migrate orders relay payments recon host; do
   [ "$(stat -c %a "$S/$dir")" = 700 ] || fail "$S/$dir is not 0700"
@@ -143,6 +144,7 @@ for dir in postgres kafka grafana migrate orders relay payments recon host; do
 done
 [ "$(stat -c %u "$S/postgres/postgres.key")" = "$PG_UID" ] || fail "the server's key is not the postgres user's"
 [ "$(stat -c %u "$S/relay/pgpass")" = 10001 ] || fail "the relay's password file is not the app user's"
+[ "$(stat -c %u "$WORK/kafka-2/data")" = 1000 ] || fail "a Kafka data volume is not the nodes' user's"
 grep -q effectively_relay "$S/orders/pgpass" && fail "orders' folder holds the relay's password"
 echo "folders 0700, files 0600, each its container's user's; a service's folder holds its own role only"
 
@@ -192,7 +194,6 @@ printf '#!/bin/sh\nexec java $KAFKA_HEAP_OPTS -Dlog4j2.configurationFile=%s -cp 
   "$ROOT/scripts/kafka/tools-log4j2.properties" "$KAFKA_LIBS" >"$KAFKA_HOME/bin/kafka-server-start.sh"
 chmod +x "$KAFKA_HOME/bin/kafka-server-start.sh"
 for n in 1 2 3; do
-  mkdir -p "$WORK/kafka-$n/data" "$WORK/kafka-$n/conf"
   mapfile -t env < <(compose env "kafka-$n" "$S/kafka")
   in_ns "kafka-$n" env -i PATH="$PATH" "${env[@]}" KAFKA_HEAP_OPTS="-Xms256m -Xmx256m" \
     KAFKA_HOME="$KAFKA_HOME" KAFKA_DATA="$WORK/kafka-$n/data" KAFKA_CONF="$WORK/kafka-$n/conf" SECRETS="$S/kafka" \

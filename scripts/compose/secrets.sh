@@ -29,7 +29,7 @@
 # it is formatted, the roles' when the database is made).
 #
 # Run by compose as root in the project's image (openssl):
-#   SECRETS_DIR=/secrets HOST_UID=1000 scripts/compose/secrets.sh
+#   SECRETS_DIR=/secrets KAFKA_VOLUMES="/volumes/kafka1 ..." scripts/compose/secrets.sh
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SECRETS_DIR=${SECRETS_DIR:-/secrets}
@@ -170,6 +170,18 @@ make_folders() {
   done
 }
 
+# The Kafka nodes' data volumes (KAFKA_VOLUMES, mounted here too) are given
+# to the user the nodes run as, whatever user id the image's own owner has.
+own_kafka_volumes() {
+  local volume
+  for volume in ${KAFKA_VOLUMES:-}; do
+    [ -d "$volume" ] || die "$volume (a Kafka data volume) is not mounted"
+    chown "$KAFKA_UID:$KAFKA_UID" "$volume"
+    chmod 0700 "$volume"
+  done
+}
+
 make_secrets
 make_folders
+own_kafka_volumes
 log "ready in $SECRETS_DIR (CA $(openssl x509 -in "$TLS_CA" -noout -subject -enddate | tr '\n' ' '))"

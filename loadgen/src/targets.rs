@@ -14,6 +14,8 @@ use rand::Rng;
 use rand::rngs::StdRng;
 use serde::Serialize;
 
+use effectively::retry::Backoff;
+
 use crate::client::{GrpcTarget, HttpTarget};
 use crate::config::{Settings, Spread};
 use crate::keys::Body;
@@ -32,23 +34,16 @@ const PROBE_PATIENCE: Duration = Duration::from_secs(10);
 /// The pause between two probes of one instance.
 const PROBE_PAUSE: Duration = Duration::from_millis(200);
 
-/// Runs `probe` until it succeeds or `patience` has passed; the last error
-/// then.
-async fn patiently<T, F, Fut>(patience: Duration, mut probe: F) -> anyhow::Result<T>
+/// Runs `probe` every [`PROBE_PAUSE`] until it succeeds or `patience` has
+/// passed; the last error then.
+async fn patiently<T, F, Fut>(patience: Duration, probe: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<T>>,
 {
-    let deadline = tokio::time::Instant::now() + patience;
-    loop {
-        match probe().await {
-            Ok(value) => return Ok(value),
-            Err(error) if tokio::time::Instant::now() + PROBE_PAUSE >= deadline => {
-                return Err(error);
-            }
-            Err(_) => tokio::time::sleep(PROBE_PAUSE).await,
-        }
-    }
+    Backoff::between(PROBE_PAUSE, PROBE_PAUSE)
+        .retry_within(patience, |_| true, probe)
+        .await
 }
 
 /// One instance's counts.

@@ -56,6 +56,35 @@ impl Backoff {
         self.next = (self.next * 2).min(self.max);
         true
     }
+
+    /// Runs `attempt` until it succeeds, fails with an error `retryable`
+    /// does not accept, or the next wait of this schedule would end past
+    /// `patience` from now: its last error then. A start-up's wait for a
+    /// database or a peer that is being restarted.
+    pub async fn retry_within<T, E, F, Fut>(
+        mut self,
+        patience: Duration,
+        retryable: impl Fn(&E) -> bool,
+        mut attempt: F,
+    ) -> Result<T, E>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, E>>,
+    {
+        let deadline = tokio::time::Instant::now() + patience;
+        let never = CancellationToken::new();
+        loop {
+            match attempt().await {
+                Ok(value) => return Ok(value),
+                Err(error)
+                    if retryable(&error) && tokio::time::Instant::now() + self.next < deadline =>
+                {
+                    self.wait(&never).await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
 }
 
 impl Default for Backoff {
@@ -82,6 +111,52 @@ mod tests {
         assert_eq!(backoff.next(), Backoff::MIN);
         cancel.cancel();
         assert!(!backoff.wait(&cancel).await, "a cancelled wait says so");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_within_tries_again_what_may_pass_until_its_patience_ends() {
+        let ms = Duration::from_millis;
+        let tries = std::cell::Cell::new(0);
+        let flaky = || {
+            tries.set(tries.get() + 1);
+            let n = tries.get();
+            async move { if n < 3 { Err("down") } else { Ok(n) } }
+        };
+        let backoff = Backoff::between(ms(100), ms(100));
+        assert_eq!(
+            backoff
+                .clone()
+                .retry_within(ms(1_000), |_| true, flaky)
+                .await,
+            Ok(3)
+        );
+        tries.set(0);
+        let started = tokio::time::Instant::now();
+        let down = || {
+            tries.set(tries.get() + 1);
+            async { Err::<(), _>("down") }
+        };
+        assert_eq!(
+            backoff.clone().retry_within(ms(450), |_| true, down).await,
+            Err("down")
+        );
+        assert_eq!(tries.get(), 5, "tries at 0, 100, 200, 300 and 400 ms");
+        assert_eq!(started.elapsed(), ms(400));
+        tries.set(0);
+        assert_eq!(
+            backoff
+                .retry_within(
+                    ms(1_000),
+                    |e| *e != "refused",
+                    || {
+                        tries.set(tries.get() + 1);
+                        async { Err::<(), _>("refused") }
+                    }
+                )
+                .await,
+            Err("refused")
+        );
+        assert_eq!(tries.get(), 1, "what cannot pass is not tried again");
     }
 
     #[tokio::test(start_paused = true)]

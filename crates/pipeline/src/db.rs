@@ -8,6 +8,8 @@ use sqlx::postgres::PgPoolOptions;
 use std::str::FromStr;
 use std::time::Duration;
 
+use effectively::retry::Backoff;
+
 use sqlx::postgres::PgConnectOptions;
 
 use crate::config::{DbArgs, SessionLimits};
@@ -153,26 +155,21 @@ pub async fn connect(args: &DbArgs, defaults: SessionLimits) -> anyhow::Result<P
 /// retryable, for up to `patience` (backing off from 100 ms to 2 s), then
 /// its last error: a service started while the database fails over or
 /// restarts waits for it instead of exiting. Any other error at once.
-pub async fn patiently<T, F, Fut>(patience: Duration, mut attempt: F) -> Result<T, sqlx::Error>
+pub async fn patiently<T, F, Fut>(patience: Duration, attempt: F) -> Result<T, sqlx::Error>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
 {
-    let deadline = tokio::time::Instant::now() + patience;
-    let mut pause = Duration::from_millis(100);
-    loop {
-        match attempt().await {
-            Ok(value) => return Ok(value),
-            Err(error)
-                if is_unavailable(&error) && tokio::time::Instant::now() + pause < deadline =>
-            {
-                tracing::warn!(%error, retry_in_ms = pause.as_millis() as u64, "postgres unavailable; trying again");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
-            }
-            Err(error) => return Err(error),
+    let unavailable = |error: &sqlx::Error| {
+        let unavailable = is_unavailable(error);
+        if unavailable {
+            tracing::warn!(%error, "postgres unavailable");
         }
-    }
+        unavailable
+    };
+    Backoff::between(Duration::from_millis(100), Duration::from_secs(2))
+        .retry_within(patience, unavailable, attempt)
+        .await
 }
 
 /// What a failed database call says about retrying the same work.

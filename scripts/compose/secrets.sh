@@ -50,8 +50,12 @@ STACK_DIR=$SECRETS_DIR
 
 PASSWORDS=$SECRETS_DIR/passwords
 PG_ROLES="postgres effectively_orders effectively_relay effectively_payments effectively_recon"
-KAFKA_PRINCIPALS="broker controller admin relay payments"
-MECHANISM=SCRAM-SHA-512
+# The Kafka principals, their passwords (passwords/kafka-<principal>.password)
+# and client properties as the embedded stack makes them: kafka-security.sh's
+# kafka_secrets, librdkafka_properties and java_admin_properties.
+PG_SECRETS=$PASSWORDS SECURITY=tls KAFKA_DIR=$SECRETS_DIR/kafka
+# shellcheck source=../lib/kafka-security.sh
+. "$HERE/../lib/kafka-security.sh"
 
 umask 077
 mkdir -p "$SECRETS_DIR" "$PASSWORDS"
@@ -62,8 +66,8 @@ password() { cat "$PASSWORDS/$1.password"; }
 
 make_secrets() {
   local name
-  # shellcheck disable=SC2046,SC2086
-  for name in $PG_ROLES $(printf 'kafka-%s ' $KAFKA_PRINCIPALS) grafana-admin; do
+  kafka_secrets
+  for name in $PG_ROLES grafana-admin; do
     [ -s "$PASSWORDS/$name.password" ] && continue
     openssl rand -hex 24 >"$PASSWORDS/$name.password" || die "openssl could not make a password"
   done
@@ -98,28 +102,7 @@ pgpass() {
 }
 
 # librdkafka PRINCIPAL: its client properties, the CA beside the file.
-librdkafka() {
-  cat <<PROPS
-# The $1 principal's librdkafka properties (--kafka-client-config, KAFKA_CLIENT_CONFIG).
-security.protocol=sasl_ssl
-sasl.mechanism=$MECHANISM
-sasl.username=$1
-sasl.password=$(password "kafka-$1")
-ssl.ca.location=ca.crt
-ssl.endpoint.identification.algorithm=https
-PROPS
-}
-
-# java_admin CA: the admin principal's properties for Kafka's Java tools.
-java_admin() {
-  cat <<PROPS
-security.protocol=SASL_SSL
-sasl.mechanism=$MECHANISM
-sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$(password kafka-admin)";
-ssl.truststore.type=PEM
-ssl.truststore.location=$1
-PROPS
-}
+librdkafka() { TLS_CA=ca.crt librdkafka_properties "$1"; }
 
 make_folders() {
   local role
@@ -132,7 +115,7 @@ make_folders() {
   cat "$TLS_DIR/kafka.key" "$TLS_DIR/kafka.crt" | put kafka/keystore.pem
   for role in $KAFKA_PRINCIPALS; do put "kafka/$role.password" <"$PASSWORDS/kafka-$role.password"; done
   # The Kafka containers mount kafka/ at /secrets (KAFKA_SECRETS_AT: elsewhere).
-  java_admin "${KAFKA_SECRETS_AT:-/secrets}/ca.crt" | put kafka/admin-java.properties
+  TLS_CA=${KAFKA_SECRETS_AT:-/secrets}/ca.crt java_admin_properties | put kafka/admin-java.properties
 
   folder migrate
   pgpass postgres 5432 postgres | put migrate/pgpass

@@ -1,7 +1,8 @@
 # Kafka with SASL, TLS and ACLs, sourced by scripts/stack.sh (which sets
 # STACK_DIR, KAFKA_DIR, KAFKA_NODES, KAFKA_LIBS, SECURITY, PG_SECRETS,
 # node_host, client_port, bootstrap_servers, java_props, log and die, and
-# sources scripts/lib/tls.sh).
+# sources scripts/lib/tls.sh), and by compose's scripts/compose/secrets.sh
+# for the principals' passwords and client properties.
 #
 # STACK_SECURITY=tls (the default):
 # - every listener is SASL_SSL: the clients' and the brokers' own
@@ -131,7 +132,7 @@ write_private() {
 
 # librdkafka_properties PRINCIPAL: its librdkafka properties.
 librdkafka_properties() {
-  echo "# Written by scripts/stack.sh: the $1 principal's librdkafka properties (--kafka-client-config)."
+  echo "# The $1 principal's librdkafka properties (--kafka-client-config); written by scripts/stack.sh or compose's secrets.sh."
   if [ "$SECURITY" = plaintext ]; then
     echo "security.protocol=plaintext"
     return
@@ -146,7 +147,7 @@ librdkafka_properties() {
 
 # java_admin_properties: the admin principal's properties for Kafka's Java tools.
 java_admin_properties() {
-  echo "# Written by scripts/stack.sh: the admin principal for Kafka's Java tools (scripts/kafka.sh)."
+  echo "# The admin principal for Kafka's Java tools (scripts/kafka.sh, compose's kafka-init); written by scripts/stack.sh or compose's secrets.sh."
   if [ "$SECURITY" = plaintext ]; then
     echo "security.protocol=PLAINTEXT"
     return

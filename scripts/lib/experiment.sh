@@ -77,7 +77,6 @@ exp_auth() {
   say "callers authenticate: loadgen sends as $1 (orders --auth-tokens-file $dir/tokens)"
 }
 
-# exp_json FILE EXPR: a value from a JSON file (python expression over `d`).
 # What the stack is put back to when the experiment exits (exp_restore):
 # the settings exp_netns and exp_pg_cluster changed, as they were.
 EXP_RESTORE=()
@@ -110,6 +109,7 @@ exp_restore() {
     || echo "could not put the stack back to ${EXP_RESTORE[*]}" >&2
 }
 
+# exp_json FILE EXPR: a value from a JSON file (python expression over `d`).
 exp_json() {
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"
 }

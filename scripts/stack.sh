@@ -27,11 +27,14 @@
 #                            chaos --fault broker-quorum-loss
 #                            (STACK_PG=ha: kill -9 of the primary's postmaster;
 #                            its Patroni restarts it in place, no failover)
-#   scripts/stack.sh pg failover [DOWN_MS]
+#   scripts/stack.sh pg failover [DOWN_MS [LAG_MS]]
 #                            STACK_PG=ha: kill -9 the primary's Patroni and
 #                            postmaster; once a standby is promoted and takes
 #                            writes (and DOWN_MS is over), start the old node
-#                            again as a replica: chaos --fault pg-failover
+#                            again as a replica: chaos --fault pg-failover.
+#                            LAG_MS: first stop the primary's WAL senders for
+#                            that long, the standbys falling behind: chaos
+#                            --fault pg-lagged-failover
 #   scripts/stack.sh pg switchover
 #                            STACK_PG=ha: a planned switchover (patronictl):
 #                            chaos --fault pg-switchover
@@ -656,8 +659,9 @@ pause() {
 # An infrastructure fault for chaos: crash one component the hard way, keep it
 # down, start it again the way `up` does. Returns once it serves again.
 crash() {
-  local what=${1:-} down_ms=${2:-2000}
+  local what=${1:-} down_ms=${2:-2000} lag_ms=${3:-0}
   [[ $down_ms =~ ^[0-9]+$ ]] || die "DOWN_MS must be a number of milliseconds, got '$down_ms'"
+  [[ $lag_ms =~ ^[0-9]+$ ]] || die "LAG_MS must be a number of milliseconds, got '$lag_ms'"
   local down_s
   down_s=$(ms_to_s "$down_ms")
   case "$what" in
@@ -709,12 +713,13 @@ crash() {
 
 # The cluster's own faults (STACK_PG=ha): see the usage at the top.
 pg_cmd() {
-  local what=${1:-} down_ms=${2:-2000}
+  local what=${1:-} down_ms=${2:-2000} lag_ms=${3:-0}
   [[ $down_ms =~ ^[0-9]+$ ]] || die "DOWN_MS must be a number of milliseconds, got '$down_ms'"
+  [[ $lag_ms =~ ^[0-9]+$ ]] || die "LAG_MS must be a number of milliseconds, got '$lag_ms'"
   find_pg_bin || die "PostgreSQL is not installed: scripts/stack.sh up"
   [ "$PG_MODE" = ha ] || die "pg $what: the PostgreSQL cluster's faults need STACK_PG=ha (this stack runs one node: STACK_PG=ha scripts/stack.sh up)"
   case "$what" in
-    failover) ha_failover "$(ms_to_s "$down_ms")" ;;
+    failover) ha_failover "$(ms_to_s "$down_ms")" "$(ms_to_s "$lag_ms")" ;;
     switchover) ha_switchover ;;
     standby-loss) ha_standby_loss "$(ms_to_s "$down_ms")" ;;
     check) ha_check ;;
@@ -773,5 +778,5 @@ case "${1:-}" in
   pause) shift; pause "$@" ;;
   net) shift; net_cmd "$@" ;;
   pg) shift; pg_cmd "$@" ;;
-  *) echo "usage: $0 up|down|status|fetch|paths|clean|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]|pg failover|switchover|standby-loss|check [DOWN_MS]|net partition|lag|cut|heal|check|status ..." >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|fetch|paths|clean|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]|pg failover [DOWN_MS [LAG_MS]]|switchover|standby-loss|check [DOWN_MS]|net partition|lag|cut|heal|check|status ..." >&2; exit 2 ;;
 esac

@@ -20,8 +20,10 @@
 # synchronous mode: a commit returns once the synchronous standby has it, and
 # Patroni promotes only that standby, so no acknowledged commit is lost.
 # STACK_PG_SYNC=off: asynchronous, the counter-example (a promoted standby
-# may lack commits the old primary acknowledged). Each `up` sets the mode on
-# the running cluster.
+# may lack commits the old primary acknowledged), and availability first:
+# Patroni may promote a replica up to 1 GiB of WAL behind the last position
+# it saw of the primary (maximum_lag_on_failover; synchronous, it keeps its
+# default, 1 MiB). Each `up` sets the mode on the running cluster.
 #
 # Security as the single node's (pg-security.sh): SCRAM passwords over TLS
 # only, the superuser over each node's Unix socket as the OS user postgres;
@@ -44,6 +46,10 @@ case $HA_SYNC in
   on | off) ;;
   *) echo "stack: error: STACK_PG_SYNC must be on or off, got '$HA_SYNC'" >&2; exit 2 ;;
 esac
+
+# ha_max_lag: the most bytes of WAL a replica may be behind and still be
+# promoted (see STACK_PG_SYNC above).
+ha_max_lag() { if [ "$HA_SYNC" = on ]; then echo 1048576; else echo 1073741824; fi; }
 
 ha_pg_port() { echo $((HA_PG_BASE + $1 - 1)); }
 ha_rest_port() { echo $((HA_REST_BASE + $1 - 1)); }
@@ -135,6 +141,7 @@ bootstrap:
     loop_wait: 2
     retry_timeout: 5
     synchronous_mode: $([ "$HA_SYNC" = on ] && echo true || echo false)
+    maximum_lag_on_failover: $(ha_max_lag)
     postgresql:
       use_pg_rewind: true
       use_slots: true
@@ -317,7 +324,7 @@ ha_up() {
   local rest
   rest="http://127.0.0.1:$(ha_rest_port "$(ha_leader)")/config"
   curl -fs -o /dev/null -X PATCH -H 'Content-Type: application/json' \
-    -d "{\"synchronous_mode\": $([ "$HA_SYNC" = on ] && echo true || echo false)}" "$rest" ||
+    -d "{\"synchronous_mode\": $([ "$HA_SYNC" = on ] && echo true || echo false), \"maximum_lag_on_failover\": $(ha_max_lag)}" "$rest" ||
     die "could not set synchronous_mode on $rest"
   log "postgres: 3 nodes under Patroni (leader pg$(ha_leader), synchronous $HA_SYNC), HAProxy on 127.0.0.1:$PG_PORT"
 }
@@ -417,21 +424,59 @@ ha_new_primary() {
   return 1
 }
 
-# ha_failover DOWN_MS: the primary lost (its Patroni and postmaster kill -9'd)
-# until another node is the primary and takes writes (after the leader key's
-# TTL) and for DOWN_MS at least; then its Patroni started again: it rewinds
-# its node and follows the new primary. Prints "pgOLD -> pgNEW".
+# ha_psql N SQL: SQL on node N as the superuser, over its socket; one value.
+ha_psql() {
+  as_pg psql -h "$(ha_sock "$1")" -p "$(ha_pg_port "$1")" -U postgres -d postgres -qAt -c "$2"
+}
+
+# ha_lost_wal OLD_LSN: how many bytes of the old primary's WAL (up to
+# OLD_LSN, its position when it was lost) the new primary never had: its
+# timeline's history file says where the old timeline ended for it.
+ha_lost_wal() {
+  local new tli switch
+  new=$(ha_leader) || return 1
+  tli=$(ha_psql "$new" "SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)") || return 1
+  switch=$(ha_psql "$new" "SELECT pg_read_file('pg_wal/$tli.history')" | awk '$1 ~ /^[0-9]+$/ { l = $2 } END { print l }')
+  [[ $switch =~ ^[0-9A-F]+/[0-9A-F]+$ ]] || return 1
+  ha_psql "$new" "SELECT greatest(pg_wal_lsn_diff('$1', '$switch'), 0)::bigint"
+}
+
+# ha_failover DOWN_MS [LAG_MS]: the primary lost (its Patroni and postmaster
+# kill -9'd) until another node is the primary and takes writes (after the
+# leader key's TTL) and for DOWN_MS at least; then its Patroni started again:
+# it rewinds its node and follows the new primary. Prints "pgOLD -> pgNEW".
+# With LAG_MS: first the primary's WAL senders to its standbys are stopped
+# (SIGSTOP) for LAG_MS, so the standbys fall that far behind, then the
+# primary is lost with them. Synchronous, no commit returns meanwhile (each
+# waits for a standby that hears nothing); asynchronous, the primary goes on
+# acknowledging commits no standby has, and the note says how many bytes of
+# WAL the new primary never had.
 ha_failover() {
-  local down_s=$1 old new start
+  local down_s=$1 lag_s=${2:-0} old new start senders=() lsn="" lost
   old=$(ha_leader) || die "pg failover: no primary to lose"
   start=$(date +%s.%N)
+  if awk -v l="$lag_s" 'BEGIN { exit !(l > 0) }'; then
+    mapfile -t senders < <(ha_psql "$old" "SELECT pid FROM pg_stat_replication WHERE usename = 'replicator'")
+    [ "${#senders[@]}" -gt 0 ] || die "pg failover: no WAL sender on pg$old to stall"
+    kill -STOP "${senders[@]}"
+    log "pg$old's WAL senders to its standbys stopped for $lag_s s"
+    sleep "$lag_s"
+    lsn=$(ha_psql "$old" "SELECT pg_current_wal_lsn()") || lsn=""
+  fi
   ha_kill_node "$old"
+  # A stopped process dies of SIGKILL too; the senders do not notice their
+  # postmaster's death while stopped.
+  [ "${#senders[@]}" -eq 0 ] || kill -9 "${senders[@]}" 2>/dev/null || true
   log "pg$old (the primary) kill -9'd with its Patroni"
   new=$(ha_new_primary "$old") || die "pg failover: no new primary within 120 s, see $LOGS/patroni-*.log"
   log "pg$new is the primary $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s after"
   sleep "$(awk -v a="$start" -v b="$(date +%s.%N)" -v d="$down_s" 'BEGIN { r = d - (b - a); printf "%.3f", (r > 0 ? r : 0) }')"
+  if [ -n "$lsn" ] && lost=$(ha_lost_wal "$lsn"); then
+    echo "pg$old -> pg$new, replication stalled $lag_s s first: $lost bytes of pg$old's WAL not on pg$new"
+  else
+    echo "pg$old -> pg$new"
+  fi
   ha_node_up "$old"
-  echo "pg$old -> pg$new"
 }
 
 # ha_switchover: a planned switchover (patronictl) to the synchronous standby

@@ -22,6 +22,14 @@ pub enum Fault {
     /// and `--fault-down-ms` is over, and rejoins as a replica
     /// (`STACK_SCRIPT pg failover`).
     PgFailover,
+    /// The same with the standbys behind first: the primary's WAL senders
+    /// to its standbys stopped (SIGSTOP) for `--pg-lag-ms`, then the primary
+    /// lost as in pg-failover (`STACK_SCRIPT pg failover DOWN_MS LAG_MS`).
+    /// Synchronous, no commit returns while they are stopped, so none that
+    /// returned is lost; asynchronous (`STACK_PG_SYNC=off`), the primary goes
+    /// on acknowledging commits no standby has, and the promoted one never
+    /// has them: the counter-example.
+    PgLaggedFailover,
     /// A planned switchover of the cluster's primary to the synchronous
     /// standby (`STACK_SCRIPT pg switchover`, patronictl).
     PgSwitchover,
@@ -108,6 +116,7 @@ impl Fault {
         match self {
             Self::PgCrash => "pg-crash",
             Self::PgFailover => "pg-failover",
+            Self::PgLaggedFailover => "pg-lagged-failover",
             Self::PgSwitchover => "pg-switchover",
             Self::PgStandbyLoss => "pg-standby-loss",
             Self::BrokerKill => "broker-kill",
@@ -147,7 +156,7 @@ impl Fault {
     pub fn needs_pg_cluster(self) -> bool {
         matches!(
             self,
-            Self::PgFailover | Self::PgSwitchover | Self::PgStandbyLoss
+            Self::PgFailover | Self::PgLaggedFailover | Self::PgSwitchover | Self::PgStandbyLoss
         )
     }
 
@@ -297,6 +306,11 @@ pub struct Config {
     /// broker-kill and broker-quorum-loss, in milliseconds.
     #[arg(long, env = "CHAOS_FAULT_DOWN_MS", default_value_t = 2000)]
     pub fault_down_ms: u64,
+
+    /// How long pg-lagged-failover keeps the primary's WAL senders to its
+    /// standbys stopped before the primary is lost, in milliseconds.
+    #[arg(long, env = "CHAOS_PG_LAG_MS", default_value_t = 2000)]
+    pub pg_lag_ms: u64,
 
     /// How long broker-pause keeps a Kafka node stopped, in milliseconds:
     /// longer than the brokers' replica.lag.time.max.ms (10 s on the stack)

@@ -212,18 +212,21 @@ async fn inject(
             .await
             .map(|()| None),
         // They say which node was lost and which took over.
-        Fault::PgFailover | Fault::PgSwitchover | Fault::PgStandbyLoss => {
-            let what = match fault {
-                Fault::PgFailover => "failover",
-                Fault::PgSwitchover => "switchover",
-                _ => "standby-loss",
+        Fault::PgFailover
+        | Fault::PgLaggedFailover
+        | Fault::PgSwitchover
+        | Fault::PgStandbyLoss => {
+            let down = config.fault_down_ms.to_string();
+            let lag = config.pg_lag_ms.to_string();
+            let args: &[&str] = match fault {
+                Fault::PgFailover => &["pg", "failover", &down],
+                Fault::PgLaggedFailover => &["pg", "failover", &down, &lag],
+                Fault::PgSwitchover => &["pg", "switchover"],
+                _ => &["pg", "standby-loss", &down],
             };
-            stack_run(
-                &config.stack_script,
-                &["pg", what, &config.fault_down_ms.to_string()],
-            )
-            .await
-            .map(|said| (!said.is_empty()).then_some(said))
+            stack_run(&config.stack_script, args)
+                .await
+                .map(|said| (!said.is_empty()).then_some(said))
         }
         Fault::BrokerKill => stack_crash(&config.stack_script, "broker", config.fault_down_ms)
             .await

@@ -103,6 +103,8 @@ pub struct Params {
     pub fault_count: Option<u64>,
     /// How long PostgreSQL or the broker stays down.
     pub fault_down_ms: u64,
+    /// How long pg-lagged-failover stops the primary's WAL senders first.
+    pub pg_lag_ms: u64,
     /// How long relay-pause stops the relay.
     pub relay_pause_ms: u64,
     /// Fraction of messages payments delivers twice.
@@ -148,6 +150,7 @@ impl Params {
             fault_interval_ms: config.fault_interval_ms,
             fault_count: config.fault_count,
             fault_down_ms: config.fault_down_ms,
+            pg_lag_ms: config.pg_lag_ms,
             relay_pause_ms: config.relay_pause_ms,
             dup_rate: config.dup_rate,
             dup_kind: config.dup_kind.clone(),
@@ -512,7 +515,7 @@ pub fn print(summary: &Summary, path: &Path) {
     }
     if !summary.faults.is_empty() {
         println!(
-            "{:<14} {:>8} {:>10} {:>24} {:>24} {:>18}",
+            "{:<18} {:>8} {:>10} {:>24} {:>24} {:>18}",
             "fault",
             "injected",
             "recovered",
@@ -522,7 +525,7 @@ pub fn print(summary: &Summary, path: &Path) {
         );
         for (name, f) in &summary.faults {
             println!(
-                "{:<14} {:>8} {:>10} {:>24} {:>24} {:>18}",
+                "{:<18} {:>8} {:>10} {:>24} {:>24} {:>18}",
                 name,
                 show(f.injected),
                 show(f.recovered),
@@ -713,6 +716,7 @@ mod tests {
                 "fault_interval_ms": [config.fault_interval_ms.0, config.fault_interval_ms.1],
                 "fault_count": null,
                 "fault_down_ms": config.fault_down_ms,
+                "pg_lag_ms": config.pg_lag_ms,
                 "relay_pause_ms": config.relay_pause_ms,
                 "dup_rate": 0.0,
                 "dup_kind": config.dup_kind,

@@ -60,6 +60,21 @@ pub enum InspectError {
         /// The group's state as the broker names it (e.g. `Stable`).
         state: String,
     },
+    /// The partitions were not all read up to a bound in time.
+    #[error(
+        "{partitions} partition(s) of {topic} not read up to group {group}'s committed offsets \
+         within {timeout:?}"
+    )]
+    Incomplete {
+        /// The topic.
+        topic: String,
+        /// The group whose offsets bound the read.
+        group: String,
+        /// Partitions not read to their bound.
+        partitions: usize,
+        /// How long it tried.
+        timeout: Duration,
+    },
     /// Messages were not acknowledged.
     #[error("{failed} of {sent} messages not delivered: {first_error}")]
     Undelivered {
@@ -504,6 +519,84 @@ pub fn offsets(
         });
     }
     Ok(out)
+}
+
+/// Reads, from outside any group, every message of `topic` that `group` has
+/// committed past: in each partition, from the low watermark up to the
+/// group's committed offset (nothing of a partition the group never
+/// committed in). Hands each to `each` in the order read (offsets ascend
+/// within a partition); returns how many were read. These are the messages
+/// the group will never be given again, so each must have left its trace
+/// where the consumer records what it consumed (`recon --committed-past`).
+///
+/// # Errors
+/// As [`offsets`]; [`InspectError::Incomplete`] when `timeout` passes before
+/// every partition is read up to its committed offset.
+pub fn committed_past(
+    client: &ClientConfig,
+    group: &str,
+    topic: &str,
+    timeout: Duration,
+    mut each: impl FnMut(&Record),
+) -> Result<usize, InspectError> {
+    let mut left: std::collections::HashMap<i32, i64> = offsets(client, group, topic)?
+        .into_iter()
+        .filter_map(|p| p.committed.filter(|&c| c > p.low).map(|c| (p.partition, c)))
+        .collect();
+    if left.is_empty() {
+        return Ok(0);
+    }
+    let consumer = outside_consumer(client, None)?;
+    let mut assignment = TopicPartitionList::new();
+    for &partition in left.keys() {
+        assignment
+            .add_partition_offset(topic, partition, Offset::Beginning)
+            .map_err(kafka("build the assignment"))?;
+    }
+    consumer
+        .assign(&assignment)
+        .map_err(kafka(format!("assign the partitions of {topic}")))?;
+    let deadline = Instant::now() + timeout;
+    let mut read = 0;
+    while !left.is_empty() {
+        let Some(wait) = deadline.checked_duration_since(Instant::now()) else {
+            return Err(InspectError::Incomplete {
+                topic: topic.to_owned(),
+                group: group.to_owned(),
+                partitions: left.len(),
+                timeout,
+            });
+        };
+        match consumer.poll(wait.min(Duration::from_millis(200))) {
+            None => {}
+            Some(Ok(message)) => {
+                let partition = message.partition();
+                let Some(&committed) = left.get(&partition) else {
+                    continue;
+                };
+                if message.offset() < committed {
+                    read += 1;
+                    each(&Record {
+                        partition,
+                        offset: message.offset(),
+                        key: message.key().map(<[u8]>::to_vec),
+                        headers: Vec::new(),
+                        value: message.payload().map(<[u8]>::to_vec),
+                    });
+                }
+                // Offsets may skip (a transaction's markers): the partition
+                // is done at the last offset below the commit or past it.
+                if message.offset() + 1 >= committed {
+                    left.remove(&partition);
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(partition))) => {
+                left.remove(&partition);
+            }
+            Some(Err(error)) => eprintln!("kafka-tool: {topic}: {error}"),
+        }
+    }
+    Ok(read)
 }
 
 /// Where [`reset_offsets`] moves a group.

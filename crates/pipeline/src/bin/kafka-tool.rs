@@ -1,5 +1,6 @@
 //! `kafka-tool`: create a topic, tail it, produce to it, show and reset a
-//! consumer group's offsets (the operations live in `pipeline::inspect`).
+//! consumer group's offsets, list what a group has committed past (the
+//! operations live in `pipeline::inspect`).
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
@@ -179,6 +180,31 @@ enum OffsetsCommand {
     /// a group with members is refused, unless --wait gives them time to leave
     /// (a consumer that died counts as a member until its session times out).
     Reset(ResetArgs),
+    /// Print every message the group has committed past, one line each:
+    /// `topic<TAB>partition<TAB>offset<TAB>msg_id<TAB>aggregate_id` (`-` for
+    /// a message that is not an event envelope), from each partition's low
+    /// watermark up to the group's committed offset.
+    ///
+    /// The group will never be given these again, so each must have left its
+    /// trace in the database (an inbox row, a dead letter or a parked event):
+    /// `recon --committed-past FILE` checks that they did. Reads from outside
+    /// the group; commits nothing.
+    CommittedPast(CommittedPastArgs),
+}
+
+#[derive(Debug, Args)]
+struct CommittedPastArgs {
+    #[command(flatten)]
+    topic: TopicArg,
+
+    /// Consumer group.
+    #[arg(long)]
+    group: String,
+
+    /// Give up (exit 1) when not every partition is read up to the group's
+    /// offset within this long.
+    #[arg(long, value_parser = parse_duration, default_value = "2m")]
+    timeout: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -244,7 +270,43 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Produce(args) => produce(&client, &args),
         Command::Offsets(OffsetsCommand::Show(args)) => show(&client, &args),
         Command::Offsets(OffsetsCommand::Reset(args)) => reset(&client, &args),
+        Command::Offsets(OffsetsCommand::CommittedPast(args)) => committed_past(&client, &args),
     }
+}
+
+fn committed_past(client: &ClientConfig, args: &CommittedPastArgs) -> anyhow::Result<()> {
+    let topic = &args.topic.topic;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let mut write_error = None;
+    let read = inspect::committed_past(client, &args.group, topic, args.timeout, |record| {
+        if write_error.is_some() {
+            return;
+        }
+        let ids = record
+            .value
+            .as_deref()
+            .and_then(|v| pipeline::envelope::Envelope::decode(v).ok())
+            .map_or_else(
+                || ("-".to_owned(), "-".to_owned()),
+                |e| (e.msg_id.to_string(), e.aggregate_id.to_string()),
+            );
+        if let Err(error) = writeln!(
+            out,
+            "{topic}\t{}\t{}\t{}\t{}",
+            record.partition, record.offset, ids.0, ids.1
+        ) {
+            write_error = Some(error);
+        }
+    })?;
+    if let Some(error) = write_error {
+        return Err(error).context("write to standard output");
+    }
+    out.flush().context("write to standard output")?;
+    eprintln!(
+        "kafka-tool: {read} messages of {topic} below group {}'s committed offsets",
+        args.group
+    );
+    Ok(())
 }
 
 fn create(client: &ClientConfig, args: &CreateArgs) -> anyhow::Result<()> {

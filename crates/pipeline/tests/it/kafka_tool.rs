@@ -249,3 +249,70 @@ async fn create_sets_the_pipeline_topic_configs() {
         Some(&pipeline::contract::ORDER_EVENTS_RETENTION_MS.to_string())
     );
 }
+
+/// `offsets committed-past` lists, per message below the group's committed
+/// offset, its position and its event's ids (`-` for a message that is not
+/// an envelope), and nothing at or past the commit, nor of a partition the
+/// group never committed in.
+#[tokio::test]
+async fn committed_past_lists_what_the_group_will_not_be_given_again() {
+    let topic = TestTopic::create(2).await;
+    let events: Vec<(Uuid, Uuid)> = (0..3).map(|_| (Uuid::now_v7(), Uuid::now_v7())).collect();
+    let mut lines = String::new();
+    for (msg_id, order_id) in &events {
+        let envelope = pipeline::envelope::Envelope::new(
+            *msg_id,
+            pipeline::contract::ORDER_CREATED.into(),
+            *order_id,
+            chrono::Utc::now(),
+            br#"{"a": 1}"#,
+        )
+        .expect("envelope");
+        lines.push_str(&String::from_utf8(envelope.encode().expect("encode")).expect("utf-8"));
+        lines.push('\n');
+    }
+    lines.push_str("not an envelope\nthe fifth, not consumed\n");
+    let mut produce = tool(&topic)
+        .args(["produce", "--partition", "0"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn produce");
+    let mut stdin = produce.stdin.take().expect("stdin");
+    stdin
+        .write_all(lines.as_bytes())
+        .await
+        .expect("write stdin");
+    drop(stdin);
+    assert_ok(
+        &produce.wait_with_output().await.expect("produce"),
+        "produce",
+    );
+    let group = format!("g-{}", Uuid::new_v4().simple());
+    let member = member_that_read(&topic, &group, 4).await;
+    drop(member);
+
+    let output = run(&topic, &["offsets", "committed-past", "--group", &group]).await;
+    assert_ok(&output, "offsets committed-past");
+    let mut expected: Vec<String> = events
+        .iter()
+        .enumerate()
+        .map(|(i, (m, a))| format!("{}\t0\t{i}\t{m}\t{a}", topic.name))
+        .collect();
+    expected.push(format!("{}\t0\t3\t-\t-", topic.name));
+    assert_eq!(
+        stdout(&output).lines().collect::<Vec<_>>(),
+        expected,
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    let nobody = run(
+        &topic,
+        &["offsets", "committed-past", "--group", "never-consumed"],
+    )
+    .await;
+    assert_ok(&nobody, "a group that never committed");
+    assert_eq!(stdout(&nobody), "");
+}

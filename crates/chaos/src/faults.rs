@@ -517,6 +517,55 @@ async fn stack_run(script: &Path, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
+/// `kafka-tool offsets committed-past --group GROUP` into OUT/committed-past.tsv:
+/// every message of `KAFKA_TOPIC` the group has committed past, for `recon
+/// --committed-past`. `None` (with a warning: recon then checks without it)
+/// when the tool is not beside chaos or fails.
+pub async fn committed_past(bin_dir: &Path, group: &str, out: &Path) -> Option<PathBuf> {
+    let tool = bin_dir.join(KAFKA_TOOL);
+    if !tool.is_file() {
+        tracing::warn!(
+            tool = %tool.display(),
+            "no kafka-tool beside chaos: recon runs without the committed-offsets check"
+        );
+        return None;
+    }
+    let output = Command::new(&tool)
+        .args([
+            "offsets",
+            "committed-past",
+            "--group",
+            group,
+            "--timeout",
+            "120s",
+        ])
+        .kill_on_drop(true)
+        .output()
+        .await;
+    let path = out.join("committed-past.tsv");
+    match output {
+        Ok(o) if o.status.success() => match std::fs::write(&path, &o.stdout) {
+            Ok(()) => Some(path),
+            Err(error) => {
+                tracing::warn!(error = %error, path = %path.display(), "write the committed-past list");
+                None
+            }
+        },
+        Ok(o) => {
+            tracing::warn!(
+                status = %o.status,
+                stderr = %String::from_utf8_lossy(&o.stderr).trim(),
+                "kafka-tool offsets committed-past failed: recon runs without the committed-offsets check"
+            );
+            None
+        }
+        Err(error) => {
+            tracing::warn!(error = %error, "run kafka-tool offsets committed-past");
+            None
+        }
+    }
+}
+
 /// `kafka-tool offsets reset --group GROUP --to earliest --wait 60s`: commits
 /// the earliest offset of every partition of `KAFKA_TOPIC` as `group`'s, so
 /// the group, empty now, redelivers everything when payments joins again. The

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use pipeline::contract::ServiceName;
 
 use crate::cgroup::Groups;
-use crate::config::Config;
+use crate::config::{Config, Transport};
 use crate::faults;
 use crate::proxy::Proxy;
 use crate::scrape;
@@ -306,6 +306,28 @@ async fn drive(
     let recon = bin_dir.join("recon");
     let intents = out.join("intents.txt");
     let recon_url = spec::role_database_url(ServiceRole::Recon);
+    // Over Kafka, recon also checks what payments' group committed past:
+    // listed once the pipeline has drained (or the wait is over), so that
+    // it covers everything consumed.
+    let mut committed = None;
+    if config.transport == Transport::Kafka {
+        let mut wait = Command::new(&recon);
+        wait.envs(recon_url.clone())
+            .arg("--drain-only")
+            .arg("--wait-drained")
+            .arg(config.drain_timeout.to_string())
+            .kill_on_drop(true);
+        tokio::select! {
+            s = wait.status() => { s.context("run recon --drain-only")?; }
+            () = interrupt.cancelled() => return Ok(Outcome {
+                load: read_json(&out.join("loadgen.json")),
+                recon_code: EXIT_ERROR,
+                interrupted: true,
+                faults: fault_records,
+            }),
+        }
+        committed = faults::committed_past(bin_dir, &config.payments_group, out).await;
+    }
     let mut table = Command::new(&recon);
     table
         .envs(recon_url.clone())
@@ -313,6 +335,11 @@ async fn drive(
         .arg(config.drain_timeout.to_string())
         .arg("--intents")
         .arg(&intents)
+        .args(
+            committed
+                .iter()
+                .flat_map(|f| [std::ffi::OsStr::new("--committed-past"), f.as_os_str()]),
+        )
         .kill_on_drop(true);
     let code = tokio::select! {
         s = table.status() => s.context("run recon")?.code().unwrap_or(i32::from(EXIT_ERROR)),
@@ -329,6 +356,11 @@ async fn drive(
         .arg("--json")
         .arg("--intents")
         .arg(&intents)
+        .args(
+            committed
+                .iter()
+                .flat_map(|f| [std::ffi::OsStr::new("--committed-past"), f.as_os_str()]),
+        )
         .output()
         .await
         .context("run recon --json")?;

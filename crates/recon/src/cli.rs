@@ -13,7 +13,7 @@ use sqlx::ConnectOptions;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-use crate::{ClientIntents, IntentsReport, Policy, Report};
+use crate::{ClientIntents, CommittedReport, IntentsReport, Policy, Report};
 
 /// Recon: prove distinct effects == distinct intents with one SQL diff.
 ///
@@ -38,6 +38,20 @@ pub struct Config {
     /// counted; keys in `<FILE>.failed` (refused) must have none.
     #[arg(long, value_name = "FILE")]
     pub intents: Option<PathBuf>,
+
+    /// Also check the consumer's side: the messages payments' consumer group
+    /// has committed past, as `kafka-tool offsets committed-past --group G`
+    /// lists them. The group will never be given them again, so each must be
+    /// recorded (its msg_id in the inbox, a dead letter at its position, or
+    /// parked); one that is not is a lost effect. List them after the
+    /// pipeline has drained (`--drain-only` waits for that).
+    #[arg(long, value_name = "FILE")]
+    pub committed_past: Option<PathBuf>,
+
+    /// Only wait as --wait-drained does (its SECONDS, 0 without it), then
+    /// exit: 0 drained, 1 not. No diff.
+    #[arg(long)]
+    pub drain_only: bool,
 
     /// Report failed outbox rows and dead letters without counting them as
     /// drift (for runs that feed bad input on purpose). Without it they are
@@ -79,6 +93,26 @@ pub async fn run(config: Config) -> anyhow::Result<bool> {
     );
     let pool = connect(&config.db.database_url, jobs).await?;
     let mut drained = None;
+    if config.drain_only {
+        let secs = config.wait_drained.unwrap_or(0.0);
+        let done = crate::wait_drained(&pool, Duration::from_secs_f64(secs.max(0.0))).await?;
+        if !done {
+            eprintln!("recon: pipeline not drained after {secs} s");
+        }
+        return Ok(done);
+    }
+    // Read before the diff, so a file that cannot be read costs no diff.
+    let committed = match &config.committed_past {
+        None => None,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("read {}", path.display()))?;
+            Some(
+                crate::parse_committed(&text)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
+            )
+        }
+    };
     if let Some(secs) = config.wait_drained {
         drained = Some(crate::wait_drained(&pool, Duration::from_secs_f64(secs.max(0.0))).await?);
         if drained == Some(false) {
@@ -101,6 +135,14 @@ pub async fn run(config: Config) -> anyhow::Result<bool> {
                 .context("check intents")?,
         ),
     };
+    let committed = match committed {
+        None => None,
+        Some(messages) => Some(
+            crate::check_committed(&pool, &messages, report.floors)
+                .await
+                .context("check the committed offsets")?,
+        ),
+    };
     let findings = Findings {
         report,
         policy,
@@ -108,6 +150,7 @@ pub async fn run(config: Config) -> anyhow::Result<bool> {
         jobs,
         drained,
         intents,
+        committed,
     };
     if config.json {
         println!("{}", serde_json::to_string_pretty(&findings.json())?);
@@ -125,12 +168,14 @@ pub fn show_sql() -> String {
          -- the diff of the ids $1 to $2 (the whole: $1 = '00000000-0000-0000-0000-000000000000', \
          $2 = 'ffffffff-ffff-ffff-ffff-ffffffffffff')\n{};\n\n\
          -- the stored responses of the same ids, compared by recon row by row\n{};\n\n\
-         -- dead letters\n{};\n\n-- drained?\n{};\n\n",
+         -- dead letters\n{};\n\n-- drained?\n{};\n\n\
+         -- what the consumer group committed past (--committed-past)\n{};\n\n",
         crate::FLOORS_SQL.trim_end(),
         crate::PART_SQL.trim_end(),
         crate::RESPONSES_SQL.trim_end(),
         crate::DEAD_LETTERS_SQL.trim_end(),
-        crate::DRAINED_SQL.trim_end()
+        crate::DRAINED_SQL.trim_end(),
+        crate::COMMITTED_SQL.trim_end()
     )
 }
 
@@ -186,12 +231,17 @@ pub struct Findings {
     pub drained: Option<bool>,
     /// The client's intents against the database, when given.
     pub intents: Option<IntentsReport>,
+    /// What the consumer group committed past against the database, when
+    /// given.
+    pub committed: Option<CommittedReport>,
 }
 
 impl Findings {
     /// No drift in the diff and, when checked, none in the client's intents.
     pub fn is_clean(&self) -> bool {
-        self.report.is_clean(self.policy) && self.intents.as_ref().is_none_or(|i| i.is_clean())
+        self.report.is_clean(self.policy)
+            && self.intents.as_ref().is_none_or(|i| i.is_clean())
+            && self.committed.as_ref().is_none_or(|c| c.is_clean())
     }
 
     /// The `--json` report.
@@ -204,6 +254,7 @@ impl Findings {
             "jobs": self.jobs,
             "drained": self.drained,
             "intents": self.intents,
+            "committed": self.committed,
             "clean": self.is_clean(),
         })
     }
@@ -217,6 +268,9 @@ impl Findings {
         ));
         if let Some(intents) = &self.intents {
             out.push_str(&intents.table());
+        }
+        if let Some(committed) = &self.committed {
+            out.push_str(&committed.table());
         }
         out
     }
@@ -235,6 +289,7 @@ mod tests {
             jobs: 4,
             drained: Some(true),
             intents,
+            committed: None,
         }
     }
 
@@ -251,6 +306,7 @@ mod tests {
             keys,
             [
                 "clean",
+                "committed",
                 "deltas",
                 "diff_seconds",
                 "drained",

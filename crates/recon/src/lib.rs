@@ -23,16 +23,19 @@
 //! The crate: the statements ([`PART_SQL`] and the others, `src/sql/`), the
 //! report they add up to (`report.rs`), running them in one snapshot, whole
 //! or in parts (`diff.rs`), the client's own intents against the database
-//! (`intents.rs`), and the command (`cli.rs`).
+//! (`intents.rs`), what the consumer group committed past against the
+//! database (`committed.rs`), and the command (`cli.rs`).
 
 pub mod cli;
+mod committed;
 mod diff;
 mod intents;
 mod report;
 pub mod seed;
 mod sql;
 
+pub use committed::{CommittedMessage, CommittedReport, check_committed, parse_committed};
 pub use diff::{id_ranges, reconcile, reconcile_in_parts, wait_drained};
 pub use intents::{ClientIntents, ClientKey, IntentsReport, check_intents};
 pub use report::{DeadLetters, Delta, Floors, Part, Policy, Report, Responses};
-pub use sql::{DEAD_LETTERS_SQL, DRAINED_SQL, FLOORS_SQL, PART_SQL, RESPONSES_SQL};
+pub use sql::{COMMITTED_SQL, DEAD_LETTERS_SQL, DRAINED_SQL, FLOORS_SQL, PART_SQL, RESPONSES_SQL};

@@ -41,3 +41,7 @@ pub const DEAD_LETTERS_SQL: &str = include_str!("sql/dead_letters.sql");
 /// dead letter, or a webhook delivery the sender gave up), and no webhook
 /// claimed and not applied.
 pub const DRAINED_SQL: &str = include_str!("sql/drained.sql");
+
+/// The messages the consumer group committed past against the database
+/// (`recon --committed-past`; [`check_committed`](crate::check_committed)).
+pub const COMMITTED_SQL: &str = include_str!("sql/committed.sql");

@@ -14,23 +14,41 @@ exp_pg_cluster on
 exp_init "$HERE"
 "$ROOT/scripts/stack.sh" pg check
 
-FAULTS=pg-failover,pg-switchover,pg-standby-loss,pg-crash
+FAULTS=pg-failover,pg-lagged-failover,pg-switchover,pg-standby-loss,pg-crash
 POINTS=commit,publish,claim,effect
 # Every run's load lasts until its faults are done (each injected and
 # recovered): a failover waits out the leader key's 20 s TTL.
 if [ "$MODE" = quick ]; then
   RATE=${EXP_RATE:-150} DURATION=${EXP_DURATION:-60} MAX_DURATION=${EXP_MAX_DURATION:-420}
-  COUNT=4 INTERVAL=3000..5000 MIN_KILLS=2 MIN_PER_FAULT=1
+  COUNT=5 INTERVAL=3000..5000 MIN_KILLS=2 MIN_PER_FAULT=1
+  ASYNC_DURATION=${EXP_DURATION:-45} ASYNC_COUNT=2
 else
   RATE=${EXP_RATE:-300} DURATION=${EXP_DURATION:-900} MAX_DURATION=${EXP_MAX_DURATION:-2400}
-  COUNT=20 INTERVAL=15000..30000 MIN_KILLS=20 MIN_PER_FAULT=5
+  COUNT=25 INTERVAL=15000..30000 MIN_KILLS=20 MIN_PER_FAULT=5
+  ASYNC_DURATION=${EXP_DURATION:-300} ASYNC_COUNT=5
 fi
+# pg-lagged-failover: the primary's WAL senders stopped this long first.
+LAG_MS=2000
 
 # The synchronous run: no acknowledged commit may be lost, so recon must be
 # CLEAN and every key the client saw succeed must have its one order.
 exp_chaos sync --rate "$RATE" --duration "$DURATION" --max-duration "$MAX_DURATION" --retry-rate 0.15 \
   --protocol mixed --seed 11 --dup-rate 0.05 --fault "$FAULTS" --fault-count "$COUNT" \
-  --fault-interval-ms "$INTERVAL" --fault-down-ms 5000 --crash-point "$POINTS" --crash-probability 0.01 \
+  --fault-interval-ms "$INTERVAL" --fault-down-ms 5000 --pg-lag-ms "$LAG_MS" --crash-point "$POINTS" \
+  --crash-probability 0.01 \
+  --loadgen-arg=--retry-on-error --loadgen-arg=20 --loadgen-arg=--retry-on-error-delay-ms --loadgen-arg=2000 || true
+
+# The asynchronous counter-example: the same cluster with synchronous mode
+# off and Patroni free to promote a replica that is behind, the same client,
+# and only the lagged failover (no kill -9, no duplicates: whatever recon and
+# the intents check find is the failover's). It must lose acknowledged
+# orders, and recon must name what that did downstream.
+exp_pg_cluster off
+"$ROOT/scripts/stack.sh" up >/dev/null
+"$ROOT/scripts/stack.sh" pg check
+exp_chaos async --rate "$RATE" --duration "$ASYNC_DURATION" --max-duration "$MAX_DURATION" --retry-rate 0.15 \
+  --protocol mixed --seed 12 --fault pg-lagged-failover --fault-count "$ASYNC_COUNT" \
+  --fault-interval-ms "$INTERVAL" --fault-down-ms 5000 --pg-lag-ms "$LAG_MS" --drain-timeout 60 \
   --loadgen-arg=--retry-on-error --loadgen-arg=20 --loadgen-arg=--retry-on-error-delay-ms --loadgen-arg=2000 || true
 
 python3 "$ROOT/experiments/lib/exp11.py" "$RES" "$MODE" "$MIN_KILLS" "$MIN_PER_FAULT"

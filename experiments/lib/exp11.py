@@ -1,20 +1,37 @@
 """Experiment 11's verdict from chaos's summaries in RES: the pipeline under
-load through the PostgreSQL cluster's faults (a failover, a switchover, the
-synchronous standby lost, the primary's postmaster crashed in place), with
-synchronous replication: the checks, a digest with each fault's outage and
-recovery in RES/summary.json, one line per fault; exit 0 on PASS.
+load through the PostgreSQL cluster's faults (a failover, one with the
+standbys behind first, a switchover, the synchronous standby lost, the
+primary's postmaster crashed in place), with synchronous replication; then
+the asynchronous counter-example (only the lagged failover). The checks, a
+digest with each fault's outage and recovery and what the asynchronous
+failovers lost in RES/summary.json, one line per fault; exit 0 on PASS.
 
 Usage: python3 experiments/lib/exp11.py RES MODE MIN_KILLS MIN_PER_FAULT
 (run.sh passes them; run it alone to judge results again).
 """
 import os
+import re
 import sys
 
-from common import exit_code, load_json, print_checks, verdict, write_json
-from exp8 import client_view, digest, run_checks, run_line
+from common import chaos_intents, chaos_report, exit_code, load_json, print_checks, verdict, write_json
+from exp8 import digest, fault_checks, run_checks, run_line
 
-FAULTS = ["pg-failover", "pg-switchover", "pg-standby-loss", "pg-crash"]
+FAULTS = ["pg-failover", "pg-lagged-failover", "pg-switchover", "pg-standby-loss", "pg-crash"]
 POINTS = ["commit", "publish", "claim", "effect"]
+ASYNC_FAULTS = ["pg-lagged-failover"]
+# What an asynchronous failover breaks, as recon and the intents check name
+# it: (where, its field, what it means).
+LOSSES = [
+    ("intents", "missing_in_db", "keys the client saw succeed whose key and order are gone"),
+    ("intents", "wrong_order", "keys the client saw succeed that now name another order (its retry made a new one)"),
+    ("report", "charges_without_order", "charges of orders that are gone (phantoms)"),
+    ("report", "inbox_without_event", "inbox rows of events that are gone"),
+    ("report", "orders_without_charge", "orders whose charge is gone (a lost effect)"),
+    ("report", "events_not_consumed", "events no consumer will read again"),
+    ("report", "double_charges", "orders charged twice"),
+    ("committed", "lost_effects", "messages the consumer group committed past that left no trace (lost effects)"),
+    ("committed", "events_without_outbox_row", "events in Kafka whose outbox row is gone"),
+]
 
 
 def fault_rows(c):
@@ -26,12 +43,63 @@ def fault_rows(c):
             for f in c.get("fault_log") or []]
 
 
-def judge(sync, mode, min_kills, min_per_fault):
-    """The summary of the synchronous run."""
+def lost_wal(c):
+    """The bytes of WAL each lagged failover's new primary never had, as its
+    note says ("... N bytes of pgX's WAL not on pgY"), summed; None if no
+    note says."""
+    got = [int(m.group(1)) for f in c.get("fault_log") or []
+           if (m := re.search(r"(\d+) bytes of pg\d+'s WAL not on", f.get("note") or ""))]
+    return sum(got) if got else None
+
+
+def losses(c):
+    """What the failovers of run C broke, by recon's and the intents check's
+    names; and the WAL the new primaries lacked."""
+    where = {"intents": chaos_intents(c), "report": chaos_report(c),
+             "committed": (c.get("recon") or {}).get("committed") or {}}
+    out = {field: where[part].get(field) for part, field, _ in LOSSES}
+    out["lost_wal_bytes"] = lost_wal(c)
+    return out
+
+
+def async_checks(c, min_per_fault):
+    """The counter-example must show what it exists to show: the promoted
+    standby lacked WAL the old primary had, acknowledged orders are gone, and
+    recon and the intents check say so (DRIFT) by name."""
+    checks = fault_checks(c, "async", min_per_fault, ASYNC_FAULTS)
+    lost = losses(c)
+    intents = chaos_intents(c)
+    checks.update({
+        "async: the promoted standbys lacked WAL the old primary had": (lost["lost_wal_bytes"] or 0) > 0,
+        "async: acknowledged orders lost (keys the client saw succeed, gone or remade)": (
+            (lost["missing_in_db"] or 0) + (lost["wrong_order"] or 0) > 0),
+        "async: recon and the intents check report DRIFT": (
+            c["recon_exit"] == 1 and intents.get("matched") != intents.get("client_succeeded")),
+    })
+    return checks
+
+
+def judge(sync, mode, min_kills, min_per_fault, unsync=None):
+    """The summary of the synchronous run and the asynchronous one (UNSYNC;
+    missing: its checks fail)."""
     checks = run_checks(sync, "sync", min_per_fault, min_kills, FAULTS, POINTS)
+    committed = (sync.get("recon") or {}).get("committed") or {}
+    checks["sync: every message the consumer group committed past left its trace (recon --committed-past)"] = (
+        committed.get("messages", 0) > 0 and committed.get("lost_effects") == 0
+        and committed.get("events_without_outbox_row") == 0)
     run = digest(sync)
+    run["committed"] = committed or None
     run["fault_log"] = fault_rows(sync)
-    return {"experiment": "exp-11-failover", "mode": mode, "runs": {"sync": run}, "checks": checks,
+    runs = {"sync": run}
+    if unsync is None:
+        checks["async: the asynchronous run's summary is there"] = False
+    else:
+        checks.update(async_checks(unsync, 1 if mode == "quick" else min_per_fault))
+        a = digest(unsync)
+        a["fault_log"] = fault_rows(unsync)
+        a["losses"] = losses(unsync)
+        runs["async"] = a
+    return {"experiment": "exp-11-failover", "mode": mode, "runs": runs, "checks": checks,
             "verdict": verdict(checks)}
 
 
@@ -42,14 +110,19 @@ def main(argv):
     if sync is None:
         print(f"exp-11: FAIL the chaos summary is missing in {res} (see its logs/)")
         return 1
-    s = judge(sync, mode, min_kills, min_per_fault)
+    s = judge(sync, mode, min_kills, min_per_fault, load_json(os.path.join(res, "async.json")))
     write_json(os.path.join(res, "summary.json"), s)
     print_checks(s["checks"])
     for tag, run in s["runs"].items():
         for f in run["fault_log"]:
-            print(f"exp-11 {tag}: {f['fault']:<16} {f['note'] or f['error'] or '-'}: outage {f['outage_ms']} ms, "
+            print(f"exp-11 {tag}: {f['fault']:<18} {f['note'] or f['error'] or '-'}: outage {f['outage_ms']} ms, "
                   f"every service moving again after {f['recovery_ms']} ms")
-        print(run_line(tag, run, FAULTS, "exp-11"))
+        print(run_line(tag, run, FAULTS if tag == "sync" else ASYNC_FAULTS, "exp-11"))
+    if "async" in s["runs"]:
+        lost = s["runs"]["async"]["losses"]
+        print(f"exp-11 async: {lost['lost_wal_bytes']} bytes of acknowledged WAL never reached the promoted standbys")
+        for _, field, meaning in LOSSES:
+            print(f"exp-11 async: {lost[field]!s:>6} {field}: {meaning}")
     print(f"exp-11: {s['verdict']} ({mode}; {res}/summary.json)")
     return exit_code(s)
 

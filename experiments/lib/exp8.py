@@ -27,7 +27,6 @@ def run_checks(c, tag, min_per_fault, min_kills=None, faults=None, points=None):
     points = POINTS if points is None else points
     r = chaos_report(c)
     intents = chaos_intents(c)
-    f = c.get("faults") or {}
     checks = {
         f"{tag}: recon CLEAN (0 lost, 0 doubled, every check)": c["recon_exit"] == 0,
         f"{tag}: no double charge": r.get("double_charges", -1) == 0,
@@ -36,6 +35,21 @@ def run_checks(c, tag, min_per_fault, min_kills=None, faults=None, points=None):
             intents.get("client_ambiguous", -1) == 0
             and intents.get("matched") == intents.get("client_succeeded")),
     }
+    checks.update(fault_checks(c, tag, min_per_fault, faults))
+    if min_kills is not None:
+        d = deaths(c)
+        checks[f"{tag}: at least {min_kills} kill -9 (crash points and random kills)"] = c["kills_total"] >= min_kills
+        for p in points:
+            checks[f"{tag}: crash point {p} fired"] = d.get(f"crash_point:{p}", 0) > 0
+        checks[f"{tag}: injected duplicates absorbed (inbox hits > 0)"] = c["totals"].get("inbox_hits", 0) > 0
+    return checks
+
+
+def fault_checks(c, tag, min_per_fault, faults):
+    """Each of FAULTS injected at least MIN_PER_FAULT times in chaos run C,
+    and every one recovered."""
+    f = c.get("faults") or {}
+    checks = {}
     # Faults come one at a time and each waits for its recovery, so only the
     # run's last fault can have its wait cut short by the end of the load:
     # that one is "unobserved", not unrecovered.
@@ -49,12 +63,6 @@ def run_checks(c, tag, min_per_fault, min_kills=None, faults=None, points=None):
                + (" (the run's last one unobserved: the load ended first)" if unobserved else "")] = (
             got.get("injected", 0) >= min_per_fault and got.get("failed_to_inject", 1) == 0
             and got.get("recovered", 0) + unobserved == got.get("injected"))
-    if min_kills is not None:
-        d = deaths(c)
-        checks[f"{tag}: at least {min_kills} kill -9 (crash points and random kills)"] = c["kills_total"] >= min_kills
-        for p in points:
-            checks[f"{tag}: crash point {p} fired"] = d.get(f"crash_point:{p}", 0) > 0
-        checks[f"{tag}: injected duplicates absorbed (inbox hits > 0)"] = c["totals"].get("inbox_hits", 0) > 0
     return checks
 
 

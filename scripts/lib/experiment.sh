@@ -93,16 +93,31 @@ exp_netns() {
 }
 
 # exp_pg_cluster [SYNC]: PostgreSQL as the 3-node cluster under Patroni from
-# here on (STACK_PG=ha, synchronous replication unless SYNC is off), and the
-# stack back to the PostgreSQL it ran when the experiment exits.
+# here on (STACK_PG=ha, synchronous replication unless SYNC is off; the next
+# `up` sets it), and the stack back to the PostgreSQL it ran, and the
+# cluster's mode, when the experiment exits. Called again, it changes the
+# mode and still puts back the first one.
 exp_pg_cluster() {
-  local was
-  was=$(cat "${STACK_DIR:-$ROOT/.stack}/pg-mode" 2>/dev/null || echo single)
-  [ "$was" = ha ] || { EXP_RESTORE+=("STACK_PG=$was"); trap exp_restore EXIT; }
+  local dir=${STACK_DIR:-$ROOT/.stack}
+  if [ -z "${EXP_PG_WAS:-}" ]; then
+    EXP_PG_WAS=$(cat "$dir/pg-mode" 2>/dev/null || echo single)
+    EXP_PG_SYNC_WAS=$(cat "$dir/ha/sync" 2>/dev/null || echo on)
+    [ "$EXP_PG_WAS" = ha ] || EXP_RESTORE+=("STACK_PG=$EXP_PG_WAS")
+    trap exp_restore EXIT
+  fi
   export STACK_PG=ha STACK_PG_SYNC=${1:-on}
 }
 
 exp_restore() {
+  if [ -n "${EXP_PG_WAS:-}" ] && [ "${STACK_PG_SYNC:-on}" != "${EXP_PG_SYNC_WAS:-on}" ]; then
+    if [ "$EXP_PG_WAS" = ha ]; then
+      EXP_RESTORE+=("STACK_PG_SYNC=$EXP_PG_SYNC_WAS")
+    else
+      # The cluster is stopped: its next `up` without STACK_PG_SYNC starts
+      # it in the mode it had before the experiment (the stack keeps it here).
+      echo "$EXP_PG_SYNC_WAS" >"${STACK_DIR:-$ROOT/.stack}/ha/sync"
+    fi
+  fi
   [ "${#EXP_RESTORE[@]}" -gt 0 ] || return 0
   say "stack back to ${EXP_RESTORE[*]}"
   env -u KAFKA_TOPIC "${EXP_RESTORE[@]}" "$ROOT/scripts/stack.sh" up >/dev/null \

@@ -176,10 +176,19 @@ async fn stream_once(
     slot: &str,
     cancel: &CancellationToken,
 ) -> anyhow::Result<End> {
-    if let Some(state) = slot_state(&worker.pool, slot)
-        .await
-        .context("read the slot")?
-    {
+    // The database gone for now (a failover, a restart): a stream like any
+    // other that ended, tried again; any other error reading the slot ends
+    // the relay.
+    let state = match slot_state(&worker.pool, slot).await {
+        Ok(state) => state,
+        Err(error) if pipeline::db::is_unavailable(&error) => {
+            return Ok(End::Retry(
+                anyhow::Error::new(error).context("read the slot"),
+            ));
+        }
+        Err(error) => return Err(anyhow::Error::new(error).context("read the slot")),
+    };
+    if let Some(state) = state {
         if state.wal_status == "lost" {
             anyhow::bail!(lost_slot(slot));
         }

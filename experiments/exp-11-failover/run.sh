@@ -21,14 +21,17 @@ POINTS=commit,publish,claim,effect
 if [ "$MODE" = quick ]; then
   RATE=${EXP_RATE:-150} DURATION=${EXP_DURATION:-60} MAX_DURATION=${EXP_MAX_DURATION:-420}
   COUNT=5 INTERVAL=3000..5000 MIN_KILLS=2 MIN_PER_FAULT=1
-  ASYNC_DURATION=${EXP_DURATION:-45} ASYNC_COUNT=2
+  ASYNC_DURATION=${EXP_DURATION:-45} ASYNC_COUNT=2 WAL_DURATION=${EXP_DURATION:-45} WAL_COUNT=3
 else
   RATE=${EXP_RATE:-300} DURATION=${EXP_DURATION:-900} MAX_DURATION=${EXP_MAX_DURATION:-2400}
   COUNT=25 INTERVAL=15000..30000 MIN_KILLS=20 MIN_PER_FAULT=5
-  ASYNC_DURATION=${EXP_DURATION:-300} ASYNC_COUNT=5
+  ASYNC_DURATION=${EXP_DURATION:-300} ASYNC_COUNT=5 WAL_DURATION=${EXP_DURATION:-300} WAL_COUNT=9
 fi
 # pg-lagged-failover: the primary's WAL senders stopped this long first.
 LAG_MS=2000
+# The WAL relay's run: a switch of each kind that moves the primary or
+# restarts it.
+WAL_FAULTS=pg-failover,pg-switchover,pg-crash
 
 # The synchronous run: no acknowledged commit may be lost, so recon must be
 # CLEAN and every key the client saw succeed must have its one order.
@@ -36,6 +39,18 @@ exp_chaos sync --rate "$RATE" --duration "$DURATION" --max-duration "$MAX_DURATI
   --protocol mixed --seed 11 --dup-rate 0.05 --fault "$FAULTS" --fault-count "$COUNT" \
   --fault-interval-ms "$INTERVAL" --fault-down-ms 5000 --pg-lag-ms "$LAG_MS" --crash-point "$POINTS" \
   --crash-probability 0.01 \
+  --loadgen-arg=--retry-on-error --loadgen-arg=20 --loadgen-arg=--retry-on-error-delay-ms --loadgen-arg=2000 || true
+
+# The WAL relay through the cluster's switches (synchronous): its slot is on
+# the primary only (PostgreSQL 15 keeps no logical slot on a standby, and
+# Patroni drops the slots it does not manage when a node restarts), so after
+# each switch the relay makes a new slot on the new primary and first
+# publishes, by the poll path, every row that primary holds as pending: the
+# marks are commits like the rows, replicated the same way, so nothing is
+# skipped. Recon must be CLEAN.
+RELAY_MODE=wal exp_chaos wal --rate "$RATE" --duration "$WAL_DURATION" --max-duration "$MAX_DURATION" \
+  --retry-rate 0.15 --protocol mixed --seed 13 --dup-rate 0.05 --fault "$WAL_FAULTS" --fault-count "$WAL_COUNT" \
+  --fault-interval-ms "$INTERVAL" --fault-down-ms 5000 --crash-point publish --crash-probability 0.01 \
   --loadgen-arg=--retry-on-error --loadgen-arg=20 --loadgen-arg=--retry-on-error-delay-ms --loadgen-arg=2000 || true
 
 # The asynchronous counter-example: the same cluster with synchronous mode

@@ -1,8 +1,9 @@
 """Experiment 11's verdict from chaos's summaries in RES: the pipeline under
 load through the PostgreSQL cluster's faults (a failover, one with the
 standbys behind first, a switchover, the synchronous standby lost, the
-primary's postmaster crashed in place), with synchronous replication; then
-the asynchronous counter-example (only the lagged failover). The checks, a
+primary's postmaster crashed in place), with synchronous replication; the
+WAL relay through the switches; then the asynchronous counter-example (only
+the lagged failover). The checks, a
 digest with each fault's outage and recovery and what the asynchronous
 failovers lost in RES/summary.json, one line per fault; exit 0 on PASS.
 
@@ -19,6 +20,8 @@ from exp8 import digest, fault_checks, run_checks, run_line
 FAULTS = ["pg-failover", "pg-lagged-failover", "pg-switchover", "pg-standby-loss", "pg-crash"]
 POINTS = ["commit", "publish", "claim", "effect"]
 ASYNC_FAULTS = ["pg-lagged-failover"]
+# The WAL relay's run: the switches that move the primary or restart it.
+WAL_FAULTS = ["pg-failover", "pg-switchover", "pg-crash"]
 # What an asynchronous failover breaks, as recon and the intents check name
 # it: (where, its field, what it means).
 LOSSES = [
@@ -79,9 +82,26 @@ def async_checks(c, min_per_fault):
     return checks
 
 
-def judge(sync, mode, min_kills, min_per_fault, unsync=None):
-    """The summary of the synchronous run and the asynchronous one (UNSYNC;
-    missing: its checks fail)."""
+def wal_checks(c, min_per_fault):
+    """The WAL relay through the switches: recon CLEAN (the committed
+    offsets' check included), every succeeded key matched, each switch
+    recovered (the relay streaming again, from a new slot on the new
+    primary)."""
+    checks = run_checks(c, "wal", min_per_fault, None, WAL_FAULTS)
+    committed = (c.get("recon") or {}).get("committed") or {}
+    checks["wal: every message the consumer group committed past left its trace (recon --committed-past)"] = (
+        committed.get("messages", 0) > 0 and committed.get("lost_effects") == 0
+        and committed.get("events_without_outbox_row") == 0)
+    # A switch is the relay's to ride out: it dies only at its crash point.
+    relay = ((c.get("services") or {}).get("relay") or {}).get("deaths") or {}
+    checks["wal: the relay died only at its crash point (never exited through a switch)"] = all(
+        cause.startswith("crash_point:") for cause, n in relay.items() if n)
+    return checks
+
+
+def judge(sync, mode, min_kills, min_per_fault, unsync=None, wal=None):
+    """The summary of the synchronous run, the WAL relay's (WAL) and the
+    asynchronous one (UNSYNC); a missing run fails its check."""
     checks = run_checks(sync, "sync", min_per_fault, min_kills, FAULTS, POINTS)
     committed = (sync.get("recon") or {}).get("committed") or {}
     checks["sync: every message the consumer group committed past left its trace (recon --committed-past)"] = (
@@ -91,6 +111,13 @@ def judge(sync, mode, min_kills, min_per_fault, unsync=None):
     run["committed"] = committed or None
     run["fault_log"] = fault_rows(sync)
     runs = {"sync": run}
+    if wal is None:
+        checks["wal: the WAL relay's run's summary is there"] = False
+    else:
+        checks.update(wal_checks(wal, 1 if mode == "quick" else 3))
+        w = digest(wal)
+        w["fault_log"] = fault_rows(wal)
+        runs["wal"] = w
     if unsync is None:
         checks["async: the asynchronous run's summary is there"] = False
     else:
@@ -110,14 +137,15 @@ def main(argv):
     if sync is None:
         print(f"exp-11: FAIL the chaos summary is missing in {res} (see its logs/)")
         return 1
-    s = judge(sync, mode, min_kills, min_per_fault, load_json(os.path.join(res, "async.json")))
+    s = judge(sync, mode, min_kills, min_per_fault, load_json(os.path.join(res, "async.json")),
+              load_json(os.path.join(res, "wal.json")))
     write_json(os.path.join(res, "summary.json"), s)
     print_checks(s["checks"])
     for tag, run in s["runs"].items():
         for f in run["fault_log"]:
             print(f"exp-11 {tag}: {f['fault']:<18} {f['note'] or f['error'] or '-'}: outage {f['outage_ms']} ms, "
                   f"every service moving again after {f['recovery_ms']} ms")
-        print(run_line(tag, run, FAULTS if tag == "sync" else ASYNC_FAULTS, "exp-11"))
+        print(run_line(tag, run, {"sync": FAULTS, "wal": WAL_FAULTS}.get(tag, ASYNC_FAULTS), "exp-11"))
     if "async" in s["runs"]:
         lost = s["runs"]["async"]["losses"]
         print(f"exp-11 async: {lost['lost_wal_bytes']} bytes of acknowledged WAL never reached the promoted standbys")

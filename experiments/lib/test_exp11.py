@@ -49,9 +49,19 @@ def async_run(missing=250, wrong=3, phantoms=4, recon_exit=1, fault_log=None, in
     return chaos(recon_exit, rec, faults=f, fault_log=ASYNC_LOG if fault_log is None else fault_log)
 
 
+def wal_run(recon_exit=0, rec=None):
+    """The WAL relay's run: each switch once, recovered."""
+    rec = rec or recon()
+    rec.setdefault("committed", committed())
+    f = {name: {"injected": 1, "recovered": 1, "failed_to_inject": 0, "recovery_ms": {"p50": 9000, "max": 24000}}
+         for name in exp11.WAL_FAULTS}
+    return chaos(recon_exit, rec, faults=f, fault_log=LOG)
+
+
 class Exp11Test(unittest.TestCase):
-    def failed(self, run, min_kills=4, unsync=None):
-        s = exp11.judge(run, "quick", min_kills, 1, async_run() if unsync is None else unsync)
+    def failed(self, run, min_kills=4, unsync=None, wal=None):
+        s = exp11.judge(run, "quick", min_kills, 1, async_run() if unsync is None else unsync,
+                        wal_run() if wal is None else wal)
         return s["verdict"], [k for k, v in s["checks"].items() if not v]
 
     def test_pass_and_the_fault_log(self):
@@ -86,8 +96,20 @@ class Exp11Test(unittest.TestCase):
         del f["pg-failover"]
         self.assertEqual(self.failed(sync_run(f=f))[1], ["sync: pg-failover injected at least 1x, every one recovered"])
 
+    def test_the_wal_relay_must_come_through_clean(self):
+        self.assertEqual(self.failed(sync_run()), ("PASS", []))
+        failed = self.failed(sync_run(), wal=wal_run(recon_exit=1, rec=recon(lost=1)))[1]
+        self.assertIn("wal: recon CLEAN (0 lost, 0 doubled, every check)", failed)
+        self.assertIn("wal: no order without its charge", failed)
+        s = exp11.judge(sync_run(), "quick", 4, 1, async_run(), None)
+        self.assertEqual([k for k, v in s["checks"].items() if not v], ["wal: the WAL relay's run's summary is there"])
+        exited = wal_run()
+        exited["services"]["relay"] = lives({"crash_point:publish": 2, "exit:1": 1})
+        self.assertEqual(self.failed(sync_run(), wal=exited)[1],
+                         ["wal: the relay died only at its crash point (never exited through a switch)"])
+
     def test_the_asynchronous_run_counts_what_it_lost(self):
-        s = exp11.judge(sync_run(), "quick", 4, 1, async_run())
+        s = exp11.judge(sync_run(), "quick", 4, 1, async_run(), wal_run())
         self.assertEqual(s["verdict"], "PASS", [k for k, v in s["checks"].items() if not v])
         lost = s["runs"]["async"]["losses"]
         self.assertEqual(lost["lost_wal_bytes"], 180224 + 90112)
@@ -109,7 +131,7 @@ class Exp11Test(unittest.TestCase):
                           "async: the promoted standbys lacked WAL the old primary had"])
 
     def test_a_missing_asynchronous_run_fails(self):
-        s = exp11.judge(sync_run(), "quick", 4, 1, None)
+        s = exp11.judge(sync_run(), "quick", 4, 1, None, wal_run())
         self.assertEqual(s["verdict"], "FAIL")
         self.assertEqual([k for k, v in s["checks"].items() if not v],
                          ["async: the asynchronous run's summary is there"])

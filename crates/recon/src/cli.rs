@@ -138,7 +138,7 @@ pub async fn run(config: Config) -> anyhow::Result<bool> {
     let committed = match committed {
         None => None,
         Some(messages) => Some(
-            crate::check_committed(&pool, &messages, report.floors)
+            crate::check_committed(&pool, &messages)
                 .await
                 .context("check the committed offsets")?,
         ),

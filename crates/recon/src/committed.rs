@@ -7,7 +7,7 @@
 //! the diff alone sees only as an order without its charge.
 
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::Floors;
@@ -119,9 +119,29 @@ impl CommittedReport {
     }
 }
 
-/// Checks `messages` against the database, with the stores' `floors`.
+/// Checks `messages` against the database, in one read-only snapshot that
+/// reads the stores' floors first: a floor moves before the rows below it
+/// are deleted, so no row the check needs can vanish between the two reads
+/// (floors read in another snapshot, the diff's, could be older than an
+/// expiry that ran since).
 pub async fn check_committed(
     pool: &PgPool,
+    messages: &[CommittedMessage],
+) -> sqlx::Result<CommittedReport> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    let floors = Floors::read(&mut tx).await?;
+    let report = check_committed_below(&mut tx, messages, floors).await?;
+    tx.commit().await?;
+    Ok(report)
+}
+
+/// [`check_committed`] on `conn`, with the stores' `floors` as given (tests
+/// pass their own).
+pub async fn check_committed_below(
+    conn: &mut PgConnection,
     messages: &[CommittedMessage],
     floors: Floors,
 ) -> sqlx::Result<CommittedReport> {
@@ -140,7 +160,7 @@ pub async fn check_committed(
         floors.inbox,
         floors.outbox
     )
-    .fetch_one(pool)
+    .fetch_one(conn)
     .await?;
     Ok(CommittedReport {
         messages: row.messages,

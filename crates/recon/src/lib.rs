@@ -34,7 +34,9 @@ mod report;
 pub mod seed;
 mod sql;
 
-pub use committed::{CommittedMessage, CommittedReport, check_committed, parse_committed};
+pub use committed::{
+    CommittedMessage, CommittedReport, check_committed, check_committed_below, parse_committed,
+};
 pub use diff::{id_ranges, reconcile, reconcile_in_parts, wait_drained};
 pub use intents::{ClientIntents, ClientKey, IntentsReport, check_intents};
 pub use report::{DeadLetters, Delta, Floors, Part, Policy, Report, Responses};

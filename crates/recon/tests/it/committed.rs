@@ -4,7 +4,7 @@
 //! effect, and an event whose outbox row is gone is named too.
 
 use pipeline::testing::TestDb;
-use recon::{CommittedMessage, CommittedReport, Floors, check_committed};
+use recon::{CommittedMessage, CommittedReport, Floors, check_committed, check_committed_below};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -34,10 +34,8 @@ async fn what_the_group_committed_past_must_be_recorded() {
         .zip(0..)
         .map(|(&(m, a), offset)| message(offset, Some(m), Some(a)))
         .collect();
-    let floors = Floors::NONE;
-    let clean = check_committed(&pool, &messages, floors)
-        .await
-        .expect("check");
+    // The seed expires nothing: its floors are at the bottom.
+    let clean = check_committed(&pool, &messages).await.expect("check");
     assert_eq!(
         clean,
         CommittedReport {
@@ -74,9 +72,7 @@ async fn what_the_group_committed_past_must_be_recorded() {
     .await
     .expect("park");
     messages.push(message(8, Some(parked), Some(events[0].1)));
-    let dirty = check_committed(&pool, &messages, floors)
-        .await
-        .expect("check");
+    let dirty = check_committed(&pool, &messages).await.expect("check");
     assert_eq!(
         dirty,
         CommittedReport {
@@ -90,6 +86,18 @@ async fn what_the_group_committed_past_must_be_recorded() {
     );
     assert!(!dirty.is_clean());
     assert!(dirty.table().contains("lost effects (no trace at all)"));
+    // The check reads the floors itself, in its own snapshot: with the
+    // outbox's floor moved past every order, no missing outbox row counts.
+    sqlx::query("UPDATE orders.outbox_policy SET floor = 'ffffffff-ffff-ffff-ffff-ffffffffffff'")
+        .execute(&pool)
+        .await
+        .expect("move the outbox's floor");
+    let expired_rows = check_committed(&pool, &messages).await.expect("check");
+    assert_eq!(
+        expired_rows.events_without_outbox_row, 0,
+        "{expired_rows:?}"
+    );
+    assert_eq!(expired_rows.lost_effects, 2, "{expired_rows:?}");
 
     // Below the inbox's floor a missing inbox row may have expired by
     // design; below the outbox's, a missing outbox row.
@@ -98,7 +106,8 @@ async fn what_the_group_committed_past_must_be_recorded() {
         outbox: Uuid::max(),
         ..Floors::NONE
     };
-    let expired = check_committed(&pool, &messages[7..8], high)
+    let mut conn = pool.acquire().await.expect("connect");
+    let expired = check_committed_below(&mut conn, &messages[7..8], high)
         .await
         .expect("check");
     assert_eq!(

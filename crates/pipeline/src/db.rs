@@ -187,6 +187,10 @@ pub enum ErrorClass {
     Transient,
 }
 
+/// PostgreSQL's words when a standby is asked what only a primary can
+/// answer (`pg_current_wal_lsn()`, SQLSTATE `55000`).
+const RECOVERY_IN_PROGRESS: &str = "recovery is in progress";
+
 /// How sqlx words a TLS request the stream's end answered.
 const SSL_REQUEST_UNANSWERED: &str = "unexpected response from SSLRequest: 0x00";
 
@@ -195,8 +199,9 @@ const SSL_REQUEST_UNANSWERED: &str = "unexpected response from SSLRequest: 0x00"
 /// cannot be made (I/O, TLS, closed before it answered the TLS request,
 /// SQLSTATE class `08`), the pool is exhausted or
 /// closed, the server is out of resources (`53`), shutting down or restarting
-/// (`57P01`..`57P03`), a standby (`25006`: a session still on the node a
-/// switchover demoted, until the proxy moves it), or the transaction lost a
+/// (`57P01`..`57P03`), a standby (`25006`, or `55000` "recovery is in
+/// progress" for a function only a primary runs: a session still on the
+/// node a switchover demoted, until the proxy moves it), or the transaction lost a
 /// serialization or deadlock race (`40001`, `40P01`). A request that failed
 /// so can be retried as is: nothing of it committed.
 pub fn is_unavailable(error: &sqlx::Error) -> bool {
@@ -214,6 +219,8 @@ pub fn is_unavailable(error: &sqlx::Error) -> bool {
             code.starts_with("08")
                 || code.starts_with("53")
                 || ["57P01", "57P02", "57P03", "25006", "40001", "40P01"].contains(&code.as_ref())
+                // The class is broad; the server's words for a standby are not.
+                || (code == "55000" && db.message() == RECOVERY_IN_PROGRESS)
         }),
         _ => false,
     }

@@ -40,6 +40,22 @@ async fn a_write_a_standby_refuses_is_unavailable_and_retryable() {
     );
     assert_eq!(classify(&error), ErrorClass::Transient);
 
+    // A function only a primary runs, asked of a standby (the WAL relay's
+    // read of its slot): the server's own error, raised here as a standby
+    // raises it. The same class with other words is not.
+    for (words, unavailable) in [
+        ("recovery is in progress", true),
+        ("cannot do that in this state", false),
+    ] {
+        let error = sqlx::query(&format!(
+            "DO $$ BEGIN RAISE EXCEPTION '{words}' USING ERRCODE = '55000'; END $$"
+        ))
+        .execute(&mut conn)
+        .await
+        .expect_err("raised");
+        assert_eq!(is_unavailable(&error), unavailable, "{error}");
+    }
+
     // A request's own fault on the same session stays what it is.
     sqlx::query("SET default_transaction_read_only = off")
         .execute(&mut conn)

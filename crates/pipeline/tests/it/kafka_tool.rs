@@ -54,6 +54,24 @@ async fn produce_to_partition_0(topic: &TestTopic, count: usize) {
     }
 }
 
+/// Sends one message per line of `input` with `kafka-tool produce ARGS`
+/// reading standard input, and checks it succeeded.
+async fn produce_lines(topic: &TestTopic, args: &[&str], input: &[u8]) {
+    let mut produce = tool(topic)
+        .arg("produce")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn produce");
+    let mut stdin = produce.stdin.take().expect("stdin");
+    stdin.write_all(input).await.expect("write stdin");
+    drop(stdin);
+    let output = produce.wait_with_output().await.expect("produce");
+    assert_ok(&output, "produce");
+}
+
 /// A member of `group` subscribed to the topic that has read `count`
 /// messages and committed after them; still in the group until dropped.
 async fn member_that_read(topic: &TestTopic, group: &str, count: usize) -> StreamConsumer {
@@ -91,22 +109,19 @@ fn row(show: &str, partition: i32) -> (String, i64, i64, i64) {
 #[tokio::test]
 async fn produced_headers_show_in_the_tail() {
     let topic = TestTopic::create(3).await;
-    let mut produce = tool(&topic)
-        .args(["produce", "--key", "k1", "--header", "msg-id=abc"])
-        .args(["--header", "trace=x=y"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn produce");
-    let mut stdin = produce.stdin.take().expect("stdin");
-    stdin
-        .write_all(b"one\r\n{\"a\": 1}\nbad \xff\n")
-        .await
-        .expect("write stdin");
-    drop(stdin);
-    let output = produce.wait_with_output().await.expect("produce");
-    assert_ok(&output, "produce");
+    produce_lines(
+        &topic,
+        &[
+            "--key",
+            "k1",
+            "--header",
+            "msg-id=abc",
+            "--header",
+            "trace=x=y",
+        ],
+        b"one\r\n{\"a\": 1}\nbad \xff\n",
+    )
+    .await;
 
     let output = run(&topic, &["tail", "--max", "3", "--timeout", "30s"]).await;
     assert_ok(&output, "tail");
@@ -272,23 +287,7 @@ async fn committed_past_lists_what_the_group_will_not_be_given_again() {
         lines.push('\n');
     }
     lines.push_str("not an envelope\nthe fifth, not consumed\n");
-    let mut produce = tool(&topic)
-        .args(["produce", "--partition", "0"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn produce");
-    let mut stdin = produce.stdin.take().expect("stdin");
-    stdin
-        .write_all(lines.as_bytes())
-        .await
-        .expect("write stdin");
-    drop(stdin);
-    assert_ok(
-        &produce.wait_with_output().await.expect("produce"),
-        "produce",
-    );
+    produce_lines(&topic, &["--partition", "0"], lines.as_bytes()).await;
     let group = format!("g-{}", Uuid::new_v4().simple());
     let member = member_that_read(&topic, &group, 4).await;
     drop(member);

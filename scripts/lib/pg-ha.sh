@@ -515,11 +515,37 @@ ha_standby_loss() {
   echo "pg$lost (standby) lost; synchronous meanwhile: $next"
 }
 
-# ha_check: the cluster is up with a primary, every replica streaming and
-# (synchronous) a synchronous standby.
+# ha_reinit_stragglers: every replica that does not stream from the primary
+# re-cloned from it (patronictl reinit). A replica can be ahead of the
+# standby Patroni promoted (the other replica of a failover: in synchronous
+# mode the asynchronous one; its walsender had sent it more), so its WAL
+# forks off the new timeline before its own position ("new timeline N
+# forked off current database system timeline M before current recovery
+# point"); Patroni 3.0.2 does not rewind a replica that runs, so it never
+# streams again until re-cloned.
+ha_reinit_stragglers() {
+  local leader streaming n said
+  leader=$(ha_leader) || die "pg check: no primary"
+  streaming=$(ha_psql "$leader" "SELECT string_agg(application_name, ' ') FROM pg_stat_replication WHERE state = 'streaming'")
+  for n in $(seq 1 "$HA_NODES"); do
+    [ "$n" != "$leader" ] || continue
+    case " $streaming " in *" pg$n "*) continue ;; esac
+    log "pg$n does not stream from pg$leader (its WAL forked off the new timeline?): re-cloned from it (patronictl reinit)"
+    said=$(patronictl -c "$(ha_node_dir "$leader")/patroni.yml" reinit effectively "pg$n" --force 2>&1) ||
+      die "pg check: patronictl reinit pg$n failed: $said"
+    echo "$said" >>"$LOGS/patronictl.log"
+  done
+}
+
+# ha_check: the cluster is up with a primary, every replica streaming (one
+# that does not within 60 s is re-cloned) and (synchronous) a synchronous
+# standby.
 ha_check() {
   ha_wait_primary 5 || die "pg check: no primary (STACK_PG=ha scripts/stack.sh up)"
-  ha_streaming $((HA_NODES - 1)) 60 || die "pg check: not every replica streams from pg$(ha_leader)"
+  if ! ha_streaming $((HA_NODES - 1)) 60; then
+    ha_reinit_stragglers
+    ha_streaming $((HA_NODES - 1)) 180 || die "pg check: not every replica streams from pg$(ha_leader)"
+  fi
   if [ "$HA_SYNC" = on ]; then ha_wait_sync 60 || die "pg check: no synchronous standby within 60 s"; fi
 }
 

@@ -195,7 +195,12 @@ pub async fn run(
             drop(wal_end_tx);
         }
         Mode::Wal => {
-            let slot = wal::slot_name(&pool, config.wal_slot.as_deref()).await?;
+            let slot = wal::slot_name(
+                &pool,
+                config.wal_slot.as_deref(),
+                config.db.connect_patience(),
+            )
+            .await?;
             tasks.push(tokio::spawn(sample_slot(
                 pool.clone(),
                 slot.clone(),

@@ -10,15 +10,22 @@ use sqlx::PgPool;
 pub const PUBLICATION: &str = "effectively_outbox";
 
 /// The slot's name: `--wal-slot`, or `effectively_outbox_<database>` (a
-/// slot belongs to one database, its name to the whole server).
-pub async fn slot_name(pool: &PgPool, configured: Option<&str>) -> anyhow::Result<String> {
+/// slot belongs to one database, its name to the whole server). The
+/// relay's first statement: while the database is unavailable (a relay
+/// restarted mid-failover), tried again for up to `patience`.
+pub async fn slot_name(
+    pool: &PgPool,
+    configured: Option<&str>,
+    patience: std::time::Duration,
+) -> anyhow::Result<String> {
     if let Some(slot) = configured {
         return Ok(slot.to_owned());
     }
-    let db: String = sqlx::query_scalar("SELECT current_database()::text")
-        .fetch_one(pool)
-        .await
-        .context("read the database's name")?;
+    let db: String = pipeline::db::patiently(patience, || {
+        sqlx::query_scalar("SELECT current_database()::text").fetch_one(pool)
+    })
+    .await
+    .context("read the database's name")?;
     Ok(default_slot_name(&db))
 }
 

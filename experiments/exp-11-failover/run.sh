@@ -14,15 +14,20 @@ exp_pg_cluster on
 exp_init "$HERE"
 "$ROOT/scripts/stack.sh" pg check
 
-FAULTS=pg-failover,pg-lagged-failover,pg-switchover,pg-standby-loss,pg-crash
 POINTS=commit,publish,claim,effect
 # Every run's load lasts until its faults are done (each injected and
 # recovered): a failover waits out the leader key's 20 s TTL.
+# Quick mode leaves the lagged failover to the asynchronous run: two
+# outages of 20-28 s 3-5 s apart pile the client's resends past its
+# --max-in-flight on a slow machine, and a dropped send leaves its key
+# ambiguous, which the synchronous run does not allow.
 if [ "$MODE" = quick ]; then
+  FAULTS=pg-failover,pg-switchover,pg-standby-loss,pg-crash
   RATE=${EXP_RATE:-150} DURATION=${EXP_DURATION:-60} MAX_DURATION=${EXP_MAX_DURATION:-420}
-  COUNT=5 INTERVAL=3000..5000 MIN_KILLS=2 MIN_PER_FAULT=1
+  COUNT=4 INTERVAL=3000..5000 MIN_KILLS=2 MIN_PER_FAULT=1
   ASYNC_DURATION=${EXP_DURATION:-45} ASYNC_COUNT=2 WAL_DURATION=${EXP_DURATION:-45} WAL_COUNT=3
 else
+  FAULTS=pg-failover,pg-lagged-failover,pg-switchover,pg-standby-loss,pg-crash
   RATE=${EXP_RATE:-300} DURATION=${EXP_DURATION:-900} MAX_DURATION=${EXP_MAX_DURATION:-2400}
   COUNT=25 INTERVAL=15000..30000 MIN_KILLS=20 MIN_PER_FAULT=5
   ASYNC_DURATION=${EXP_DURATION:-300} ASYNC_COUNT=5 WAL_DURATION=${EXP_DURATION:-300} WAL_COUNT=9

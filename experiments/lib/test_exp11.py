@@ -87,6 +87,14 @@ class Exp11Test(unittest.TestCase):
                          ["sync: every message the consumer group committed past left its trace "
                           "(recon --committed-past)"])
 
+    def test_quick_mode_leaves_the_lagged_failover_to_the_asynchronous_run(self):
+        f = faults()
+        del f["pg-lagged-failover"]
+        self.assertEqual(self.failed(sync_run(f=f)), ("PASS", []))
+        s = exp11.judge(sync_run(f=f), "full", 4, 1, async_run(), wal_run())
+        self.assertIn("sync: pg-lagged-failover injected at least 1x, every one recovered",
+                      [k for k, v in s["checks"].items() if not v])
+
     def test_each_cluster_fault_must_be_injected_and_recovered(self):
         f = faults()
         f["pg-standby-loss"]["recovered"] = 0

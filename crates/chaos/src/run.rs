@@ -309,8 +309,9 @@ async fn drive(
     // Over Kafka, recon also checks what payments' group committed past:
     // listed once the pipeline has drained (or the wait is over), so that
     // it covers everything consumed.
+    let over_kafka = config.transport == Transport::Kafka;
     let mut committed = None;
-    if config.transport == Transport::Kafka {
+    if over_kafka {
         let mut wait = Command::new(&recon);
         wait.envs(recon_url.clone())
             .arg("--drain-only")
@@ -329,11 +330,11 @@ async fn drive(
         committed = faults::committed_past(bin_dir, &config.payments_group, out).await;
     }
     // Waited already over Kafka: the table only says whether it drained.
-    let table_wait = if config.transport == Transport::Kafka {
-        0
-    } else {
-        config.drain_timeout
-    };
+    let table_wait = if over_kafka { 0 } else { config.drain_timeout };
+    let committed_args: Vec<&std::ffi::OsStr> = committed
+        .iter()
+        .flat_map(|f| [std::ffi::OsStr::new("--committed-past"), f.as_os_str()])
+        .collect();
     let mut table = Command::new(&recon);
     table
         .envs(recon_url.clone())
@@ -341,11 +342,7 @@ async fn drive(
         .arg(table_wait.to_string())
         .arg("--intents")
         .arg(&intents)
-        .args(
-            committed
-                .iter()
-                .flat_map(|f| [std::ffi::OsStr::new("--committed-past"), f.as_os_str()]),
-        )
+        .args(&committed_args)
         .kill_on_drop(true);
     let code = tokio::select! {
         s = table.status() => s.context("run recon")?.code().unwrap_or(i32::from(EXIT_ERROR)),
@@ -362,11 +359,7 @@ async fn drive(
         .arg("--json")
         .arg("--intents")
         .arg(&intents)
-        .args(
-            committed
-                .iter()
-                .flat_map(|f| [std::ffi::OsStr::new("--committed-past"), f.as_os_str()]),
-        )
+        .args(&committed_args)
         .output()
         .await
         .context("run recon --json")?;

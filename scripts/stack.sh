@@ -42,6 +42,14 @@
 #                            STACK_PG=ha: kill -9 the synchronous standby (and
 #                            its Patroni) for DOWN_MS: chaos --fault
 #                            pg-standby-loss
+#   scripts/stack.sh pg partition [MS]
+#                            STACK_PG=ha: cut the primary off from etcd and
+#                            the other nodes for MS (30000), still running
+#                            and reached by HAProxy; say when it went
+#                            read-only, when another was promoted, and
+#                            whether two were ever primaries at once: chaos
+#                            --fault pg-partition (root: firewall rules on
+#                            the nodes' cgroups)
 #   scripts/stack.sh pg check
 #                            STACK_PG=ha: a primary, every replica streaming,
 #                            a synchronous standby (STACK_PG_SYNC=on)
@@ -722,8 +730,9 @@ pg_cmd() {
     failover) ha_failover "$(ms_to_s "$down_ms")" "$(ms_to_s "$lag_ms")" ;;
     switchover) ha_switchover ;;
     standby-loss) ha_standby_loss "$(ms_to_s "$down_ms")" ;;
+    partition) ha_partition "$(ms_to_s "${2:-30000}")" ;;
     check) ha_check ;;
-    *) die "pg what? failover, switchover, standby-loss or check, got '$what'" ;;
+    *) die "pg what? failover, switchover, standby-loss, partition or check, got '$what'" ;;
   esac
 }
 
@@ -778,5 +787,5 @@ case "${1:-}" in
   pause) shift; pause "$@" ;;
   net) shift; net_cmd "$@" ;;
   pg) shift; pg_cmd "$@" ;;
-  *) echo "usage: $0 up|down|status|fetch|paths|clean|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]|pg failover [DOWN_MS [LAG_MS]]|switchover|standby-loss|check [DOWN_MS]|net partition|lag|cut|heal|check|status ..." >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|fetch|paths|clean|crash postgres|broker|quorum [DOWN_MS [NODE]]|pause broker [MS [NODE]]|pg failover [DOWN_MS [LAG_MS]]|switchover|standby-loss [DOWN_MS]|partition [MS]|check|net partition|lag|cut|heal|check|status ..." >&2; exit 2 ;;
 esac

@@ -158,6 +158,7 @@ net_heal_all() {
   local n
   chain_drop "" "$NET_CHAIN-LAG"
   chain_drop "" "$NET_CHAIN-CUT"
+  chain_drop "" "$NET_CHAIN-PG"
   for n in 1 2 3; do
     [ -e "/var/run/netns/$(node_ns "$n")" ] && chain_drop "$(node_ns "$n")" "$NET_CHAIN-PART"
   done

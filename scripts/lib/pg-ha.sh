@@ -70,14 +70,19 @@ ha_pid() {
 # Without the caller's libpq settings (PGSSLROOTCERT, PGPASSFILE, ...: make
 # exports another stack's, and Patroni's pg_rewind then checked the leader's
 # certificate against that stack's CA): its configuration says all it needs.
+# With CGROUP (a directory under the cgroup v2 root), CMD runs in that
+# group, and so does every process it starts, with every socket they open.
 ha_spawn() {
-  local log=$1 unset=() v
-  shift
+  local cgroup=$1 log=$2 unset=() v
+  shift 2
   for v in $(compgen -e); do
     case $v in PG*) unset+=(-u "$v") ;; esac
   done
   if [ "$(id -u)" = 0 ]; then
-    (exec env "${unset[@]}" setpriv --reuid=postgres --regid=postgres --init-groups -- "$@" >>"$log" 2>&1) &
+    (
+      if [ -n "$cgroup" ]; then echo "$BASHPID" >"$cgroup/cgroup.procs"; fi
+      exec env "${unset[@]}" setpriv --reuid=postgres --regid=postgres --init-groups -- "$@" >>"$log" 2>&1
+    ) &
   else
     (exec env "${unset[@]}" "$@" >>"$log" 2>&1) &
   fi
@@ -234,6 +239,31 @@ CFG
   done
 }
 
+# Node N's cgroup: a v2 group of its own for its Patroni, its PostgreSQL and
+# every process they start, which `pg partition` matches in its firewall
+# rules (iptables -m cgroup --path). Root only; none without a cgroup v2
+# hierarchy (the partition then says so).
+ha_cgroup() { echo "eff-$NET_ID-pg$1"; }
+cgroup2_root() {
+  awk '{ for (i = 7; i < NF; i++) if ($i == "-") { if ($(i + 1) == "cgroup2") { print $5; exit } break } }' /proc/self/mountinfo
+}
+# ha_cgroup_make N: node N's cgroup made; prints its directory.
+ha_cgroup_make() {
+  local root
+  [ "$(id -u)" = 0 ] || return 1
+  root=$(cgroup2_root)
+  [ -n "$root" ] || return 1
+  mkdir -p "$root/$(ha_cgroup "$1")" 2>/dev/null || return 1
+  echo "$root/$(ha_cgroup "$1")"
+}
+# ha_cgroups_remove: the nodes' cgroups gone (those no process is left in).
+ha_cgroups_remove() {
+  local root n
+  root=$(cgroup2_root)
+  [ -n "$root" ] || return 0
+  for n in $(seq 1 "$HA_NODES"); do rmdir "$root/$(ha_cgroup "$n")" 2>/dev/null || true; done
+}
+
 # ha_node_up N: node N's Patroni, if it does not run.
 ha_node_up() {
   local n=$1 dir
@@ -249,7 +279,9 @@ ha_node_up() {
   fi
   # HOME: libpq looks for client certificates under ~/.postgresql, and root's
   # is not the postgres user's to read.
-  ha_spawn "$LOGS/patroni-$n.log" env HOME="$dir" patroni "$dir/patroni.yml"
+  local cgroup=""
+  cgroup=$(ha_cgroup_make "$n") || cgroup=""
+  ha_spawn "$cgroup" "$LOGS/patroni-$n.log" env HOME="$dir" patroni "$dir/patroni.yml"
   echo $! >"$dir/patroni.pid"
 }
 
@@ -349,6 +381,7 @@ ha_down() {
       sleep 0.1
     done
   fi
+  ha_cgroups_remove
   log "postgres cluster stopped"
 }
 
@@ -513,6 +546,83 @@ ha_standby_loss() {
   if n=$(ha_sync_standby) && [ "$n" != "$lost" ]; then next=pg$n; fi
   ha_node_up "$lost"
   echo "pg$lost (standby) lost; synchronous meanwhile: $next"
+}
+
+# ha_primary_lsn N: node N's WAL position if it runs as a primary now, else
+# a failure (asked over its socket, which no firewall rule touches; libpq
+# gives up on a node that does not answer within 2 s).
+ha_primary_lsn() {
+  local lsn
+  lsn=$(PGCONNECT_TIMEOUT=2 ha_psql "$1" \
+    "SELECT CASE WHEN pg_is_in_recovery() THEN '' ELSE pg_current_wal_lsn()::text END" 2>/dev/null) &&
+    [ -n "$lsn" ] && echo "$lsn"
+}
+
+# ha_partition CUT_S: the primary cut off from etcd and the other nodes for
+# CUT_S, still running and still reached by HAProxy (the clients' side).
+# Firewall rules in a chain of their own on the nodes' cgroups, marking each
+# connection between the primary's processes and the others' (either way)
+# so that its packets drop both ways: Patroni there can no longer renew the
+# leader key and demotes its node (retry_timeout, 5 s); once the key's TTL
+# runs out the others promote the synchronous standby. Meanwhile every node
+# is asked every quarter second (over its socket) whether it is a primary:
+# two at once would be a split brain. After CUT_S the rules go, the old node
+# rewinds and follows. Prints "pgOLD -> pgNEW, cut off S s: pgOLD no longer
+# a primary after A s, pgNEW the primary after B s, two primaries in K of N
+# looks, W bytes of pgOLD's WAL not on pgNEW" (W: what it wrote that the new
+# primary never had; synchronous, none of it acknowledged to a client).
+ha_partition() {
+  local cut_s=$1 old cgroup pid chain=$NET_CHAIN-PG mark ports=() n
+  old=$(ha_leader) || die "pg partition: no primary to cut off"
+  ensure_net_tools
+  cgroup=$(ha_cgroup "$old")
+  pid=$(ha_pid "$(ha_node_dir "$old")/patroni.pid") || die "pg partition: pg$old's Patroni does not run"
+  grep -qx "0::/$cgroup" "/proc/$pid/cgroup" ||
+    die "pg partition: pg$old's Patroni runs outside its cgroup $cgroup (started by an older stack.sh, or without a cgroup v2 hierarchy): scripts/stack.sh down, then STACK_PG=ha scripts/stack.sh up"
+  for n in $(seq 1 "$HA_NODES"); do
+    [ "$n" = "$old" ] || ports+=("$(ha_pg_port "$n")" "$(ha_rest_port "$n")")
+  done
+  # A mark of this partition's own: connections an earlier one marked keep
+  # their mark, and no rule drops them any more.
+  mark=$(printf '0x%x' $(((RANDOM << 15 | RANDOM) | 1)))
+  chain_hook "" "$chain"
+  ipt "" -A "$chain" -m cgroup --path "$cgroup" -p tcp -m multiport \
+    --dports "$HA_ETCD_PORT,$(IFS=,; echo "${ports[*]}")" -j CONNMARK --set-mark "$mark"
+  for n in $(seq 1 "$HA_NODES"); do
+    [ "$n" = "$old" ] && continue
+    ipt "" -A "$chain" -m cgroup --path "$(ha_cgroup "$n")" -p tcp -m multiport \
+      --dports "$(ha_pg_port "$old"),$(ha_rest_port "$old")" -j CONNMARK --set-mark "$mark"
+  done
+  ipt "" -A "$chain" -m connmark --mark "$mark" -j DROP
+  log "pg$old (the primary) cut off from etcd and the other nodes for $cut_s s; HAProxy still reaches it"
+  local start now t looks=0 both=0 fenced="" promoted="" new="" lsn="" at writers
+  start=$(date +%s.%N)
+  while :; do
+    now=$(date +%s.%N)
+    t=$(awk -v a="$start" -v b="$now" 'BEGIN { printf "%.1f", b - a }')
+    awk -v t="$t" -v c="$cut_s" 'BEGIN { exit !(t < c) }' || break
+    writers=0
+    for n in $(seq 1 "$HA_NODES"); do
+      if [ "$n" = "$old" ]; then
+        if at=$(ha_primary_lsn "$n"); then lsn=$at writers=$((writers + 1)); else fenced=${fenced:-$t}; fi
+      elif ha_primary_lsn "$n" >/dev/null; then
+        writers=$((writers + 1))
+        [ -n "$promoted" ] || promoted=$t new=$n
+      fi
+    done
+    looks=$((looks + 1))
+    [ "$writers" -lt 2 ] || both=$((both + 1))
+    sleep 0.25
+  done
+  chain_drop "" "$chain"
+  log "pg$old back on the network"
+  ha_wait_primary 120 || die "pg partition: no primary within 120 s of the heal, see $LOGS/patroni-*.log"
+  local said="pg$old -> pg$(ha_leader), cut off $cut_s s:" lost
+  if [ -n "$fenced" ]; then said+=" pg$old no longer a primary after $fenced s,"; else said+=" pg$old a primary throughout,"; fi
+  if [ -n "$new" ]; then said+=" pg$new the primary after $promoted s,"; else said+=" no other node promoted,"; fi
+  said+=" two primaries in $both of $looks looks"
+  if [ -n "$new" ] && [ -n "$lsn" ] && lost=$(ha_lost_wal "$lsn"); then said+=", $lost bytes of pg$old's WAL not on pg$new"; fi
+  echo "$said"
 }
 
 # ha_reinit_stragglers: every replica that does not stream from the primary

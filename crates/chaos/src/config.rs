@@ -37,6 +37,14 @@ pub enum Fault {
     /// `--fault-down-ms` (`STACK_SCRIPT pg standby-loss`): commits wait until
     /// Patroni names the other replica synchronous.
     PgStandbyLoss,
+    /// The cluster's primary cut off from etcd and the other nodes for
+    /// `--pg-partition-ms`, still running and still reached by HAProxy
+    /// (`STACK_SCRIPT pg partition`, firewall rules on the nodes' cgroups;
+    /// root). Its Patroni cannot renew the leader key and demotes it; once
+    /// the key's TTL is out the synchronous standby is promoted. The note
+    /// says when each happened and whether two nodes were ever primaries at
+    /// once (a split brain); the old node rewinds and follows after the heal.
+    PgPartition,
     /// One Kafka node kill -9'd (the leader of most of the topic's
     /// partitions), down for `--fault-down-ms`, then started again
     /// (`STACK_SCRIPT crash broker`): leaders move to the other two, the
@@ -119,6 +127,7 @@ impl Fault {
             Self::PgLaggedFailover => "pg-lagged-failover",
             Self::PgSwitchover => "pg-switchover",
             Self::PgStandbyLoss => "pg-standby-loss",
+            Self::PgPartition => "pg-partition",
             Self::BrokerKill => "broker-kill",
             Self::BrokerQuorumLoss => "broker-quorum-loss",
             Self::BrokerPause => "broker-pause",
@@ -147,16 +156,21 @@ impl Fault {
         matches!(self, Self::BrokerPartition | Self::NetLag)
     }
 
-    /// Whether this is a network fault (root, iptables, `STACK_SCRIPT net`).
+    /// Whether this is a network fault (root, iptables; `SCRIPT net heal`
+    /// removes its rules).
     pub fn is_network(self) -> bool {
-        self.cuts_one_instance() || self.needs_netns()
+        self.cuts_one_instance() || self.needs_netns() || self == Self::PgPartition
     }
 
     /// Whether this fault needs the PostgreSQL cluster (`STACK_PG=ha`).
     pub fn needs_pg_cluster(self) -> bool {
         matches!(
             self,
-            Self::PgFailover | Self::PgLaggedFailover | Self::PgSwitchover | Self::PgStandbyLoss
+            Self::PgFailover
+                | Self::PgLaggedFailover
+                | Self::PgSwitchover
+                | Self::PgStandbyLoss
+                | Self::PgPartition
         )
     }
 
@@ -311,6 +325,12 @@ pub struct Config {
     /// standbys stopped before the primary is lost, in milliseconds.
     #[arg(long, env = "CHAOS_PG_LAG_MS", default_value_t = 2000)]
     pub pg_lag_ms: u64,
+
+    /// How long pg-partition cuts the primary off, in milliseconds: longer
+    /// than the cluster's leader key TTL (20 s) for a standby to be promoted
+    /// meanwhile.
+    #[arg(long, env = "CHAOS_PG_PARTITION_MS", default_value_t = 30_000)]
+    pub pg_partition_ms: u64,
 
     /// How long broker-pause keeps a Kafka node stopped, in milliseconds:
     /// longer than the brokers' replica.lag.time.max.ms (10 s on the stack)

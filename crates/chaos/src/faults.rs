@@ -215,13 +215,16 @@ async fn inject(
         Fault::PgFailover
         | Fault::PgLaggedFailover
         | Fault::PgSwitchover
-        | Fault::PgStandbyLoss => {
+        | Fault::PgStandbyLoss
+        | Fault::PgPartition => {
             let down = config.fault_down_ms.to_string();
             let lag = config.pg_lag_ms.to_string();
+            let cut = config.pg_partition_ms.to_string();
             let args: &[&str] = match fault {
                 Fault::PgFailover => &["pg", "failover", &down],
                 Fault::PgLaggedFailover => &["pg", "failover", &down, &lag],
                 Fault::PgSwitchover => &["pg", "switchover"],
+                Fault::PgPartition => &["pg", "partition", &cut],
                 _ => &["pg", "standby-loss", &down],
             };
             stack_run(&config.stack_script, args)

@@ -105,6 +105,8 @@ pub struct Params {
     pub fault_down_ms: u64,
     /// How long pg-lagged-failover stops the primary's WAL senders first.
     pub pg_lag_ms: u64,
+    /// How long pg-partition cuts the primary off.
+    pub pg_partition_ms: u64,
     /// How long relay-pause stops the relay.
     pub relay_pause_ms: u64,
     /// Fraction of messages payments delivers twice.
@@ -151,6 +153,7 @@ impl Params {
             fault_count: config.fault_count,
             fault_down_ms: config.fault_down_ms,
             pg_lag_ms: config.pg_lag_ms,
+            pg_partition_ms: config.pg_partition_ms,
             relay_pause_ms: config.relay_pause_ms,
             dup_rate: config.dup_rate,
             dup_kind: config.dup_kind.clone(),
@@ -717,6 +720,7 @@ mod tests {
                 "fault_count": null,
                 "fault_down_ms": config.fault_down_ms,
                 "pg_lag_ms": config.pg_lag_ms,
+                "pg_partition_ms": config.pg_partition_ms,
                 "relay_pause_ms": config.relay_pause_ms,
                 "dup_rate": 0.0,
                 "dup_kind": config.dup_kind,

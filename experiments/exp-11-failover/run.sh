@@ -22,18 +22,21 @@ POINTS=commit,publish,claim,effect
 # --max-in-flight on a slow machine, and a dropped send leaves its key
 # ambiguous, which the synchronous run does not allow.
 if [ "$MODE" = quick ]; then
-  FAULTS=pg-failover,pg-switchover,pg-standby-loss,pg-crash
-  RATE=${EXP_RATE:-150} DURATION=${EXP_DURATION:-60} MAX_DURATION=${EXP_MAX_DURATION:-420}
-  COUNT=4 INTERVAL=3000..5000 MIN_KILLS=2 MIN_PER_FAULT=1
+  FAULTS=pg-failover,pg-switchover,pg-standby-loss,pg-partition,pg-crash
+  RATE=${EXP_RATE:-150} DURATION=${EXP_DURATION:-60} MAX_DURATION=${EXP_MAX_DURATION:-480}
+  COUNT=5 INTERVAL=3000..5000 MIN_KILLS=2 MIN_PER_FAULT=1
   ASYNC_DURATION=${EXP_DURATION:-45} ASYNC_COUNT=2 WAL_DURATION=${EXP_DURATION:-45} WAL_COUNT=3
 else
-  FAULTS=pg-failover,pg-lagged-failover,pg-switchover,pg-standby-loss,pg-crash
-  RATE=${EXP_RATE:-300} DURATION=${EXP_DURATION:-900} MAX_DURATION=${EXP_MAX_DURATION:-2400}
-  COUNT=25 INTERVAL=15000..30000 MIN_KILLS=20 MIN_PER_FAULT=5
+  FAULTS=pg-failover,pg-lagged-failover,pg-switchover,pg-standby-loss,pg-partition,pg-crash
+  RATE=${EXP_RATE:-300} DURATION=${EXP_DURATION:-900} MAX_DURATION=${EXP_MAX_DURATION:-2700}
+  COUNT=30 INTERVAL=15000..30000 MIN_KILLS=20 MIN_PER_FAULT=5
   ASYNC_DURATION=${EXP_DURATION:-300} ASYNC_COUNT=5 WAL_DURATION=${EXP_DURATION:-300} WAL_COUNT=9
 fi
 # pg-lagged-failover: the primary's WAL senders stopped this long first.
 LAG_MS=2000
+# pg-partition: the primary cut off this long, past the leader key's 20 s
+# TTL, so that another node is promoted while it still runs.
+PARTITION_MS=30000
 # The WAL relay's run: a switch of each kind that moves the primary or
 # restarts it.
 WAL_FAULTS=pg-failover,pg-switchover,pg-crash
@@ -42,7 +45,7 @@ WAL_FAULTS=pg-failover,pg-switchover,pg-crash
 # CLEAN and every key the client saw succeed must have its one order.
 exp_chaos sync --rate "$RATE" --duration "$DURATION" --max-duration "$MAX_DURATION" --retry-rate 0.15 \
   --protocol mixed --seed 11 --dup-rate 0.05 --fault "$FAULTS" --fault-count "$COUNT" \
-  --fault-interval-ms "$INTERVAL" --fault-down-ms 5000 --pg-lag-ms "$LAG_MS" --crash-point "$POINTS" \
+  --fault-interval-ms "$INTERVAL" --fault-down-ms 5000 --pg-lag-ms "$LAG_MS" --pg-partition-ms "$PARTITION_MS" --crash-point "$POINTS" \
   --crash-probability 0.01 \
   --loadgen-arg=--retry-on-error --loadgen-arg=20 --loadgen-arg=--retry-on-error-delay-ms --loadgen-arg=2000 || true
 

@@ -3,7 +3,8 @@ load through the PostgreSQL cluster's faults (a failover, one with the
 standbys behind first, a switchover, the synchronous standby lost, the
 primary's postmaster crashed in place), with synchronous replication; the
 WAL relay through the switches; then the asynchronous counter-example (only
-the lagged failover). The checks, a
+the lagged failover). A partition of the primary must promote another node
+and never leave two primaries at once. The checks, a
 digest with each fault's outage and recovery and what the asynchronous
 failovers lost in RES/summary.json, one line per fault; exit 0 on PASS.
 
@@ -17,7 +18,7 @@ import sys
 from common import chaos_intents, chaos_report, exit_code, load_json, print_checks, verdict, write_json
 from exp8 import digest, fault_checks, run_checks, run_line
 
-FAULTS = ["pg-failover", "pg-lagged-failover", "pg-switchover", "pg-standby-loss", "pg-crash"]
+FAULTS = ["pg-failover", "pg-lagged-failover", "pg-switchover", "pg-standby-loss", "pg-partition", "pg-crash"]
 # Quick mode's synchronous run leaves the lagged failover out (run.sh says why).
 QUICK_FAULTS = [f for f in FAULTS if f != "pg-lagged-failover"]
 POINTS = ["commit", "publish", "claim", "effect"]
@@ -46,6 +47,41 @@ def fault_rows(c):
     return [{"fault": f["fault"], "note": f.get("note"), "outage_ms": f.get("outage_ms"),
              "recovery_ms": f.get("recovery_ms"), "error": f.get("error")}
             for f in c.get("fault_log") or []]
+
+
+PARTITION = re.compile(r"pg(?P<old>\d+) -> pg(?P<now>\d+), cut off (?P<cut_s>[\d.]+) s: "
+                       r"pg\d+ (?:no longer a primary after (?P<fenced_s>[\d.]+) s|a primary throughout), "
+                       r"(?:pg(?P<new>\d+) the primary after (?P<promoted_s>[\d.]+) s|no other node promoted), "
+                       r"two primaries in (?P<both>\d+) of (?P<looks>\d+) looks")
+
+
+def partitions(c):
+    """Each pg-partition of run C as its note tells it: the primary cut off,
+    when it stopped being a primary and when another became one (seconds
+    into the cut; None if never), and in how many of the looks at every node
+    two were primaries at once. A note that does not parse is None."""
+    out = []
+    for f in c.get("fault_log") or []:
+        if f["fault"] != "pg-partition" or f.get("error"):
+            continue
+        m = PARTITION.search(f.get("note") or "")
+        out.append(None if m is None else {
+            "cut_off": int(m["old"]), "promoted": int(m["new"]) if m["new"] else None,
+            "fenced_s": float(m["fenced_s"]) if m["fenced_s"] else None,
+            "promoted_s": float(m["promoted_s"]) if m["promoted_s"] else None,
+            "two_primaries": int(m["both"]), "looks": int(m["looks"])})
+    return out
+
+
+def split_brain_checks(c, tag):
+    """Every partition of the primary in run C: its note read, the cut-off
+    primary stopped being one and another node was promoted, and never two
+    primaries at once."""
+    got = partitions(c)
+    ok = bool(got) and all(p is not None and p["fenced_s"] is not None and p["promoted"] is not None
+                           and p["looks"] > 0 and p["two_primaries"] == 0 for p in got)
+    return {f"{tag}: each pg-partition fenced the cut-off primary and promoted another, never two primaries at once":
+            ok}
 
 
 def lost_wal(c):
@@ -110,7 +146,9 @@ def judge(sync, mode, min_kills, min_per_fault, unsync=None, wal=None):
     checks["sync: every message the consumer group committed past left its trace (recon --committed-past)"] = (
         committed.get("messages", 0) > 0 and committed.get("lost_effects") == 0
         and committed.get("events_without_outbox_row") == 0)
+    checks.update(split_brain_checks(sync, "sync"))
     run = digest(sync)
+    run["partitions"] = partitions(sync)
     run["committed"] = committed or None
     run["fault_log"] = fault_rows(sync)
     runs = {"sync": run}

@@ -31,7 +31,7 @@ RUN = "long"
 # (180 s) makes the first 7 or 8, so the failover comes early.
 FAULTS = ["pg-crash", "pg-failover", "broker-kill", "broker-partition", "payments-scale", "net-lag",
           "broker-pause", "relay-cut", "broker-quorum-loss", "payments-db-cut", "relay-pause",
-          "pg-switchover", "pg-standby-loss"]
+          "pg-switchover", "pg-standby-loss", "pg-partition"]
 # Distinct fault kinds a quick run (180 s) must have made; a full run, all.
 QUICK_KINDS = 3
 # Gaps listed in summary.json, the longest excesses first.

@@ -12,7 +12,10 @@ def faults(n=1, recovered=None):
 
 
 LOG = [{"fault": "pg-failover", "note": "pg1 -> pg2", "outage_ms": 21500, "recovery_ms": 23000, "error": None},
-       {"fault": "pg-switchover", "note": "pg2 -> pg1", "outage_ms": 4100, "recovery_ms": 5200, "error": None}]
+       {"fault": "pg-switchover", "note": "pg2 -> pg1", "outage_ms": 4100, "recovery_ms": 5200, "error": None},
+       {"fault": "pg-partition", "outage_ms": 24000, "recovery_ms": 26000, "error": None,
+        "note": "pg1 -> pg3, cut off 30.000 s: pg1 no longer a primary after 6.7 s, pg3 the primary after 22.2 s, "
+                "two primaries in 0 of 72 looks, 0 bytes of pg1's WAL not on pg3"}]
 
 
 def committed(messages=100, lost=0):
@@ -67,7 +70,9 @@ class Exp11Test(unittest.TestCase):
     def test_pass_and_the_fault_log(self):
         self.assertEqual(self.failed(sync_run()), ("PASS", []))
         s = exp11.judge(sync_run(), "quick", 4, 1)
-        self.assertEqual([f["note"] for f in s["runs"]["sync"]["fault_log"]], ["pg1 -> pg2", "pg2 -> pg1"])
+        self.assertEqual([f["note"] for f in s["runs"]["sync"]["fault_log"]][:2], ["pg1 -> pg2", "pg2 -> pg1"])
+        self.assertEqual(s["runs"]["sync"]["partitions"], [{"cut_off": 1, "promoted": 3, "fenced_s": 6.7,
+                                                            "promoted_s": 22.2, "two_primaries": 0, "looks": 72}])
         self.assertIn("pg-failover 1/1 recovered", exp11.run_line("sync", s["runs"]["sync"], exp11.FAULTS, "exp-11"))
 
     def test_a_lost_or_doubled_order_fails(self):
@@ -98,11 +103,30 @@ class Exp11Test(unittest.TestCase):
     def test_each_cluster_fault_must_be_injected_and_recovered(self):
         f = faults()
         f["pg-standby-loss"]["recovered"] = 0
-        self.assertEqual(self.failed(sync_run(f=f, fault_log=[]))[1],
+        self.assertEqual(self.failed(sync_run(f=f, fault_log=LOG[2:]))[1],
                          ["sync: pg-standby-loss injected at least 1x, every one recovered"])
         f = faults()
         del f["pg-failover"]
         self.assertEqual(self.failed(sync_run(f=f))[1], ["sync: pg-failover injected at least 1x, every one recovered"])
+
+    def test_a_partition_must_fence_the_old_primary_and_promote_one_other(self):
+        check = ("sync: each pg-partition fenced the cut-off primary and promoted another, "
+                 "never two primaries at once")
+
+        def with_note(note):
+            return sync_run(fault_log=LOG[:2] + [dict(LOG[2], note=note)])
+
+        split = "pg1 -> pg3, cut off 30.000 s: pg1 no longer a primary after 6.7 s, pg3 the primary after 22.2 s, " \
+                "two primaries in 2 of 72 looks"
+        self.assertEqual(self.failed(with_note(split))[1], [check])
+        never = "pg1 -> pg1, cut off 15.000 s: pg1 no longer a primary after 6.7 s, no other node promoted, " \
+                "two primaries in 0 of 36 looks"
+        self.assertEqual(self.failed(with_note(never))[1], [check])
+        unfenced = "pg1 -> pg3, cut off 30.000 s: pg1 a primary throughout, pg3 the primary after 22.2 s, " \
+                   "two primaries in 0 of 72 looks"
+        self.assertEqual(self.failed(with_note(unfenced))[1], [check])
+        self.assertEqual(self.failed(with_note("garbled"))[1], [check])
+        self.assertEqual(self.failed(sync_run(fault_log=LOG[:2]))[1], [check])
 
     def test_the_wal_relay_must_come_through_clean(self):
         self.assertEqual(self.failed(sync_run()), ("PASS", []))

@@ -45,8 +45,8 @@
 #   scripts/stack.sh pg partition [MS]
 #                            STACK_PG=ha: cut the primary off from etcd and
 #                            the other nodes for MS (30000), still running
-#                            and reached by HAProxy; say when it went
-#                            read-only, when another was promoted, and
+#                            and reached by HAProxy; say when it stopped
+#                            being a primary, when another was promoted, and
 #                            whether two were ever primaries at once: chaos
 #                            --fault pg-partition (root: firewall rules on
 #                            the nodes' cgroups)

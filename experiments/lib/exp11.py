@@ -49,7 +49,7 @@ def fault_rows(c):
             for f in c.get("fault_log") or []]
 
 
-PARTITION = re.compile(r"pg(?P<old>\d+) -> pg(?P<now>\d+), cut off (?P<cut_s>[\d.]+) s: "
+PARTITION = re.compile(r"pg(?P<old>\d+) -> pg\d+, cut off [\d.]+ s: "
                        r"pg\d+ (?:no longer a primary after (?P<fenced_s>[\d.]+) s|a primary throughout), "
                        r"(?:pg(?P<new>\d+) the primary after (?P<promoted_s>[\d.]+) s|no other node promoted), "
                        r"two primaries in (?P<both>\d+) of (?P<looks>\d+) looks")

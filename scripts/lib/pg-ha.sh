@@ -249,12 +249,13 @@ cgroup2_root() {
 }
 # ha_cgroup_make N: node N's cgroup made; prints its directory.
 ha_cgroup_make() {
-  local root
+  local root dir
   [ "$(id -u)" = 0 ] || return 1
   root=$(cgroup2_root)
   [ -n "$root" ] || return 1
-  mkdir -p "$root/$(ha_cgroup "$1")" 2>/dev/null || return 1
-  echo "$root/$(ha_cgroup "$1")"
+  dir=$root/$(ha_cgroup "$1")
+  mkdir -p "$dir" 2>/dev/null || return 1
+  echo "$dir"
 }
 # ha_cgroups_remove: the nodes' cgroups gone (those no process is left in).
 ha_cgroups_remove() {
@@ -474,6 +475,9 @@ ha_lost_wal() {
   ha_psql "$new" "SELECT greatest(pg_wal_lsn_diff('$1', '$switch'), 0)::bigint"
 }
 
+# ha_elapsed START: the seconds since START (date +%s.%N), to a tenth.
+ha_elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+
 # ha_failover DOWN_MS [LAG_MS]: the primary lost (its Patroni and postmaster
 # kill -9'd) until another node is the primary and takes writes (after the
 # leader key's TTL) and for DOWN_MS at least; then its Patroni started again:
@@ -502,7 +506,7 @@ ha_failover() {
   [ "${#senders[@]}" -eq 0 ] || kill -9 "${senders[@]}" 2>/dev/null || true
   log "pg$old (the primary) kill -9'd with its Patroni"
   new=$(ha_new_primary "$old") || die "pg failover: no new primary within 120 s, see $LOGS/patroni-*.log"
-  log "pg$new is the primary $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s after"
+  log "pg$new is the primary $(ha_elapsed "$start") s after"
   sleep "$(awk -v a="$start" -v b="$(date +%s.%N)" -v d="$down_s" 'BEGIN { r = d - (b - a); printf "%.3f", (r > 0 ? r : 0) }')"
   if [ -n "$lsn" ] && lost=$(ha_lost_wal "$lsn"); then
     echo "pg$old -> pg$new, replication stalled $lag_s s first: $lost bytes of pg$old's WAL not on pg$new"
@@ -579,27 +583,25 @@ ha_partition() {
   pid=$(ha_pid "$(ha_node_dir "$old")/patroni.pid") || die "pg partition: pg$old's Patroni does not run"
   grep -qx "0::/$cgroup" "/proc/$pid/cgroup" ||
     die "pg partition: pg$old's Patroni runs outside its cgroup $cgroup (started by an older stack.sh, or without a cgroup v2 hierarchy): scripts/stack.sh down, then STACK_PG=ha scripts/stack.sh up"
-  for n in $(seq 1 "$HA_NODES"); do
-    [ "$n" = "$old" ] || ports+=("$(ha_pg_port "$n")" "$(ha_rest_port "$n")")
-  done
   # A mark of this partition's own: connections an earlier one marked keep
-  # their mark, and no rule drops them any more.
+  # their mark, and no rule drops them any more. Marking rules do not end
+  # the chain, so their order is free; the drop comes last.
   mark=$(printf '0x%x' $(((RANDOM << 15 | RANDOM) | 1)))
   chain_hook "" "$chain"
-  ipt "" -A "$chain" -m cgroup --path "$cgroup" -p tcp -m multiport \
-    --dports "$HA_ETCD_PORT,$(IFS=,; echo "${ports[*]}")" -j CONNMARK --set-mark "$mark"
   for n in $(seq 1 "$HA_NODES"); do
     [ "$n" = "$old" ] && continue
+    ports+=("$(ha_pg_port "$n")" "$(ha_rest_port "$n")")
     ipt "" -A "$chain" -m cgroup --path "$(ha_cgroup "$n")" -p tcp -m multiport \
       --dports "$(ha_pg_port "$old"),$(ha_rest_port "$old")" -j CONNMARK --set-mark "$mark"
   done
+  ipt "" -A "$chain" -m cgroup --path "$cgroup" -p tcp -m multiport \
+    --dports "$HA_ETCD_PORT,$(IFS=,; echo "${ports[*]}")" -j CONNMARK --set-mark "$mark"
   ipt "" -A "$chain" -m connmark --mark "$mark" -j DROP
   log "pg$old (the primary) cut off from etcd and the other nodes for $cut_s s; HAProxy still reaches it"
-  local start now t looks=0 both=0 fenced="" promoted="" new="" lsn="" at writers
+  local start t looks=0 both=0 fenced="" promoted="" new="" lsn="" at writers
   start=$(date +%s.%N)
   while :; do
-    now=$(date +%s.%N)
-    t=$(awk -v a="$start" -v b="$now" 'BEGIN { printf "%.1f", b - a }')
+    t=$(ha_elapsed "$start")
     awk -v t="$t" -v c="$cut_s" 'BEGIN { exit !(t < c) }' || break
     writers=0
     for n in $(seq 1 "$HA_NODES"); do

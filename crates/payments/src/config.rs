@@ -12,6 +12,7 @@ use pipeline::crash::CrashArgs;
 use pipeline::kafka::TopicCheck;
 use tokio_util::sync::CancellationToken;
 
+use crate::decode::InputFormat;
 use crate::delivery::{AfterHorizon, Rules};
 use crate::horizon::{Retention, parse_duration};
 use crate::metrics::PaymentsMetrics;
@@ -46,6 +47,16 @@ pub struct Config {
     /// --webhook-addr, from `relay --sink http`).
     #[arg(long, env = pipeline::contract::env::PAYMENTS_SOURCE, value_enum, default_value_t = Transport::Kafka)]
     pub source: Transport,
+
+    /// How the Kafka records are shaped: `envelope`, the project's relays'
+    /// (`relay`, poll or WAL mode), or `outbox-router`, Debezium's Outbox
+    /// Event Router over `orders.outbox` (`scripts/debezium.sh`): key = the
+    /// aggregate id, value = the payload's JSON, header `id` = the msg_id,
+    /// header `event_type`, and `created_at` (optional, RFC 3339) for the
+    /// commit-to-effect latency. Either way the inbox keys on the msg_id, so
+    /// an event is one event whichever relay published it.
+    #[arg(long, env = "PAYMENTS_INPUT_FORMAT", value_enum, default_value_t = InputFormat::Envelope)]
+    pub input_format: InputFormat,
 
     #[command(flatten)]
     pub webhook: receiver::WebhookArgs,
@@ -292,6 +303,12 @@ impl Config {
                 return Err(
                     "--unsafe-split-txn is the Kafka consumer's counter-example; \
                             it does not run with --source http"
+                        .into(),
+                );
+            }
+            if self.input_format != InputFormat::Envelope {
+                return Err(
+                    "--input-format names a Kafka record shape; over HTTP the body is the envelope"
                         .into(),
                 );
             }

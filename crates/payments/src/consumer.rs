@@ -86,6 +86,7 @@ pub(crate) async fn consume(
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
     let metrics: &PaymentsMetrics = shared_metrics;
+    let format = config.input_format;
     let cfg = config.clone();
     let fatal = FatalState::new();
     let context = RebalanceContext::new(
@@ -166,7 +167,7 @@ pub(crate) async fn consume(
         let applied = {
             let fetch = fill_batch(&consumer, &mut next, max, linger, metrics);
             tokio::pin!(fetch);
-            let work = process(pool, apply, &batch, crasher, metrics, cancel);
+            let work = process(pool, apply, format, &batch, crasher, metrics, cancel);
             tokio::pin!(work);
             let mut fetching = true;
             loop {
@@ -216,9 +217,17 @@ pub(crate) async fn consume(
         if !plan.reprocess.is_empty() {
             // Applied again in a transaction of its own; offsets are already
             // committed, so nothing to commit for them.
-            if process(pool, apply, &plan.reprocess, crasher, metrics, cancel)
-                .await
-                .is_none()
+            if process(
+                pool,
+                apply,
+                format,
+                &plan.reprocess,
+                crasher,
+                metrics,
+                cancel,
+            )
+            .await
+            .is_none()
             {
                 break;
             }

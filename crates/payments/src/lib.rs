@@ -41,6 +41,7 @@ pub use crate::config::{
     Config, DEFAULT_FETCH_WAIT_MAX_MS, GroupProtocol, HorizonRefusal, Transport, check_horizon,
     check_topic,
 };
+pub use crate::decode::InputFormat;
 pub use crate::kafka::{PaymentsConsumer, RebalanceContext, partition_lag};
 use crate::metrics::PaymentsMetrics;
 use crate::process::Apply;

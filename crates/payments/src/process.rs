@@ -11,11 +11,12 @@ use effectively::retry::Backoff;
 use pipeline::contract::SplitTxn;
 use pipeline::crash::Crasher;
 use pipeline::db::{ErrorClass, classify as classify_db_error};
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::{Headers, Message, OwnedMessage};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use crate::decode::InputFormat;
 use crate::delivery::{Applied, ChargeIntent, Delivery, Held, Rules, Source};
 use crate::inbox;
 use crate::metrics::{PaymentsMetrics, Stage};
@@ -32,14 +33,24 @@ pub(crate) enum Apply {
     Split(SplitTxn),
 }
 
-/// Decodes a batch: each message with its intent or its dead-letter reason.
-pub fn classify(batch: &[OwnedMessage]) -> (Vec<Delivery<'_>>, HashMap<Uuid, DateTime<Utc>>) {
+/// Decodes a batch of records shaped as `format`: each message with its
+/// intent or its dead-letter reason.
+pub fn classify(
+    format: InputFormat,
+    batch: &[OwnedMessage],
+) -> (Vec<Delivery<'_>>, HashMap<Uuid, DateTime<Utc>>) {
     let mut deliveries = Vec::with_capacity(batch.len());
     let mut committed_at = HashMap::with_capacity(batch.len());
     for m in batch {
-        let content = match decode::decode(m.payload()) {
+        let headers = m
+            .headers()
+            .into_iter()
+            .flat_map(|h| h.iter().map(|h| (h.key, h.value)));
+        let content = match decode::decode_record(format, m.key(), headers, m.payload()) {
             Ok((intent, created_at)) => {
-                committed_at.insert(intent.msg_id, created_at);
+                if let Some(at) = created_at {
+                    committed_at.insert(intent.msg_id, at);
+                }
                 Ok(intent)
             }
             Err(reason) => {
@@ -83,12 +94,13 @@ enum Attempt {
 pub(crate) async fn process(
     pool: &sqlx::PgPool,
     apply: Apply,
+    format: InputFormat,
     batch: &[OwnedMessage],
     crasher: &Crasher,
     metrics: &PaymentsMetrics,
     cancel: &CancellationToken,
 ) -> Option<Vec<Held>> {
-    let (deliveries, committed_at) = classify(batch);
+    let (deliveries, committed_at) = classify(format, batch);
     process_deliveries(
         pool,
         apply,

@@ -369,7 +369,7 @@ fn check_decoded(
     db_error: &str,
     tally: &mut Tally,
 ) -> Result<(), TestCaseError> {
-    let (deliveries, _) = payments::classify(messages);
+    let (deliveries, _) = payments::classify(payments::InputFormat::Envelope, messages);
     prop_assert_eq!(deliveries.len(), messages.len());
     for (d, m) in deliveries.iter().zip(messages) {
         tally.messages += 1;
@@ -465,7 +465,7 @@ fn every_dead_letter_is_written_and_read_back_storable() {
         tally.cases += 1;
         let messages = owned(&batch, &offset);
         check_decoded(&messages, &db_error, &mut tally)?;
-        let (deliveries, _) = payments::classify(&messages);
+        let (deliveries, _) = payments::classify(payments::InputFormat::Envelope, &messages);
         rt.block_on(async {
             let applied = apply_batch(&pool, &deliveries, Rules::refusing(), &crasher)
                 .await

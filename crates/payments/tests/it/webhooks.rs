@@ -54,6 +54,7 @@ fn config(db: &TestDb, secret: &Secret) -> Config {
         crash: CrashArgs::default(),
         dup: DupArgs::default(),
         source: Transport::Http,
+        input_format: payments::InputFormat::Envelope,
         webhook: WebhookArgs {
             webhook_addr: "127.0.0.1:0".parse().expect("addr"),
             webhook_secret: vec![secret.clone()],

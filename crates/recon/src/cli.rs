@@ -59,6 +59,14 @@ pub struct Config {
     #[arg(long, env = "RECON_ALLOW_DEAD_LETTERS")]
     pub allow_dead_letters: bool,
 
+    /// The relay leaves the outbox rows it publishes unmarked (Debezium's
+    /// connector streams them and writes nothing back): the pipeline is
+    /// drained once every outbox row's event is in the inbox or
+    /// dead-lettered, and rows still pending are not drift. An event not
+    /// consumed still is.
+    #[arg(long, env = "RECON_UNMARKED_OUTBOX")]
+    pub unmarked_outbox: bool,
+
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -92,10 +100,15 @@ pub async fn run(config: Config) -> anyhow::Result<bool> {
         usize::from,
     );
     let pool = connect(&config.db.database_url, jobs).await?;
+    let policy = Policy {
+        allow_dead_letters: config.allow_dead_letters,
+        unmarked_outbox: config.unmarked_outbox,
+    };
     let mut drained = None;
     if config.drain_only {
         let secs = config.wait_drained.unwrap_or(0.0);
-        let done = crate::wait_drained(&pool, Duration::from_secs_f64(secs.max(0.0))).await?;
+        let done =
+            crate::wait_drained(&pool, Duration::from_secs_f64(secs.max(0.0)), policy).await?;
         if !done {
             eprintln!("recon: pipeline not drained after {secs} s");
         }
@@ -114,14 +127,12 @@ pub async fn run(config: Config) -> anyhow::Result<bool> {
         }
     };
     if let Some(secs) = config.wait_drained {
-        drained = Some(crate::wait_drained(&pool, Duration::from_secs_f64(secs.max(0.0))).await?);
+        drained =
+            Some(crate::wait_drained(&pool, Duration::from_secs_f64(secs.max(0.0)), policy).await?);
         if drained == Some(false) {
             eprintln!("recon: pipeline not drained after {secs} s; reporting the current state");
         }
     }
-    let policy = Policy {
-        allow_dead_letters: config.allow_dead_letters,
-    };
     let started = Instant::now();
     let report = crate::reconcile_in_parts(&pool, jobs)
         .await

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::report::{DeadLetters, Floors, Part, Report, Responses};
+use crate::report::{DeadLetters, Floors, Part, Policy, Report, Responses};
 
 /// Runs the diff as one statement over the whole id space on `conn` (a
 /// pooled connection, or a transaction: tests corrupt a database inside one
@@ -138,11 +138,13 @@ pub fn id_ranges(bounds: Option<(Uuid, Uuid)>, jobs: usize) -> Vec<(Uuid, Uuid)>
     ranges
 }
 
-/// Waits until the pipeline is drained or `timeout` passes; `true` if drained.
-pub async fn wait_drained(pool: &PgPool, timeout: Duration) -> sqlx::Result<bool> {
+/// Waits until the pipeline is drained or `timeout` passes; `true` if
+/// drained. Under [`Policy::unmarked_outbox`] an outbox row is done once its
+/// event is in the inbox (or dead-lettered), whatever its `published_at`.
+pub async fn wait_drained(pool: &PgPool, timeout: Duration, policy: Policy) -> sqlx::Result<bool> {
     let deadline = Instant::now() + timeout;
     loop {
-        let drained = sqlx::query_file_scalar!("src/sql/drained.sql")
+        let drained = sqlx::query_file_scalar!("src/sql/drained.sql", policy.unmarked_outbox)
             .fetch_one(pool)
             .await?;
         if drained {

@@ -367,6 +367,10 @@ pub struct Policy {
     /// Failed outbox rows and dead letters are reported but are not drift
     /// (`--allow-dead-letters`): for runs that inject bad input on purpose.
     pub allow_dead_letters: bool,
+    /// The relay does not mark the outbox rows it publishes (Debezium's
+    /// connector, `--unmarked-outbox`): pending rows are not drift (every
+    /// row stays pending), and an event not consumed still is.
+    pub unmarked_outbox: bool,
 }
 
 impl Report {
@@ -460,7 +464,14 @@ impl Report {
             d("events_without_order", self.events_without_order),
             d("orders_with_many_events", self.orders_with_many_events),
             d("event_payload_mismatches", self.event_payload_mismatches),
-            d("pending_rows", self.pending_rows - self.failed_rows),
+            d(
+                "pending_rows",
+                if policy.unmarked_outbox {
+                    0
+                } else {
+                    self.pending_rows - self.failed_rows
+                },
+            ),
             d("open_deliveries", self.open_deliveries),
             d("unprocessed_webhooks", self.unprocessed_webhooks),
             d("parked_events", self.parked_events),

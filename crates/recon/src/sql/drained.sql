@@ -1,14 +1,17 @@
 -- NOT EXISTS is never NULL; "!" tells sqlx's compile-time check so
 -- (PostgreSQL reports no nullability for computed columns).
+-- $1: the relay leaves the outbox unmarked (Debezium: it streams the rows
+-- and writes nothing back), so published_at says nothing; then every row not
+-- failed must have reached the inbox (or a dead letter) instead.
 SELECT
   NOT EXISTS (SELECT 1 FROM orders.outbox o
-              WHERE o.published_at IS NULL AND o.failed_at IS NULL
+              WHERE NOT $1::bool AND o.published_at IS NULL AND o.failed_at IS NULL
                 AND NOT EXISTS (SELECT 1 FROM orders.outbox f
                                 WHERE f.aggregate_id = o.aggregate_id
                                   AND f.published_at IS NULL AND f.failed_at IS NOT NULL
                                   AND f.id < o.id))
   AND NOT EXISTS (SELECT 1 FROM orders.outbox x
-                  WHERE x.published_at IS NOT NULL
+                  WHERE (x.published_at IS NOT NULL OR ($1::bool AND x.failed_at IS NULL))
                     -- an event older than the inbox's oldest partition has no
                     -- record there to find (expired)
                     AND x.msg_id >= COALESCE((SELECT p.lo FROM fx.partitioned_inbox_parts p

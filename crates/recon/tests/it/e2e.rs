@@ -134,7 +134,7 @@ async fn send_orders(http: &str, n: usize, retries: usize) -> Vec<(String, uuid:
 
 async fn recon(pool: &PgPool) -> recon::Report {
     assert!(
-        recon::wait_drained(pool, Duration::from_secs(90))
+        recon::wait_drained(pool, Duration::from_secs(90), Policy::default())
             .await
             .expect("drain query"),
         "pipeline drained"
@@ -233,7 +233,7 @@ async fn seeded(n: u64) -> (TestDb, PgPool) {
 #[tokio::test]
 async fn drained_waits_for_an_open_webhook_delivery() {
     let (_db, pool) = seeded(5).await;
-    let wait = || recon::wait_drained(&pool, Duration::from_millis(300));
+    let wait = || recon::wait_drained(&pool, Duration::from_millis(300), Policy::default());
     assert!(wait().await.expect("drain query"), "the seed is drained");
     let open = "INSERT INTO orders.webhook_deliveries (destination, outbox_id, aggregate_id, msg_id, body) \
                 SELECT 'd', id, aggregate_id, msg_id, payload FROM orders.outbox ORDER BY id LIMIT 1";
@@ -249,13 +249,62 @@ async fn drained_waits_for_an_open_webhook_delivery() {
     assert!(wait().await.expect("drain query"), "delivered: drained");
 }
 
+/// Under a relay that leaves the outbox unmarked (Debezium), published_at
+/// stays NULL on every row: recon --unmarked-outbox calls that drained and
+/// clean once each event is in the inbox, and still catches one that is not.
+#[tokio::test]
+async fn an_unmarked_outbox_is_drained_once_every_event_is_consumed() {
+    let (_db, pool) = seeded(5).await;
+    let unmarked = Policy {
+        unmarked_outbox: true,
+        ..Policy::default()
+    };
+    sqlx::query("UPDATE orders.outbox SET published_at = NULL")
+        .execute(&pool)
+        .await
+        .expect("unmark");
+    let wait = |policy| recon::wait_drained(&pool, Duration::from_millis(300), policy);
+    assert!(
+        !wait(Policy::default()).await.expect("drain query"),
+        "rows never marked: not drained for a marking relay"
+    );
+    assert!(
+        wait(unmarked).await.expect("drain query"),
+        "every event in the inbox: drained"
+    );
+    let mut conn = pool.acquire().await.expect("connect");
+    let report = recon::reconcile(&mut conn).await.expect("recon");
+    assert_eq!(report.pending_rows, 5);
+    assert!(
+        report.drift(Policy::default()).contains(&"pending_rows"),
+        "{}",
+        report.table(Policy::default())
+    );
+    assert!(report.is_clean(unmarked), "{}", report.table(unmarked));
+    drop(conn);
+
+    let lose = "DELETE FROM fx.partitioned_inbox WHERE msg_id = (SELECT msg_id FROM orders.outbox ORDER BY id LIMIT 1)";
+    sqlx::query(lose).execute(&pool).await.expect(lose);
+    assert!(
+        !wait(unmarked).await.expect("drain query"),
+        "an event not in the inbox: not drained"
+    );
+    let mut conn = pool.acquire().await.expect("connect");
+    let report = recon::reconcile(&mut conn).await.expect("recon");
+    assert!(
+        report.drift(unmarked).contains(&"events_not_consumed"),
+        "{}",
+        report.table(unmarked)
+    );
+}
+
 /// Drained waits for payments' parked events too (an event the inbox could
 /// not record yet, applied later): even one that no outbox row accounts
 /// for. While one waits, recon reports it and calls it drift.
 #[tokio::test]
 async fn drained_waits_for_a_parked_event_and_recon_reports_it() {
     let (_db, pool) = seeded(5).await;
-    let wait = || recon::wait_drained(&pool, Duration::from_millis(300));
+    let wait = || recon::wait_drained(&pool, Duration::from_millis(300), Policy::default());
     assert!(wait().await.expect("drain query"), "the seed is drained");
     let park = "INSERT INTO payments.parked (msg_id, order_id, account_id, amount_cents, payload_hash, \
                 topic, partition, \"offset\", reason) \
@@ -475,6 +524,7 @@ async fn every_per_order_check_catches_its_corruption() {
         ) {
             let allowed = Policy {
                 allow_dead_letters: true,
+                ..Policy::default()
             };
             assert!(
                 !report.drift(allowed).contains(&check),

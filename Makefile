@@ -10,7 +10,7 @@ STACK_DIR ?= $(CURDIR)/.stack
 export STACK_DIR
 -include $(STACK_DIR)/env
 
-.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-security bench-library bench-library-relay bench-relay-ab bench-inbox bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness pg-ha-check key-expiry demo demo-webhooks \
+.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-security bench-library bench-library-relay bench-relay-ab bench-inbox bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness pg-ha-check key-expiry demo demo-webhooks demo-debezium debezium \
         check-config check-compose check-dashboards plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 exp-10-long exp-11 accept
 
 help: ## list the targets
@@ -47,7 +47,7 @@ lint: ## fmt check + clippy -D warnings + the library's (with all its features a
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -q -p effectively -p pipeline --no-deps --all-features
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc -q -p effectively --no-deps --no-default-features
 
-test: ## the test command (installs cargo-nextest and sqlx-cli when missing, starts the stack): lint, the compile-time SQL data fresh (.sqlx), the experiments' verdict tests and the benchmarks' helpers' tests, every test against the real stack (starts it), then two short demos (over Kafka, over webhooks) that fail on drift
+test: ## the test command (installs cargo-nextest and sqlx-cli when missing, starts the stack): lint, the compile-time SQL data fresh (.sqlx), the experiments' verdict tests and the benchmarks' helpers' tests, every test against the real stack (starts it), then three short demos (over Kafka, over webhooks, and with Debezium as the relay, its worker killed -9 mid-load) that fail on drift
 	@scripts/tools.sh cargo-tools
 	@scripts/stack.sh up >/dev/null
 	$(MAKE) --no-print-directory lint
@@ -67,6 +67,7 @@ test: ## the test command (installs cargo-nextest and sqlx-cli when missing, sta
 	scripts/stack.sh clean
 	DEMO_PROFILE=debug DEMO_SECONDS=5 DEMO_RATE=200 scripts/demo.sh
 	DEMO_PROFILE=debug DEMO_SECONDS=5 DEMO_RATE=200 DEMO_TRANSPORT=http scripts/demo.sh
+	DEMO_PROFILE=debug DEMO_SECONDS=10 DEMO_RATE=200 DEMO_RELAY=debezium scripts/demo.sh
 
 sqlx-prepare: ## after changing a query: rewrite .sqlx/ (the compile-time SQL check's offline data) from a scratch database on the stack
 	@scripts/check-sqlx.sh write
@@ -82,6 +83,12 @@ demo: ## the whole pipeline on the embedded stack with load and retries, then re
 
 demo-webhooks: ## the same pipeline with its last hop over signed webhooks (relay --sink http, payments --source http), then recon's proof
 	@DEMO_TRANSPORT=http scripts/demo.sh
+
+demo-debezium: ## the same pipeline with Debezium's connector and Outbox Event Router as the relay (payments --input-format outbox-router), the Connect worker killed -9 mid-load, then recon's proof
+	@DEMO_RELAY=debezium scripts/demo.sh
+
+debezium: ## start Debezium beside the stack: a Kafka Connect worker with the PostgreSQL connector and the Outbox Event Router on orders.outbox (scripts/debezium.sh; status, kill, down, reset)
+	@scripts/debezium.sh up
 
 orders: ## run the orders service on the stack as its own role (HTTP :8080, gRPC :50051)
 	@. $(STACK_DIR)/env && DATABASE_URL=$$ORDERS_DATABASE_URL $(CARGO) run --release -p orders

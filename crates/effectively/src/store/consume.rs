@@ -10,14 +10,13 @@ use rdkafka::message::{BorrowedMessage, Headers};
 use tokio_util::sync::CancellationToken;
 
 use super::Effectively;
-use super::HEADER_MSG_ID;
 use super::handle::{Handler, Record, handle_batch};
 use super::inbox::Inbox;
+use super::{HEADER_MSG_ID, HEADER_ROUTER_ID};
 use crate::retry::Backoff;
 
-/// A record read from Kafka as the handler gets it: its `msg_id` header
-/// (UTF-8; empty when missing, which dead-letters it) and its timestamp
-/// (now, when it has none).
+/// A record read from Kafka as the handler gets it: its message id from its
+/// headers ([`msg_id_of`]) and its timestamp (now, when it has none).
 pub fn record_of(message: &BorrowedMessage<'_>) -> Record {
     let headers: Vec<(String, Vec<u8>)> = message
         .headers()
@@ -27,12 +26,7 @@ pub fn record_of(message: &BorrowedMessage<'_>) -> Record {
                 .collect()
         })
         .unwrap_or_default();
-    let msg_id = headers
-        .iter()
-        .find(|(n, _)| n == HEADER_MSG_ID)
-        .and_then(|(_, v)| std::str::from_utf8(v).ok())
-        .unwrap_or_default()
-        .to_owned();
+    let msg_id = msg_id_of(&headers);
     let sent_at = message
         .timestamp()
         .to_millis()
@@ -51,6 +45,18 @@ pub fn record_of(message: &BorrowedMessage<'_>) -> Record {
         msg_id,
         sent_at,
     }
+}
+
+/// A record's message id: its [`HEADER_MSG_ID`] header (the library's
+/// relay's), else its [`HEADER_ROUTER_ID`] header (Debezium's Outbox Event
+/// Router's), as UTF-8; empty when it has neither, which dead-letters it.
+pub fn msg_id_of(headers: &[(String, Vec<u8>)]) -> String {
+    let first = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+    first(HEADER_MSG_ID)
+        .or_else(|| first(HEADER_ROUTER_ID))
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// The most records [`consume`] handles in one transaction.
@@ -147,5 +153,30 @@ pub async fn consume_batches(
                 tracing::debug!(%error, "commit offset");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
+        pairs
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn the_msg_id_header_first_then_the_outbox_routers_id() {
+        assert_eq!(msg_id_of(&headers(&[("msg_id", "a"), ("id", "b")])), "a");
+        assert_eq!(msg_id_of(&headers(&[("id", "b"), ("msg_id", "a")])), "a");
+        assert_eq!(
+            msg_id_of(&headers(&[("event_type", "x"), ("id", "b")])),
+            "b"
+        );
+        assert_eq!(msg_id_of(&headers(&[("event_type", "x")])), "");
+        let not_utf8 = vec![("msg_id".to_owned(), vec![0xff])];
+        assert_eq!(msg_id_of(&not_utf8), "");
     }
 }

@@ -57,7 +57,7 @@ use sqlx::{Connection, Executor, PgPool};
 
 pub use crate::idempotency::{Fingerprint, IdempotencyKey};
 #[cfg(feature = "kafka")]
-pub use consume::{DEFAULT_BATCH, consume, consume_batches, record_of};
+pub use consume::{DEFAULT_BATCH, consume, consume_batches, msg_id_of, record_of};
 pub use handle::{Handled, Handler, HandlerError, Record, handle, handle_batch};
 #[cfg(feature = "http")]
 pub use http::{IDEMPOTENCY_KEY_HEADER, Idempotent, Principal};
@@ -83,6 +83,11 @@ pub use webhook::{DestinationError, WebhookSink};
 pub const HEADER_MSG_ID: &str = "msg_id";
 /// The header that carries an event's type.
 pub const HEADER_EVENT_TYPE: &str = "event_type";
+/// The header Debezium's Outbox Event Router puts an outbox row's event id
+/// in; the library's consumer reads the message id from it when a record
+/// has no [`HEADER_MSG_ID`], so it works behind a Debezium connector whose
+/// router takes the event id from the outbox's `msg_id`.
+pub const HEADER_ROUTER_ID: &str = "id";
 
 /// The default schema: `effectively`.
 pub const DEFAULT_SCHEMA: &str = "effectively";

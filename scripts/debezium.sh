@@ -106,6 +106,19 @@ migrated() {
   esac
 }
 
+# slot_kept: the slot is there, or no offsets of a stream from it are. A
+# slot gone with offsets left (its database dropped and made again, or the
+# slot dropped by hand) means the events since its last confirmed position
+# are in no slot: the connector would fail on the offsets, and starting
+# afresh would skip them, so that is the user's call (`reset`).
+slot_kept() {
+  local there
+  there=$(psql "$STACK_ADMIN_DATABASE_URL" -qAt -c "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '$SLOT'") ||
+    die "cannot read pg_replication_slots"
+  [ "$there" = 1 ] || [ ! -s "$DIR/offsets-$SLOT" ] ||
+    die "slot $SLOT is gone but the offsets of its stream are left: what was committed since its last confirmed position is in no slot. scripts/debezium.sh reset starts a new stream from now (publish what it skips another way, e.g. relay --mode poll)"
+}
+
 # resolve: Kafka Connect's jars into CACHE/libs, the connector's plugin
 # archive unpacked into CACHE/plugins, once per machine (and again when the
 # pom changes: its hash is in the path).
@@ -157,7 +170,7 @@ ssl.truststore.location=$PGSSLROOTCERT"
 bootstrap.servers=$KAFKA_BOOTSTRAP_SERVERS
 listeners=http://127.0.0.1:$PORT
 plugin.path=$CACHE/plugins
-offset.storage.file.filename=$DIR/offsets
+offset.storage.file.filename=$DIR/offsets-$SLOT
 offset.flush.interval.ms=$FLUSH_MS
 key.converter=org.apache.kafka.connect.storage.StringConverter
 value.converter=org.apache.kafka.connect.converters.ByteArrayConverter
@@ -259,8 +272,15 @@ wait_running() {
 up() {
   local pid
   stack_env
-  if pid=$(pid_of); then log "already running (pid $pid) on 127.0.0.1:$PORT"; return; fi
+  if pid=$(pid_of); then
+    local was
+    was=$(cat "$DIR/streams" 2>/dev/null || true)
+    [ "$was" = "$DATABASE -> $TOPIC" ] || die "a worker already runs (pid $pid) for ${was:-another database}; scripts/debezium.sh down first"
+    log "already running (pid $pid) on 127.0.0.1:$PORT, $was"
+    return
+  fi
   migrated
+  slot_kept
   resolve
   configs
   topic
@@ -269,8 +289,12 @@ up() {
   nohup "${JAVA_CMD[@]}" >>"$LOG" 2>&1 </dev/null &
   pid=$!
   echo "$pid" >"$DIR/pid"
+  echo "$DATABASE -> $TOPIC" >"$DIR/streams"
   log "started the worker (pid $pid), REST on 127.0.0.1:$PORT, streaming $DATABASE to $TOPIC"
+  # A worker whose connector does not come up is not left running.
+  trap 'kill "$pid" 2>/dev/null || true; rm -f "$DIR/pid"' EXIT
   wait_running "$pid"
+  trap - EXIT
   log "the connector runs (slot $SLOT)"
 }
 
@@ -278,10 +302,12 @@ run() {
   stack_env
   pid_of >/dev/null && die "a worker already runs (pid $(pid_of)); scripts/debezium.sh down first"
   migrated
+  slot_kept
   resolve
   configs
   topic
   echo $$ >"$DIR/pid"
+  echo "$DATABASE -> $TOPIC" >"$DIR/streams"
   java_cmd
   exec "${JAVA_CMD[@]}"
 }
@@ -316,7 +342,7 @@ case ${1:-} in
     stack_env
     down
     psql "$STACK_ADMIN_DATABASE_URL" -qAt -c "SELECT count(pg_drop_replication_slot(slot_name)) FROM pg_replication_slots WHERE slot_name = '$SLOT' AND database = '$DATABASE'" >/dev/null
-    rm -f "$DIR/offsets"
+    rm -f "$DIR/offsets-$SLOT"
     log "slot $SLOT and the offsets dropped" ;;
   -h|--help|help) usage ;;
   *) usage >&2; exit 2 ;;

@@ -74,8 +74,8 @@ RECON_ARGS=()
 if [ "$RELAY" = debezium ]; then
   say "start orders, Debezium (scripts/debezium.sh), payments --input-format outbox-router (logs in $OUT)"
   export DEBEZIUM_DATABASE=demo DEBEZIUM_TOPIC=$KAFKA_TOPIC
-  trap '"$ROOT/scripts/debezium.sh" down || true; pipeline_stop' EXIT
-  # The earlier demo's slot went with its database; its offsets go here.
+  trap '"$ROOT/scripts/debezium.sh" reset || true; pipeline_stop' EXIT
+  # A slot and offsets an interrupted demo left go (the slot went with its database).
   "$ROOT/scripts/debezium.sh" reset
   pipeline_orders "$OUT" 127.0.0.1:18080 127.0.0.1:15051
   "$ROOT/scripts/debezium.sh" up

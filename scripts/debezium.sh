@@ -314,7 +314,7 @@ run() {
 
 down() {
   local pid
-  pid=$(pid_of) || { log "not running"; return 0; }
+  pid=$(pid_of) || { rm -f "$DIR/pid"; log "not running"; return 0; }
   kill "$pid"
   for _ in $(seq 1 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$pid" 2>/dev/null; then log "still running after 20 s: kill -9"; kill -9 "$pid"; fi

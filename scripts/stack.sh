@@ -773,7 +773,10 @@ case "${1:-}" in
     ensure_postgres_installed; ensure_kafka
     echo "PG_BIN=$PG_BIN"; echo "KAFKA_LIBS=$KAFKA_LIBS" ;;
   clean) find_pg_bin || die "PostgreSQL is not installed: scripts/stack.sh up"; clean ;;
-  down) kafka_down; if [ "$NET" = netns ]; then net_down; else net_heal_all quiet; fi; pg_down ;;
+  down)
+    # A Debezium worker beside the stack (scripts/debezium.sh) goes first: it reads both.
+    if [ -s "$STACK_DIR/debezium/pid" ]; then STACK_DIR=$STACK_DIR "$ROOT/scripts/debezium.sh" down || true; fi
+    kafka_down; if [ "$NET" = netns ]; then net_down; else net_heal_all quiet; fi; pg_down ;;
   status)
     if [ "$PG_MODE" = ha ]; then
       ha_status

@@ -8,7 +8,7 @@
 
 use chrono::{DateTime, Utc};
 use pipeline::contract::{ORDER_CREATED, OrderCreated};
-use pipeline::envelope::Envelope;
+use pipeline::envelope::{Envelope, HEADER_EVENT_TYPE, HEADER_ROUTER_ID};
 use uuid::Uuid;
 
 use crate::delivery::ChargeIntent;
@@ -31,11 +31,9 @@ pub enum InputFormat {
     OutboxRouter,
 }
 
-/// The Outbox Event Router's header carrying the event id.
-pub const ROUTER_HEADER_ID: &str = "id";
-/// The header the router is told to place the event type in.
-pub const ROUTER_HEADER_EVENT_TYPE: &str = "event_type";
-/// The header the router is told to place the row's `created_at` in.
+/// The header the router is told to place the row's `created_at` in (the
+/// event id comes in [`HEADER_ROUTER_ID`], the event type in
+/// [`HEADER_EVENT_TYPE`], the library's header names).
 pub const ROUTER_HEADER_CREATED_AT: &str = "created_at";
 
 /// Decodes a message value. `Err` carries the dead-letter reason (which may
@@ -76,8 +74,8 @@ fn decode_router<'h>(
     let (mut id, mut event_type, mut created_at) = (None, None, None);
     for (name, v) in headers {
         let slot = match name {
-            ROUTER_HEADER_ID => &mut id,
-            ROUTER_HEADER_EVENT_TYPE => &mut event_type,
+            HEADER_ROUTER_ID => &mut id,
+            HEADER_EVENT_TYPE => &mut event_type,
             ROUTER_HEADER_CREATED_AT => &mut created_at,
             _ => continue,
         };
@@ -87,13 +85,13 @@ fn decode_router<'h>(
     }
     let id =
         id.ok_or("no \"id\" header (the Outbox Event Router's event id, the outbox's msg_id)")?;
-    let msg_id = Uuid::parse_str(text(ROUTER_HEADER_ID, id)?)
+    let msg_id = Uuid::parse_str(text(HEADER_ROUTER_ID, id)?)
         .map_err(|e| format!("header \"id\" is not a UUID: {e}"))?;
     let event_type = event_type.ok_or(
         "no \"event_type\" header (the router places it with \
          table.fields.additional.placement=event_type:header:event_type)",
     )?;
-    let event_type = text(ROUTER_HEADER_EVENT_TYPE, event_type)?;
+    let event_type = text(HEADER_EVENT_TYPE, event_type)?;
     let key = key.ok_or("no key (the router's key is the aggregate id)")?;
     let aggregate_id = std::str::from_utf8(key)
         .ok()

@@ -12,8 +12,9 @@ use uuid::Uuid;
 
 /// The Kafka headers carrying the msg_id (also in the value; headers help
 /// tools) and the event type: the library's, which its relay and consumer
-/// use too.
-pub use effectively::store::{HEADER_EVENT_TYPE, HEADER_MSG_ID};
+/// use too; and the one Debezium's Outbox Event Router carries the event id
+/// in, which the library's consumer and payments read it from.
+pub use effectively::store::{HEADER_EVENT_TYPE, HEADER_MSG_ID, HEADER_ROUTER_ID};
 
 /// One event as published.
 #[derive(Debug, Serialize, Deserialize)]

@@ -52,12 +52,17 @@ pub(crate) fn envelope(e: &Event) -> Vec<u8> {
     .expect("encode")
 }
 
-async fn produce(topic: &TestTopic, messages: &[(String, Vec<u8>)]) {
-    let producer: FutureProducer = topic
+/// An idempotent producer to `topic`'s cluster.
+fn producer(topic: &TestTopic) -> FutureProducer {
+    topic
         .client()
         .set("enable.idempotence", "true")
         .create()
-        .expect("producer");
+        .expect("producer")
+}
+
+async fn produce(topic: &TestTopic, messages: &[(String, Vec<u8>)]) {
+    let producer = producer(topic);
     for (key, value) in messages {
         producer
             .send(
@@ -186,11 +191,7 @@ async fn outbox_router_records_are_charged_once_and_their_replays_are_inbox_hits
     let topic = TestTopic::create(3).await;
     let pool = PgPool::connect(&db.url).await.expect("connect");
     let events = events(50);
-    let producer: FutureProducer = topic
-        .client()
-        .set("enable.idempotence", "true")
-        .create()
-        .expect("producer");
+    let producer = producer(&topic);
     let send = |e: &Event, event_type: Option<&str>| {
         let payload = format!(
             r#"{{"order_id" : "{}", "account_id" : 7, "amount_cents" : {}, "status" : "created"}}"#,
@@ -989,11 +990,7 @@ enum Expect {
 type Raw = (Option<Vec<u8>>, Option<Vec<u8>>);
 
 async fn produce_raw(topic: &TestTopic, messages: &[Raw]) {
-    let producer: FutureProducer = topic
-        .client()
-        .set("enable.idempotence", "true")
-        .create()
-        .expect("producer");
+    let producer = producer(topic);
     for (key, value) in messages {
         let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic.name);
         if let Some(k) = key {

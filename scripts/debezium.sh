@@ -250,6 +250,22 @@ java_cmd() {
     -cp "$CACHE/libs/*" org.apache.kafka.connect.cli.ConnectStandalone "$DIR/worker.properties" "$DIR/connector.properties")
 }
 
+# prepare: what a start needs, checked and made (both `up` and `run`).
+prepare() {
+  migrated
+  slot_kept
+  resolve
+  configs
+  topic
+  java_cmd
+}
+
+# started PID: the worker's pid, and what it streams where.
+started() {
+  echo "$1" >"$DIR/pid"
+  echo "$DATABASE -> $TOPIC" >"$DIR/streams"
+}
+
 state() { curl -fs "http://127.0.0.1:$PORT/connectors/$CONNECTOR/status" 2>/dev/null; }
 
 # wait_running PID: until the connector and its task report RUNNING (90 s).
@@ -279,17 +295,11 @@ up() {
     log "already running (pid $pid) on 127.0.0.1:$PORT, $was"
     return
   fi
-  migrated
-  slot_kept
-  resolve
-  configs
-  topic
+  prepare
   mkdir -p "$(dirname "$LOG")"
-  java_cmd
   nohup "${JAVA_CMD[@]}" >>"$LOG" 2>&1 </dev/null &
   pid=$!
-  echo "$pid" >"$DIR/pid"
-  echo "$DATABASE -> $TOPIC" >"$DIR/streams"
+  started "$pid"
   log "started the worker (pid $pid), REST on 127.0.0.1:$PORT, streaming $DATABASE to $TOPIC"
   # A worker whose connector does not come up is not left running.
   trap 'kill "$pid" 2>/dev/null || true; rm -f "$DIR/pid"' EXIT
@@ -301,14 +311,8 @@ up() {
 run() {
   stack_env
   pid_of >/dev/null && die "a worker already runs (pid $(pid_of)); scripts/debezium.sh down first"
-  migrated
-  slot_kept
-  resolve
-  configs
-  topic
-  echo $$ >"$DIR/pid"
-  echo "$DATABASE -> $TOPIC" >"$DIR/streams"
-  java_cmd
+  prepare
+  started $$
   exec "${JAVA_CMD[@]}"
 }
 

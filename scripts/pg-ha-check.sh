@@ -9,7 +9,12 @@
 #     the killed node then comes back and rejoins as a replica;
 #  3. the synchronous standby killed -9 with its Patroni for
 #     PG_HA_STANDBY_DOWN_MS (15 s): commits wait until Patroni names the
-#     other replica synchronous (the longest stall is printed).
+#     other replica synchronous (the longest stall is printed);
+#  4. (as root) the primary cut off from etcd and the other nodes for
+#     PG_HA_PARTITION_MS (25 s) while HAProxy still reaches it: it demotes
+#     itself, the synchronous standby is promoted, and after the heal the
+#     old primary must stream again (rewound, or re-cloned when the rewind
+#     fails), the cluster whole.
 # After each: how long no write was accepted, and every write the loop saw
 # acknowledged read back from the new primary. With synchronous replication
 # (PG_HA_SYNC=on, the default) none may be missing: the check fails if one
@@ -17,7 +22,8 @@
 # same asynchronously and reports what is missing without failing (the
 # counter-example: a low write rate may lose nothing, which proves nothing).
 # Settings: PG_HA_WRITERS (3 loops), PG_HA_SECONDS (how long the write
-# loops run after each fault, 40: past the leader key's 20 s TTL).
+# loops run after each fault, 40: past the leader key's 20 s TTL),
+# PG_HA_STANDBY_DOWN_MS, PG_HA_PARTITION_MS.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -26,6 +32,7 @@ export STACK_PG_PORT=26432 STACK_HA_PG_PORT=26441 STACK_HA_REST_PORT=28101 STACK
 WRITERS=${PG_HA_WRITERS:-3}
 SECONDS_AFTER=${PG_HA_SECONDS:-40}
 STANDBY_DOWN_MS=${PG_HA_STANDBY_DOWN_MS:-15000}
+PARTITION_MS=${PG_HA_PARTITION_MS:-25000}
 OUT=$STACK_DIR/check
 say() { printf '\n== %s\n' "$*"; }
 fail() { echo "pg-ha-check: FAIL: $*" >&2; exit 1; }
@@ -181,4 +188,21 @@ sed 's/^/  /' "$OUT/standby-loss.log" | tail -1
 wait
 judge standby-loss "$at"
 wait_for 120 "SELECT count(*) = 2 FROM pg_stat_replication WHERE state = 'streaming'" || fail "the standby back within 120 s"
+
+if [ "$(id -u)" = 0 ]; then
+  say "4. the primary cut off from etcd and the other nodes for ${PARTITION_MS} ms, still reached by HAProxy"
+  writers partition
+  sleep 3
+  at=$(date +%s.%N)
+  # It ends once the old primary, rewound (or re-cloned), streams again.
+  stack pg partition "$PARTITION_MS" >"$OUT/partition.log" 2>&1 || fail "stack.sh pg partition (see $OUT/partition.log)"
+  sed 's/^/  /' "$OUT/partition.log" | tail -1
+  wait
+  judge partition "$at"
+  q "SELECT application_name || ' ' || sync_state FROM pg_stat_replication ORDER BY 1" | sed 's/^/  standby /'
+  [ "$(q "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")" = 2 ] ||
+    fail "the cluster a node short after the partition: $(tail -1 "$OUT/partition.log")"
+else
+  say "4. the partition: skipped (firewall rules need root)"
+fi
 echo "pg-ha-check: PASS (synchronous $STACK_PG_SYNC; $OUT/summary.txt)"

@@ -677,13 +677,20 @@ crash() {
       if [ "$PG_MODE" = ha ]; then
         # The primary's postmaster only: its Patroni restarts it in place
         # (no failover: the leader key never expires).
-        local leader pid
+        local leader pid start n back
         leader=$(ha_leader) || die "postgres is not running"
         pid=$(ha_postmaster_pid "$leader") || die "pg$leader's postmaster is not running"
+        start=$(date +%s.%N)
         kill -9 "$pid"
         log "postgres pg$leader (the primary) kill -9'd; its Patroni restarts it"
         sleep "$down_s"
         ha_wait_primary 120 || die "no primary within 120 s of the crash, see $LOGS/patroni-*.log"
+        # Its standbys stream from it again before the fault ends.
+        for n in $(seq 1 "$HA_NODES"); do
+          [ "$n" = "$leader" ] && continue
+          back=$(ha_rejoin "$n" "$start") || exit 1
+          log "$back"
+        done
         return
       fi
       find_pg_bin && pg_running || die "postgres is not running"

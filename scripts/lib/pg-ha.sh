@@ -131,8 +131,10 @@ ha_config() {
 # Written by scripts/stack.sh at each \`up\` (STACK_PG=ha, STACK_SECURITY=$SECURITY).
 scope: effectively
 name: pg$n
+# INFO: Patroni's own decisions and pg_rewind's output (a failed rewind says
+# why only there), a line per node every loop at most.
 log:
-  level: WARNING
+  level: INFO
 restapi:
   listen: 127.0.0.1:$(ha_rest_port "$n")
   connect_address: 127.0.0.1:$(ha_rest_port "$n")
@@ -175,6 +177,11 @@ postgresql:
   bin_dir: $(dirname "$(readlink -f "$PG_BIN/pg_ctl")")
   pgpass: $dir/pgpass
   use_unix_socket: true
+  # A node whose rewind fails, or whose timeline forked off the leader's
+  # before its own position, is re-cloned from the leader instead of being
+  # left stopped (the cluster a node short, nothing saying so).
+  remove_data_directory_on_rewind_failure: true
+  remove_data_directory_on_diverged_timelines: true
   authentication:
     # The superuser over TCP: pg_rewind's connection to the new primary.
     superuser:
@@ -458,6 +465,46 @@ ha_new_primary() {
   return 1
 }
 
+# ha_node_streams N SECONDS: until node N streams from the primary.
+ha_node_streams() {
+  local n=$1 deadline=$(($(date +%s) + $2)) leader
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    if leader=$(ha_leader) && [ "$leader" != "$n" ] && [ "$(ha_psql "$leader" \
+      "SELECT count(*) FROM pg_stat_replication WHERE application_name = 'pg$n' AND state = 'streaming'" 2>/dev/null)" = 1 ]; then
+      return
+    fi
+    sleep 0.5
+  done
+  return 1
+}
+
+# ha_rejoin N START: node N, back from a fault, streams from the primary
+# again before the fault ends, so that no fault leaves the cluster a node
+# short without a word (a rewind that fails and a timeline that forked are
+# Patroni's to mend by re-cloning, remove_data_directory_on_*). A node that
+# does not stream within 90 s is re-cloned by hand (patronictl reinit) and
+# given 300 s more. Prints "pgN streaming again after S s" (S from START,
+# date +%s.%N), "re-cloned" when it was.
+ha_rejoin() {
+  local n=$1 start=$2 leader said
+  leader=$(ha_leader) || die "pg$n: no primary to rejoin, see $LOGS/patroni-*.log"
+  if [ "$leader" = "$n" ]; then
+    echo "pg$n still the primary"
+    return
+  fi
+  if ha_node_streams "$n" 90; then
+    echo "pg$n streaming again after $(ha_elapsed "$start") s"
+    return
+  fi
+  leader=$(ha_leader) || die "pg$n: no primary to rejoin, see $LOGS/patroni-*.log"
+  log "pg$n does not stream from pg$leader 90 s after: re-cloned from it (patronictl reinit)"
+  said=$(patronictl -c "$(ha_node_dir "$leader")/patroni.yml" reinit effectively "pg$n" --force 2>&1) ||
+    die "pg$n: patronictl reinit failed: $said"
+  echo "$said" >>"$LOGS/patronictl.log"
+  ha_node_streams "$n" 300 || die "pg$n does not stream from the primary 300 s after its re-clone, see $LOGS/patroni-$n.log"
+  echo "pg$n re-cloned by hand, streaming again after $(ha_elapsed "$start") s"
+}
+
 # ha_psql N SQL: SQL on node N as the superuser, over its socket; one value.
 ha_psql() {
   as_pg psql -h "$(ha_sock "$1")" -p "$(ha_pg_port "$1")" -U postgres -d postgres -qAt -c "$2"
@@ -505,23 +552,30 @@ ha_failover() {
   # postmaster's death while stopped.
   [ "${#senders[@]}" -eq 0 ] || kill -9 "${senders[@]}" 2>/dev/null || true
   log "pg$old (the primary) kill -9'd with its Patroni"
-  new=$(ha_new_primary "$old") || die "pg failover: no new primary within 120 s, see $LOGS/patroni-*.log"
+  if ! new=$(ha_new_primary "$old"); then
+    # Its node back, so the cluster is not left without a primary for good.
+    ha_node_up "$old"
+    die "pg failover: no new primary within 120 s (pg$old started again), see $LOGS/patroni-*.log"
+  fi
   log "pg$new is the primary $(ha_elapsed "$start") s after"
   sleep "$(awk -v a="$start" -v b="$(date +%s.%N)" -v d="$down_s" 'BEGIN { r = d - (b - a); printf "%.3f", (r > 0 ? r : 0) }')"
+  local said="pg$old -> pg$new"
   if [ -n "$lsn" ] && lost=$(ha_lost_wal "$lsn"); then
-    echo "pg$old -> pg$new, replication stalled $lag_s s first: $lost bytes of pg$old's WAL not on pg$new"
-  else
-    echo "pg$old -> pg$new"
+    said+=", replication stalled $lag_s s first: $lost bytes of pg$old's WAL not on pg$new"
   fi
   ha_node_up "$old"
+  local back
+  back=$(ha_rejoin "$old" "$start") || exit 1
+  echo "$said, $back"
 }
 
 # ha_switchover: a planned switchover (patronictl) to the synchronous standby
 # (or to any replica, asynchronous); until the new primary takes writes.
 # Prints "pgOLD -> pgNEW".
 ha_switchover() {
-  local old new
+  local old new start
   old=$(ha_leader) || die "pg switchover: no primary"
+  start=$(date +%s.%N)
   ha_streaming 1 60 || die "pg switchover: no replica streams to switch to"
   # Synchronous: Patroni switches over to the synchronous standby only, and
   # refuses (412) until it has named one.
@@ -533,7 +587,9 @@ ha_switchover() {
   echo "$said" >>"$LOGS/patronictl.log"
   if grep -q "Switchover failed" <<<"$said"; then die "pg switchover: $(grep "Switchover failed" <<<"$said")"; fi
   new=$(ha_new_primary "$old") || die "pg switchover: no new primary within 120 s, see $LOGS/patroni-*.log"
-  echo "pg$old -> pg$new"
+  local back
+  back=$(ha_rejoin "$old" "$start") || exit 1
+  echo "pg$old -> pg$new, $back"
 }
 
 # ha_standby_loss DOWN_MS: the synchronous standby lost (kill -9 with its
@@ -542,14 +598,17 @@ ha_switchover() {
 # synchronous. Prints "pgN (standby) lost; synchronous meanwhile: pgM" (none
 # if Patroni named none before it came back).
 ha_standby_loss() {
-  local down_s=$1 lost n next=none
+  local down_s=$1 lost n next=none start
   lost=$(ha_sync_standby) || lost=$(ha_member replica) || die "pg standby-loss: no standby to lose"
+  start=$(date +%s.%N)
   ha_kill_node "$lost"
   log "pg$lost (the $([ "$HA_SYNC" = on ] && echo synchronous || echo asynchronous) standby) kill -9'd with its Patroni; down for $down_s s"
   sleep "$down_s"
   if n=$(ha_sync_standby) && [ "$n" != "$lost" ]; then next=pg$n; fi
   ha_node_up "$lost"
-  echo "pg$lost (standby) lost; synchronous meanwhile: $next"
+  local back
+  back=$(ha_rejoin "$lost" "$start") || exit 1
+  echo "pg$lost (standby) lost; synchronous meanwhile: $next; $back"
 }
 
 # ha_primary_lsn N: node N's WAL position if it runs as a primary now, else
@@ -619,12 +678,13 @@ ha_partition() {
   chain_drop "" "$chain"
   log "pg$old back on the network"
   ha_wait_primary 120 || die "pg partition: no primary within 120 s of the heal, see $LOGS/patroni-*.log"
-  local said="pg$old -> pg$(ha_leader), cut off $cut_s s:" lost
+  local said="pg$old -> pg$(ha_leader), cut off $cut_s s:" lost back
   if [ -n "$fenced" ]; then said+=" pg$old no longer a primary after $fenced s,"; else said+=" pg$old a primary throughout,"; fi
   if [ -n "$new" ]; then said+=" pg$new the primary after $promoted s,"; else said+=" no other node promoted,"; fi
   said+=" two primaries in $both of $looks looks"
   if [ -n "$new" ] && [ -n "$lsn" ] && lost=$(ha_lost_wal "$lsn"); then said+=", $lost bytes of pg$old's WAL not on pg$new"; fi
-  echo "$said"
+  back=$(ha_rejoin "$old" "$start") || exit 1
+  echo "$said, $back"
 }
 
 # ha_reinit_stragglers: every replica that does not stream from the primary

@@ -182,6 +182,10 @@ postgresql:
   # left stopped (the cluster a node short, nothing saying so).
   remove_data_directory_on_rewind_failure: true
   remove_data_directory_on_diverged_timelines: true
+  # A re-clone asks the primary for an immediate checkpoint: the default, a
+  # spread one, waits up to checkpoint_timeout (15 min) before copying a byte.
+  basebackup:
+    - checkpoint: fast
   authentication:
     # The superuser over TCP: pg_rewind's connection to the new primary.
     superuser:
@@ -478,31 +482,48 @@ ha_node_streams() {
   return 1
 }
 
+# ha_node_state N: node N's state as its Patroni tells it (running,
+# creating replica, starting, stopped, start failed, ...), or "unreachable".
+ha_node_state() {
+  curl -fs --max-time 2 "http://127.0.0.1:$(ha_rest_port "$1")/patroni" 2>/dev/null |
+    python3 -c 'import json, sys; print(json.load(sys.stdin).get("state", "?"))' 2>/dev/null || echo unreachable
+}
+
 # ha_rejoin N START: node N, back from a fault, streams from the primary
 # again before the fault ends, so that no fault leaves the cluster a node
-# short without a word (a rewind that fails and a timeline that forked are
-# Patroni's to mend by re-cloning, remove_data_directory_on_*). A node that
-# does not stream within 90 s is re-cloned by hand (patronictl reinit) and
-# given 300 s more. Prints "pgN streaming again after S s" (S from START,
-# date +%s.%N), "re-cloned" when it was.
+# short without a word. Patroni rewinds it; when the rewind fails (the WAL it
+# needs already recycled: a replica that was ahead of the promoted one) or
+# its timeline forked before its own position, Patroni re-clones it itself
+# (remove_data_directory_on_*), which under load takes minutes: that is
+# waited for, never interrupted. A node that neither streams within 120 s nor
+# is being re-cloned is re-cloned by hand (patronictl reinit). At most
+# HA_REJOIN_S (900 s) in all. Prints "pgN streaming again after S s" (S from
+# START, date +%s.%N), with how it came back when it was re-cloned.
 ha_rejoin() {
-  local n=$1 start=$2 leader said
+  local n=$1 start=$2 leader said how="" deadline state
   leader=$(ha_leader) || die "pg$n: no primary to rejoin, see $LOGS/patroni-*.log"
   if [ "$leader" = "$n" ]; then
     echo "pg$n still the primary"
     return
   fi
-  if ha_node_streams "$n" 90; then
-    echo "pg$n streaming again after $(ha_elapsed "$start") s"
-    return
+  deadline=$(($(date +%s) + ${HA_REJOIN_S:-900}))
+  if ! ha_node_streams "$n" 120; then
+    state=$(ha_node_state "$n")
+    if [ "$state" = "creating replica" ]; then
+      how=" (re-cloned by Patroni)"
+      log "pg$n is being re-cloned by its Patroni (its rewind failed or its timeline forked): waiting for it"
+    else
+      how=" (re-cloned by hand, patronictl reinit)"
+      leader=$(ha_leader) || die "pg$n: no primary to rejoin, see $LOGS/patroni-*.log"
+      log "pg$n ($state) does not stream from pg$leader 120 s after: re-cloned from it (patronictl reinit)"
+      said=$(patronictl -c "$(ha_node_dir "$leader")/patroni.yml" reinit effectively "pg$n" --force 2>&1) ||
+        die "pg$n: patronictl reinit failed: $said"
+      echo "$said" >>"$LOGS/patronictl.log"
+    fi
+    ha_node_streams "$n" $((deadline - $(date +%s))) ||
+      die "pg$n does not stream from the primary ${HA_REJOIN_S:-900} s after the fault$how, see $LOGS/patroni-$n.log"
   fi
-  leader=$(ha_leader) || die "pg$n: no primary to rejoin, see $LOGS/patroni-*.log"
-  log "pg$n does not stream from pg$leader 90 s after: re-cloned from it (patronictl reinit)"
-  said=$(patronictl -c "$(ha_node_dir "$leader")/patroni.yml" reinit effectively "pg$n" --force 2>&1) ||
-    die "pg$n: patronictl reinit failed: $said"
-  echo "$said" >>"$LOGS/patronictl.log"
-  ha_node_streams "$n" 300 || die "pg$n does not stream from the primary 300 s after its re-clone, see $LOGS/patroni-$n.log"
-  echo "pg$n re-cloned by hand, streaming again after $(ha_elapsed "$start") s"
+  echo "pg$n streaming again after $(ha_elapsed "$start") s$how"
 }
 
 # ha_psql N SQL: SQL on node N as the superuser, over its socket; one value.

@@ -11,7 +11,7 @@ export STACK_DIR
 -include $(STACK_DIR)/env
 
 .PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-security bench-library bench-library-relay bench-relay-ab bench-inbox bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness pg-ha-check key-expiry demo demo-webhooks demo-debezium debezium \
-        check-config check-compose check-dashboards plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 exp-10-long exp-11 accept
+        check-config check-compose check-dashboards docs plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 exp-10-long exp-11 accept
 
 help: ## list the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -71,6 +71,9 @@ test: ## the test command (installs cargo-nextest and sqlx-cli when missing, sta
 
 sqlx-prepare: ## after changing a query: rewrite .sqlx/ (the compile-time SQL check's offline data) from a scratch database on the stack
 	@scripts/check-sqlx.sh write
+
+docs: ## the book (docs/book, mdBook) and the library's rustdoc beside it, into docs/book/book/html; fails on a broken link (installs mdbook and mdbook-linkcheck2 when missing)
+	@scripts/docs.sh
 
 fuzz: ## the property tests at fuzzing scale: 1M decoder batches, 1M router requests, 20k dead-letter batches (see FINDINGS.md)
 	@scripts/fuzz.sh

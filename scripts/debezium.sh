@@ -4,7 +4,7 @@
 # orders.outbox, the relay users would otherwise pick. It publishes what the
 # project's relays publish (each outbox row once or more, keyed by its
 # aggregate), in the router's record shape, which payments reads with
-# --input-format outbox-router (README, "Debezium as the relay").
+# --input-format outbox-router (docs/book/src/debezium.md).
 #
 #   scripts/debezium.sh up       resolve it once per machine, write the
 #                                configs, start the worker, wait until the

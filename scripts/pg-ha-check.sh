@@ -147,7 +147,7 @@ syncrep_wait() {
     fail "a commit waiting for its standby returned (exit $rc1) under 1 s statement and idle-in-transaction timeouts: $(cat "$dir/timeouts.out")"
   echo "  statement_timeout, idle_in_transaction_session_timeout 1 s: the commit still waits at 4 s"
   { grep -qx COMMIT "$dir/cancel.out" && grep -q "canceling wait for synchronous replication" "$dir/cancel.out"; } ||
-    fail "PostgreSQL no longer acknowledges a cancelled wait as a commit (README's HA section says it does): $(cat "$dir/cancel.out")"
+    fail "PostgreSQL no longer acknowledges a cancelled wait as a commit (docs/book/src/failover.md says it does): $(cat "$dir/cancel.out")"
   echo "  pg_cancel_backend: COMMIT acknowledged, only committed locally (WARNING: $(grep -o 'canceling wait[^.]*' "$dir/cancel.out"))"
   { [ "$rc3" != 0 ] && ! grep -qx COMMIT "$dir/terminate.out"; } ||
     fail "a terminated wait acknowledged its commit: $(cat "$dir/terminate.out")"

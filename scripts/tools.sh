@@ -14,6 +14,9 @@
 #                                    once per machine, a few minutes each), clippy and rustfmt,
 #                                    and OpenSSL's headers for librdkafka (Debian's libssl-dev,
 #                                    with apt when absent; needs root)
+#   scripts/tools.sh docs-tools      what `make docs` runs: mdBook and its link checker
+#                                    (mdbook-linkcheck2), pinned, built from crates.io into
+#                                    ~/.cargo/bin once per machine
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -105,10 +108,26 @@ cargo_tools() {
   grep -q '^clippy' <<<"$installed" && grep -q '^rustfmt' <<<"$installed" || rustup component add clippy rustfmt >&2
 }
 
+# The book (docs/book): mdBook and the link checker built for its 0.5 line.
+MDBOOK_VERSION=0.5.4
+MDBOOK_LINKCHECK_VERSION=0.13.0
+docs_tools() {
+  if ! mdbook --version 2>/dev/null | grep -q "v$MDBOOK_VERSION\$"; then
+    log "installing mdbook $MDBOOK_VERSION from crates.io (once per machine)"
+    cargo install mdbook --version "$MDBOOK_VERSION" --locked >&2 || die "cargo install mdbook failed"
+  fi
+  if ! mdbook-linkcheck2 --version 2>/dev/null | grep -q " $MDBOOK_LINKCHECK_VERSION\$"; then
+    log "installing mdbook-linkcheck2 $MDBOOK_LINKCHECK_VERSION from crates.io (once per machine)"
+    cargo install mdbook-linkcheck2 --version "$MDBOOK_LINKCHECK_VERSION" --locked >&2 ||
+      die "cargo install mdbook-linkcheck2 failed"
+  fi
+}
+
 case "${1:-}" in
   cargo-tools) cargo_tools ;;
+  docs-tools) docs_tools ;;
   venv) venv ;;
   prometheus) prometheus ;;
   compose-schema) compose_schema ;;
-  *) echo "usage: $0 cargo-tools|venv|prometheus|compose-schema" >&2; exit 2 ;;
+  *) echo "usage: $0 cargo-tools|docs-tools|venv|prometheus|compose-schema" >&2; exit 2 ;;
 esac

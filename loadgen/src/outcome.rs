@@ -61,7 +61,7 @@ impl Answer {
 
     /// Whether the service may have committed the request although it
     /// answered this error, so the key holds 0 or 1 order and a retry with
-    /// the same key is what tells (README: "retry with the same key").
+    /// the same key is what tells (the book's Orders chapter, docs/book/src/orders.md: "retry with the same key").
     /// orders answers 408 (gRPC CANCELLED "Timeout expired", or
     /// DEADLINE_EXCEEDED) when its route times out, and a create a writer
     /// already took into a batch is still committed; 500 (INTERNAL) and 503

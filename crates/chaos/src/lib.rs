@@ -1,5 +1,5 @@
 //! Chaos: the pipeline under load, duplicate delivery and kill -9, then
-//! recon's proof (README, "Chaos and the experiments").
+//! recon's proof (the book, docs/book/src/chaos.md).
 //!
 //! Chaos runs orders, relay and payments as child processes (binaries never
 //! depend on each other, so chaos talks to them only through processes,

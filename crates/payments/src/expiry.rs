@@ -92,7 +92,7 @@ pub fn judge(window: &Window, msg_id: Uuid) -> Option<(Outside, String)> {
                 "arrived after the dedup horizon: msg_id {msg_id} was minted at {minted}{not_v7}, \
                  before the oldest inbox partition kept (from {}); its dedup record may have \
                  expired, so it is not applied. If its order has no charge, it is a first \
-                 delivery that came too late: apply it by hand (README, \"After the dedup horizon\")",
+                 delivery that came too late: apply it by hand (docs/book/src/dedup-horizon.md)",
                 mint_time(floor).to_rfc3339()
             ),
         ));

@@ -41,7 +41,7 @@ impl ServiceName {
 }
 
 /// A named place where a service SIGKILLs itself when a chaos run armed it
-/// (README, "Faults").
+/// (the book, docs/book/src/faults.md).
 ///
 /// Shared by the service that passes the point (`Crasher::point`), its
 /// `--crash-point`/`CRASH_POINT` flag, and chaos (`--crash-point`, which arms

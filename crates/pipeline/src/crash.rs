@@ -1,6 +1,6 @@
 //! Crash points: named places where a process SIGKILLs itself when a chaos
 //! run asks it to, so the experiments can die at the worst possible moment
-//! on purpose (README, "Faults"). Off unless `--crash-point` names a point.
+//! on purpose (the book, docs/book/src/faults.md). Off unless `--crash-point` names a point.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

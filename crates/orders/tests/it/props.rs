@@ -1,7 +1,7 @@
 //! Property tests of the HTTP router, driven in process (tower `oneshot`, no
 //! socket) over the real store on a fresh PostgreSQL database: whatever the
 //! method, path, headers and body, the router never panics, never answers
-//! 5xx, answers only the statuses README.md documents, and every error
+//! 5xx, answers only the statuses the book documents (docs/book/src/orders.md), and every error
 //! carries `{"error": {"code", "message"}}` with the code its status
 //! documents. Replays are checked against a model of the keys used: a key's
 //! retry gets the first order back, the same key with another request 409.
@@ -35,7 +35,7 @@ use uuid::Uuid;
 /// Small, so that bodies over the limit (413) are generated often.
 const MAX_BODY_BYTES: usize = 1024;
 
-/// Every status README.md documents for the HTTP API, 5xx aside (503 is
+/// Every status docs/book/src/orders.md documents for the HTTP API, 5xx aside (503 is
 /// documented for overload and an unreachable database; neither can happen
 /// to one sequential client of a healthy database).
 const DOCUMENTED: [u16; 8] = [200, 201, 400, 404, 405, 409, 413, 415];

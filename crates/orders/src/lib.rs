@@ -88,6 +88,7 @@ pub async fn run(
         "orders",
         &pool,
         clock_bounds,
+        config.db.connect_patience(),
         &metrics.clock_skew_seconds,
         std::time::SystemTime::now,
     )

@@ -20,6 +20,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use anyhow::Context as _;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -122,16 +123,21 @@ pub async fn measure(pool: &PgPool, local: impl Fn() -> SystemTime) -> sqlx::Res
 }
 
 /// Measures at start-up: refuses (an error) past `bounds.refuse`, warns past
-/// `bounds.warn`; sets `gauge` to the skew in seconds. A failed measurement
-/// is an error too: the database is not reachable.
+/// `bounds.warn`; sets `gauge` to the skew in seconds. A database that is
+/// unavailable (a failover, a crash just after the service connected) is
+/// waited for up to `patience`, as at connect ([`crate::db::patiently`]);
+/// a measurement that still fails is an error.
 pub async fn check_at_start(
     service: &str,
     pool: &PgPool,
     bounds: Bounds,
+    patience: Duration,
     gauge: &prometheus::Gauge,
     local: impl Fn() -> SystemTime,
 ) -> anyhow::Result<Skew> {
-    let skew = measure(pool, local).await?;
+    let skew = crate::db::patiently(patience, || measure(pool, &local))
+        .await
+        .context("measure the database's clock")?;
     gauge.set(skew.seconds);
     match report(bounds, skew) {
         Verdict::Refuse => anyhow::bail!(bounds.refusal(service, skew)),

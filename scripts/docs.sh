@@ -19,6 +19,16 @@ rm -rf "$OUT"
 # a file that is not there); then each link into a heading must find it.
 RUST_BACKTRACE=0 mdbook build docs/book || die "mdbook build failed (a broken link is named above)"
 python3 scripts/lib/check_anchors.py "$OUT/html" || die "a link into a heading that is not there (named above)"
+# The repository's own top-level documents link into the book and the tree:
+# each relative link must name a file or directory that is there.
+missing=0
+for doc in README.md ARCHITECTURE.md FINDINGS.md; do
+  while IFS= read -r target; do
+    target=${target%%#*}
+    [ -z "$target" ] || [ -e "$target" ] || { log "$doc links to $target, which is not there"; missing=1; }
+  done < <(grep -oE '\]\([^)[:space:]]+\)' "$doc" | sed -E 's/^\]\((.*)\)$/\1/' | grep -vE '^[a-z]+:')
+done
+[ "$missing" = 0 ] || die "a broken link in the repository's documents (named above)"
 cargo doc -q -p effectively --all-features --no-deps || die "cargo doc -p effectively failed"
 DOC=${CARGO_TARGET_DIR:-$ROOT/target}/doc
 [ -f "$DOC/effectively/index.html" ] || die "no rustdoc at $DOC/effectively/index.html"

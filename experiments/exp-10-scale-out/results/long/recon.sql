@@ -2,11 +2,13 @@
 -- The floors of the stores that expire, read in the diff's snapshot: keys
 -- of orders minted below the keys' floor, published outbox rows minted below
 -- the outbox's floor and inbox rows below the inbox's oldest partition may be
--- gone by design (migrations/20261124000001_inbox_partitions.sql,
--- 20261124000002_outbox_and_keys_expiry.sql). "!": each is a value, never NULL.
+-- gone by design (payments' inbox is the library's partitioned inbox,
+-- fx.partitioned_inbox; migrations/20261124000002_outbox_and_keys_expiry.sql).
+-- The library's partitions are shared by its consumers; payments is the
+-- pipeline's only one. "!": each is a value, never NULL.
 SELECT (SELECT floor FROM orders.key_policy) AS "keys!",
        (SELECT floor FROM orders.outbox_policy) AS "outbox!",
-       COALESCE((SELECT lo FROM payments.inbox_partitions ORDER BY lo LIMIT 1),
+       COALESCE((SELECT lo FROM fx.partitioned_inbox_parts ORDER BY lo LIMIT 1),
                 '00000000-0000-0000-0000-000000000000'::uuid) AS "inbox!";
 
 -- the diff of the ids $1 to $2 (the whole: $1 = '00000000-0000-0000-0000-000000000000', $2 = 'ffffffff-ffff-ffff-ffff-ffffffffffff')
@@ -17,8 +19,9 @@ SELECT (SELECT floor FROM orders.key_policy) AS "keys!",
 -- outbox's and the inbox's floors). Over the whole history all three are
 -- '00000000-0000-0000-0000-000000000000'.
 WITH
-k AS (SELECT order_id, count(*) AS n FROM orders.idempotency_keys
-      WHERE order_id BETWEEN $1 AND $2 GROUP BY order_id),
+k AS (SELECT effectively.uuid_of(reference) AS order_id, count(*) AS n FROM fx.idempotency_keys
+      WHERE reference BETWEEN $1::uuid::text AND $2::uuid::text
+      GROUP BY effectively.uuid_of(reference)),
 x AS (SELECT e.aggregate_id AS order_id, count(*) AS n,
              count(*) FILTER (WHERE c.msg_id = e.msg_id) AS charging,
              count(*) FILTER (WHERE NOT (
@@ -66,9 +69,13 @@ j AS (SELECT count(*) AS orders,
       LEFT JOIN l ON l.order_id = o.order_id
       WHERE o.order_id BETWEEN $1 AND $2),
 ks AS (SELECT count(*) AS n,
-              count(*) FILTER (WHERE position(convert_to('"order_id":"' || order_id || '"', 'UTF8')
+              -- The intents the orders since the keys' floor are counted
+              -- against: a key below the floor may outlive the floor's move
+              -- (keys_expire) or not, by design, and its order is not counted.
+              count(*) FILTER (WHERE reference >= $3::uuid::text) AS since_floor,
+              count(*) FILTER (WHERE position(convert_to('"order_id":"' || reference || '"', 'UTF8')
                                               IN response_body) = 0) AS foreign_responses
-       FROM orders.idempotency_keys WHERE order_id BETWEEN $1 AND $2),
+       FROM fx.idempotency_keys WHERE reference BETWEEN $1::uuid::text AND $2::uuid::text),
 xs AS (SELECT count(*) AS n, count(*) FILTER (WHERE published_at IS NULL) AS unpublished,
               count(*) FILTER (WHERE aggregate_id >= $4) AS since_floor,
               count(*) FILTER (WHERE failed_at IS NOT NULL) AS failed
@@ -77,9 +84,11 @@ cs AS (SELECT count(*) AS n, COALESCE(sum(amount_cents), 0)::int8 AS amount
        FROM payments.charges WHERE order_id BETWEEN $1 AND $2),
 ls AS (SELECT count(*) AS n, COALESCE(sum(amount_cents), 0)::int8 AS amount
        FROM payments.ledger WHERE order_id BETWEEN $1 AND $2),
-ins AS (SELECT count(*) AS n FROM payments.inbox WHERE msg_id BETWEEN $1 AND $2 AND msg_id >= $5),
+ins AS (SELECT count(*) AS n FROM fx.partitioned_inbox
+        WHERE consumer = 'payments' AND msg_id BETWEEN $1 AND $2 AND msg_id >= $5),
 xm AS (SELECT count(*) AS n FROM orders.outbox WHERE msg_id BETWEEN $1 AND $2 AND msg_id >= $5),
-io AS (SELECT count(*) AS n FROM orders.outbox e JOIN payments.inbox i ON i.msg_id = e.msg_id
+io AS (SELECT count(*) AS n FROM orders.outbox e
+       JOIN fx.partitioned_inbox i ON i.consumer = 'payments' AND i.msg_id = e.msg_id
        WHERE e.msg_id BETWEEN $1 AND $2 AND e.msg_id >= $5)
 -- Every column is a count or a COALESCEd sum: never NULL. PostgreSQL reports
 -- no nullability for computed columns, so the "!" in each name tells sqlx's
@@ -104,6 +113,7 @@ SELECT j.orders AS "orders!",
        j.charges_without_effect AS "charges_without_effect!",
        j.effect_mismatches AS "effect_mismatches!",
        ks.n AS "keys!",
+       ks.since_floor AS "keys_since_floor!",
        ks.foreign_responses AS "foreign_responses!",
        xs.n AS "events!",
        xs.unpublished AS "unpublished!",
@@ -120,9 +130,9 @@ FROM j, ks, xs, cs, ls, ins, xm, io;
 
 -- the stored responses of the same ids, compared by recon row by row
 -- The stored responses of the idempotency keys of the order ids $1 to $2:
--- per key, its order id, its status, and its Location and ETag (each NULL
+-- per key, its order id (its reference), its status, and its Location and ETag (each NULL
 -- unless the headers hold exactly one). Recon compares each key's with the
--- response orders stores for that order (effectively::contract::
+-- response orders stores for that order (pipeline::contract::
 -- created_response: 201, `/orders/{order_id}`, and the ETag, a BLAKE3 hash
 -- of the body that PostgreSQL cannot compute), so this statement only
 -- reads and the comparison is recon's own, row by row. Orders stores its
@@ -140,14 +150,16 @@ SELECT k.order_id, k.response_code,
                   FROM jsonb_array_elements(CASE WHEN jsonb_typeof(k.headers) = 'array'
                                                  THEN k.headers ELSE '[]' END) AS e(pair)
                   WHERE lower(e.pair->>0) = 'etag' HAVING count(*) = 1) END AS etag
-FROM (SELECT order_id, response_code, response_headers AS headers,
+FROM (SELECT effectively.uuid_of(reference) AS order_id, response_status::int4 AS response_code,
+             response_headers AS headers,
              COALESCE(jsonb_typeof(response_headers) = 'array'
                       AND jsonb_array_length(response_headers) = 3
                       AND response_headers->0->>0 = 'content-type'
                       AND response_headers->1->>0 = 'location'
                       AND response_headers->2->>0 = 'etag', false) AS usual
-      FROM orders.idempotency_keys
-      WHERE order_id BETWEEN $1 AND $2) AS k;
+      FROM fx.idempotency_keys
+      WHERE reference BETWEEN $1::uuid::text AND $2::uuid::text
+        AND effectively.uuid_of(reference) IS NOT NULL) AS k;
 
 -- dead letters
 -- The dead letters, and of them the late duplicates: refused as arriving
@@ -161,38 +173,48 @@ FROM (SELECT order_id, response_code, response_headers AS headers,
 -- With it, the state of the webhook hop (relay --sink http, payments
 -- --source http), all 0 over Kafka: deliveries the sender gave up (failed:
 -- an intent that did not reach its effect, like a failed outbox row),
--- deliveries still open, and webhooks claimed but not yet applied.
+-- deliveries still open, and webhooks claimed but not yet applied. And over
+-- Kafka the events payments parked (the inbox could not record them yet, or
+-- an earlier event of their order waits): intents not yet applied.
 SELECT count(*) AS "dead_letters!",
        count(*) FILTER (WHERE d.kind = 'after_horizon' AND c.order_id IS NOT NULL) AS "late_duplicates!",
        (SELECT count(*) FROM orders.webhook_deliveries w WHERE w.failed_at IS NOT NULL) AS "failed_deliveries!",
        (SELECT count(*) FROM orders.webhook_deliveries w
         WHERE w.delivered_at IS NULL AND w.failed_at IS NULL) AS "open_deliveries!",
-       (SELECT count(*) FROM payments.webhook_inbox i WHERE i.processed_at IS NULL) AS "unprocessed_webhooks!"
+       (SELECT count(*) FROM payments.webhook_inbox i WHERE i.processed_at IS NULL) AS "unprocessed_webhooks!",
+       (SELECT count(*) FROM payments.parked p) AS "parked_events!"
 FROM payments.dead_letters d
 LEFT JOIN payments.charges c ON c.order_id = d.order_id AND c.msg_id = d.msg_id;
 
 -- drained?
 -- NOT EXISTS is never NULL; "!" tells sqlx's compile-time check so
 -- (PostgreSQL reports no nullability for computed columns).
+-- $1: the relay leaves the outbox unmarked (Debezium: it streams the rows
+-- and writes nothing back), so published_at says nothing; then every row not
+-- failed must have reached the inbox (or a dead letter) instead.
 SELECT
   NOT EXISTS (SELECT 1 FROM orders.outbox o
-              WHERE o.published_at IS NULL AND o.failed_at IS NULL
+              WHERE NOT $1::bool AND o.published_at IS NULL AND o.failed_at IS NULL
                 AND NOT EXISTS (SELECT 1 FROM orders.outbox f
                                 WHERE f.aggregate_id = o.aggregate_id
                                   AND f.published_at IS NULL AND f.failed_at IS NOT NULL
                                   AND f.id < o.id))
   AND NOT EXISTS (SELECT 1 FROM orders.outbox x
-                  WHERE x.published_at IS NOT NULL
+                  WHERE (x.published_at IS NOT NULL OR ($1::bool AND x.failed_at IS NULL))
                     -- an event older than the inbox's oldest partition has no
                     -- record there to find (expired)
-                    AND x.msg_id >= COALESCE((SELECT p.lo FROM payments.inbox_partitions p
+                    AND x.msg_id >= COALESCE((SELECT p.lo FROM fx.partitioned_inbox_parts p
                                               ORDER BY p.lo LIMIT 1),
                                              '00000000-0000-0000-0000-000000000000')
-                    AND NOT EXISTS (SELECT 1 FROM payments.inbox i WHERE i.msg_id = x.msg_id)
+                    AND NOT EXISTS (SELECT 1 FROM fx.partitioned_inbox i
+                                    WHERE i.consumer = 'payments' AND i.msg_id = x.msg_id)
                     AND NOT EXISTS (SELECT 1 FROM payments.dead_letters d WHERE d.msg_id = x.msg_id)
                     -- over HTTP: a delivery the sender gave up never arrives
                     AND NOT EXISTS (SELECT 1 FROM orders.webhook_deliveries w
                                     WHERE w.msg_id = x.msg_id AND w.failed_at IS NOT NULL))
+  -- over Kafka: nothing parked by payments and not yet applied (an event
+  -- sent by no outbox, or older than the outbox's floor, is parked too)
+  AND NOT EXISTS (SELECT 1 FROM payments.parked)
   -- over HTTP: nothing claimed by the receiver and not yet applied
   AND NOT EXISTS (SELECT 1 FROM payments.webhook_inbox i WHERE i.processed_at IS NULL)
   -- over HTTP: no delivery the sender still has open. The receiver may have
@@ -203,3 +225,117 @@ SELECT
                   WHERE w.delivered_at IS NULL AND w.failed_at IS NULL)
   AS "drained!";
 
+-- what the consumer group committed past (--committed-past)
+-- The messages payments' consumer group has committed past (`kafka-tool
+-- offsets committed-past`): $1 topics, $2 partitions, $3 offsets, $4 their
+-- events' msg_ids and $5 their aggregate (order) ids, NULL for a message that
+-- is not an event envelope; $6 the inbox's floor, $7 the outbox's floor
+-- (floors.sql). The group will never be given these messages again, and
+-- payments commits an offset only after the transaction that recorded its
+-- message, so each must have left its trace: its msg_id in the inbox, a dead
+-- letter at its position, or its event parked. One without is an effect
+-- that is gone after its offset was committed (a database that lost
+-- committed transactions: an asynchronous failover), unless its msg_id is
+-- below the inbox's floor (its inbox row may have expired by design).
+-- And an event whose outbox row is gone (its order above the outbox's floor,
+-- so not expired) was published from a row the database no longer holds.
+-- count(*) is never NULL; "!" tells sqlx's compile-time check so.
+WITH c AS (
+  SELECT * FROM unnest($1::text[], $2::int4[], $3::int8[], $4::uuid[], $5::uuid[])
+           AS c(topic, part, off, msg_id, aggregate_id)),
+t AS (
+  SELECT c.msg_id, c.aggregate_id,
+         (EXISTS (SELECT 1 FROM fx.partitioned_inbox i
+                  WHERE i.consumer = 'payments' AND i.msg_id = c.msg_id)
+          OR EXISTS (SELECT 1 FROM payments.dead_letters d
+                     WHERE d.topic = c.topic AND d.partition = c.part AND d."offset" = c.off)
+          OR EXISTS (SELECT 1 FROM payments.parked p WHERE p.msg_id = c.msg_id)) AS recorded
+  FROM c)
+SELECT count(*) AS "messages!",
+       count(*) FILTER (WHERE recorded) AS "recorded!",
+       count(*) FILTER (WHERE NOT recorded AND msg_id < $6) AS "expired!",
+       count(*) FILTER (WHERE NOT recorded AND (msg_id IS NULL OR msg_id >= $6)) AS "lost!",
+       count(*) FILTER (WHERE aggregate_id >= $7
+                          AND NOT EXISTS (SELECT 1 FROM orders.outbox o WHERE o.msg_id = t.msg_id))
+         AS "without_outbox_row!"
+FROM t;
+
+recon: effects vs intents, order by order
+  covers: orders, charges, ledger: all; keys: since 2026-12-03T20:46:58.831+00:00; events: since 2026-11-27T20:46:58.392+00:00; events <-> inbox: since 2026-11-27T20:46:58.392+00:00
+  intents (idempotency keys)                  1042299
+  distinct orders                             1042299
+  intents without order                             0
+  orders without key                                0
+  orders with many keys                             0
+  responses naming another order                    0
+  responses with wrong status                       0
+  responses with wrong Location                     0
+  responses with wrong ETag                         0
+  outbox rows                                 1042299
+  published rows                              1042299
+  pending rows                                      0
+  failed outbox rows                                0
+  orders without event                              0
+  events without order                              0
+  orders with many events                           0
+  event payload mismatches                          0
+  inbox msg_ids                               1042299
+  events not consumed                               0
+  inbox msg_ids without event                       0
+  distinct charges                            1042299
+  orders without charge                             0
+  charges without order                             0
+  charge mismatches                                 0
+  charges by another event                          0
+  charge effects (ledger)                     1042299
+  double charges                                    0
+  charges without effect                            0
+  effects without order                             0
+  effect mismatches                                 0
+  dead letters                                      0
+  late duplicates (dead letters)                    0
+  failed webhook deliveries                         0
+  open webhook deliveries                           0
+  webhooks claimed, not applied                     0
+  events parked, not applied                        0
+  order amount (cents)                    52111651371
+  charge amount (cents)                   52111651371
+  effect amount (cents)                   52111651371
+deltas (all must be 0):
+  distinct_orders - intents                         0  ok
+  intents_without_order                             0  ok
+  orders_without_key                                0  ok
+  orders_with_many_keys                             0  ok
+  responses_naming_another_order                    0  ok
+  responses_with_wrong_status                       0  ok
+  responses_with_wrong_location                     0  ok
+  responses_with_wrong_etag                         0  ok
+  outbox_rows - distinct_orders                     0  ok
+  orders_without_event                              0  ok
+  events_without_order                              0  ok
+  orders_with_many_events                           0  ok
+  event_payload_mismatches                          0  ok
+  pending_rows                                      0  ok
+  open_deliveries                                   0  ok
+  unprocessed_webhooks                              0  ok
+  parked_events                                     0  ok
+  events_not_consumed                               0  ok
+  inbox_without_event                               0  ok
+  inbox_msg_ids - outbox_rows                       0  ok
+  distinct_charges - distinct_orders                0  ok
+  orders_without_charge                             0  ok
+  charges_without_order                             0  ok
+  charge_mismatches                                 0  ok
+  charges_by_another_event                          0  ok
+  charge_effects - distinct_charges                 0  ok
+  double_charges                                    0  ok
+  charges_without_effect                            0  ok
+  effects_without_order                             0  ok
+  effect_mismatches                                 0  ok
+  charge_amount - order_amount                      0  ok
+  effect_amount - order_amount                      0  ok
+  failed_rows                                       0  ok
+  failed_deliveries                                 0  ok
+  dead_letters - late_duplicates                    0  ok
+result: CLEAN — distinct effects == distinct intents
+(the diff took 9.83 s; --jobs 2)

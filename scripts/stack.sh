@@ -51,8 +51,14 @@
 #                            --fault pg-partition (root: firewall rules on
 #                            the nodes' cgroups)
 #   scripts/stack.sh pg check
-#                            STACK_PG=ha: a primary, every replica streaming,
-#                            a synchronous standby (STACK_PG_SYNC=on)
+#                            STACK_PG=ha: the cluster whole: a primary, every
+#                            replica streaming (a node rewinding or re-cloned
+#                            by Patroni after a fault waited for, up to
+#                            HA_REJOIN_S, 900 s; one that neither streams nor
+#                            is being re-cloned re-cloned by patronictl
+#                            reinit), a synchronous standby (STACK_PG_SYNC=on);
+#                            prints after how long: chaos runs it before the
+#                            cluster's faults and after each
 #   scripts/stack.sh pause broker [MS [NODE]]
 #                            SIGSTOP a Kafka node for MS (15000), SIGCONT:
 #                            chaos --fault broker-pause (the ISR shrinks)
@@ -677,20 +683,13 @@ crash() {
       if [ "$PG_MODE" = ha ]; then
         # The primary's postmaster only: its Patroni restarts it in place
         # (no failover: the leader key never expires).
-        local leader pid start n back
+        local leader pid
         leader=$(ha_leader) || die "postgres is not running"
         pid=$(ha_postmaster_pid "$leader") || die "pg$leader's postmaster is not running"
-        start=$(date +%s.%N)
         kill -9 "$pid"
         log "postgres pg$leader (the primary) kill -9'd; its Patroni restarts it"
         sleep "$down_s"
         ha_wait_primary 120 || die "no primary within 120 s of the crash, see $LOGS/patroni-*.log"
-        # Its standbys stream from it again before the fault ends.
-        for n in $(seq 1 "$HA_NODES"); do
-          [ "$n" = "$leader" ] && continue
-          back=$(ha_rejoin "$n" "$start") || exit 1
-          log "$back"
-        done
         return
       fi
       find_pg_bin && pg_running || die "postgres is not running"

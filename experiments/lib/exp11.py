@@ -43,9 +43,11 @@ LOSSES = [
 def fault_rows(c):
     """Each injected fault: its kind, what it did (which node was lost and
     which took over), its outage (the injection to the cluster writable
-    again) and its recovery (to every service moving again), in ms."""
+    again), its recovery (to every service moving again) and when the
+    cluster was whole again (every replica streaming: whole_ms), in ms."""
     return [{"fault": f["fault"], "note": f.get("note"), "outage_ms": f.get("outage_ms"),
-             "recovery_ms": f.get("recovery_ms"), "error": f.get("error")}
+             "recovery_ms": f.get("recovery_ms"), "whole_ms": f.get("whole_ms"),
+             "error": f.get("error")}
             for f in c.get("fault_log") or []]
 
 
@@ -185,7 +187,7 @@ def main(argv):
     for tag, run in s["runs"].items():
         for f in run["fault_log"]:
             print(f"exp-11 {tag}: {f['fault']:<18} {f['note'] or f['error'] or '-'}: outage {f['outage_ms']} ms, "
-                  f"every service moving again after {f['recovery_ms']} ms")
+                  f"every service moving again after {f['recovery_ms']} ms, the cluster whole after {f.get('whole_ms')} ms")
         print(run_line(tag, run, {"sync": FAULTS, "wal": WAL_FAULTS}.get(tag, ASYNC_FAULTS), "exp-11"))
     if "async" in s["runs"]:
         lost = s["runs"]["async"]["losses"]

@@ -489,23 +489,24 @@ ha_node_state() {
     python3 -c 'import json, sys; print(json.load(sys.stdin).get("state", "?"))' 2>/dev/null || echo unreachable
 }
 
-# ha_rejoin N START: node N, back from a fault, streams from the primary
-# again before the fault ends, so that no fault leaves the cluster a node
-# short without a word. Patroni rewinds it; when the rewind fails (the WAL it
-# needs already recycled: a replica that was ahead of the promoted one) or
-# its timeline forked before its own position, Patroni re-clones it itself
+# ha_rejoin N START: node N streams from the primary, waited for (after a
+# fault: `pg check`, which chaos runs after each of the cluster's faults, so
+# that none leaves the cluster a node short without a word). Patroni rewinds
+# a former primary; when the rewind fails (the WAL it needs already recycled)
+# or its timeline forked before its own position, Patroni re-clones it itself
 # (remove_data_directory_on_*), which under load takes minutes: that is
 # waited for, never interrupted. A node that neither streams within 120 s nor
-# is being re-cloned is re-cloned by hand (patronictl reinit). At most
-# HA_REJOIN_S (900 s) in all. Prints "pgN streaming again after S s" (S from
-# START, date +%s.%N), with how it came back when it was re-cloned.
+# is being re-cloned is re-cloned by hand (patronictl reinit): a replica
+# that runs but was ahead of the standby a failover promoted (its WAL forks
+# off the new timeline before its own position), which Patroni 3.0.2 does
+# not rewind while it runs. At most
+# HA_REJOIN_S (900 s) in all. Prints how it came back when it was re-cloned
+# (" (re-cloned by Patroni)"), else nothing.
 ha_rejoin() {
   local n=$1 start=$2 leader said how="" deadline state
+  # START: when the wait began, for the refusal's words.
   leader=$(ha_leader) || die "pg$n: no primary to rejoin, see $LOGS/patroni-*.log"
-  if [ "$leader" = "$n" ]; then
-    echo "pg$n still the primary"
-    return
-  fi
+  [ "$leader" != "$n" ] || return 0
   deadline=$(($(date +%s) + ${HA_REJOIN_S:-900}))
   if ! ha_node_streams "$n" 120; then
     state=$(ha_node_state "$n")
@@ -521,9 +522,9 @@ ha_rejoin() {
       echo "$said" >>"$LOGS/patronictl.log"
     fi
     ha_node_streams "$n" $((deadline - $(date +%s))) ||
-      die "pg$n does not stream from the primary ${HA_REJOIN_S:-900} s after the fault$how, see $LOGS/patroni-$n.log"
+      die "pg$n does not stream from the primary ${HA_REJOIN_S:-900} s after $(date -d "@${start%.*}" +%T)$how, see $LOGS/patroni-$n.log"
   fi
-  echo "pg$n streaming again after $(ha_elapsed "$start") s$how"
+  [ -z "$how" ] || echo "pg$n$how"
 }
 
 # ha_psql N SQL: SQL on node N as the superuser, over its socket; one value.
@@ -585,18 +586,15 @@ ha_failover() {
     said+=", replication stalled $lag_s s first: $lost bytes of pg$old's WAL not on pg$new"
   fi
   ha_node_up "$old"
-  local back
-  back=$(ha_rejoin "$old" "$start") || exit 1
-  echo "$said, $back"
+  echo "$said"
 }
 
 # ha_switchover: a planned switchover (patronictl) to the synchronous standby
 # (or to any replica, asynchronous); until the new primary takes writes.
 # Prints "pgOLD -> pgNEW".
 ha_switchover() {
-  local old new start
+  local old new
   old=$(ha_leader) || die "pg switchover: no primary"
-  start=$(date +%s.%N)
   ha_streaming 1 60 || die "pg switchover: no replica streams to switch to"
   # Synchronous: Patroni switches over to the synchronous standby only, and
   # refuses (412) until it has named one.
@@ -608,9 +606,7 @@ ha_switchover() {
   echo "$said" >>"$LOGS/patronictl.log"
   if grep -q "Switchover failed" <<<"$said"; then die "pg switchover: $(grep "Switchover failed" <<<"$said")"; fi
   new=$(ha_new_primary "$old") || die "pg switchover: no new primary within 120 s, see $LOGS/patroni-*.log"
-  local back
-  back=$(ha_rejoin "$old" "$start") || exit 1
-  echo "pg$old -> pg$new, $back"
+  echo "pg$old -> pg$new"
 }
 
 # ha_standby_loss DOWN_MS: the synchronous standby lost (kill -9 with its
@@ -619,17 +615,14 @@ ha_switchover() {
 # synchronous. Prints "pgN (standby) lost; synchronous meanwhile: pgM" (none
 # if Patroni named none before it came back).
 ha_standby_loss() {
-  local down_s=$1 lost n next=none start
+  local down_s=$1 lost n next=none
   lost=$(ha_sync_standby) || lost=$(ha_member replica) || die "pg standby-loss: no standby to lose"
-  start=$(date +%s.%N)
   ha_kill_node "$lost"
   log "pg$lost (the $([ "$HA_SYNC" = on ] && echo synchronous || echo asynchronous) standby) kill -9'd with its Patroni; down for $down_s s"
   sleep "$down_s"
   if n=$(ha_sync_standby) && [ "$n" != "$lost" ]; then next=pg$n; fi
   ha_node_up "$lost"
-  local back
-  back=$(ha_rejoin "$lost" "$start") || exit 1
-  echo "pg$lost (standby) lost; synchronous meanwhile: $next; $back"
+  echo "pg$lost (standby) lost; synchronous meanwhile: $next"
 }
 
 # ha_primary_lsn N: node N's WAL position if it runs as a primary now, else
@@ -699,47 +692,30 @@ ha_partition() {
   chain_drop "" "$chain"
   log "pg$old back on the network"
   ha_wait_primary 120 || die "pg partition: no primary within 120 s of the heal, see $LOGS/patroni-*.log"
-  local said="pg$old -> pg$(ha_leader), cut off $cut_s s:" lost back
+  local said="pg$old -> pg$(ha_leader), cut off $cut_s s:" lost
   if [ -n "$fenced" ]; then said+=" pg$old no longer a primary after $fenced s,"; else said+=" pg$old a primary throughout,"; fi
   if [ -n "$new" ]; then said+=" pg$new the primary after $promoted s,"; else said+=" no other node promoted,"; fi
   said+=" two primaries in $both of $looks looks"
   if [ -n "$new" ] && [ -n "$lsn" ] && lost=$(ha_lost_wal "$lsn"); then said+=", $lost bytes of pg$old's WAL not on pg$new"; fi
-  back=$(ha_rejoin "$old" "$start") || exit 1
-  echo "$said, $back"
+  echo "$said"
 }
 
-# ha_reinit_stragglers: every replica that does not stream from the primary
-# re-cloned from it (patronictl reinit). A replica can be ahead of the
-# standby Patroni promoted (the other replica of a failover: in synchronous
-# mode the asynchronous one; its walsender had sent it more), so its WAL
-# forks off the new timeline before its own position ("new timeline N
-# forked off current database system timeline M before current recovery
-# point"); Patroni 3.0.2 does not rewind a replica that runs, so it never
-# streams again until re-cloned.
-ha_reinit_stragglers() {
-  local leader streaming n said
+# ha_check: the cluster whole: a primary, every replica streaming from it
+# (each waited for as ha_rejoin says: a node rewinding or being re-cloned
+# after a fault) and (synchronous) a synchronous standby. Prints "the
+# cluster whole, S s waited", with each node re-cloned on the way.
+ha_check() {
+  ha_wait_primary 30 || die "pg check: no primary (STACK_PG=ha scripts/stack.sh up)"
+  local start n leader how="" said
+  start=$(date +%s.%N)
   leader=$(ha_leader) || die "pg check: no primary"
-  streaming=$(ha_psql "$leader" "SELECT string_agg(application_name, ' ') FROM pg_stat_replication WHERE state = 'streaming'")
   for n in $(seq 1 "$HA_NODES"); do
     [ "$n" != "$leader" ] || continue
-    case " $streaming " in *" pg$n "*) continue ;; esac
-    log "pg$n does not stream from pg$leader (its WAL forked off the new timeline?): re-cloned from it (patronictl reinit)"
-    said=$(patronictl -c "$(ha_node_dir "$leader")/patroni.yml" reinit effectively "pg$n" --force 2>&1) ||
-      die "pg check: patronictl reinit pg$n failed: $said"
-    echo "$said" >>"$LOGS/patronictl.log"
+    said=$(ha_rejoin "$n" "$start") || exit 1
+    how+=${said:+, $said}
   done
-}
-
-# ha_check: the cluster is up with a primary, every replica streaming (one
-# that does not within 60 s is re-cloned) and (synchronous) a synchronous
-# standby.
-ha_check() {
-  ha_wait_primary 5 || die "pg check: no primary (STACK_PG=ha scripts/stack.sh up)"
-  if ! ha_streaming $((HA_NODES - 1)) 60; then
-    ha_reinit_stragglers
-    ha_streaming $((HA_NODES - 1)) 180 || die "pg check: not every replica streams from pg$(ha_leader)"
-  fi
   if [ "$HA_SYNC" = on ]; then ha_wait_sync 60 || die "pg check: no synchronous standby within 60 s"; fi
+  echo "the cluster whole, $(ha_elapsed "$start") s waited$how"
 }
 
 # ha_status: one line per node, as Patroni sees it.

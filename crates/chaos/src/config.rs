@@ -162,6 +162,12 @@ impl Fault {
         self.cuts_one_instance() || self.needs_netns() || self == Self::PgPartition
     }
 
+    /// Whether this fault acts on PostgreSQL (the cluster's faults, and
+    /// pg-crash: on the cluster, the primary's postmaster).
+    pub fn touches_pg(self) -> bool {
+        self == Self::PgCrash || self.needs_pg_cluster()
+    }
+
     /// Whether this fault needs the PostgreSQL cluster (`STACK_PG=ha`).
     pub fn needs_pg_cluster(self) -> bool {
         matches!(

@@ -60,6 +60,12 @@ pub struct FaultRecord {
     /// redeliveries, injected duplicates included) from the injection until
     /// the pipeline moved again; absent if it did not.
     pub inbox_hits: Option<u64>,
+    /// Injection → the PostgreSQL cluster whole again after one of its
+    /// faults (`SCRIPT pg check`, after the recovery: the node the fault took
+    /// away streaming, rewound or re-cloned, so no fault leaves the next one
+    /// a cluster a node short); absent for other faults and runs without the
+    /// cluster.
+    pub whole_ms: Option<u64>,
 }
 
 /// What the faults act on besides the services: the webhook proxy
@@ -90,6 +96,8 @@ pub async fn run(
         return records;
     }
     let network = kinds.iter().any(|f| f.is_network());
+    // The PostgreSQL cluster's run: after each fault of the database, `pg check`.
+    let cluster = kinds.iter().any(|f| f.needs_pg_cluster());
     if network {
         // What a chaos killed mid-fault may have left.
         heal(&config.stack_script).await;
@@ -126,6 +134,7 @@ pub async fn run(
             error: None,
             note: None,
             inbox_hits: None,
+            whole_ms: None,
         };
         tracing::info!(fault = fault.as_str(), "injecting");
         eprintln!("chaos: fault {}", fault.as_str());
@@ -151,6 +160,28 @@ pub async fn run(
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                // Outside the outage and the recovery: the pipeline runs on
+                // the primary meanwhile, and a stall there is the pipeline's.
+                if cluster && fault.touches_pg() {
+                    match stack_run(&config.stack_script, &["pg", "check"]).await {
+                        Ok(said) => {
+                            record.whole_ms = Some(injected.elapsed().as_millis() as u64);
+                            record.note = Some(match record.note.take() {
+                                Some(note) => format!("{note}; {said}"),
+                                None => said,
+                            });
+                        }
+                        Err(error) => {
+                            tracing::error!(
+                                fault = fault.as_str(),
+                                error = format!("{error:#}"),
+                                "the cluster not whole after the fault"
+                            );
+                            record.error =
+                                Some(format!("the cluster not whole after it: {error:#}"));
+                        }
+                    }
                 }
             }
             Err(error) => {

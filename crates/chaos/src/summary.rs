@@ -234,6 +234,8 @@ pub struct FaultSummary {
     pub recovery_ms: Stats,
     /// Inbox hits (re-reads) from the injection to the recovery.
     pub inbox_hits: Stats,
+    /// Injection → the PostgreSQL cluster whole again (its faults only).
+    pub whole_ms: Stats,
 }
 
 /// Count and percentiles of a sample of milliseconds (`null` when empty).
@@ -434,6 +436,7 @@ pub fn fault_summary(records: &[FaultRecord]) -> BTreeMap<String, FaultSummary> 
         let outage: Vec<u64> = of.iter().filter_map(|r| r.outage_ms).collect();
         let recovery: Vec<u64> = of.iter().filter_map(|r| r.recovery_ms).collect();
         let hits: Vec<u64> = of.iter().filter_map(|r| r.inbox_hits).collect();
+        let whole: Vec<u64> = of.iter().filter_map(|r| r.whole_ms).collect();
         by_kind.insert(
             fault.as_str().to_owned(),
             FaultSummary {
@@ -443,6 +446,7 @@ pub fn fault_summary(records: &[FaultRecord]) -> BTreeMap<String, FaultSummary> 
                 outage_ms: Stats::of(outage),
                 recovery_ms: Stats::of(recovery),
                 inbox_hits: Stats::of(hits),
+                whole_ms: Stats::of(whole),
             },
         );
     }
@@ -666,6 +670,7 @@ mod tests {
                 error: None,
                 note: None,
                 inbox_hits: Some(12),
+                whole_ms: None,
             }],
         };
         let mut summary = summarize(
@@ -741,6 +746,7 @@ mod tests {
                     "outage_ms": {"count": 1, "p50": 2000, "p99": 2000, "max": 2000},
                     "recovery_ms": {"count": 1, "p50": 3500, "p99": 3500, "max": 3500},
                     "inbox_hits": {"count": 1, "p50": 12, "p99": 12, "max": 12},
+                    "whole_ms": {"count": 0, "p50": null, "p99": null, "max": null},
                 },
             },
             "fault_log": [{
@@ -751,6 +757,7 @@ mod tests {
                 "error": null,
                 "note": null,
                 "inbox_hits": 12,
+                "whole_ms": null,
             }],
             "services": {
                 "payments": {

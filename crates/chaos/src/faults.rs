@@ -27,7 +27,8 @@ use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 use crate::cgroup::Groups;
-use crate::config::{Config, Fault};
+use crate::config::Config;
+use crate::fault::Fault;
 use crate::netlag::{DelayLine, Lag};
 use crate::proxy::{Mode as ProxyMode, Proxy};
 use crate::supervisor::Supervisor;

@@ -32,6 +32,7 @@
 
 pub mod cgroup;
 pub mod config;
+pub mod fault;
 pub mod faults;
 pub mod netlag;
 pub mod proxy;

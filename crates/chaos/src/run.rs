@@ -50,7 +50,7 @@ pub async fn run(mut config: Config, interrupt: CancellationToken) -> anyhow::Re
     };
     let kafka_tool = config
         .fault
-        .contains(&crate::config::Fault::OffsetReset)
+        .contains(&crate::fault::Fault::OffsetReset)
         .then_some(faults::KAFKA_TOOL);
     for b in BINARIES.into_iter().chain(kafka_tool) {
         let p = bin_dir.join(b);

@@ -8,7 +8,8 @@ use pipeline::db::ServiceRole;
 
 use pipeline::contract::{ServiceName, UNSAFE_SPLIT_TXN_ENV, WEBHOOK_PATH, env};
 
-use crate::config::{Config, Fault, Instance, Transport};
+use crate::config::{Config, Instance, Transport};
+use crate::fault::Fault;
 use crate::supervisor::Spec;
 
 /// `DATABASE_URL` for a child running as `role`: the role's own URL

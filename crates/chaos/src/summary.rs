@@ -15,7 +15,8 @@ use serde_json::Value;
 
 use pipeline::contract::{CrashPoint, ServiceName, SplitTxn};
 
-use crate::config::{Config, Fault, Transport};
+use crate::config::{Config, Transport};
+use crate::fault::Fault;
 use crate::faults::FaultRecord;
 use crate::scrape;
 use crate::supervisor::{self, End, Life};

@@ -111,14 +111,6 @@ judge() {
   fi
 }
 
-# syncrep_wait: what ends a commit's wait for its synchronous standby, on a
-# server of its own whose synchronous standby never comes (so every commit
-# waits): the services' statement and idle-in-transaction timeouts do not
-# (PostgreSQL stops the statement's timer before it commits); a cancel does,
-# and reports the commit done, only committed locally (the hazard: no
-# service sends one, sqlx has no cancel request); a terminate closes the
-# connection with no COMMIT acknowledged (the client sees an ambiguous
-# failure and retries with its key).
 # whole TAG: after the fault, the cluster whole again (`stack.sh pg check`:
 # the node it took away streaming, rewound or re-cloned), and said when.
 whole() {
@@ -128,6 +120,14 @@ whole() {
   echo "  $(tail -1 "$OUT/$1.whole.log")"
 }
 
+# syncrep_wait: what ends a commit's wait for its synchronous standby, on a
+# server of its own whose synchronous standby never comes (so every commit
+# waits): the services' statement and idle-in-transaction timeouts do not
+# (PostgreSQL stops the statement's timer before it commits); a cancel does,
+# and reports the commit done, only committed locally (the hazard: no
+# service sends one, sqlx has no cancel request); a terminate closes the
+# connection with no COMMIT acknowledged (the client sees an ambiguous
+# failure and retries with its key).
 syncrep_wait() {
   local dir=$STACK_DIR/syncrep bin
   bin=$(dirname "$(readlink -f "$(ls /usr/lib/postgresql/*/bin/pg_ctl | sort -V | tail -1)")")

@@ -442,12 +442,14 @@ ha_wait_sync() {
   return 1
 }
 
-# ha_streaming COUNT SECONDS: until COUNT replicas stream from the primary.
+# ha_streaming COUNT SECONDS [N]: until COUNT replicas stream from the
+# primary (with N: until node N does).
 ha_streaming() {
-  local want=$1 deadline=$(($(date +%s) + $2)) n
+  local want=$1 deadline=$(($(date +%s) + $2)) only="" leader
+  [ -z "${3:-}" ] || only=" AND application_name = 'pg$3'"
   while [ "$(date +%s)" -lt "$deadline" ]; do
-    if n=$(ha_leader) && [ "$(as_pg psql -h "$(ha_sock "$n")" -p "$(ha_pg_port "$n")" -U postgres -d postgres -qAt \
-      -c "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'" 2>/dev/null)" -ge "$want" ]; then
+    if leader=$(ha_leader) && [ "$(ha_psql "$leader" \
+      "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'$only" 2>/dev/null)" -ge "$want" ]; then
       return
     fi
     sleep 0.5
@@ -469,24 +471,14 @@ ha_new_primary() {
   return 1
 }
 
-# ha_node_streams N SECONDS: until node N streams from the primary.
-ha_node_streams() {
-  local n=$1 deadline=$(($(date +%s) + $2)) leader
-  while [ "$(date +%s)" -lt "$deadline" ]; do
-    if leader=$(ha_leader) && [ "$leader" != "$n" ] && [ "$(ha_psql "$leader" \
-      "SELECT count(*) FROM pg_stat_replication WHERE application_name = 'pg$n' AND state = 'streaming'" 2>/dev/null)" = 1 ]; then
-      return
-    fi
-    sleep 0.5
-  done
-  return 1
-}
-
-# ha_node_state N: node N's state as its Patroni tells it (running,
-# creating replica, starting, stopped, start failed, ...), or "unreachable".
-ha_node_state() {
-  curl -fs --max-time 2 "http://127.0.0.1:$(ha_rest_port "$1")/patroni" 2>/dev/null |
-    python3 -c 'import json, sys; print(json.load(sys.stdin).get("state", "?"))' 2>/dev/null || echo unreachable
+# ha_patroni N FIELD...: those fields of node N's Patroni (`GET /patroni`:
+# role; state: running, creating replica, starting, stopped, ...), on one
+# line; fails when its Patroni does not answer.
+ha_patroni() {
+  local n=$1
+  shift
+  curl -fs --max-time 2 "http://127.0.0.1:$(ha_rest_port "$n")/patroni" 2>/dev/null |
+    python3 -c 'import json, sys; d = json.load(sys.stdin); print(*(d.get(f, "?") for f in sys.argv[1:]))' "$@" 2>/dev/null
 }
 
 # ha_rejoin N START: node N streams from the primary, waited for (after a
@@ -499,17 +491,17 @@ ha_node_state() {
 # is being re-cloned is re-cloned by hand (patronictl reinit): a replica
 # that runs but was ahead of the standby a failover promoted (its WAL forks
 # off the new timeline before its own position), which Patroni 3.0.2 does
-# not rewind while it runs. At most
-# HA_REJOIN_S (900 s) in all. Prints how it came back when it was re-cloned
-# (" (re-cloned by Patroni)"), else nothing.
+# not rewind while it runs. At most HA_REJOIN_S (900 s) in all; START (date
+# +%s.%N) is when the wait began, for the refusal's words. Prints how the
+# node came back when it was re-cloned (" (re-cloned by Patroni)"), else
+# nothing.
 ha_rejoin() {
   local n=$1 start=$2 leader said how="" deadline state
-  # START: when the wait began, for the refusal's words.
   leader=$(ha_leader) || die "pg$n: no primary to rejoin, see $LOGS/patroni-*.log"
   [ "$leader" != "$n" ] || return 0
   deadline=$(($(date +%s) + ${HA_REJOIN_S:-900}))
-  if ! ha_node_streams "$n" 120; then
-    state=$(ha_node_state "$n")
+  if ! ha_streaming 1 120 "$n"; then
+    state=$(ha_patroni "$n" state) || state=unreachable
     if [ "$state" = "creating replica" ]; then
       how=" (re-cloned by Patroni)"
       log "pg$n is being re-cloned by its Patroni (its rewind failed or its timeline forked): waiting for it"
@@ -521,7 +513,7 @@ ha_rejoin() {
         die "pg$n: patronictl reinit failed: $said"
       echo "$said" >>"$LOGS/patronictl.log"
     fi
-    ha_node_streams "$n" $((deadline - $(date +%s))) ||
+    ha_streaming 1 $((deadline - $(date +%s))) "$n" ||
       die "pg$n does not stream from the primary ${HA_REJOIN_S:-900} s after $(date -d "@${start%.*}" +%T)$how, see $LOGS/patroni-$n.log"
   fi
   [ -z "$how" ] || echo "pg$n$how"
@@ -722,9 +714,7 @@ ha_check() {
 ha_status() {
   local n role
   for n in $(seq 1 "$HA_NODES"); do
-    role=$(curl -fs "http://127.0.0.1:$(ha_rest_port "$n")/patroni" 2>/dev/null |
-      python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("role","?"), d.get("state","?"))' 2>/dev/null) ||
-      role="stopped"
+    role=$(ha_patroni "$n" role state) || role="stopped"
     echo "postgres pg$n: $role on 127.0.0.1:$(ha_pg_port "$n")"
   done
 }

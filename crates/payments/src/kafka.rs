@@ -416,7 +416,7 @@ mod tests {
 
     // The broker side of fencing (a second process with the same
     // group.instance.id) is tested against the stack's Kafka in
-    // tests/it/kafka.rs. The mapping of a fatal error to
+    // tests/it/kafka/group.rs. The mapping of a fatal error to
     // the end of the process is `pipeline::kafka::FatalState`'s, tested
     // there; this checks the consumer's own callbacks.
     #[test]

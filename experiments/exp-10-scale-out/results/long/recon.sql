@@ -261,9 +261,9 @@ SELECT count(*) AS "messages!",
 FROM t;
 
 recon: effects vs intents, order by order
-  covers: orders, charges, ledger: all; keys: since 2026-12-03T20:46:58.831+00:00; events: since 2026-11-27T20:46:58.392+00:00; events <-> inbox: since 2026-11-27T20:46:58.392+00:00
-  intents (idempotency keys)                  1042299
-  distinct orders                             1042299
+  covers: orders, charges, ledger: all; keys: since 2026-12-03T23:40:36.170+00:00; events: since 2026-11-27T23:40:45.107+00:00; events <-> inbox: since 2026-11-27T23:40:45.107+00:00
+  intents (idempotency keys)                  1044096
+  distinct orders                             1044096
   intents without order                             0
   orders without key                                0
   orders with many keys                             0
@@ -271,23 +271,23 @@ recon: effects vs intents, order by order
   responses with wrong status                       0
   responses with wrong Location                     0
   responses with wrong ETag                         0
-  outbox rows                                 1042299
-  published rows                              1042299
+  outbox rows                                 1044096
+  published rows                              1044096
   pending rows                                      0
   failed outbox rows                                0
   orders without event                              0
   events without order                              0
   orders with many events                           0
   event payload mismatches                          0
-  inbox msg_ids                               1042299
+  inbox msg_ids                               1044096
   events not consumed                               0
   inbox msg_ids without event                       0
-  distinct charges                            1042299
+  distinct charges                            1044096
   orders without charge                             0
   charges without order                             0
   charge mismatches                                 0
   charges by another event                          0
-  charge effects (ledger)                     1042299
+  charge effects (ledger)                     1044096
   double charges                                    0
   charges without effect                            0
   effects without order                             0
@@ -298,9 +298,9 @@ recon: effects vs intents, order by order
   open webhook deliveries                           0
   webhooks claimed, not applied                     0
   events parked, not applied                        0
-  order amount (cents)                    52111651371
-  charge amount (cents)                   52111651371
-  effect amount (cents)                   52111651371
+  order amount (cents)                    52192331187
+  charge amount (cents)                   52192331187
+  effect amount (cents)                   52192331187
 deltas (all must be 0):
   distinct_orders - intents                         0  ok
   intents_without_order                             0  ok
@@ -338,4 +338,4 @@ deltas (all must be 0):
   failed_deliveries                                 0  ok
   dead_letters - late_duplicates                    0  ok
 result: CLEAN — distinct effects == distinct intents
-(the diff took 9.83 s; --jobs 2)
+(the diff took 9.53 s; --jobs 2)

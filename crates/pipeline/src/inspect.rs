@@ -166,6 +166,52 @@ pub struct Record {
     pub value: Option<Vec<u8>>,
 }
 
+impl Record {
+    /// A copy of `message`: key, headers in order, value.
+    fn of(message: &impl Message) -> Self {
+        let headers = message
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Record {
+            partition: message.partition(),
+            offset: message.offset(),
+            key: message.key().map(<[u8]>::to_vec),
+            headers,
+            value: message.payload().map(<[u8]>::to_vec),
+        }
+    }
+
+    /// The event's (msg_id, aggregate_id): from the project's envelope (the
+    /// value), or else from the record shape of Debezium's Outbox Event
+    /// Router (header `id`, the key; what `payments --input-format
+    /// outbox-router` reads). `None` for a record that is neither.
+    pub fn event_ids(&self) -> Option<(uuid::Uuid, uuid::Uuid)> {
+        if let Some(e) = self
+            .value
+            .as_deref()
+            .and_then(|v| crate::envelope::Envelope::decode(v).ok())
+        {
+            return Some((e.msg_id, e.aggregate_id));
+        }
+        let uuid = |bytes: &[u8]| {
+            std::str::from_utf8(bytes)
+                .ok()
+                .and_then(|text| uuid::Uuid::parse_str(text.trim()).ok())
+        };
+        // The first `id` header, as payments takes it.
+        let (_, id) = self
+            .headers
+            .iter()
+            .find(|(name, _)| name == effectively::store::HEADER_ROUTER_ID)?;
+        Some((uuid(id.as_deref()?)?, uuid(self.key.as_deref()?)?))
+    }
+}
+
 impl std::fmt::Display for Record {
     /// One line: `partition=P offset=O key=K header:NAME=V … value=V`, each
     /// field through [`show`].
@@ -267,21 +313,7 @@ pub fn tail(
             None => {}
             Some(Ok(message)) => {
                 at_end.remove(&message.partition());
-                let headers = message
-                    .headers()
-                    .map(|h| {
-                        h.iter()
-                            .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let record = Record {
-                    partition: message.partition(),
-                    offset: message.offset(),
-                    key: message.key().map(<[u8]>::to_vec),
-                    headers,
-                    value: message.payload().map(<[u8]>::to_vec),
-                };
+                let record = Record::of(&message);
                 read += 1;
                 if !each(&record) {
                     break;
@@ -576,13 +608,7 @@ pub fn committed_past(
                 };
                 if message.offset() < committed {
                     read += 1;
-                    each(&Record {
-                        partition,
-                        offset: message.offset(),
-                        key: message.key().map(<[u8]>::to_vec),
-                        headers: Vec::new(),
-                        value: message.payload().map(<[u8]>::to_vec),
-                    });
+                    each(&Record::of(&message));
                 }
                 // Offsets may skip (a transaction's markers): the partition
                 // is done at the last offset below the commit or past it.
@@ -738,5 +764,44 @@ mod tests {
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn event_ids_come_from_the_envelope_or_the_outbox_routers_header_and_key() {
+        let (msg, agg) = (uuid::Uuid::now_v7(), uuid::Uuid::new_v4());
+        let record = |key: Option<&str>, headers: Vec<(&str, Option<&str>)>, value: &[u8]| Record {
+            partition: 0,
+            offset: 0,
+            key: key.map(|k| k.as_bytes().to_vec()),
+            headers: headers
+                .into_iter()
+                .map(|(n, v)| (n.to_owned(), v.map(|v| v.as_bytes().to_vec())))
+                .collect(),
+            value: Some(value.to_vec()),
+        };
+        let (m, a) = (msg.to_string(), agg.to_string());
+        let router = record(
+            Some(&a),
+            vec![("id", Some(&m)), ("event_type", Some("order.created"))],
+            b"{}",
+        );
+        assert_eq!(router.event_ids(), Some((msg, agg)));
+        // The first id header counts, as payments reads it.
+        let twice = record(Some(&a), vec![("id", Some(&m)), ("id", Some("x"))], b"{}");
+        assert_eq!(twice.event_ids(), Some((msg, agg)));
+        // Neither shape: no id header, an id or key that is no UUID.
+        assert_eq!(record(Some(&a), vec![], b"{}").event_ids(), None);
+        assert_eq!(
+            record(Some(&a), vec![("id", None)], b"{}").event_ids(),
+            None
+        );
+        assert_eq!(
+            record(Some("k"), vec![("id", Some(&m))], b"{}").event_ids(),
+            None
+        );
+        assert_eq!(
+            record(None, vec![("id", Some(&m))], b"{}").event_ids(),
+            None
+        );
     }
 }

@@ -182,7 +182,8 @@ enum OffsetsCommand {
     Reset(ResetArgs),
     /// Print every message the group has committed past, one line each:
     /// `topic<TAB>partition<TAB>offset<TAB>msg_id<TAB>aggregate_id` (`-` for
-    /// a message that is not an event envelope), from each partition's low
+    /// a message that is no event: neither the envelope nor Debezium's Outbox
+    /// Event Router's record), from each partition's low
     /// watermark up to the group's committed offset.
     ///
     /// The group will never be given these again, so each must have left its
@@ -282,14 +283,10 @@ fn committed_past(client: &ClientConfig, args: &CommittedPastArgs) -> anyhow::Re
         if write_error.is_some() {
             return;
         }
-        let ids = record
-            .value
-            .as_deref()
-            .and_then(|v| pipeline::envelope::Envelope::decode(v).ok())
-            .map_or_else(
-                || ("-".to_owned(), "-".to_owned()),
-                |e| (e.msg_id.to_string(), e.aggregate_id.to_string()),
-            );
+        let ids = record.event_ids().map_or_else(
+            || ("-".to_owned(), "-".to_owned()),
+            |(msg_id, aggregate_id)| (msg_id.to_string(), aggregate_id.to_string()),
+        );
         if let Err(error) = writeln!(
             out,
             "{topic}\t{}\t{}\t{}\t{}",

@@ -7,13 +7,19 @@ HERE=$ROOT/experiments/exp-3-relay-kill
 # shellcheck source=scripts/lib/experiment.sh
 . "$ROOT/scripts/lib/experiment.sh"
 # RELAY_MODE=wal: the same runs with the WAL relay (relay --mode wal), its
-# results beside the poll relay's, in results/<mode>-wal.
+# results beside the poll relay's, in results/<mode>-wal. RELAY_MODE=debezium:
+# Debezium's connector on a Kafka Connect worker publishes instead
+# (scripts/debezium.sh), killed -9 from outside, in results/<mode>-debezium.
 export RELAY_MODE=${RELAY_MODE:-poll}
 case $RELAY_MODE in
   poll) ;;
-  wal) if [ "${QUICK:-0}" = 1 ]; then EXP_RES_NAME=${EXP_RES_NAME:-quick-wal}; else EXP_RES_NAME=${EXP_RES_NAME:-full-wal}; fi ;;
-  *) echo "RELAY_MODE is poll or wal, not $RELAY_MODE" >&2; exit 2 ;;
+  wal|debezium) if [ "${QUICK:-0}" = 1 ]; then EXP_RES_NAME=${EXP_RES_NAME:-quick-$RELAY_MODE}; else EXP_RES_NAME=${EXP_RES_NAME:-full-$RELAY_MODE}; fi ;;
+  *) echo "RELAY_MODE is poll, wal or debezium, not $RELAY_MODE" >&2; exit 2 ;;
 esac
+if [ "$RELAY_MODE" = debezium ] && [ -n "${STACK_ENV_FILE:-}" ]; then
+  echo "exp-3 RELAY_MODE=debezium runs on the embedded stack only (scripts/debezium.sh)" >&2
+  exit 2
+fi
 exp_init "$HERE"
 
 # Quick mode runs a debug build beside three Kafka JVMs on the CI machine's
@@ -27,9 +33,32 @@ else
   ORDERS_DURATION=60 ORDERS_EVERY=600
 fi
 
-# Each verdict is read from its chaos summary (recon_exit) below.
-exp_chaos relay-publish --rate "$RATE" --duration "$DURATION" --retry-rate 0.15 --protocol mixed \
-  --crash-point publish --crash-every "$EVERY" --seed 3 || true
+if [ "$RELAY_MODE" = debezium ]; then
+  # Debezium has no crash point of ours: chaos kills its worker -9 from
+  # outside, at a random moment once its connector runs (a new life takes
+  # 5-10 s to start the JVM and the connector). Each run's fresh database
+  # gets a fresh slot and offsets; payments reads the Outbox Event Router's
+  # records; recon takes an outbox nobody marks (Debezium does not).
+  export CHAOS_RELAY_KIND=debezium CHAOS_DEBEZIUM_SCRIPT=$ROOT/scripts/debezium.sh
+  export PAYMENTS_INPUT_FORMAT=outbox-router RECON_UNMARKED_OUTBOX=true STACK_KAFKA_TOOL=$BIN/kafka-tool
+  debezium_fresh() {
+    export DEBEZIUM_DATABASE=${DATABASE_URL##*/} DEBEZIUM_TOPIC=$KAFKA_TOPIC
+    "$ROOT/scripts/debezium.sh" reset
+  }
+  export EXP_PREPARE=debezium_fresh
+  trap '"$ROOT/scripts/debezium.sh" reset || true' EXIT
+  if [ "$MODE" = quick ]; then
+    DURATION=${EXP_DURATION:-60} KILL_INTERVAL=6000..9000 MIN_KILLS=3
+  else
+    DURATION=${EXP_DURATION:-180} KILL_INTERVAL=10000..15000 MIN_KILLS=8
+  fi
+  exp_chaos relay-kill --rate "$RATE" --duration "$DURATION" --retry-rate 0.15 --protocol mixed \
+    --random-kill relay --kill-interval-ms "$KILL_INTERVAL" --seed 3 || true
+else
+  # Each verdict is read from its chaos summary (recon_exit) below.
+  exp_chaos relay-publish --rate "$RATE" --duration "$DURATION" --retry-rate 0.15 --protocol mixed \
+    --crash-point publish --crash-every "$EVERY" --seed 3 || true
+fi
 
 # The other crash on the publish side: orders SIGKILLed after its write
 # transaction committed and before the responses went out. The client sees

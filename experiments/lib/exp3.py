@@ -1,6 +1,7 @@
-"""Experiment 3's verdict: the relay killed at crash point `publish` and
-orders killed at `commit`, judged from chaos's summaries RES/relay-publish.json
-and RES/orders-commit.json. Writes RES/summary.json, prints the checks and the
+"""Experiment 3's verdict: the relay killed at crash point `publish` (or, with
+RELAY_MODE=debezium, Debezium's Kafka Connect worker killed -9 from outside)
+and orders killed at `commit`, judged from chaos's summaries
+RES/relay-publish.json (RES/relay-kill.json) and RES/orders-commit.json. Writes RES/summary.json, prints the checks and the
 verdict line; exit 0 on PASS.
 
 Usage: python3 experiments/lib/exp3.py RES MODE MIN_KILLS (run.sh passes them;
@@ -18,12 +19,18 @@ def judge(c, o, mode, min_kills):
     summary, O the orders-commit one."""
     relay, pay = c["services"]["relay"], c["services"]["payments"]
     r = chaos_report(c)
-    kills = service_deaths(c, "relay", "crash_point:publish")
+    debezium = c["params"].get("relay_kind") == "debezium"
+    if debezium:
+        kills = service_deaths(c, "relay", "random_kill")
+        killed = f"Debezium's Connect worker killed -9 at least {min_kills} times"
+    else:
+        kills = service_deaths(c, "relay", "crash_point:publish")
+        killed = f"relay killed at crash point publish at least {min_kills} times"
     hits = pay["counters"].get("inbox_hits", 0)
     orders = r.get("distinct_orders", 0)
     checks = {
         "recon CLEAN (every committed order published and charged once; client intents match)": c["recon_exit"] == 0,
-        f"relay killed at crash point publish at least {min_kills} times": kills >= min_kills,
+        killed: kills >= min_kills,
         "re-published events reached payments and were absorbed (inbox hits > 0)": hits > 0,
         "no double effect": r.get("double_charges", -1) == 0,
         "no lost effect": r.get("orders_without_charge", -1) == 0,
@@ -42,6 +49,7 @@ def judge(c, o, mode, min_kills):
     return {
         "experiment": "exp-3-relay-kill",
         "mode": mode,
+        "relay_kind": "debezium" if debezium else "relay",
         "params": c["params"],
         "load": {k: c["load"].get(k) for k in ("rates", "outcomes", "replay")} if c.get("load") else None,
         "relay_kills": kills,
@@ -70,12 +78,18 @@ def judge(c, o, mode, min_kills):
 
 def verdict_line(s, res):
     """The last line: the verdict and the numbers behind it."""
-    rr = s["recovery_ms"]["to_progress"]
     oc = s["orders_commit"]
     error_retries = (oc["load"].get("sends") or {}).get("error_retries_sent", 0)
-    return (f"exp-3: {s['verdict']} — {s['relay_kills']} relay kills at publish, {s['distinct_orders']} orders, "
-            f"each charged once; inbox hits {s['inbox_hits']:.0f} (re-published duplicates absorbed); relay "
-            f"death→working again p50 {rr['p50']} ms, max {rr['max']} ms; {oc['orders_kills']} orders kills at "
+    if s.get("relay_kind") == "debezium":
+        # The worker serves no metrics: its recovery is death -> connector running.
+        rr = s["recovery_ms"]["to_ready"]
+        killed, back = "Debezium worker kills (-9)", "worker death→connector running again"
+    else:
+        rr = s["recovery_ms"]["to_progress"]
+        killed, back = "relay kills at publish", "relay death→working again"
+    return (f"exp-3: {s['verdict']} — {s['relay_kills']} {killed}, {s['distinct_orders']} orders, "
+            f"each charged once; inbox hits {s['inbox_hits']:.0f} (re-published duplicates absorbed); "
+            f"{back} p50 {rr['p50']} ms, max {rr['max']} ms; {oc['orders_kills']} orders kills at "
             f"commit, {error_retries} errors retried, {oc['distinct_orders']} orders = keys, 0 ambiguous "
             f"({s['mode']}; {res}/summary.json)")
 
@@ -83,7 +97,8 @@ def verdict_line(s, res):
 def main(argv):
     """Judge RES (argv: RES MODE MIN_KILLS); the exit status."""
     res, mode, min_kills = argv[0], argv[1], int(argv[2])
-    c = load_json(os.path.join(res, "relay-publish.json"))
+    relay_run = "relay-kill" if os.path.exists(os.path.join(res, "relay-kill.json")) else "relay-publish"
+    c = load_json(os.path.join(res, f"{relay_run}.json"))
     o = load_json(os.path.join(res, "orders-commit.json"))
     if c is None or o is None:
         print(f"exp-3: FAIL a chaos summary is missing in {res} (see its logs/)")

@@ -47,6 +47,18 @@ class Exp3Test(unittest.TestCase):
         _, failed = self.failed(*runs(hits=0))
         self.assertEqual(failed, ["re-published events reached payments and were absorbed (inbox hits > 0)"])
 
+    def test_debezium_is_judged_by_its_workers_kills_from_outside(self):
+        c, o = runs()
+        c["params"]["relay_kind"] = "debezium"
+        # Its worker serves no metrics: kills from outside, no crash point.
+        c["services"]["relay"] = lives({"random_kill": 4})
+        s = exp3.judge(c, o, "quick", 3)
+        self.assertEqual((s["verdict"], s["relay_kills"], s["relay_kind"]), ("PASS", 4, "debezium"))
+        self.assertIn("exp-3: PASS — 4 Debezium worker kills (-9)", exp3.verdict_line(s, "res"))
+        c["services"]["relay"] = lives({"random_kill": 2})
+        _, failed = self.failed(c, o)
+        self.assertEqual(failed, ["Debezium's Connect worker killed -9 at least 3 times"])
+
     def test_orders_commit_needs_retries_and_no_ambiguous_key(self):
         key_check = ("orders-commit: the client retried errors, and every key ended with exactly one order "
                      "(0 ambiguous)")

@@ -19,6 +19,19 @@ pub enum Transport {
     Http,
 }
 
+/// What publishes the outbox to Kafka (`--relay-kind`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RelayKind {
+    /// The project's relay (`RELAY_MODE` in the environment picks poll or wal).
+    #[default]
+    Relay,
+    /// Debezium's PostgreSQL connector with its Outbox Event Router, on one
+    /// standalone Kafka Connect worker: `--debezium-script run` in the
+    /// foreground, ready once the connector and its task run.
+    Debezium,
+}
+
 /// Chaos: the pipeline under load, duplicates and kill -9, then recon's proof.
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -235,6 +248,31 @@ pub struct Config {
     /// from the sender's retries and the crashes rather than --dup-rate).
     #[arg(long, env = "CHAOS_TRANSPORT", value_enum, default_value_t = Transport::Kafka)]
     pub transport: Transport,
+
+    /// What publishes the outbox: `relay` (the project's), or `debezium`
+    /// (its worker started as `--debezium-script run`, killed -9 from
+    /// outside with `--random-kill relay`; payments then needs
+    /// `PAYMENTS_INPUT_FORMAT=outbox-router` and recon `RECON_UNMARKED_OUTBOX`,
+    /// both inherited from chaos's environment). One worker, over Kafka, with
+    /// kills and duplicates only: the infrastructure faults judge recovery
+    /// by the relay's metrics, which the worker does not serve.
+    #[arg(long, env = "CHAOS_RELAY_KIND", value_enum, default_value_t = RelayKind::Relay)]
+    pub relay_kind: RelayKind,
+
+    /// `--relay-kind debezium`: the script whose `run` starts the Kafka
+    /// Connect worker in the foreground (its DEBEZIUM_* settings inherited
+    /// from chaos's environment).
+    #[arg(
+        long,
+        env = "CHAOS_DEBEZIUM_SCRIPT",
+        default_value = "scripts/debezium.sh"
+    )]
+    pub debezium_script: PathBuf,
+
+    /// `--relay-kind debezium`: the worker's REST address (given to the
+    /// script as DEBEZIUM_PORT; readiness is its connector's status).
+    #[arg(long, env = "CHAOS_DEBEZIUM_REST", default_value = "127.0.0.1:28083")]
+    pub debezium_rest: SocketAddr,
 
     /// `--transport http`: the address payments receives webhooks on.
     #[arg(long, env = "CHAOS_WEBHOOK_ADDR", default_value = "127.0.0.1:18403")]
@@ -507,6 +545,9 @@ impl Config {
                 ));
             }
         }
+        if self.relay_kind == RelayKind::Debezium {
+            self.check_debezium()?;
+        }
         if self.fault.contains(&Fault::RelayPause) && self.relay_pause_ms < 2_000 {
             return Err(format!(
                 "--relay-pause-ms must be at least 2000 (the relay's idle limit is half of it), got {}",
@@ -538,6 +579,39 @@ impl Config {
             ));
         }
         self.check_addresses()
+    }
+
+    /// What `--relay-kind debezium` runs with: one worker, over Kafka, no
+    /// relay crash point, no infrastructure fault.
+    fn check_debezium(&self) -> Result<(), String> {
+        if self.transport == Transport::Http {
+            return Err(
+                "--relay-kind debezium publishes to Kafka; it does not run with --transport http"
+                    .into(),
+            );
+        }
+        if self.relays != 1 {
+            return Err(format!(
+                "--relay-kind debezium runs one Kafka Connect worker: --relays 1, not {}",
+                self.relays
+            ));
+        }
+        if self.crash_point.contains(&CrashPoint::Publish) {
+            return Err(
+                "--crash-point publish is the project's relay's; Debezium's worker is killed \
+                 from outside (--random-kill relay)"
+                    .into(),
+            );
+        }
+        if let Some(fault) = self.fault.first() {
+            return Err(format!(
+                "--fault {} does not run with --relay-kind debezium: a fault's recovery is read \
+                 from the relay's metrics, which Debezium's worker does not serve (kills and \
+                 duplicates only)",
+                fault.as_str()
+            ));
+        }
+        Ok(())
     }
 
     /// Every address a child listens on, with the flag it comes from: none

@@ -61,6 +61,13 @@ pub async fn run(mut config: Config, interrupt: CancellationToken) -> anyhow::Re
             );
         }
     }
+    if config.relay_kind == crate::config::RelayKind::Debezium && !config.debezium_script.is_file()
+    {
+        bail!(
+            "--debezium-script {} not found (run chaos from the repository, or pass its path)",
+            config.debezium_script.display()
+        );
+    }
     faults::preflight(&config).await?;
     std::fs::create_dir_all(&config.out)
         .with_context(|| format!("create {}", config.out.display()))?;
@@ -437,6 +444,13 @@ async fn random_kills(
 
 fn print_plan(config: &Config, out: &Path) {
     let mut faults = Vec::new();
+    if config.relay_kind == crate::config::RelayKind::Debezium {
+        faults.push(format!(
+            "relay: Debezium ({} run, REST on {})",
+            config.debezium_script.display(),
+            config.debezium_rest
+        ));
+    }
     if config.transport == crate::config::Transport::Http {
         faults.push(format!(
             "transport http: relay --sink http -> payments --source http on {} (retry schedule x{})",

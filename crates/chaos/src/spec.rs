@@ -8,9 +8,9 @@ use pipeline::db::ServiceRole;
 
 use pipeline::contract::{ServiceName, UNSAFE_SPLIT_TXN_ENV, WEBHOOK_PATH, env};
 
-use crate::config::{Config, Instance, Transport};
+use crate::config::{Config, Instance, RelayKind, Transport};
 use crate::fault::Fault;
-use crate::supervisor::Spec;
+use crate::supervisor::{Probe, Spec};
 
 /// `DATABASE_URL` for a child running as `role`: the role's own URL
 /// (`ORDERS_DATABASE_URL`, ...) when chaos was given one; else nothing, and
@@ -35,6 +35,9 @@ pub fn kafka_client_config(service: ServiceName) -> Option<(String, String)> {
         .ok()
         .map(|file| ("KAFKA_CLIENT_CONFIG".to_owned(), file))
 }
+
+/// The connector scripts/debezium.sh registers on its worker.
+pub const DEBEZIUM_CONNECTOR: &str = "effectively-outbox";
 
 /// How to run `instance` of the binaries in `bin_dir`, its files in `out`
 /// (named by [`Instance::label`]).
@@ -141,15 +144,31 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, instance: Instance) 
         }
         armed_env.push((env::CRASH_PROBABILITY.into(), s(&config.crash_probability)));
     }
+    let (program, args, probe) =
+        if name == ServiceName::Relay && config.relay_kind == RelayKind::Debezium {
+            // Debezium's worker in the foreground, its REST port chaos's.
+            env.push(("DEBEZIUM_PORT".into(), s(&config.debezium_rest.port())));
+            (
+                config.debezium_script.clone(),
+                vec!["run".into()],
+                Probe::Connector(format!(
+                    "http://{}/connectors/{DEBEZIUM_CONNECTOR}/status",
+                    config.debezium_rest
+                )),
+            )
+        } else {
+            (bin_dir.join(name.as_str()), Vec::new(), Probe::Metrics)
+        };
     Spec {
         name,
-        program: bin_dir.join(name.as_str()),
-        args: Vec::new(),
+        program,
+        args,
         env,
         armed_env,
         crash_point,
         crash_marker: out.join(format!("{label}.crash-point")),
         metrics_url: config.metrics_url(instance),
+        probe,
         log: out.join(format!("{label}.log")),
         label,
         ready_timeout: Duration::from_secs(config.ready_timeout),
@@ -379,5 +398,33 @@ mod tests {
             get(&payments, env::PAYMENTS_WEBHOOK_ADDR).as_deref(),
             Some("127.0.0.1:18403")
         );
+    }
+
+    #[test]
+    fn debezium_runs_its_script_in_place_of_the_relay_ready_by_its_connector() {
+        use clap::Parser;
+        let config = Config::try_parse_from([
+            "chaos",
+            "--relay-kind",
+            "debezium",
+            "--debezium-script",
+            "/repo/scripts/debezium.sh",
+            "--debezium-rest",
+            "127.0.0.1:28090",
+        ])
+        .expect("parses");
+        let dir = Path::new("/bin");
+        let relay = service(&config, dir, dir, alone(ServiceName::Relay));
+        assert_eq!(relay.program, Path::new("/repo/scripts/debezium.sh"));
+        assert_eq!(relay.args, vec![std::ffi::OsString::from("run")]);
+        assert_eq!(get(&relay, "DEBEZIUM_PORT").as_deref(), Some("28090"));
+        assert_eq!(
+            relay.probe,
+            Probe::Connector("http://127.0.0.1:28090/connectors/effectively-outbox/status".into())
+        );
+        // The others stay the project's binaries, ready by their metrics.
+        let payments = service(&config, dir, dir, alone(ServiceName::Payments));
+        assert_eq!(payments.program, Path::new("/bin/payments"));
+        assert_eq!(payments.probe, Probe::Metrics);
     }
 }

@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use pipeline::contract::{CrashPoint, ServiceName, SplitTxn};
 
-use crate::config::{Config, Transport};
+use crate::config::{Config, RelayKind, Transport};
 use crate::fault::Fault;
 use crate::faults::FaultRecord;
 use crate::scrape;
@@ -122,6 +122,8 @@ pub struct Params {
     pub drain_timeout_s: u64,
     /// How events went from the relay to payments.
     pub transport: Transport,
+    /// What published the outbox.
+    pub relay_kind: RelayKind,
     /// `http`: the factor on the relay's retry schedule.
     pub webhook_schedule_scale: f64,
     /// `http`: the relay's timeout per attempt.
@@ -162,6 +164,7 @@ impl Params {
             static_membership: config.static_membership,
             drain_timeout_s: config.drain_timeout,
             transport: config.transport,
+            relay_kind: config.relay_kind,
             webhook_schedule_scale: config.webhook_schedule_scale,
             webhook_timeout_ms: config.webhook_timeout_ms,
             webhook_max_attempts: config.webhook_max_attempts,

@@ -45,12 +45,57 @@ pub struct Spec {
     pub crash_point: Option<String>,
     /// Where an armed life writes the name of the crash point that fires.
     pub crash_marker: PathBuf,
-    /// Its `GET /metrics`, also the readiness probe.
+    /// Its `GET /metrics`, scraped for its counters (and the readiness
+    /// probe unless [`Self::probe`] says otherwise).
     pub metrics_url: String,
+    /// How a life is found ready.
+    pub probe: Probe,
     /// Log file (appended to by every life).
     pub log: PathBuf,
     /// How long a life may take to become ready before it is killed.
     pub ready_timeout: Duration,
+}
+
+/// How a life is found ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// `GET` of its metrics URL answers 2xx; its counters are scraped.
+    Metrics,
+    /// A Kafka Connect worker: `GET` of this connector status URL says the
+    /// connector and each of its tasks (one at least) `RUNNING`. It serves
+    /// no metrics: nothing is scraped.
+    Connector(String),
+}
+
+impl Probe {
+    /// Whether the life behind `metrics_url` is ready.
+    async fn ready(&self, client: &reqwest::Client, metrics_url: &str) -> bool {
+        match self {
+            Probe::Metrics => client
+                .get(metrics_url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success()),
+            Probe::Connector(url) => match client.get(url).send().await {
+                Ok(r) if r.status().is_success() => r
+                    .json::<serde_json::Value>()
+                    .await
+                    .is_ok_and(|status| connector_running(&status)),
+                _ => false,
+            },
+        }
+    }
+}
+
+/// Whether a Kafka Connect connector status (`GET
+/// /connectors/NAME/status`) says the connector and every task, of which
+/// there is one at least, `RUNNING`.
+pub fn connector_running(status: &serde_json::Value) -> bool {
+    let running =
+        |v: &serde_json::Value| v.get("state").and_then(|s| s.as_str()) == Some("RUNNING");
+    let tasks = status.get("tasks").and_then(|t| t.as_array());
+    status.get("connector").is_some_and(running)
+        && tasks.is_some_and(|t| !t.is_empty() && t.iter().all(running))
 }
 
 /// How a process life ended.
@@ -276,6 +321,9 @@ impl Supervisor {
 
     /// Scrapes the current life once and keeps its counters.
     pub async fn scrape(&self, client: &reqwest::Client) {
+        if self.spec.probe != Probe::Metrics {
+            return;
+        }
         let life = {
             let s = self.state();
             if s.pid.is_none() {
@@ -393,7 +441,7 @@ impl Supervisor {
                 status = child.wait() => break Some(status.context("wait for child")?),
                 () = stop.cancelled() => break None,
                 () = tokio::time::sleep(Duration::from_millis(50)), if !ready => {
-                    if client.get(&self.spec.metrics_url).send().await.is_ok_and(|r| r.status().is_success()) {
+                    if self.spec.probe.ready(client, &self.spec.metrics_url).await {
                         ready = true;
                         let now = self.now_ms();
                         if let Some(l) = self.state().lives.last_mut() {
@@ -551,5 +599,28 @@ mod tests {
         );
         assert_eq!(End::RandomKill.label(), "random_kill");
         assert_eq!(End::Exit { code: 1 }.label(), "exit:1");
+    }
+
+    #[test]
+    fn a_connector_is_ready_only_with_every_task_running() {
+        let status = |connector: &str, tasks: &[&str]| {
+            serde_json::json!({
+                "name": "effectively-outbox",
+                "connector": {"state": connector, "worker_id": "127.0.0.1:28083"},
+                "tasks": tasks.iter().enumerate()
+                    .map(|(id, state)| serde_json::json!({"id": id, "state": state}))
+                    .collect::<Vec<_>>(),
+                "type": "source",
+            })
+        };
+        assert!(connector_running(&status("RUNNING", &["RUNNING"])));
+        // Registered, its task not started yet: what a fresh worker says first.
+        assert!(!connector_running(&status("RUNNING", &[])));
+        assert!(!connector_running(&status(
+            "RUNNING",
+            &["RUNNING", "FAILED"]
+        )));
+        assert!(!connector_running(&status("UNASSIGNED", &["RUNNING"])));
+        assert!(!connector_running(&serde_json::json!({"error_code": 404})));
     }
 }

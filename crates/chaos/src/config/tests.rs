@@ -201,3 +201,44 @@ fn several_crash_points_and_faults_are_taken() {
             .contains("--relay-pause-ms")
     );
 }
+
+#[test]
+fn debezium_runs_one_worker_over_kafka_with_kills_and_duplicates_only() {
+    let ok = parse(&[
+        "--relay-kind",
+        "debezium",
+        "--random-kill",
+        "relay",
+        "--dup-rate",
+        "0.05",
+    ]);
+    assert_eq!(ok.validate(), Ok(()));
+    for (args, says) in [
+        (
+            &["--relay-kind", "debezium", "--relays", "2"][..],
+            "--relays 1",
+        ),
+        (
+            &["--relay-kind", "debezium", "--transport", "http"][..],
+            "publishes to Kafka",
+        ),
+        (
+            &[
+                "--relay-kind",
+                "debezium",
+                "--crash-point",
+                "publish",
+                "--crash-every",
+                "5",
+            ][..],
+            "--random-kill relay",
+        ),
+        (
+            &["--relay-kind", "debezium", "--fault", "broker-kill"][..],
+            "--fault broker-kill",
+        ),
+    ] {
+        let err = parse(args).validate().expect_err("refused");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}

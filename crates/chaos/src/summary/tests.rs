@@ -145,6 +145,7 @@ fn the_json_shape_is_pinned() {
             "static_membership": config.static_membership,
             "drain_timeout_s": config.drain_timeout,
             "transport": "kafka",
+            "relay_kind": "relay",
             "webhook_schedule_scale": 1.0,
             "webhook_timeout_ms": 10000,
             "webhook_max_attempts": 8,

@@ -44,6 +44,7 @@
 #   DEBEZIUM_SLOT       its replication slot       (default: debezium_<database>:
 #                       a slot's name is the server's, not the database's)
 #   DEBEZIUM_PORT       the worker's REST port      (default: 28083)
+#   DEBEZIUM_CONNECTOR  the connector's name        (default: effectively-outbox)
 #   DEBEZIUM_HEAP       the worker's JVM heap       (default: 512m)
 #   DEBEZIUM_OFFSET_FLUSH_MS  how often offsets are flushed and the slot
 #                       confirmed (default: 1000; Connect's own is 60000)
@@ -62,7 +63,7 @@ PORT=${DEBEZIUM_PORT:-28083}
 HEAP=${DEBEZIUM_HEAP:-512m}
 TOPIC=${DEBEZIUM_TOPIC:-order.events.debezium}
 FLUSH_MS=${DEBEZIUM_OFFSET_FLUSH_MS:-1000}
-CONNECTOR=effectively-outbox
+CONNECTOR=${DEBEZIUM_CONNECTOR:-effectively-outbox}
 
 log() { printf 'debezium: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }

@@ -36,7 +36,8 @@ pub fn kafka_client_config(service: ServiceName) -> Option<(String, String)> {
         .map(|file| ("KAFKA_CLIENT_CONFIG".to_owned(), file))
 }
 
-/// The connector scripts/debezium.sh registers on its worker.
+/// The connector chaos has scripts/debezium.sh register on its worker
+/// (DEBEZIUM_CONNECTOR), whose status is the worker's readiness.
 pub const DEBEZIUM_CONNECTOR: &str = "effectively-outbox";
 
 /// How to run `instance` of the binaries in `bin_dir`, its files in `out`
@@ -146,8 +147,10 @@ pub fn service(config: &Config, bin_dir: &Path, out: &Path, instance: Instance) 
     }
     let (program, args, probe) =
         if name == ServiceName::Relay && config.relay_kind == RelayKind::Debezium {
-            // Debezium's worker in the foreground, its REST port chaos's.
+            // Debezium's worker in the foreground, its REST port and its
+            // connector's name chaos's, so the probe asks what it registers.
             env.push(("DEBEZIUM_PORT".into(), s(&config.debezium_rest.port())));
+            env.push(("DEBEZIUM_CONNECTOR".into(), DEBEZIUM_CONNECTOR.into()));
             (
                 config.debezium_script.clone(),
                 vec!["run".into()],
@@ -418,6 +421,10 @@ mod tests {
         assert_eq!(relay.program, Path::new("/repo/scripts/debezium.sh"));
         assert_eq!(relay.args, vec![std::ffi::OsString::from("run")]);
         assert_eq!(get(&relay, "DEBEZIUM_PORT").as_deref(), Some("28090"));
+        assert_eq!(
+            get(&relay, "DEBEZIUM_CONNECTOR").as_deref(),
+            Some("effectively-outbox")
+        );
         assert_eq!(
             relay.probe,
             Probe::Connector("http://127.0.0.1:28090/connectors/effectively-outbox/status".into())

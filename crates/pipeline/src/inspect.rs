@@ -198,10 +198,11 @@ impl Record {
         {
             return Some((e.msg_id, e.aggregate_id));
         }
+        // Read as payments reads them: UTF-8, a UUID as it stands.
         let uuid = |bytes: &[u8]| {
             std::str::from_utf8(bytes)
                 .ok()
-                .and_then(|text| uuid::Uuid::parse_str(text.trim()).ok())
+                .and_then(|text| uuid::Uuid::parse_str(text).ok())
         };
         // The first `id` header, as payments takes it.
         let (_, id) = self

@@ -272,6 +272,9 @@ pg_single_up() {
     if [ "$(admin_psql -c 'SHOW wal_level' 2>/dev/null)" != logical ]; then
       log "postgres runs with wal_level other than logical (started by an older stack.sh): relay --mode wal needs it; restart the stack (scripts/stack.sh down; scripts/stack.sh up)"
     fi
+    if [ "$(admin_psql -c 'SHOW track_commit_timestamp' 2>/dev/null)" != on ]; then
+      log "postgres runs without track_commit_timestamp (started by an older stack.sh): make bench-cdc needs it; restart the stack (scripts/stack.sh down; scripts/stack.sh up)"
+    fi
   else
     # A kill -9 leaves postmaster.pid behind; pg_ctl said nothing runs, so it is stale.
     rm -f "$PGDATA/postmaster.pid"
@@ -287,12 +290,14 @@ pg_single_up() {
     # the slot and the relay says what to do: ARCHITECTURE.md §6).
     # pg_stat_statements: what each service's statements cost (calls, time,
     # WAL), read by the benchmarks around each load (scripts/lib/cpu.py).
+    # track_commit_timestamp: each transaction's commit time, from which
+    # make bench-cdc measures commit→consume (pg_xact_commit_timestamp).
     as_pg "$PG_BIN/pg_ctl" -D "$PGDATA" -l "$LOGS/postgres.log" -w -t 60 -o \
       "-c port=$PG_PORT -c listen_addresses=127.0.0.1 -c unix_socket_directories=$SOCK \
        -c max_connections=400 -c shared_buffers=512MB -c max_wal_size=4GB \
        -c shared_preload_libraries=pg_stat_statements \
        -c wal_level=logical -c max_replication_slots=64 -c max_wal_senders=64 \
-       -c checkpoint_timeout=15min -c recovery_init_sync_method=syncfs -c log_min_messages=warning" start >/dev/null \
+       -c track_commit_timestamp=on -c checkpoint_timeout=15min -c recovery_init_sync_method=syncfs -c log_min_messages=warning" start >/dev/null \
       || die "postgres did not start, see $LOGS/postgres.log"
   fi
 }

@@ -69,8 +69,10 @@ def literal(text):
 
 def pg_roles(url, database=None):
     """pid → the role (or backend type) of each PostgreSQL server process;
-    with DATABASE, a session in another database is `other databases`."""
-    role = "coalesce(usename, backend_type)"
+    a replication connection's is `walsender:ROLE` (a logical slot's decoding
+    is its work, not its role's statements'); with DATABASE, a session in
+    another database is `other databases`."""
+    role = "CASE WHEN backend_type = 'walsender' THEN 'walsender:' || usename ELSE coalesce(usename, backend_type) END"
     if database is not None:
         role = f"CASE WHEN datname IS NULL OR datname = {literal(database)} THEN {role} ELSE 'other databases' END"
     rows = query(url, f"SELECT pid, {role} FROM pg_stat_activity") or []
@@ -138,10 +140,24 @@ def statements_diff(a, b, seconds, top=8):
     }
 
 
-def name(comm):
+def name(comm, pid=None):
     """The group a process counts in: its command name, every kernel worker
-    in one (a kworker's name changes with the work it is doing)."""
+    in one (a kworker's name changes with the work it is doing), a JVM
+    running Kafka Connect (scripts/debezium.sh's worker) as `kafka-connect`
+    apart from the brokers."""
+    if comm == "java" and pid is not None and is_connect(pid):
+        return "kafka-connect"
     return "kworker" if comm.startswith("kworker/") else sampler.COMM_GROUPS.get(comm, comm)
+
+
+def is_connect(pid):
+    """Whether process PID is a Kafka Connect worker (its main class)."""
+    try:
+        with open(os.path.join("/proc", pid, "cmdline"), "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return False
+    return b"org.apache.kafka.connect.cli.Connect" in cmdline
 
 
 def jit_ticks(pid):
@@ -165,8 +181,8 @@ def snap(url=None, database=None):
     for pid, comm, ticks in sampler.process_ticks():
         if pid == me:
             continue
-        procs[pid] = {"name": name(comm), "seconds": ticks / TICK}
-        if comm == "java":
+        procs[pid] = {"name": name(comm, pid), "seconds": ticks / TICK}
+        if procs[pid]["name"] == "kafka":
             procs[pid]["jit_seconds"] = jit_ticks(pid) / TICK
         if comm == "postgres":
             procs[pid]["role"] = roles.get(pid, "other")

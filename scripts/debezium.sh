@@ -46,6 +46,9 @@
 #   DEBEZIUM_PORT       the worker's REST port      (default: 28083)
 #   DEBEZIUM_CONNECTOR  the connector's name        (default: effectively-outbox)
 #   DEBEZIUM_HEAP       the worker's JVM heap       (default: 512m)
+#   DEBEZIUM_POLL_INTERVAL_MS how long the connector waits for more changes
+#                       before it hands a batch on when its queue is empty
+#                       (poll.interval.ms; default: Debezium's own, 500)
 #   DEBEZIUM_OFFSET_FLUSH_MS  how often offsets are flushed and the slot
 #                       confirmed (default: 1000; Connect's own is 60000)
 #   STACK_DIR, TOOLS_CACHE as for scripts/stack.sh
@@ -63,10 +66,14 @@ PORT=${DEBEZIUM_PORT:-28083}
 HEAP=${DEBEZIUM_HEAP:-512m}
 TOPIC=${DEBEZIUM_TOPIC:-order.events.debezium}
 FLUSH_MS=${DEBEZIUM_OFFSET_FLUSH_MS:-1000}
+POLL_MS=${DEBEZIUM_POLL_INTERVAL_MS:-500}
 CONNECTOR=${DEBEZIUM_CONNECTOR:-effectively-outbox}
 
 log() { printf 'debezium: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
+for setting in DEBEZIUM_OFFSET_FLUSH_MS:"$FLUSH_MS" DEBEZIUM_POLL_INTERVAL_MS:"$POLL_MS"; do
+  [[ ${setting#*:} =~ ^[1-9][0-9]*$ ]] || die "${setting%%:*} must be a whole number of milliseconds above 0, not '${setting#*:}'"
+done
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
 stack_env() {
@@ -213,6 +220,7 @@ slot.name=$SLOT
 publication.name=effectively_outbox
 publication.autocreate.mode=disabled
 snapshot.mode=no_data
+poll.interval.ms=$POLL_MS
 table.include.list=orders.outbox
 tombstones.on.delete=false
 # No __debezium.context.* headers on each record: the router's own are what a consumer reads.

@@ -10,7 +10,7 @@ STACK_DIR ?= $(CURDIR)/.stack
 export STACK_DIR
 -include $(STACK_DIR)/env
 
-.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-security bench-library bench-library-relay bench-relay-ab bench-inbox bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness pg-ha-check key-expiry demo demo-webhooks demo-debezium debezium \
+.PHONY: help up down status clean kafka migrate build test fuzz fmt lint sqlx-prepare orders bench-orders bench-pipeline bench-security bench-cdc bench-library bench-library-relay bench-relay-ab bench-inbox bench-recon bench-relay-sweep bench-claim wal-slot-lost wal-witness pg-ha-check key-expiry demo demo-webhooks demo-debezium debezium \
         check-config check-compose check-dashboards docs plot-deps plot-orders chaos model exp-1 exp-2 exp-3 exp-4 exp-5 exp-6 exp-7 exp-8 exp-9 exp-10 exp-10-long exp-11 accept
 
 help: ## list the targets
@@ -101,6 +101,9 @@ bench-orders: ## benchmark POST /orders against the pgbench ceiling (see FINDING
 
 bench-pipeline: ## relay drain and consumer throughput vs raw rdkafka, commit→effect latency (see FINDINGS.md)
 	@scripts/bench-pipeline.sh
+
+bench-cdc: ## the poll relay, the WAL relay and Debezium on the same backlog and steady rates: highest sustained rate, commit→consume p50/p99/max, CPU per 1,000 events, memory, slot lag (BENCH_CDC_RATES, BENCH_CDC_SECONDS, BENCH_CDC_ROWS, BENCH_CDC_RELAYS; QUICK=1; see FINDINGS.md)
+	@QUICK=$(QUICK) scripts/bench-cdc.sh
 
 bench-security: ## what TLS and SASL cost: bench-pipeline on the secured stack and in plaintext, side by side, the modes alternating (BENCH_SECURITY_ROUNDS; see FINDINGS.md)
 	@scripts/bench-security.sh

@@ -2,8 +2,8 @@
 # make bench-pipeline: relay drain rate and consumer throughput, each next to
 # a raw rdkafka producer/consumer on the same broker in the same run, plus
 # commit→effect latency at steady offered rates. Results: bench/results/
-# pipeline-RUN.json; the last two lines printed are the ratios
-# (`relay ratio: …`, `consumer ratio: …`).
+# pipeline-RUN.json; the last three lines printed are the ratios
+# (`relay ratio: …`, `consumer ratio: …`, `consumer vs minimal writes: …`).
 #
 # 1. The relay drains a backlog of BENCH_ROWS outbox rows (timed from its
 #    start to the last row marked); the raw producer (relay/examples/
@@ -19,7 +19,12 @@
 #    same way: from its first message handled to its last (payments by
 #    polling payments_consumed_total; the new pass also from the first to the
 #    last charge transaction in SQL, exp-2's clock, and per segment of the
-#    inbox's growth, to see whether a bigger inbox is slower).
+#    inbox's growth, to see whether a bigger inbox is slower). Then the
+#    yardstick of its work: a minimal consumer (payments/examples/
+#    minimal_consumer.rs) writes the same rows per message (inbox claim,
+#    charge, ledger entry) in batched transactions with the same commit rule
+#    and does nothing else; `consumer vs minimal writes:` is payments' rate
+#    over its.
 # 3. Commit→effect at each of BENCH_STEADY_RATES new orders/s (15% retried,
 #    unique keys), the whole pipeline co-located: per order in SQL from the
 #    outbox row's created_at to the charge's, and its first part, to the
@@ -64,6 +69,10 @@
 # many times, the order alternating: new then base, base then new, ...; the
 # summary takes each build's median; the first drain warms the brokers'
 # JIT, which favours whichever build drains second),
+# BENCH_EXTRA_PARTITIONS (0: N partitions more on the cluster during steps
+# 1 and 2, in topics of 6 nobody uses, as runs before `scripts/stack.sh
+# clean` left them: what they cost the drain and the raw producer; the
+# next run's clean deletes them),
 # BENCH_SKIP_STEADY=1,
 # BENCH_SKIP_THROUGHPUT=1 (steps 3 only).
 set -euo pipefail
@@ -74,6 +83,8 @@ STEADY_RATES=${BENCH_STEADY_RATES:-1000 3850}
 STEADY_SECONDS=${BENCH_STEADY_SECONDS:-30}
 DRAIN_ROUNDS=${BENCH_DRAIN_ROUNDS:-1}
 [[ $DRAIN_ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "bench: BENCH_DRAIN_ROUNDS must be a whole number of rounds, at least 1" >&2; exit 2; }
+EXTRA_PARTITIONS=${BENCH_EXTRA_PARTITIONS:-0}
+[[ $EXTRA_PARTITIONS =~ ^[0-9]+$ ]] || { echo "bench: BENCH_EXTRA_PARTITIONS must be a whole number of partitions" >&2; exit 2; }
 WARMUP_SECONDS=${BENCH_WARMUP_SECONDS:-300}
 WARMUP_JIT=${BENCH_WARMUP_JIT:-0.05}
 [[ $WARMUP_SECONDS =~ ^[0-9]+$ ]] || { echo "bench: BENCH_WARMUP_SECONDS must be a whole number of seconds" >&2; exit 2; }
@@ -112,7 +123,7 @@ scripts/stack.sh clean
 log "building (release)"
 pipeline_build release
 cargo build -q --release -p relay --example raw_producer
-cargo build -q --release -p payments --example raw_consumer
+cargo build -q --release -p payments --example raw_consumer --example minimal_consumer
 if [ -n "$BASE_BIN" ]; then
   for b in relay payments; do [ -x "$BASE_BIN/$b" ] || { log "BENCH_BASE_BIN=$BASE_BIN has no $b"; exit 2; }; done
 fi
@@ -127,6 +138,13 @@ if [ "${BENCH_SKIP_THROUGHPUT:-0}" != 1 ]; then
 # --- 1. relay drain from a backlog --------------------------------------------
 pipeline_fresh bench_pipeline "relay.$RUN" 2>/dev/null
 URL=$DATABASE_URL TOPIC=$KAFKA_TOPIC
+if [ "$EXTRA_PARTITIONS" -gt 0 ]; then
+  log "$EXTRA_PARTITIONS partitions more on the cluster (BENCH_EXTRA_PARTITIONS), in topics bench.leftover.$RUN.*"
+  for i in $(seq 1 $(((EXTRA_PARTITIONS + 5) / 6))); do
+    "$BIN/kafka-tool" create --topic "bench.leftover.$RUN.$i" --partitions 6 2>/dev/null
+  done
+  record "{\"what\": \"extra_partitions\", \"partitions\": $(((EXTRA_PARTITIONS + 5) / 6 * 6))}"
+fi
 log "filling the outbox with $ROWS rows"
 q "$URL" "$(pipeline_outbox_rows_sql "$ROWS")"
 q "$URL" "VACUUM ANALYZE orders.outbox"
@@ -236,6 +254,18 @@ log "raw consumer on the same topic"
 RAW_C=$(KAFKA_BOOTSTRAP_SERVERS=$KAFKA_BOOTSTRAP_SERVERS "$ROOT/target/release/examples/raw_consumer" "$TOPIC" "$ROWS")
 record "{\"what\": \"raw_consumer\", \"result\": $RAW_C}"
 log "raw consumer: $RAW_C"
+
+# The yardstick of payments' work: the same rows per message (inbox claim,
+# charge, ledger entry) in batched transactions, offsets committed after
+# them, and nothing else (payments/examples/minimal_consumer.rs). It starts
+# as payments' new pass did: the inbox, charges and ledger empty (its
+# partitions, which payments made, kept).
+log "minimal consumer (payments' writes and nothing else) on the same topic"
+q "${STACK_ADMIN_DATABASE_URL%/*}/bench_pipeline" "TRUNCATE payments.charges, payments.ledger, fx.partitioned_inbox" >/dev/null
+MIN_C=$(DATABASE_URL=${PAYMENTS_DATABASE_URL%/*}/bench_pipeline KAFKA_CLIENT_CONFIG=${PAYMENTS_KAFKA_CLIENT_CONFIG:-} \
+  "${CARGO_TARGET_DIR:-$ROOT/target}/release/examples/minimal_consumer" "$TOPIC" "$ROWS")
+record "{\"what\": \"minimal_consumer\", \"result\": $MIN_C}"
+log "minimal consumer: $MIN_C"
 
 fi
 

@@ -71,6 +71,7 @@ def summarize(records):
     for r in records:
         by.setdefault(r["what"], []).append(r)
     out = {"command": "make bench-pipeline"}
+    out["extra_partitions"] = next((r["partitions"] for r in by.get("extra_partitions", [])), 0)
     # Each build's drains (several with BENCH_DRAIN_ROUNDS, in alternating
     # order): the median rate, and every rate in the order run.
     drains = {}
@@ -100,6 +101,10 @@ def summarize(records):
     out["raw_consumer"] = raw_c
     out["raw_consumer_msgs_per_sec"] = raw_c.get("msgs_per_sec")
     out["consumer_vs_raw_consumer"] = ratio(out.get("consumer_new_msgs_per_sec"), raw_c.get("msgs_per_sec"))
+    min_c = by.get("minimal_consumer", [{}])[0].get("result", {})
+    out["minimal_consumer"] = min_c
+    out["minimal_consumer_msgs_per_sec"] = min_c.get("msgs_per_sec")
+    out["consumer_vs_minimal_consumer"] = ratio(out.get("consumer_new_msgs_per_sec"), min_c.get("msgs_per_sec"))
     out["duplicates_vs_new"] = ratio(out.get("consumer_dup_msgs_per_sec"), out.get("consumer_new_msgs_per_sec"))
     out["steady"] = by.get("steady", [])
     for point in out["steady"]:
@@ -135,6 +140,7 @@ def main(argv):
     print(f"written {result}")
     print(f"relay ratio: {out['relay_vs_raw_producer']}")
     print(f"consumer ratio: {out['consumer_vs_raw_consumer']}")
+    print(f"consumer vs minimal writes: {out['consumer_vs_minimal_consumer']}")
 
 
 if __name__ == "__main__":

@@ -22,9 +22,10 @@
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+import cpu  # noqa: E402  (its psql query, as the benchmarks run it)
 
 # A point is sustained when pgbench committed at least this share of its rate...
 ACHIEVED = 0.95
@@ -33,10 +34,11 @@ FLAT_S = 1.0
 
 
 def psql_rows(url, sql):
-    """SQL's rows (tab-separated fields) from psql; raises on failure."""
-    out = subprocess.run(["psql", url, "-AtF", "\t", "-v", "ON_ERROR_STOP=1", "-c", sql],
-                         capture_output=True, text=True, check=True)
-    return [line.split("\t") for line in out.stdout.splitlines() if line]
+    """SQL's rows (lists of fields) from psql, as cpu.py queries; raises on failure."""
+    rows = cpu.query(url, sql)
+    if rows is None:
+        raise RuntimeError(f"psql failed: {sql}")
+    return [r for r in rows if r != [""]]
 
 
 def rss_kb(pid):
@@ -60,7 +62,7 @@ def sample(pid, url, slot):
             try:
                 rows = psql_rows(url, lag_sql)
                 lag = int(rows[0][0]) if rows and int(rows[0][0]) >= 0 else None
-            except (subprocess.CalledProcessError, ValueError, IndexError):
+            except (RuntimeError, ValueError, IndexError):
                 lag = None
         print(json.dumps({"t": round(t, 3), "rss_kb": rss_kb(pid), "slot_lag_bytes": lag}), flush=True)
         time.sleep(max(0.0, 1.0 - (time.time() - t)))

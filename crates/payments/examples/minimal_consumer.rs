@@ -30,6 +30,8 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+mod common;
+
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
     match std::env::var(name) {
         Ok(v) => v
@@ -122,22 +124,7 @@ async fn main() -> anyhow::Result<()> {
     let max = env_or("PAYMENTS_BATCH_SIZE", 500usize)?.max(1);
     let linger = Duration::from_millis(env_or("PAYMENTS_BATCH_LINGER_MS", 5u64)?);
     let commit_every = Duration::from_millis(env_or("PAYMENTS_COMMIT_INTERVAL_MS", 1000u64)?);
-    let bootstrap =
-        std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
-    let fetch_wait = std::env::var("PAYMENTS_FETCH_WAIT_MAX_MS")
-        .unwrap_or_else(|_| payments::DEFAULT_FETCH_WAIT_MAX_MS.to_string());
-    let client_file = std::env::var_os("KAFKA_CLIENT_CONFIG").map(std::path::PathBuf::from);
-    let consumer: StreamConsumer =
-        pipeline::kafka::client_config(&bootstrap, client_file.as_deref())?
-            .set("fetch.wait.max.ms", &fetch_wait)
-            .set(
-                "group.id",
-                format!("payments-minimal-{}", Uuid::new_v4().simple()),
-            )
-            .set("enable.auto.commit", "false")
-            .set("auto.offset.reset", "earliest")
-            .create()?;
-    consumer.subscribe(&[&topic])?;
+    let consumer = common::fresh_consumer(&topic, "payments-minimal")?;
 
     let mut batch = fill(&consumer, max, linger).await?;
     let start = Instant::now();

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{Consumer, StreamConsumer};
+mod common;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -17,22 +17,7 @@ async fn main() -> anyhow::Result<()> {
         .map(|s| s.parse())
         .transpose()?
         .unwrap_or(100_000);
-    let bootstrap =
-        std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
-    // The same fetch wait as payments (its --fetch-wait-max-ms), so the two
-    // are timed on equal terms.
-    let fetch_wait = std::env::var("PAYMENTS_FETCH_WAIT_MAX_MS")
-        .unwrap_or_else(|_| payments::DEFAULT_FETCH_WAIT_MAX_MS.to_string());
-    // KAFKA_CLIENT_CONFIG: TLS and SASL, as payments takes them.
-    let client_file = std::env::var_os("KAFKA_CLIENT_CONFIG").map(std::path::PathBuf::from);
-    let consumer: StreamConsumer =
-        pipeline::kafka::client_config(&bootstrap, client_file.as_deref())?
-            .set("fetch.wait.max.ms", &fetch_wait)
-            .set("group.id", format!("raw-{}", uuid::Uuid::new_v4().simple()))
-            .set("enable.auto.commit", "false")
-            .set("auto.offset.reset", "earliest")
-            .create()?;
-    consumer.subscribe(&[&topic])?;
+    let consumer = common::fresh_consumer(&topic, "raw")?;
     // The clock starts at the first message: group assignment is not throughput.
     let first = consumer.recv().await?;
     drop(first);

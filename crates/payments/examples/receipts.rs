@@ -19,8 +19,10 @@ use std::io::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rdkafka::Message as _;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+
 use tokio::signal::unix::{SignalKind, signal};
+
+mod common;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -28,22 +30,7 @@ async fn main() -> anyhow::Result<()> {
     let (Some(topic), Some(out)) = (args.next(), args.next()) else {
         anyhow::bail!("usage: receipts <topic> <out.tsv>");
     };
-    let bootstrap =
-        std::env::var("KAFKA_BOOTSTRAP_SERVERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
-    let fetch_wait = std::env::var("PAYMENTS_FETCH_WAIT_MAX_MS")
-        .unwrap_or_else(|_| payments::DEFAULT_FETCH_WAIT_MAX_MS.to_string());
-    let client_file = std::env::var_os("KAFKA_CLIENT_CONFIG").map(std::path::PathBuf::from);
-    let consumer: StreamConsumer =
-        pipeline::kafka::client_config(&bootstrap, client_file.as_deref())?
-            .set("fetch.wait.max.ms", &fetch_wait)
-            .set(
-                "group.id",
-                format!("receipts-{}", uuid::Uuid::new_v4().simple()),
-            )
-            .set("enable.auto.commit", "false")
-            .set("auto.offset.reset", "earliest")
-            .create()?;
-    consumer.subscribe(&[&topic])?;
+    let consumer = common::fresh_consumer(&topic, "receipts")?;
     let mut file = std::io::BufWriter::with_capacity(
         1 << 20,
         std::fs::File::create(&out).map_err(|e| anyhow::anyhow!("{out}: {e}"))?,

@@ -57,6 +57,9 @@ pub struct RelayMetrics {
     /// `--mode wal`: outbox rows read from the stream and not published
     /// because an earlier row of their key failed (left pending).
     pub relay_wal_held_back_total: IntCounter,
+    /// `--mode wal`: outbox rows read from the stream that the start-up
+    /// drain had published already (not sent again).
+    pub relay_wal_drained_skipped_total: IntCounter,
     /// `--mode wal`: times the relay found a committed row the stream had
     /// not delivered, and restarted the stream to publish it.
     pub relay_wal_stream_gaps_total: IntCounter,
@@ -176,6 +179,10 @@ impl RelayMetrics {
                 "relay_wal_held_back_total",
                 "--mode wal: outbox rows not published because an earlier row of their key failed",
             )?,
+            relay_wal_drained_skipped_total: IntCounter::new(
+                "relay_wal_drained_skipped_total",
+                "--mode wal: outbox rows read from the stream that the start-up drain had published already (not sent again)",
+            )?,
             relay_wal_stream_gaps_total: IntCounter::new(
                 "relay_wal_stream_gaps_total",
                 "--mode wal: committed outbox rows found that the stream had not delivered (the stream restarts)",
@@ -291,6 +298,8 @@ impl RelayMetrics {
             .register(Box::new(m.relay_wal_slot_retained_bytes.clone()))?;
         m.registry
             .register(Box::new(m.relay_wal_held_back_total.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_wal_drained_skipped_total.clone()))?;
         m.registry
             .register(Box::new(m.relay_wal_stream_gaps_total.clone()))?;
         m.registry

@@ -13,7 +13,9 @@
 //!    was lost) are published by the poll path, shard by shard, until none
 //!    of them is left (retried with a backoff while the broker fails or
 //!    another relay holds a shard). Only then does the stream start, so
-//!    those go first.
+//!    those go first. When the slot was there before (a restart), the rows
+//!    committed meanwhile are in the stream too: the stream leaves the ones
+//!    the drain published ([`drained`]).
 //! 3. The stream's outbox inserts are produced as they arrive, in commit
 //!    order, up to `--workers` × `--batch-size` in flight. At most one event
 //!    of a key is in flight: the next one waits for that one's ack.
@@ -40,10 +42,12 @@
 //! The stream's life (slot, drain, reader, restarts) is this module; what
 //! happens to each event read, from its publish to the slot's confirmed
 //! position, is [`settle`]; an insert's columns are decoded in [`decode`];
-//! the slot itself (its name, state and loss) is [`slot`].
+//! the rows the drain published, which the stream does not send again, are
+//! [`drained`]; the slot itself (its name, state and loss) is [`slot`].
 
 mod conninfo;
 mod decode;
+mod drained;
 mod settle;
 mod slot;
 
@@ -61,6 +65,7 @@ use uuid::Uuid;
 
 use crate::outbox::SHARDS;
 use crate::publish::Worker;
+use drained::{DrainStart, Drained};
 use settle::{End, Settle};
 use slot::lost_slot;
 pub use slot::{PUBLICATION, SlotState, default_slot_name, slot_name, slot_state};
@@ -230,6 +235,14 @@ async fn stream_once(
             ));
         }
     };
+    let start = match DrainStart::read(&worker.pool).await {
+        Ok(start) => start,
+        Err(error) => {
+            return Ok(End::Retry(
+                anyhow::Error::new(error).context("read the outbox before the drain"),
+            ));
+        }
+    };
     let drained = match drain(worker, before_slot, cancel).await {
         Ok(n) => n,
         Err(error) => {
@@ -238,15 +251,30 @@ async fn stream_once(
             ));
         }
     };
-    if drained > 0 {
-        tracing::info!(
-            rows = drained,
-            "published the rows pending before the stream"
-        );
-    }
     if cancel.is_cancelled() {
         return Ok(End::Cancelled);
     }
+    // The stream reads again the rows it carries that the drain published
+    // (the slot was there before): it leaves those.
+    let drained = if drained > 0 {
+        match Drained::read(&worker.pool, &start, before_slot).await {
+            Ok(set) => {
+                tracing::info!(
+                    rows = drained,
+                    left_to_the_drain = set.rows(),
+                    "published the rows pending before the stream; the stream leaves those it reads again"
+                );
+                set
+            }
+            Err(error) => {
+                return Ok(End::Retry(
+                    error.context("read the rows the drain published"),
+                ));
+            }
+        }
+    } else {
+        Drained::default()
+    };
     if let Err(error) = stream.start(None).await {
         if let Ok(Some(state)) = slot_state(&worker.pool, slot).await
             && state.wal_status == "lost"
@@ -278,6 +306,7 @@ async fn stream_once(
         worker.clone(),
         feedback,
         blocked,
+        drained,
         config.max_in_flight,
         config.mark_batch,
         cancel.clone(),

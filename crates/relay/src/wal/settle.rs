@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::decode::decode_row;
+use super::drained::Drained;
 use crate::outbox::{self, PendingRow};
 use crate::publish::{Publish, Worker};
 
@@ -84,6 +85,8 @@ pub(super) struct Settle {
     rows_in_flight: usize,
     /// Aggregates with a failed row: their later events are not published.
     blocked: HashSet<Uuid>,
+    /// Rows the start-up drain published: read again, not sent again.
+    drained: Drained,
     /// Delivered, not yet marked.
     delivered: Vec<i64>,
     /// `(id, msg_id)` of the delivered and rejected rows not yet marked,
@@ -146,6 +149,7 @@ impl Settle {
         worker: Arc<Worker>,
         feedback: Arc<SharedLsnFeedback>,
         blocked: HashSet<Uuid>,
+        drained: Drained,
         max_in_flight: usize,
         mark_batch: usize,
         cancel: CancellationToken,
@@ -157,6 +161,7 @@ impl Settle {
             keys: HashMap::new(),
             rows_in_flight: 0,
             blocked,
+            drained,
             delivered: Vec::new(),
             settled_rows: Vec::new(),
             rejected: Vec::new(),
@@ -250,6 +255,12 @@ impl Settle {
                     reading.first_id.get_or_insert(row.id);
                     reading.last_id = Some(row.id);
                 }
+                // Marked published by the drain, after its broker's ack:
+                // nothing to settle.
+                if self.drained.contains(row.id) {
+                    self.worker.metrics.relay_wal_drained_skipped_total.inc();
+                    return Ok(());
+                }
                 // One event of a key in flight at a time: settle up to the
                 // earlier one first, then look at its outcome: a key whose
                 // earlier event just failed is held back too.
@@ -291,6 +302,7 @@ impl Settle {
             }
             EventType::Commit { end_lsn, .. } => {
                 let lsn = end_lsn.value();
+                self.drained.passed(lsn);
                 if let Some(r) = self.reading.take() {
                     tracing::debug!(
                         xid = r.xid,

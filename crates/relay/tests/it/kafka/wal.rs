@@ -187,6 +187,63 @@ async fn wal_mode_publishes_from_before_and_after_its_slot_in_per_key_order() {
     drop_slot(&pool, &db).await;
 }
 
+/// The slot was there before the relay (a restart): the rows committed
+/// while it was away are pending in the table and in the stream alike. The
+/// start-up drain publishes them, and the stream, reading them again,
+/// leaves them (it used to publish every one of them a second time): each
+/// event is on the topic once, and what the stream carries after them
+/// goes out as before.
+#[tokio::test]
+async fn rows_the_drain_published_are_not_published_again_by_the_stream() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(3).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let keys: Vec<Uuid> = (0..20).map(|_| Uuid::now_v7()).collect();
+    let first = spawn_relay(wal_config(&db, &topic, 2, 10)).await;
+    wait_for_slot(&pool, &db, true).await;
+    first.stop().await;
+    wait_for_slot(&pool, &db, false).await;
+
+    fill_outbox_seqs(&pool, &keys, 0..3).await;
+    let relay = spawn_relay(wal_config(&db, &topic, 2, 10)).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "the rows committed while the relay was away drained"
+    );
+    wait_for_slot(&pool, &db, true).await;
+    fill_outbox_seqs(&pool, &keys, 3..5).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+                && relay.metric("relay_wal_drained_skipped_total").await >= 60.0
+        })
+        .await,
+        "the stream's rows published, the drained ones left (pending {}, left {})",
+        pending(&pool).await,
+        relay.metric("relay_wal_drained_skipped_total").await
+    );
+    assert_eq!(
+        relay.metric("relay_wal_drained_skipped_total").await,
+        60.0,
+        "the stream left the drain's 60 rows and no other"
+    );
+    let messages = topic.read_all(usize::MAX, Duration::from_secs(10)).await;
+    let (seqs, msg_ids) = per_key_sequences(&messages);
+    assert_eq!(seqs.len(), 20);
+    assert_first_occurrences_in_order(&seqs, 5);
+    assert_eq!(
+        msg_ids.iter().collect::<HashSet<_>>().len(),
+        100,
+        "every event published"
+    );
+    assert_eq!(messages.len(), 100, "each of them once");
+    relay.stop().await;
+    drop_slot(&pool, &db).await;
+}
+
 /// Two WAL relays and a poll relay at once: the second WAL relay stands by
 /// (the slot is exclusive), the poll relay's claims and the stream race
 /// (duplicates, never out of order). Then the first WAL relay and the poll

@@ -140,6 +140,8 @@ async fn binary(rows: usize, keys: usize) -> anyhow::Result<f64> {
         synchronous_commit: false,
         metrics_addr: "127.0.0.1:0".parse()?,
         linger_ms: 10,
+        busy_linger_ms: 0,
+        busy_rows_per_sec: 2_000,
         message_timeout_ms: 30_000,
         max_attempts: 5,
         mode: Mode::Poll,

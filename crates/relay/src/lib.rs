@@ -106,11 +106,35 @@ pub async fn run(
     let context = RelayContext::default();
     let fatal = context.fatal.clone();
     let sink_metrics = metrics.clone();
+    let busy_context = context.clone();
     let sink = tokio::task::spawn_blocking(move || {
         publish::sink(&cfg, context, max_message_bytes, sink_metrics)
     })
     .await
     .context("create producer task")??;
+    // The WAL relay's second producer, taken while the stream is busy
+    // (`wal::pace`); its fatal errors end the relay as the first's do.
+    let busy = if config.mode == Mode::Wal
+        && config.busy_linger_ms > 0
+        && config.busy_linger_ms != config.linger_ms
+    {
+        let (cfg, metrics) = (config.clone(), metrics.clone());
+        Some(
+            tokio::task::spawn_blocking(move || {
+                publish::sink_lingering(
+                    &cfg,
+                    cfg.busy_linger_ms,
+                    busy_context,
+                    max_message_bytes,
+                    metrics,
+                )
+            })
+            .await
+            .context("create the busy producer task")??,
+        )
+    } else {
+        None
+    };
     // Everything below stops on a shutdown or on a fatal producer error.
     let outer = cancel;
     let cancel = outer.child_token();
@@ -147,12 +171,14 @@ pub async fn run(
             }
         }));
     }
-    // A fatal error the producer's error callback does not see as one.
-    tasks.push(fatal.watch_producer(
-        sink.kafka().producer().clone(),
-        Duration::from_millis(500),
-        cancel.clone(),
-    ));
+    // A fatal error the producers' error callback does not see as one.
+    for producer in std::iter::once(&sink).chain(&busy) {
+        tasks.push(fatal.watch_producer(
+            producer.kafka().producer().clone(),
+            Duration::from_millis(500),
+            cancel.clone(),
+        ));
+    }
 
     let workers = usize::from(config.workers.max(1));
     if config.shard_depth > 1 {
@@ -184,6 +210,7 @@ pub async fn run(
         metrics: metrics.clone(),
         crasher,
         permits: Semaphore::new(workers),
+        busy,
     });
     let mut worker_tasks = Vec::new();
     // The WAL relay's end, when it ends by itself (a lost slot).
@@ -214,6 +241,7 @@ pub async fn run(
                 max_in_flight: workers * usize::try_from(config.batch_size.max(1)).unwrap_or(1),
                 mark_batch: usize::try_from(config.batch_size.max(1)).unwrap_or(1),
                 heartbeat: Duration::from_millis(config.wal_heartbeat_ms),
+                busy_rows_per_sec: worker.busy.as_ref().map(|_| config.busy_rows_per_sec),
             };
             let (worker, cancel) = (worker.clone(), cancel.clone());
             worker_tasks.push(tokio::spawn(async move {
@@ -245,10 +273,16 @@ pub async fn run(
         let _ = t.await;
     }
     let fatal_reason = fatal.reason();
-    let producer = worker.relay.sink().kafka().producer().clone();
-    let _ =
-        tokio::task::spawn_blocking(move || producer.flush(Timeout::After(Duration::from_secs(5))))
-            .await;
+    let producers: Vec<_> = std::iter::once(worker.relay.sink())
+        .chain(&worker.busy)
+        .map(|sink| sink.kafka().producer().clone())
+        .collect();
+    let _ = tokio::task::spawn_blocking(move || {
+        for producer in producers {
+            let _ = producer.flush(Timeout::After(Duration::from_secs(5)));
+        }
+    })
+    .await;
     pool.close().await;
     if let Some(refusal) = topic_refusal {
         return Err(refusal.into());

@@ -60,6 +60,11 @@ pub struct RelayMetrics {
     /// `--mode wal`: outbox rows read from the stream that the start-up
     /// drain had published already (not sent again).
     pub relay_wal_drained_skipped_total: IntCounter,
+    /// `--mode wal`: 1 while the stream's rows go through the busy
+    /// producer (`--busy-linger-ms`), 0 otherwise.
+    pub relay_wal_busy: IntGauge,
+    /// `--mode wal`: rows sent through the busy producer.
+    pub relay_wal_busy_rows_total: IntCounter,
     /// `--mode wal`: times the relay found a committed row the stream had
     /// not delivered, and restarted the stream to publish it.
     pub relay_wal_stream_gaps_total: IntCounter,
@@ -183,6 +188,14 @@ impl RelayMetrics {
                 "relay_wal_drained_skipped_total",
                 "--mode wal: outbox rows read from the stream that the start-up drain had published already (not sent again)",
             )?,
+            relay_wal_busy: IntGauge::new(
+                "relay_wal_busy",
+                "--mode wal: 1 while the stream's rows go through the busy producer (--busy-linger-ms)",
+            )?,
+            relay_wal_busy_rows_total: IntCounter::new(
+                "relay_wal_busy_rows_total",
+                "--mode wal: outbox rows sent through the busy producer (--busy-linger-ms)",
+            )?,
             relay_wal_stream_gaps_total: IntCounter::new(
                 "relay_wal_stream_gaps_total",
                 "--mode wal: committed outbox rows found that the stream had not delivered (the stream restarts)",
@@ -300,6 +313,9 @@ impl RelayMetrics {
             .register(Box::new(m.relay_wal_held_back_total.clone()))?;
         m.registry
             .register(Box::new(m.relay_wal_drained_skipped_total.clone()))?;
+        m.registry.register(Box::new(m.relay_wal_busy.clone()))?;
+        m.registry
+            .register(Box::new(m.relay_wal_busy_rows_total.clone()))?;
         m.registry
             .register(Box::new(m.relay_wal_stream_gaps_total.clone()))?;
         m.registry

@@ -83,8 +83,28 @@ pub fn sink(
     max_message_bytes: usize,
     metrics: Arc<RelayMetrics>,
 ) -> anyhow::Result<EventSink> {
+    sink_lingering(
+        config,
+        config.linger_ms,
+        context,
+        max_message_bytes,
+        metrics,
+    )
+}
+
+/// [`sink`], its producer lingering `linger_ms` (the WAL relay's busy
+/// producer: `--busy-linger-ms`).
+pub(crate) fn sink_lingering(
+    config: &Config,
+    linger_ms: u64,
+    context: RelayContext,
+    max_message_bytes: usize,
+    metrics: Arc<RelayMetrics>,
+) -> anyhow::Result<EventSink> {
     let counted = metrics.clone();
-    let kafka = KafkaSink::with_context(&producer_config(config, max_message_bytes)?, context)
+    let mut client = producer_config(config, max_message_bytes)?;
+    client.set("linger.ms", linger_ms.to_string());
+    let kafka = KafkaSink::with_context(&client, context)
         .context("create kafka producer")?
         .batch_refusals_under(max_message_bytes)
         .on_error(move |error, row, judged| count_error(&counted, error, row, judged));
@@ -122,6 +142,9 @@ pub struct Worker {
     pub(crate) metrics: Arc<RelayMetrics>,
     pub(crate) crasher: Arc<Crasher>,
     pub(crate) permits: Semaphore,
+    /// `--mode wal`: the producer lingering `--busy-linger-ms`, taken
+    /// while the stream is busy ([`crate::wal`]'s `Pace`); `None`: none.
+    pub(crate) busy: Option<EventSink>,
 }
 
 /// How publishing one row ended.
@@ -240,10 +263,15 @@ impl Worker {
         Ok(Marked { published, failed })
     }
 
-    /// Produces one row (the WAL relay's), through the relay's sink.
-    pub(crate) async fn publish(&self, row: &PendingRow) -> Publish {
+    /// Produces one row (the WAL relay's), through the relay's sink, or
+    /// the busy one when `busy` and there is one.
+    pub(crate) async fn publish(&self, row: &PendingRow, busy: bool) -> Publish {
         let row = row.clone().into_outgoing(&self.relay.source().topic);
-        match self.relay.sink().send(&row).await {
+        let sink = match &self.busy {
+            Some(sink) if busy => sink,
+            _ => self.relay.sink(),
+        };
+        match sink.send(&row).await {
             Ok(()) => Publish::Delivered,
             Err(SendError::Retry(_)) => Publish::Retry,
             Err(SendError::Reject(why)) => Publish::Rejected(why),

@@ -48,6 +48,7 @@
 mod conninfo;
 mod decode;
 mod drained;
+mod pace;
 mod settle;
 mod slot;
 
@@ -93,6 +94,8 @@ pub(crate) struct WalConfig {
     pub mark_batch: usize,
     /// How often a heartbeat is written while the relay runs.
     pub heartbeat: Duration,
+    /// `--busy-rows-per-sec` when there is a busy producer ([`pace`]).
+    pub busy_rows_per_sec: Option<u64>,
 }
 
 /// A stream that lived this long before it ended starts the backoff over.
@@ -309,6 +312,7 @@ async fn stream_once(
         drained,
         config.max_in_flight,
         config.mark_batch,
+        config.busy_rows_per_sec,
         cancel.clone(),
     );
     let end = settle.pump(rx, cancel).await;

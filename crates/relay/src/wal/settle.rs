@@ -22,6 +22,7 @@ use uuid::Uuid;
 
 use super::decode::decode_row;
 use super::drained::Drained;
+use super::pace::Pace;
 use crate::outbox::{self, PendingRow};
 use crate::publish::{Publish, Worker};
 
@@ -87,6 +88,8 @@ pub(super) struct Settle {
     blocked: HashSet<Uuid>,
     /// Rows the start-up drain published: read again, not sent again.
     drained: Drained,
+    /// Which producer a row goes through.
+    pace: Pace,
     /// Delivered, not yet marked.
     delivered: Vec<i64>,
     /// `(id, msg_id)` of the delivered and rejected rows not yet marked,
@@ -131,11 +134,12 @@ pub(super) struct Settle {
 async fn publish_in_place(
     worker: &Worker,
     row: &PendingRow,
+    busy: bool,
     cancel: &CancellationToken,
 ) -> Publish {
     let mut backoff = Backoff::new();
     loop {
-        match worker.publish(row).await {
+        match worker.publish(row, busy).await {
             Publish::Retry if backoff.wait(cancel).await => {}
             settled => return settled,
         }
@@ -144,7 +148,10 @@ async fn publish_in_place(
 
 impl Settle {
     /// A stream's state before its first event: nothing in flight, settled
-    /// or marked; `blocked`: the aggregates a failed row holds back.
+    /// or marked; `blocked`: the aggregates a failed row holds back;
+    /// `busy_rows_per_sec`: when there is a busy producer, the rows a
+    /// second that take it ([`Pace`]).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         worker: Arc<Worker>,
         feedback: Arc<SharedLsnFeedback>,
@@ -152,6 +159,7 @@ impl Settle {
         drained: Drained,
         max_in_flight: usize,
         mark_batch: usize,
+        busy_rows_per_sec: Option<u64>,
         cancel: CancellationToken,
     ) -> Self {
         Self {
@@ -162,6 +170,7 @@ impl Settle {
             rows_in_flight: 0,
             blocked,
             drained,
+            pace: Pace::new(busy_rows_per_sec, std::time::Instant::now()),
             delivered: Vec::new(),
             settled_rows: Vec::new(),
             rejected: Vec::new(),
@@ -207,6 +216,8 @@ impl Settle {
                     None => self.broken = Some("replication stream ended".into()),
                 },
                 _ = tick.tick() => {
+                    let busy = self.pace.busy_at(std::time::Instant::now());
+                    self.worker.metrics.relay_wal_busy.set(i64::from(busy));
                     self.mark_or_break().await;
                     if self.gap_checked.elapsed() >= GAP_CHECK_EVERY {
                         self.gap_checked = std::time::Instant::now();
@@ -279,11 +290,17 @@ impl Settle {
                 }
                 *self.keys.entry(row.aggregate_id).or_default() += 1;
                 self.rows_in_flight += 1;
+                let busy = self.pace.row(std::time::Instant::now());
+                let metrics = &self.worker.metrics;
+                metrics.relay_wal_busy.set(i64::from(busy));
+                if busy {
+                    metrics.relay_wal_busy_rows_total.inc();
+                }
                 let worker = self.worker.clone();
                 let cancel = self.cancel.clone();
                 self.queue.push_back(
                     async move {
-                        let result = publish_in_place(&worker, &row, &cancel).await;
+                        let result = publish_in_place(&worker, &row, busy, &cancel).await;
                         Step::Row {
                             id: row.id,
                             msg_id: row.msg_id,

@@ -40,6 +40,8 @@ fn config(db: &TestDb, topic: &TestTopic, workers: u16, batch_size: i64) -> Conf
         synchronous_commit: false,
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
         linger_ms: 2,
+        busy_linger_ms: 0,
+        busy_rows_per_sec: 2_000,
         message_timeout_ms: 10_000,
         max_attempts: 5,
         mode: Mode::Poll,

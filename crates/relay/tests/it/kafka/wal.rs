@@ -11,8 +11,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::{
-    assert_first_occurrences_in_order, config, drop_slot, fill_outbox_seqs, insert_raw, pending,
-    per_key_sequences, seq_event, spawn_relay, wait_for_slot, wal_config, walsender_pid,
+    assert_each_event_once_in_order, assert_first_occurrences_in_order, config, drop_slot,
+    fill_outbox_seqs, insert_raw, pending, per_key_sequences, seq_event, spawn_relay,
+    wait_for_slot, wal_config, walsender_pid,
 };
 
 /// The WAL relay holds back a key's next event when the one before it fails,
@@ -240,6 +241,60 @@ async fn rows_the_drain_published_are_not_published_again_by_the_stream() {
         "every event published"
     );
     assert_eq!(messages.len(), 100, "each of them once");
+    relay.stop().await;
+    drop_slot(&pool, &db).await;
+}
+
+/// Under load the stream's rows go through the busy producer (here from 50
+/// rows a second), and back through the relay's once it is quiet; a key's
+/// events switch producers between them and stay in order, each published.
+#[tokio::test]
+async fn a_busy_stream_switches_producers_and_every_key_stays_in_order() {
+    let db = TestDb::create().await;
+    let topic = TestTopic::create(3).await;
+    let pool = PgPool::connect(&db.url).await.expect("connect");
+    let keys: Vec<Uuid> = (0..20).map(|_| Uuid::now_v7()).collect();
+    let relay = spawn_relay(Config {
+        busy_linger_ms: 20,
+        busy_rows_per_sec: 50,
+        ..wal_config(&db, &topic, 2, 10)
+    })
+    .await;
+    wait_for_slot(&pool, &db, true).await;
+    fill_outbox_seqs(&pool, &keys, 0..40).await;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            pending(&pool).await == 0
+        })
+        .await,
+        "every row published (pending {})",
+        pending(&pool).await
+    );
+    let busy = relay.metric("relay_wal_busy_rows_total").await;
+    assert!(
+        busy > 0.0 && busy < 800.0,
+        "the busy producer took the rows after the first second, not all: {busy}"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            relay.metric("relay_wal_busy").await == 0.0
+        })
+        .await,
+        "quiet: back to the relay's producer"
+    );
+    fill_outbox_seqs(&pool, &keys, 40..41).await;
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            pending(&pool).await == 0
+        })
+        .await
+    );
+    assert_eq!(
+        relay.metric("relay_wal_busy_rows_total").await,
+        busy,
+        "the rows after the quiet went through the relay's producer"
+    );
+    assert_each_event_once_in_order(&topic, 20, 41).await;
     relay.stop().await;
     drop_slot(&pool, &db).await;
 }

@@ -43,7 +43,8 @@
 //! happens to each event read, from its publish to the slot's confirmed
 //! position, is [`settle`]; an insert's columns are decoded in [`decode`];
 //! the rows the drain published, which the stream does not send again, are
-//! [`drained`]; the slot itself (its name, state and loss) is [`slot`].
+//! [`drained`]; which producer a row goes through, by the stream's rate, is
+//! [`pace`]; the slot itself (its name, state and loss) is [`slot`].
 
 mod conninfo;
 mod decode;

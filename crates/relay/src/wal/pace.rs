@@ -5,9 +5,10 @@
 //! figure suits every load. A short linger keeps each event's wait short at
 //! a low rate, where a batch would not fill anyway; at a high rate it sends
 //! many small produce requests, and each costs the relay, the brokers and
-//! their replicas' fetches. At 6,000 rows/s a 50 ms linger instead of 10
-//! took the relay's own CPU per 1,000 events from 46.9 to 29.0 ms and the
-//! brokers' from 92.0 to 60.7 (FINDINGS.md §29).
+//! their replicas' fetches. At 6,000 rows/s a 50 ms busy linger instead of
+//! 10 ms throughout took the relay's own CPU per 1,000 events from 30.5 to
+//! 23.1 ms and the brokers' from 76.5 to 33.6, and the p50 from 13.1 to
+//! 31.6 ms (FINDINGS.md §29).
 //!
 //! So the WAL relay has two producers: the relay's (`--linger-ms`) and a
 //! busy one (`--busy-linger-ms`). [`Pace`] counts the rows the stream reads

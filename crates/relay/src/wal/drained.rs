@@ -41,8 +41,9 @@ impl DrainStart {
     /// It is read shard by shard, each the first row of its pending index
     /// (`outbox_pending_by_shard`). A plain `min(id)` over the pending rows
     /// was planned as a walk of `outbox_pkey` from its lowest id, past
-    /// every published row the retention keeps: 81 ms over 509,000 of them
-    /// (`EXPLAIN ANALYZE`, 2026-12-07), and a week's rows at start-up.
+    /// every published row the retention keeps: 88.7 ms over 599,000 rows,
+    /// against 0.36 ms this way (`bench/results/marks-20261207/marks.sh`),
+    /// and a week's rows at start-up.
     pub(super) async fn read(pool: &PgPool) -> sqlx::Result<Self> {
         let (at, lowest_pending) = sqlx::query_as(
             "SELECT clock_timestamp(), \

@@ -290,11 +290,10 @@ impl Settle {
                 }
                 *self.keys.entry(row.aggregate_id).or_default() += 1;
                 self.rows_in_flight += 1;
+                // The gauge `relay_wal_busy` is set on the mark's tick.
                 let busy = self.pace.row(std::time::Instant::now());
-                let metrics = &self.worker.metrics;
-                metrics.relay_wal_busy.set(i64::from(busy));
                 if busy {
-                    metrics.relay_wal_busy_rows_total.inc();
+                    self.worker.metrics.relay_wal_busy_rows_total.inc();
                 }
                 let worker = self.worker.clone();
                 let cancel = self.cancel.clone();
